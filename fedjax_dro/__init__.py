@@ -1,0 +1,15 @@
+"""fedjax_dro: federated learning simulation where the federation is an array axis.
+
+All clients are one stacked pytree, local updates are vmapped, rounds are jit-compiled and
+scanned, and seeds and hyper-parameters are one more vectorized axis.
+"""
+from fedjax_dro import algorithms, core, data, models
+from fedjax_dro.algorithms import Algorithm, get_algorithm, list_algorithms, make_hparams
+from fedjax_dro.data import FederatedData, FederatedDataset, from_arrays, from_client_arrays
+from fedjax_dro.models import Model
+from fedjax_dro.simulate import History, NonFiniteError, SweepResult, run, sweep
+
+__version__ = "0.1.0"
+__all__ = ["algorithms", "core", "data", "models", "Algorithm", "get_algorithm", "list_algorithms",
+           "make_hparams", "FederatedData", "FederatedDataset", "from_arrays", "from_client_arrays",
+           "Model", "History", "NonFiniteError", "SweepResult", "run", "sweep", "__version__"]

@@ -1,0 +1,3 @@
+import sys
+from fedjax_dro.cli import main
+sys.exit(main())

@@ -1,0 +1,12 @@
+"""Algorithms, one per file, registered by name (``fedjax-dro list``)."""
+from fedjax_dro.algorithms.base import (Algorithm, HParam, default_hparams, get_algorithm,
+                                        list_algorithms, make_hparams, register)
+from fedjax_dro.algorithms.fedavg import fedavg
+from fedjax_dro.algorithms.fedsgd import fedsgd
+from fedjax_dro.algorithms.fedprox import fedprox
+from fedjax_dro.algorithms.scaffold import scaffold
+from fedjax_dro.algorithms.fedadam import fedadam
+from fedjax_dro.algorithms.local import local
+
+__all__ = ["Algorithm", "HParam", "default_hparams", "get_algorithm", "list_algorithms",
+           "make_hparams", "register", "fedavg", "fedsgd", "fedprox", "scaffold", "fedadam", "local"]

@@ -1,0 +1,162 @@
+"""The algorithm interface, hyper-parameter specs and the registry.
+
+An algorithm is a NamedTuple of pure functions built by a factory that closes over everything
+shape-determining (model, local steps, batch size, clients per round, backend)::
+
+    alg = fedavg(model, local_steps=10, batch_size=32, clients_per_round=20)
+    state = alg.init(params, data, key)
+    state, metrics = alg.round(state, data, key, hparams)   # jit-able, one communication round
+    models = alg.client_models(state)                       # global params, or [n, ...] stacked
+
+``hparams`` is a dict of scalars (an argument, not a closure) so a sweep can ``vmap`` over it.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Dict, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_dro.core.clients import resolve_backend, validate_backend
+from fedjax_dro.core.sampling import validate_clients_per_round
+from fedjax_dro.data.federated import FederatedData
+from fedjax_dro.models.base import Model, num_parameters
+
+
+class HParam(NamedTuple):
+  """Specification of one hyper-parameter: default, valid range and a one-line doc."""
+  default: float
+  doc: str = ""
+  minimum: Optional[float] = 0.0
+  strict: bool = True           # value > minimum (True) or value >= minimum (False)
+  maximum: Optional[float] = None
+
+
+class Algorithm(NamedTuple):
+  """An algorithm as pure functions (see the module docstring)."""
+  name: str
+  model: Model
+  init: Callable
+  round: Callable
+  client_models: Callable
+  hparams: Dict[str, HParam]
+  personalized: bool = False
+  config: Dict[str, Any] = {}
+
+
+def default_hparams(alg: Algorithm) -> Dict[str, float]:
+  return {k: v.default for k, v in alg.hparams.items()}
+
+
+def make_hparams(alg: Algorithm, overrides: Optional[Dict[str, Any]] = None,
+                 dtype=None) -> Dict[str, jnp.ndarray]:
+  """Defaults merged with ``overrides``, validated, as a dict of arrays.
+
+  Values may be arrays with a leading axis (a sweep); every entry is checked.
+  """
+  if not isinstance(alg, Algorithm):
+    raise TypeError(f"alg must be an Algorithm, got {type(alg).__name__}")
+  overrides = dict(overrides or {})
+  unknown = sorted(set(overrides) - set(alg.hparams))
+  if unknown:
+    raise ValueError(f"unknown hyper-parameter(s) {unknown} for algorithm {alg.name!r}; "
+                     f"expected a subset of {sorted(alg.hparams)}")
+  dtype = dtype or (jnp.float64 if jax.config.jax_enable_x64 else jnp.float32)
+  out = {}
+  for name, spec in alg.hparams.items():
+    value = overrides.get(name, spec.default)
+    try:
+      arr = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError) as e:
+      raise TypeError(f"hyper-parameter {name!r} must be a number, got {value!r}") from e
+    if not np.all(np.isfinite(arr)):
+      raise ValueError(f"hyper-parameter {name!r} must be finite, got {value!r}")
+    if spec.minimum is not None:
+      bad = arr <= spec.minimum if spec.strict else arr < spec.minimum
+      if np.any(bad):
+        rel = ">" if spec.strict else ">="
+        raise ValueError(f"hyper-parameter {name!r} of {alg.name} must be {rel} {spec.minimum} "
+                         f"({spec.doc}), got {value!r}")
+    if spec.maximum is not None and np.any(arr > spec.maximum):
+      raise ValueError(f"hyper-parameter {name!r} of {alg.name} must be <= {spec.maximum} "
+                       f"({spec.doc}), got {value!r}")
+    out[name] = jnp.asarray(arr, dtype)
+  return out
+
+
+def check_data_matches(data: FederatedData, num_clients: int, name: str = "data") -> None:
+  """Static (trace-time) check that ``data`` has the federation size the state was built for."""
+  if data.num_clients != num_clients:
+    raise ValueError(f"{name} has {data.num_clients} clients but the algorithm state was "
+                     f"initialised for {num_clients}")
+
+
+class CommonSettings(NamedTuple):
+  """Validated shape-determining settings shared by the FedAvg family."""
+  clients_per_round: Optional[int]
+  local_steps: int
+  batch_size: Optional[int]
+  backend: str
+  chunk_size: Optional[int]
+  weighting: str
+
+
+def common_settings(*, clients_per_round=None, local_steps=1, batch_size=None, backend="auto",
+                    chunk_size=None, weighting="num_examples") -> CommonSettings:
+  if clients_per_round is not None and (not isinstance(clients_per_round, int) or clients_per_round < 1):
+    raise ValueError(f"clients_per_round must be a positive integer or None (all), got {clients_per_round!r}")
+  if not isinstance(local_steps, int) or isinstance(local_steps, bool) or local_steps < 1:
+    raise ValueError(f"local_steps must be a positive integer, got {local_steps!r}")
+  if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
+    raise ValueError(f"batch_size must be a positive integer or None (full batch), got {batch_size!r}")
+  validate_backend(backend, chunk_size)
+  if weighting not in ("num_examples", "uniform"):
+    raise ValueError(f"weighting must be 'num_examples' or 'uniform', got {weighting!r}")
+  return CommonSettings(clients_per_round, local_steps, batch_size, backend, chunk_size, weighting)
+
+
+def participants(settings: CommonSettings, num_clients: int) -> int:
+  """The static number of clients per round (validated against the federation size)."""
+  return validate_clients_per_round(settings.clients_per_round, num_clients)
+
+
+def backend_for(settings: CommonSettings, params) -> str:
+  return resolve_backend(settings.backend, num_parameters(params))
+
+
+def aggregation_weights(settings: CommonSettings, num_examples):
+  nex = num_examples.astype(jnp.result_type(float))
+  return nex if settings.weighting == "num_examples" else jnp.ones_like(nex)
+
+
+# ----------------------------------------------------------------------------------------------
+# Registry
+# ----------------------------------------------------------------------------------------------
+
+class RegistryEntry(NamedTuple):
+  factory: Callable
+  description: str
+  family: str
+
+
+_REGISTRY: Dict[str, RegistryEntry] = {}
+
+
+def register(name: str, description: str, family: str = "baseline"):
+  """Decorator registering an algorithm factory ``factory(model, **settings) -> Algorithm``."""
+  def deco(factory):
+    _REGISTRY[name] = RegistryEntry(factory, description, family)
+    return factory
+  return deco
+
+
+def get_algorithm(name: str) -> RegistryEntry:
+  if name not in _REGISTRY:
+    raise ValueError(f"unknown algorithm {name!r}; available: {sorted(_REGISTRY)}")
+  return _REGISTRY[name]
+
+
+def list_algorithms() -> Dict[str, RegistryEntry]:
+  return dict(sorted(_REGISTRY.items()))

@@ -1,0 +1,1 @@
+"""Shared mechanics: sampling, local training, aggregation, projections, metrics."""

@@ -1,0 +1,56 @@
+"""Running a per-client function over the participating clients: the execution backends.
+
+All backends compute the same thing; they differ in how XLA executes it:
+
+* ``"vmap"``: all clients at once (batched GEMMs) — best on accelerators and for small models.
+* ``"map"``: ``lax.map`` over clients inside the same program — no Python dispatch, one client's
+  working set at a time; best for compute-bound models on CPU.
+* ``"chunked"``: ``lax.map`` over chunks of ``chunk_size`` clients with ``vmap`` inside a chunk —
+  bounds memory while keeping batching.
+* ``"auto"``: ``vmap`` on GPU/TPU; on CPU ``vmap`` for small models and ``chunked`` beyond
+  :data:`AUTO_CPU_PARAMS_THRESHOLD` parameters per client (the rule comes from
+  ``benchmarks/round_throughput.py``).
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import jax
+import jax.numpy as jnp
+
+BACKENDS = ("vmap", "map", "chunked", "auto")
+# Parameter count above which batched (vmap) client updates stop paying off on CPU
+# (measured by benchmarks/round_throughput.py: logistic regression -> vmap, MLP 784-200-200-62 -> chunked).
+AUTO_CPU_PARAMS_THRESHOLD = 20_000
+DEFAULT_CHUNK_SIZE = 8
+
+
+def validate_backend(backend: str, chunk_size: Optional[int]) -> None:
+  if backend not in BACKENDS:
+    raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+  if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
+    raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+
+
+def resolve_backend(backend: str, num_params: int, platform: Optional[str] = None) -> str:
+  """The concrete backend ``"auto"`` stands for on this platform and model size."""
+  if backend != "auto":
+    return backend
+  platform = platform or jax.default_backend()
+  if platform != "cpu":
+    return "vmap"
+  return "vmap" if num_params <= AUTO_CPU_PARAMS_THRESHOLD else "chunked"
+
+
+def map_clients(fn: Callable, *args, backend: str = "vmap", chunk_size: Optional[int] = None):
+  """``fn`` applied to each slice along the leading (client) axis of every leaf of ``args``.
+
+  Equivalent to ``jax.vmap(fn)(*args)`` for every backend.
+  """
+  if backend == "vmap":
+    return jax.vmap(fn)(*args)
+  if backend == "map":
+    return jax.lax.map(lambda a: fn(*a), args)
+  if backend == "chunked":
+    return jax.lax.map(lambda a: fn(*a), args, batch_size=chunk_size or DEFAULT_CHUNK_SIZE)
+  raise ValueError(f"backend must be resolved to one of ('vmap', 'map', 'chunked'), got {backend!r}")

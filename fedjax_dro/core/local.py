@@ -1,0 +1,106 @@
+"""Local training: ``lax.scan`` over local steps for one client, and the per-round driver that
+runs it for the participating clients with a chosen backend."""
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+
+from fedjax_dro.core.clients import map_clients
+from fedjax_dro.models.base import Model, client_loss_and_grad
+
+
+def local_sgd(model: Model, params, x, y, num_examples, key, *, num_steps: int,
+              batch_size: Optional[int], lr, grad_transform: Optional[Callable] = None):
+  """``num_steps`` SGD steps on one client's objective.
+
+  Args:
+    grad_transform: optional ``(w, g) -> g'`` applied to every stochastic gradient before the
+      step (SCAFFOLD's ``g - c_i + c``, FedProx's ``g + mu (w - w_global)``, ...).
+
+  Returns:
+    ``(final_params, losses[num_steps])`` where ``losses[k]`` is the minibatch loss at step ``k``
+    (``losses[0]`` is the loss at the received model).
+  """
+  def step(w, step_key):
+    loss, g = client_loss_and_grad(model, w, x, y, num_examples, step_key, batch_size)
+    if grad_transform is not None:
+      g = grad_transform(w, g)
+    return jax.tree.map(lambda a, b: a - lr * b, w, g), loss
+
+  return jax.lax.scan(step, params, jax.random.split(key, num_steps))
+
+
+def run_clients(fn: Callable, clients, keys, *extra, backend: str, chunk_size: Optional[int]):
+  """Runs ``fn(x, y, num_examples, key, *extra_i)`` for every participating client.
+
+  ``clients`` is the gathered :class:`FederatedData` of the participants (``mask`` is implied by
+  ``num_examples``); ``extra`` are per-client stacked pytrees (persistent state rows).
+  """
+  return map_clients(lambda x, y, nex, k, *e: fn(x, y, nex, k, *e),
+                     clients.x, clients.y, clients.num_examples, keys, *extra,
+                     backend=backend, chunk_size=chunk_size)
+
+
+class LocalRound(NamedTuple):
+  """What the participants of a FedAvg-style round send back.
+
+  Attributes:
+    idx: ``[s]`` participating client indices.
+    deltas: ``[s, ...]`` model differences ``w_i^J - w_i^0``.
+    weights: ``[s]`` aggregation weights (sample counts or ones).
+    losses: ``[s]`` loss at the received model (first local minibatch).
+    num_examples: ``[s]`` sample counts of the participants.
+  """
+  idx: Any
+  deltas: Any
+  weights: Any
+  losses: Any
+  num_examples: Any
+
+
+def local_round(model: Model, settings, params, data, key, lr, *, client_params=None,
+                client_state=None, grad_transform: Optional[Callable] = None,
+                num_steps: Optional[int] = None, sampling_weights=None) -> LocalRound:
+  """Samples participants and runs local SGD on each of them (the FedAvg skeleton, steps 1-3).
+
+  Args:
+    model, settings: the model and the validated :class:`~fedjax_dro.algorithms.base.CommonSettings`.
+    params: the global model every participant starts from (ignored if ``client_params``).
+    client_params: optional ``[n, ...]`` per-client starting models (personalized algorithms).
+    client_state: optional ``[n, ...]`` persistent per-client state; the participant's row is
+      passed to ``grad_transform(w, g, state_row)``.
+    grad_transform: ``(w, g, state_row) -> g'`` correction of every local gradient.
+    num_steps: overrides ``settings.local_steps``.
+    sampling_weights: optional ``[n]`` client sampling weights.
+  """
+  from fedjax_dro.algorithms.base import aggregation_weights, backend_for, participants
+  from fedjax_dro.core.sampling import sample_clients
+  n = data.num_clients
+  s = participants(settings, n)
+  sample_key, local_key = jax.random.split(key)
+  idx = sample_clients(sample_key, n, s, sampling_weights)
+  clients = data.take_clients(idx)
+  starts = None if client_params is None else jax.tree.map(lambda a: a[idx], client_params)
+  rows = None if client_state is None else jax.tree.map(lambda a: a[idx], client_state)
+  reference = params if client_params is None else jax.tree.map(lambda a: a[0], client_params)
+  backend = backend_for(settings, reference)
+
+  def client_update(x, y, nex, k, start, row):
+    w0 = params if start is None else start
+    transform = None if grad_transform is None else (lambda w, g: grad_transform(w, g, row))
+    w, losses = local_sgd(model, w0, x, y, nex, k, num_steps=num_steps or settings.local_steps,
+                          batch_size=settings.batch_size, lr=lr, grad_transform=transform)
+    return jax.tree.map(jnp.subtract, w, w0), losses[0]
+
+  deltas, losses = run_clients(client_update, clients, jax.random.split(local_key, s), starts, rows,
+                               backend=backend, chunk_size=settings.chunk_size)
+  return LocalRound(idx, deltas, aggregation_weights(settings, clients.num_examples), losses,
+                    clients.num_examples)
+
+
+def round_metrics(update: LocalRound) -> dict:
+  """Scan-able training metrics of a round: weighted mean and max of the participants' losses."""
+  w = update.weights / jnp.sum(update.weights)
+  return {"train_loss": jnp.sum(w * update.losses), "train_loss_max": jnp.max(update.losses)}

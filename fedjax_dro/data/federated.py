@@ -1,0 +1,246 @@
+"""Federated data as padded, stacked arrays with masks.
+
+Every client is padded to one ``max_examples`` so that the whole federation is a single pytree
+with a leading client axis. Valid rows always come first (``mask[i, :num_examples[i]]`` is True,
+the rest False): this *prefix* layout lets minibatch sampling draw only valid rows with one
+``randint`` and makes padding invisible to every loss, gradient and metric.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional, Sequence
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Array = Any
+
+
+@flax.struct.dataclass
+class FederatedData:
+  """Padded stacked client data (a pytree).
+
+  Attributes:
+    x: ``[n_clients, max_examples, *feature_shape]`` features.
+    y: ``[n_clients, max_examples, *label_shape]`` labels / responses.
+    mask: ``[n_clients, max_examples]`` bool, True on valid rows (a prefix of each row).
+    num_examples: ``[n_clients]`` int32, number of valid rows per client.
+  """
+  x: Array
+  y: Array
+  mask: Array
+  num_examples: Array
+
+  @property
+  def num_clients(self) -> int:
+    return int(self.x.shape[0])
+
+  @property
+  def max_examples(self) -> int:
+    return int(self.x.shape[1])
+
+  @property
+  def feature_shape(self) -> tuple:
+    return tuple(self.x.shape[2:])
+
+  def take_clients(self, idx) -> "FederatedData":
+    """The sub-federation of clients ``idx`` (works under jit)."""
+    return jax.tree.map(lambda a: a[idx], self)
+
+  def pad_to(self, max_examples: int) -> "FederatedData":
+    """The same data padded with extra masked rows (zeros) up to ``max_examples``."""
+    extra = int(max_examples) - self.max_examples
+    if extra < 0:
+      raise ValueError(f"max_examples={max_examples} is smaller than the current {self.max_examples}")
+    pad = lambda a: jnp.pad(a, [(0, 0), (0, extra)] + [(0, 0)] * (a.ndim - 2))
+    return FederatedData(x=pad(self.x), y=pad(self.y), mask=pad(self.mask), num_examples=self.num_examples)
+
+
+@dataclasses.dataclass(frozen=True)
+class FederatedDataset:
+  """A train / test pair of :class:`FederatedData` with the same client order, plus static metadata.
+
+  Attributes:
+    train, test: the splits (``test`` may be None).
+    task: ``"regression"`` or ``"classification"``.
+    num_classes: number of classes for classification (None for regression).
+    name: short name.
+    client_names: optional names of the clients.
+    true_params: optional ``[n_clients, dim]`` ground-truth parameters (synthetic tasks).
+    description: one line.
+  """
+  train: FederatedData
+  test: Optional[FederatedData] = None
+  task: str = "regression"
+  num_classes: Optional[int] = None
+  name: str = "custom"
+  client_names: Optional[Sequence[str]] = None
+  true_params: Optional[np.ndarray] = None
+  description: str = ""
+
+  @property
+  def num_clients(self) -> int:
+    return self.train.num_clients
+
+
+def _as_array(value, name: str) -> np.ndarray:
+  try:
+    arr = np.asarray(value)
+  except Exception as e:  # pragma: no cover - defensive
+    raise TypeError(f"{name} must be array-like, got {type(value).__name__}") from e
+  if arr.dtype == object:
+    raise TypeError(f"{name} must be a numeric array, got an object array (ragged input?)")
+  return arr
+
+
+def from_client_arrays(xs: Sequence, ys: Sequence, *, max_examples: Optional[int] = None,
+                       seed: int = 0, dtype=None) -> FederatedData:
+  """Builds :class:`FederatedData` from per-client lists of arrays.
+
+  Args:
+    xs: list of ``[N_i, *feature_shape]`` arrays, one per client.
+    ys: list of ``[N_i, *label_shape]`` arrays.
+    max_examples: optional cap on rows per client; larger clients are subsampled (without
+      replacement, deterministically from ``seed``) to bound padding memory.
+    seed: seed of the subsampling.
+    dtype: optional float dtype for ``x`` (default: float32, or float64 when x64 is enabled
+      and the input is float64).
+  """
+  if not isinstance(xs, (list, tuple)) or not isinstance(ys, (list, tuple)):
+    raise TypeError(f"xs and ys must be lists of per-client arrays, got {type(xs).__name__} and "
+                    f"{type(ys).__name__}")
+  if len(xs) != len(ys):
+    raise ValueError(f"xs and ys must have one entry per client: got {len(xs)} and {len(ys)}")
+  if len(xs) == 0:
+    raise ValueError("xs is empty: at least one client is required")
+  xs = [_as_array(x, f"xs[{i}]") for i, x in enumerate(xs)]
+  ys = [_as_array(y, f"ys[{i}]") for i, y in enumerate(ys)]
+  feature_shape, label_shape = xs[0].shape[1:], ys[0].shape[1:]
+  for i, (x, y) in enumerate(zip(xs, ys)):
+    if x.ndim < 1 or x.shape[0] == 0:
+      raise ValueError(f"client {i} is empty: xs[{i}] has shape {x.shape}; every client needs >= 1 row")
+    if y.shape[:1] != x.shape[:1]:
+      raise ValueError(f"client {i}: xs[{i}] has {x.shape[0]} rows but ys[{i}] has {y.shape[:1]}")
+    if x.shape[1:] != feature_shape:
+      raise ValueError(f"client {i}: feature shape {x.shape[1:]} differs from client 0's {feature_shape}")
+    if y.shape[1:] != label_shape:
+      raise ValueError(f"client {i}: label shape {y.shape[1:]} differs from client 0's {label_shape}")
+  if max_examples is not None and (not isinstance(max_examples, (int, np.integer)) or max_examples < 1):
+    raise ValueError(f"max_examples must be a positive integer, got {max_examples!r}")
+  rng = np.random.default_rng(seed)
+  sizes = []
+  for i in range(len(xs)):
+    if max_examples is not None and xs[i].shape[0] > max_examples:
+      keep = np.sort(rng.choice(xs[i].shape[0], max_examples, replace=False))
+      xs[i], ys[i] = xs[i][keep], ys[i][keep]
+    sizes.append(xs[i].shape[0])
+  m = max(sizes)
+  n = len(xs)
+  x_dtype = dtype or (np.float64 if xs[0].dtype == np.float64 and jax.config.jax_enable_x64 else np.float32)
+  y_dtype = ys[0].dtype if np.issubdtype(ys[0].dtype, np.integer) else x_dtype
+  x = np.zeros((n, m) + feature_shape, x_dtype)
+  y = np.zeros((n, m) + label_shape, y_dtype)
+  mask = np.zeros((n, m), bool)
+  for i in range(n):
+    x[i, :sizes[i]] = xs[i]
+    y[i, :sizes[i]] = ys[i]
+    mask[i, :sizes[i]] = True
+  data = FederatedData(x=jnp.asarray(x), y=jnp.asarray(y), mask=jnp.asarray(mask),
+                       num_examples=jnp.asarray(np.array(sizes, np.int32)))
+  validate_data(data)
+  return data
+
+
+def from_arrays(x, y, client_id, *, num_clients: Optional[int] = None,
+                max_examples: Optional[int] = None, seed: int = 0) -> FederatedData:
+  """Builds :class:`FederatedData` from pooled ``(x, y, client_id)`` arrays.
+
+  ``client_id[k]`` in ``[0, num_clients)`` says which client owns row ``k``; rows keep their order
+  within a client.
+  """
+  x, y, cid = _as_array(x, "x"), _as_array(y, "y"), _as_array(client_id, "client_id")
+  if cid.ndim != 1 or not np.issubdtype(cid.dtype, np.integer):
+    raise TypeError(f"client_id must be a 1-D integer array, got shape {cid.shape} dtype {cid.dtype}")
+  if x.shape[0] != cid.shape[0] or y.shape[0] != cid.shape[0]:
+    raise ValueError(f"x, y and client_id must have the same number of rows: got {x.shape[0]}, "
+                     f"{y.shape[0]}, {cid.shape[0]}")
+  if cid.size and cid.min() < 0:
+    raise ValueError(f"client_id must be >= 0, got min {cid.min()}")
+  n = int(num_clients) if num_clients is not None else int(cid.max()) + 1
+  if cid.size and cid.max() >= n:
+    raise ValueError(f"client_id has value {cid.max()} >= num_clients={n}")
+  xs = [x[cid == i] for i in range(n)]
+  ys = [y[cid == i] for i in range(n)]
+  for i in range(n):
+    if xs[i].shape[0] == 0:
+      raise ValueError(f"client {i} has no rows in client_id: every client needs >= 1 example")
+  return from_client_arrays(xs, ys, max_examples=max_examples, seed=seed)
+
+
+def validate_data(data: FederatedData, name: str = "data") -> None:
+  """Checks shapes, the prefix-mask layout, non-empty clients and finiteness (host-side)."""
+  if not isinstance(data, FederatedData):
+    raise TypeError(f"{name} must be a FederatedData, got {type(data).__name__}")
+  x, y, mask, nex = (np.asarray(a) for a in (data.x, data.y, data.mask, data.num_examples))
+  if x.ndim < 2:
+    raise ValueError(f"{name}.x must be [n_clients, max_examples, ...], got shape {x.shape}")
+  n, m = x.shape[:2]
+  if y.shape[:2] != (n, m):
+    raise ValueError(f"{name}.y must start with [n_clients, max_examples]={(n, m)}, got {y.shape}")
+  if mask.shape != (n, m) or mask.dtype != bool:
+    raise ValueError(f"{name}.mask must be a bool array of shape {(n, m)}, got {mask.shape} {mask.dtype}")
+  if nex.shape != (n,):
+    raise ValueError(f"{name}.num_examples must have shape {(n,)}, got {nex.shape}")
+  if n == 0:
+    raise ValueError(f"{name} has no clients")
+  if np.any(nex < 1):
+    bad = np.flatnonzero(nex < 1).tolist()
+    raise ValueError(f"{name}: clients {bad} are empty; every client needs >= 1 example")
+  if not np.array_equal(mask.sum(1), nex):
+    raise ValueError(f"{name}.num_examples does not equal the number of True entries of {name}.mask")
+  if not np.array_equal(mask, np.arange(m)[None, :] < nex[:, None]):
+    raise ValueError(f"{name}.mask must be a prefix mask (valid rows first in every client)")
+  for field, arr in (("x", x), ("y", y)):
+    if np.issubdtype(arr.dtype, np.floating):
+      valid = arr[mask]
+      if not np.all(np.isfinite(valid)):
+        bad = sorted(set(np.argwhere(~np.isfinite(arr) & mask.reshape(mask.shape + (1,) * (arr.ndim - 2)))[:, 0].tolist()))
+        raise ValueError(f"{name}.{field} has NaN or infinite values in clients {bad[:10]}")
+
+
+def train_test_split(data: FederatedData, test_fraction: float, *, seed: int = 0,
+                     stratify: bool = False) -> tuple[FederatedData, FederatedData]:
+  """Per-client random split of every client's valid rows (each split keeps >= 1 row per client).
+
+  With ``stratify=True`` (integer labels) the split is stratified per client by label.
+  """
+  if not 0.0 < test_fraction < 1.0:
+    raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
+  validate_data(data)
+  rng = np.random.default_rng(seed)
+  x, y, nex = np.asarray(data.x), np.asarray(data.y), np.asarray(data.num_examples)
+  tr_x, tr_y, te_x, te_y = [], [], [], []
+  for i in range(data.num_clients):
+    if nex[i] < 2:
+      raise ValueError(f"client {i} has {nex[i]} example(s): cannot split it into train and test")
+    xi, yi = x[i, :nex[i]], y[i, :nex[i]]
+    if stratify:
+      test_idx = []
+      for label in np.unique(yi):
+        rows = np.flatnonzero(yi == label)
+        k = int(round(test_fraction * len(rows)))
+        test_idx.extend(rng.choice(rows, k, replace=False).tolist())
+      test_idx = np.array(sorted(test_idx), int)
+    else:
+      k = int(round(test_fraction * nex[i]))
+      test_idx = np.sort(rng.choice(nex[i], k, replace=False))
+    k = len(test_idx)
+    if k == 0 or k == nex[i]:
+      test_idx = np.sort(rng.choice(nex[i], min(max(k, 1), nex[i] - 1), replace=False))
+    is_test = np.zeros(nex[i], bool)
+    is_test[test_idx] = True
+    tr_x.append(xi[~is_test]); tr_y.append(yi[~is_test])
+    te_x.append(xi[is_test]); te_y.append(yi[is_test])
+  return (from_client_arrays(tr_x, tr_y, dtype=x.dtype), from_client_arrays(te_x, te_y, dtype=x.dtype))

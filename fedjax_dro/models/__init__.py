@@ -1,0 +1,9 @@
+"""Models: the :class:`Model` protocol, built-in models and a flax adapter."""
+from fedjax_dro.models.base import (Model, client_loss, client_loss_and_grad, per_client_eval,
+                                    num_parameters)
+from fedjax_dro.models.builtin import (linear_regression, logistic_regression, softmax_regression,
+                                       mlp, cnn, from_flax)
+
+__all__ = ["Model", "client_loss", "client_loss_and_grad", "per_client_eval", "num_parameters",
+           "linear_regression", "logistic_regression", "softmax_regression", "mlp", "cnn",
+           "from_flax"]

@@ -1,0 +1,91 @@
+"""The Model protocol and the masked per-client objective every algorithm uses.
+
+A client's objective is the masked mean of the per-example loss over its valid rows plus an
+optional ridge penalty: ``f_i(w) = (1/N_i) sum_{k valid} loss(apply(w, x_k), y_k) + l2/2 ||w||^2``.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+
+Array = Any
+Params = Any
+
+
+class Model(NamedTuple):
+  """A model as pure functions.
+
+  Attributes:
+    init: ``key -> params``.
+    apply: ``(params, x[m, *feature_shape]) -> outputs[m, ...]``.
+    loss: ``(outputs, y) -> per-example loss [m]``.
+    metrics: ``(outputs, y) -> dict of per-example metrics [m]`` (averaged with the mask).
+    task: ``"regression"`` or ``"classification"``.
+    l2: ridge penalty ``l2/2 ||w||^2`` added to every client objective.
+    name: short description.
+  """
+  init: Callable[[Array], Params]
+  apply: Callable[[Params, Array], Array]
+  loss: Callable[[Array, Array], Array]
+  metrics: Callable[[Array, Array], dict]
+  task: str = "classification"
+  l2: float = 0.0
+  name: str = "model"
+
+
+def num_parameters(params) -> int:
+  return int(sum(jnp.size(leaf) for leaf in jax.tree.leaves(params)))
+
+
+def _sq_norm(tree) -> Array:
+  return sum(jnp.vdot(leaf, leaf).real for leaf in jax.tree.leaves(tree))
+
+
+def client_loss(model: Model, params: Params, x: Array, y: Array, mask: Array) -> Array:
+  """Masked mean loss of one client plus the ridge penalty (padded rows contribute nothing)."""
+  per_example = model.loss(model.apply(params, x), y)
+  w = mask.astype(per_example.dtype)
+  loss = jnp.sum(per_example * w) / jnp.maximum(jnp.sum(w), 1.0)
+  if model.l2:
+    loss = loss + 0.5 * model.l2 * _sq_norm(params)
+  return loss
+
+
+def sample_batch(key: Array, x: Array, y: Array, num_examples: Array, batch_size: Optional[int]):
+  """A minibatch of one client: ``batch_size`` valid rows drawn uniformly with replacement.
+
+  With ``batch_size=None`` the full (masked) client data is used. Only valid rows can be drawn:
+  the data layout puts them first, so a draw in ``[0, num_examples)`` suffices, and the result does
+  not depend on how much padding follows.
+  """
+  if batch_size is None:
+    return x, y, jnp.arange(x.shape[0]) < num_examples
+  rows = jax.random.randint(key, (batch_size,), 0, jnp.maximum(num_examples, 1))
+  return x[rows], y[rows], jnp.ones((batch_size,), bool)
+
+
+def client_loss_and_grad(model: Model, params: Params, x: Array, y: Array, num_examples: Array,
+                         key: Array, batch_size: Optional[int]):
+  """``(loss, grad)`` of one client's objective on a sampled minibatch (or the full data)."""
+  bx, by, bmask = sample_batch(key, x, y, num_examples, batch_size)
+  return jax.value_and_grad(lambda p: client_loss(model, p, bx, by, bmask))(params)
+
+
+def per_client_eval(model: Model, params: Params, x: Array, y: Array, mask: Array) -> dict:
+  """Masked evaluation metrics of one client: loss, the model's metrics, and R^2 for regression."""
+  out = model.apply(params, x)
+  w = mask.astype(jnp.result_type(float))
+  count = jnp.maximum(jnp.sum(w), 1.0)
+  result = {"loss": jnp.sum(model.loss(out, y) * w) / count}
+  for name, values in model.metrics(out, y).items():
+    result[name] = jnp.sum(values * w) / count
+  if model.task == "regression":
+    yy = y.reshape(y.shape[0], -1).astype(w.dtype)
+    pred = out.reshape(out.shape[0], -1).astype(w.dtype)
+    mean_y = jnp.sum(yy * w[:, None], 0) / count
+    sse = jnp.sum(((pred - yy) ** 2) * w[:, None])
+    sst = jnp.sum(((yy - mean_y) ** 2) * w[:, None])
+    result["r2"] = 1.0 - sse / jnp.maximum(sst, 1e-30)
+  return result

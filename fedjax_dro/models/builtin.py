@@ -1,0 +1,197 @@
+"""Built-in models: ridge / linear regression, logistic and softmax regression, MLP, small CNN,
+and an adapter for any user flax (linen) module."""
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence, Union
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+from fedjax_dro.models.base import Model
+
+
+def _check_positive_int(value, name):
+  if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+    raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _check_l2(l2):
+  if not isinstance(l2, (int, float)) or l2 < 0:
+    raise ValueError(f"l2 must be a non-negative float, got {l2!r}")
+
+
+def _dtype():
+  return jnp.float64 if jax.config.jax_enable_x64 else jnp.float32
+
+
+def _squared_error(out, y):
+  return 0.5 * jnp.sum((out.reshape(out.shape[0], -1) - y.reshape(y.shape[0], -1)) ** 2, axis=-1)
+
+
+def _regression_metrics(out, y):
+  return {"mse": 2.0 * _squared_error(out, y)}
+
+
+def linear_regression(num_features: int, *, l2: float = 0.0, fit_intercept: bool = True,
+                      num_outputs: Optional[int] = None, init_scale: float = 0.0) -> Model:
+  """Linear regression with squared loss ``0.5 (x.w + b - y)^2`` (ridge when ``l2 > 0``).
+
+  ``num_outputs=None`` gives a scalar output with ``params = {"w": [d], "b": []}``.
+  """
+  _check_positive_int(num_features, "num_features"); _check_l2(l2)
+
+  def init(key):
+    shape = (num_features,) if num_outputs is None else (num_features, num_outputs)
+    params = {"w": init_scale * jax.random.normal(key, shape, _dtype())}
+    if fit_intercept:
+      params["b"] = jnp.zeros(() if num_outputs is None else (num_outputs,), _dtype())
+    return params
+
+  def apply(params, x):
+    out = x.reshape(x.shape[0], -1) @ params["w"]
+    return out + params["b"] if fit_intercept else out
+
+  return Model(init, apply, _squared_error, _regression_metrics, task="regression", l2=float(l2),
+               name=f"linear_regression(d={num_features}, l2={l2})")
+
+
+def _binary_loss(logits, y):
+  return optax.sigmoid_binary_cross_entropy(logits, y.astype(logits.dtype))
+
+
+def _binary_metrics(logits, y):
+  return {"accuracy": ((logits > 0).astype(jnp.int32) == y.astype(jnp.int32)).astype(logits.dtype)}
+
+
+def logistic_regression(num_features: int, *, l2: float = 0.0) -> Model:
+  """Binary logistic regression; labels in {0, 1}."""
+  _check_positive_int(num_features, "num_features"); _check_l2(l2)
+
+  def init(key):
+    del key
+    return {"w": jnp.zeros((num_features,), _dtype()), "b": jnp.zeros((), _dtype())}
+
+  def apply(params, x):
+    return x.reshape(x.shape[0], -1) @ params["w"] + params["b"]
+
+  return Model(init, apply, _binary_loss, _binary_metrics, task="classification", l2=float(l2),
+               name=f"logistic_regression(d={num_features}, l2={l2})")
+
+
+def _softmax_loss(logits, y):
+  return optax.softmax_cross_entropy_with_integer_labels(logits, y.astype(jnp.int32))
+
+
+def _softmax_metrics(logits, y):
+  return {"accuracy": (jnp.argmax(logits, -1) == y.astype(jnp.int32)).astype(logits.dtype)}
+
+
+def softmax_regression(num_features: int, num_classes: int, *, l2: float = 0.0) -> Model:
+  """Multinomial logistic regression; integer labels in ``[0, num_classes)``."""
+  _check_positive_int(num_features, "num_features"); _check_positive_int(num_classes, "num_classes")
+  _check_l2(l2)
+
+  def init(key):
+    del key
+    return {"w": jnp.zeros((num_features, num_classes), _dtype()),
+            "b": jnp.zeros((num_classes,), _dtype())}
+
+  def apply(params, x):
+    return x.reshape(x.shape[0], -1) @ params["w"] + params["b"]
+
+  return Model(init, apply, _softmax_loss, _softmax_metrics, task="classification", l2=float(l2),
+               name=f"softmax_regression(d={num_features}, k={num_classes})")
+
+
+class _MLP(nn.Module):
+  hidden: Sequence[int]
+  num_outputs: int
+
+  @nn.compact
+  def __call__(self, x):
+    x = x.reshape(x.shape[0], -1)
+    for width in self.hidden:
+      x = nn.relu(nn.Dense(width, param_dtype=_dtype())(x))
+    return nn.Dense(self.num_outputs, param_dtype=_dtype())(x)
+
+
+class _CNN(nn.Module):
+  num_outputs: int
+  features: Sequence[int] = (32, 64)
+  dense: int = 128
+
+  @nn.compact
+  def __call__(self, x):
+    if x.ndim == 3:
+      x = x[..., None]
+    for f in self.features:
+      x = nn.relu(nn.Conv(f, (3, 3), param_dtype=_dtype())(x))
+      x = nn.max_pool(x, (2, 2), strides=(2, 2))
+    x = x.reshape(x.shape[0], -1)
+    x = nn.relu(nn.Dense(self.dense, param_dtype=_dtype())(x))
+    return nn.Dense(self.num_outputs, param_dtype=_dtype())(x)
+
+
+_LOSSES = {
+    "softmax_cross_entropy": (_softmax_loss, _softmax_metrics, "classification"),
+    "sigmoid_cross_entropy": (_binary_loss, _binary_metrics, "classification"),
+    "squared_error": (_squared_error, _regression_metrics, "regression"),
+}
+
+
+def from_flax(module: nn.Module, sample_input, *, loss: Union[str, Callable] = "softmax_cross_entropy",
+              metrics: Optional[Callable] = None, task: Optional[str] = None, l2: float = 0.0,
+              name: Optional[str] = None) -> Model:
+  """Adapts a flax.linen module to a :class:`Model`.
+
+  Args:
+    module: a ``flax.linen.Module`` whose ``__call__(x)`` maps a batch of inputs to outputs.
+    sample_input: a batch ``[m, *feature_shape]`` used to initialise parameters.
+    loss: ``"softmax_cross_entropy"`` (integer labels), ``"sigmoid_cross_entropy"``,
+      ``"squared_error"`` or a callable ``(outputs, y) -> per-example loss``.
+    metrics: callable ``(outputs, y) -> dict of per-example metrics`` (defaults follow ``loss``).
+    task: "classification" or "regression" (defaults follow ``loss``).
+  """
+  if not isinstance(module, nn.Module):
+    raise TypeError(f"module must be a flax.linen.Module, got {type(module).__name__}")
+  if isinstance(loss, str):
+    if loss not in _LOSSES:
+      raise ValueError(f"loss must be one of {sorted(_LOSSES)} or a callable, got {loss!r}")
+    loss_fn, default_metrics, default_task = _LOSSES[loss]
+  elif callable(loss):
+    loss_fn, default_metrics, default_task = loss, (lambda o, y: {}), "regression"
+  else:
+    raise TypeError(f"loss must be a string or a callable, got {type(loss).__name__}")
+  task = task or default_task
+  if task not in ("classification", "regression"):
+    raise ValueError(f"task must be 'classification' or 'regression', got {task!r}")
+  _check_l2(l2)
+  sample_input = jnp.asarray(sample_input)
+
+  def init(key):
+    return module.init(key, sample_input)["params"]
+
+  def apply(params, x):
+    return module.apply({"params": params}, x)
+
+  return Model(init, apply, loss_fn, metrics or default_metrics, task=task, l2=float(l2),
+               name=name or type(module).__name__)
+
+
+def mlp(input_shape: Sequence[int], num_classes: int, hidden: Sequence[int] = (200, 200), *,
+        l2: float = 0.0) -> Model:
+  """Fully connected ReLU network (e.g. the EMNIST-sized 784-200-200-62)."""
+  _check_positive_int(num_classes, "num_classes")
+  return from_flax(_MLP(tuple(hidden), num_classes), jnp.zeros((1,) + tuple(input_shape), _dtype()),
+                   l2=l2, name=f"mlp({tuple(input_shape)}-{'-'.join(map(str, hidden))}-{num_classes})")
+
+
+def cnn(input_shape: Sequence[int], num_classes: int, *, features: Sequence[int] = (32, 64),
+        dense: int = 128, l2: float = 0.0) -> Model:
+  """Small CNN: two 3x3 conv + max-pool blocks and a dense layer (LeNet/FedAvg-CNN style)."""
+  _check_positive_int(num_classes, "num_classes")
+  return from_flax(_CNN(num_classes, tuple(features), dense),
+                   jnp.zeros((1,) + tuple(input_shape), _dtype()), l2=l2,
+                   name=f"cnn({tuple(input_shape)}, k={num_classes})")
