@@ -96,7 +96,8 @@ def _fmt(x):
   return f"{x:.4f}" if isinstance(x, float) and abs(x) < 1e4 else f"{x:.4g}"
 
 
-def print_table(rows: List[List[str]], header: List[str], file=sys.stdout) -> None:
+def print_table(rows: List[List[str]], header: List[str], file=None) -> None:
+  file = file or sys.stdout
   widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
   line = lambda r: "| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths)) + " |"
   print(line(header), file=file)

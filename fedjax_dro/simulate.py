@@ -141,7 +141,8 @@ def _make_chunk_fn(alg: Algorithm, rounds: int, chunk: int, check_finite: bool):
       active = (r < rounds) & ~failed
       finite = (_all_finite(new_state) & _all_finite(metrics)) if check_finite else jnp.array(True)
       ok = active & finite
-      state = jax.tree.map(lambda new, old: jnp.where(ok, new, old), new_state, state)
+      # The state keeps its dtypes across rounds (float32 models stay float32 under x64 hparams).
+      state = jax.tree.map(lambda new, old: jnp.where(ok, new, old).astype(old.dtype), new_state, state)
       newly_failed = active & ~finite
       first_bad = jnp.where(newly_failed & (first_bad < 0), r, first_bad)
       return (state, failed | newly_failed, first_bad), metrics

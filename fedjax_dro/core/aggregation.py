@@ -18,8 +18,8 @@ def weighted_mean(tree, weights, mask=None):
 
 
 def tree_add(a, b, scale=1.0):
-  """``a + scale * b`` leafwise."""
-  return jax.tree.map(lambda x, y: x + scale * y, a, b)
+  """``a + scale * b`` leafwise, keeping the dtypes of ``a``."""
+  return jax.tree.map(lambda x, y: (x + scale * y).astype(jnp.result_type(x)), a, b)
 
 
 def tree_sub(a, b):

@@ -27,7 +27,8 @@ def local_sgd(model: Model, params, x, y, num_examples, key, *, num_steps: int,
     loss, g = client_loss_and_grad(model, w, x, y, num_examples, step_key, batch_size)
     if grad_transform is not None:
       g = grad_transform(w, g)
-    return jax.tree.map(lambda a, b: a - lr * b, w, g), loss
+    # Keep each leaf's dtype (float32 params with a float64 step size stay float32).
+    return jax.tree.map(lambda a, b: (a - lr * b).astype(a.dtype), w, g), loss
 
   return jax.lax.scan(step, params, jax.random.split(key, num_steps))
 

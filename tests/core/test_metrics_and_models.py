@@ -1,0 +1,82 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fedjax_dro import algorithms as A
+from fedjax_dro import models, run
+from fedjax_dro.core.metrics import summarize
+from fedjax_dro.core.sampling import sample_clients
+from fedjax_dro.data import FederatedDataset, from_client_arrays, synthetic_classification
+from fedjax_dro.models.base import per_client_eval, sample_batch
+
+
+def test_summaries_worst_and_best_20_percent():
+  acc = np.array([0.9, 0.1, 0.5, 0.7, 0.3, 0.8, 0.2, 0.6, 0.4, 1.0])
+  s = summarize(acc, weights=np.arange(1, 11), higher_is_better=True)
+  assert s["worst20"] == pytest.approx(0.15) and s["best20"] == pytest.approx(0.95)
+  assert s["worst"] == 0.1 and s["mean"] == pytest.approx(0.55)
+  assert s["weighted_mean"] == pytest.approx(np.sum(acc * np.arange(1, 11)) / 55)
+  loss = summarize(np.array([1.0, 5.0, 3.0]), higher_is_better=False)
+  assert loss["worst20"] == 5.0 and loss["worst"] == 5.0 and loss["best20"] == 1.0
+
+
+def test_per_client_eval_r2_and_accuracy_oracles():
+  rng = np.random.default_rng(0)
+  x, y = rng.normal(size=(7, 3)), rng.normal(size=7)
+  model = models.linear_regression(3)
+  params = {"w": jnp.array([0.5, -1.0, 2.0]), "b": jnp.array(0.3)}
+  mask = jnp.array([True] * 5 + [False] * 2)
+  out = per_client_eval(model, params, x, y, mask)
+  pred = x[:5] @ np.array([0.5, -1.0, 2.0]) + 0.3
+  mse = np.mean((pred - y[:5]) ** 2)
+  assert float(out["mse"]) == pytest.approx(mse)
+  assert float(out["r2"]) == pytest.approx(1 - mse / np.var(y[:5]))
+  clf = models.softmax_regression(3, 4)
+  p = {"w": jnp.asarray(rng.normal(size=(3, 4))), "b": jnp.zeros(4)}
+  labels = rng.integers(0, 4, 7)
+  acc = per_client_eval(clf, p, x, labels, mask)["accuracy"]
+  assert float(acc) == pytest.approx(np.mean(np.argmax(x[:5] @ np.asarray(p["w"]), 1) == labels[:5]))
+
+
+def test_minibatches_draw_only_valid_rows():
+  x = jnp.arange(10.0)[:, None]
+  for seed in range(20):
+    bx, _, bmask = sample_batch(jax.random.PRNGKey(seed), x, x[:, 0], jnp.int32(3), 8)
+    assert set(np.asarray(bx[:, 0]).tolist()) <= {0.0, 1.0, 2.0} and bool(bmask.all())
+
+
+def test_client_sampling_without_replacement_and_weighted():
+  for seed in range(10):
+    idx = np.asarray(sample_clients(jax.random.PRNGKey(seed), 10, 4))
+    assert len(set(idx.tolist())) == 4 and idx.max() < 10
+  w = jnp.array([0.0, 0.0, 1.0, 1.0, 1.0])
+  counts = np.zeros(5)
+  for seed in range(200):
+    counts[np.asarray(sample_clients(jax.random.PRNGKey(seed), 5, 2, w))] += 1
+  assert counts[:2].sum() == 0 and np.all(counts[2:] > 100)
+  # Uniform sampling without replacement: each client participates with probability s/n.
+  hits = np.zeros(6)
+  for seed in range(600):
+    hits[np.asarray(sample_clients(jax.random.PRNGKey(seed), 6, 2))] += 1
+  np.testing.assert_allclose(hits / 600, 2 / 6, atol=0.06)
+
+
+@pytest.mark.parametrize("make_model", ["mlp", "cnn", "flax"])
+def test_builtin_and_flax_models_train_with_fedavg(make_model):
+  import flax.linen as nn
+  rng = np.random.default_rng(0)
+  if make_model == "cnn":
+    xs = [rng.normal(size=(12, 8, 8)) for _ in range(3)]
+    model = models.cnn((8, 8), 3, features=(4,), dense=8)
+  else:
+    xs = [rng.normal(size=(12, 6)) for _ in range(3)]
+    model = (models.mlp((6,), 3, (8,)) if make_model == "mlp" else
+             models.from_flax(nn.Dense(3), np.zeros((1, 6))))
+  ys = [(np.abs(x.reshape(12, -1)[:, 0]) * 2).astype(int) % 3 for x in xs]
+  data = from_client_arrays(xs, ys)
+  ds = FederatedDataset(train=data, test=data, task="classification", num_classes=3)
+  h = run(A.fedavg(model, local_steps=5, batch_size=4), ds, rounds=20, hparams={"client_lr": 0.1}, eval_every=20)
+  first = h.train_metrics["train_loss"][0]
+  assert h.train_metrics["train_loss"][-5:].mean() < first
+  assert 0.0 <= h.final["accuracy"]["mean"] <= 1.0
