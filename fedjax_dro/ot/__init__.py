@@ -1,0 +1,32 @@
+"""Optimal-transport embeddings and client dissimilarities (ott-jax)."""
+from fedjax_dro.ot.embeddings import (
+    COSTS,
+    NORMS,
+    ConvergenceReport,
+    DissimilarityOutput,
+    SinkhornConvergenceError,
+    SinkhornConvergenceWarning,
+    client_point_clouds,
+    dissimilarities,
+    dissimilarity_matrix,
+    ot_embeddings,
+    pairwise_embedding_distances,
+    reference_set,
+    validate_dissimilarity,
+)
+
+__all__ = [
+    "COSTS",
+    "NORMS",
+    "ConvergenceReport",
+    "DissimilarityOutput",
+    "SinkhornConvergenceError",
+    "SinkhornConvergenceWarning",
+    "client_point_clouds",
+    "dissimilarities",
+    "dissimilarity_matrix",
+    "ot_embeddings",
+    "pairwise_embedding_distances",
+    "reference_set",
+    "validate_dissimilarity",
+]
