@@ -77,3 +77,15 @@ def test_synthetic_classification_labels_and_split():
   ds = synthetic_classification(0, num_clients=6, num_classes=3)
   assert ds.num_classes == 3 and ds.train.num_clients == ds.test.num_clients == 6
   assert set(np.unique(np.asarray(ds.train.y)[np.asarray(ds.train.mask)])) <= {0, 1, 2}
+
+
+def test_heart_disease_matches_flamby_preprocessing():
+  from fedjax_dro.data.heart_disease import heart_disease
+  ds = heart_disease(0)
+  tr, te = np.asarray(ds.train.num_examples), np.asarray(ds.test.num_examples)
+  assert tr.sum() + te.sum() == 740                        # FLamby: 740 rows
+  np.testing.assert_array_equal(tr + te, [303, 261, 46, 130])  # per-center sizes after dropping NaN rows
+  assert ds.train.x.shape[-1] == 13
+  np.testing.assert_allclose(te / (tr + te), 0.34, atol=0.02)
+  pooled = np.asarray(ds.train.x)[np.asarray(ds.train.mask)]
+  np.testing.assert_allclose(pooled.mean(0), 0.0, atol=1e-6)
