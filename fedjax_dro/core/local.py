@@ -8,6 +8,8 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_dro.core.clients import map_clients
+from fedjax_dro.core.sampling import sample_clients
+from fedjax_dro.core.settings import aggregation_weights, backend_for, participants
 from fedjax_dro.models.base import Model, client_loss_and_grad
 
 
@@ -67,7 +69,7 @@ def local_round(model: Model, settings, params, data, key, lr, *, client_params=
   """Samples participants and runs local SGD on each of them (the FedAvg skeleton, steps 1-3).
 
   Args:
-    model, settings: the model and the validated :class:`~fedjax_dro.algorithms.base.CommonSettings`.
+    model, settings: the model and the validated :class:`~fedjax_dro.core.settings.CommonSettings`.
     params: the global model every participant starts from (ignored if ``client_params``).
     client_params: optional ``[n, ...]`` per-client starting models (personalized algorithms).
     client_state: optional ``[n, ...]`` persistent per-client state; the participant's row is
@@ -76,8 +78,6 @@ def local_round(model: Model, settings, params, data, key, lr, *, client_params=
     num_steps: overrides ``settings.local_steps``.
     sampling_weights: optional ``[n]`` client sampling weights.
   """
-  from fedjax_dro.algorithms.base import aggregation_weights, backend_for, participants
-  from fedjax_dro.core.sampling import sample_clients
   n = data.num_clients
   s = participants(settings, n)
   sample_key, local_key = jax.random.split(key)
