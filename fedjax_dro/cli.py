@@ -4,6 +4,7 @@
     fedjax-dro run --algorithm scaffold --dataset synthetic-classification --rounds 200 \
         --hparam client_lr=0.05 --out runs/scaffold
     fedjax-dro sweep --algorithm fedavg --grid client_lr=0.01,0.03,0.1 --seeds 0,1,2
+    fedjax-dro run --algorithm karula --cv-folds 5 --cv-grid t=0.01,0.1,1   # t by 5-fold CV
     fedjax-dro list
 """
 from __future__ import annotations
@@ -117,9 +118,17 @@ def cmd_run(args) -> int:
   hparams = _parse_kv(args.hparam, "--hparam")
   print(f"fedjax-dro run: {alg.name} on {ds.name} ({ds.num_clients} clients), {args.rounds} rounds, "
         f"model {alg.model.name}")
+  if args.cv_folds is not None or args.cv_grid:   # K-fold CV on the training rows, then the final run
+    if args.cv_folds is None or not args.cv_grid:
+      raise ValueError("--cv-folds and --cv-grid must be given together")
+    from fedjax_dro.model_selection import select_hparams
+    hparams = select_hparams(alg, ds, _parse_kv(args.cv_grid, "--cv-grid", multi=True),
+                             folds=args.cv_folds, rounds=args.rounds, seed=args.seed,
+                             metric=args.cv_metric, hparams=hparams, eval_every=args.eval_every,
+                             out_dir=args.out)
   try:
     hist = run(alg, ds, rounds=args.rounds, seed=args.seed, hparams=hparams, eval_every=args.eval_every,
-               progress=not args.no_progress, out_dir=args.out)
+               progress=not args.no_progress, out_dir=args.out, checkpoint_dir=args.checkpoint_dir)
   except NonFiniteError as e:
     print(f"error: {e}", file=sys.stderr)
     if args.out:
@@ -176,6 +185,14 @@ def main(argv: Optional[List[str]] = None) -> int:
   p_run.add_argument("--seed", type=int, default=0)
   p_run.add_argument("--out", default=None, help="directory for metrics.jsonl and summary.json")
   p_run.add_argument("--no-progress", action="store_true", help="no progress bar")
+  p_run.add_argument("--checkpoint-dir", default=None,
+                     help="save state after every evaluation chunk; rerunning the same command resumes")
+  p_run.add_argument("--cv-folds", type=int, default=None,
+                     help="pick the --cv-grid point by K-fold CV on the clients' training rows first")
+  p_run.add_argument("--cv-grid", action="append", default=[], metavar="NAME=V1,V2,...",
+                     help="hyper-parameter grid for --cv-folds (repeatable)")
+  p_run.add_argument("--cv-metric", default="loss", help="held-out metric for --cv-folds "
+                     "(loss, mse, r2, accuracy; example-weighted mean over clients)")
   p_sweep = sub.add_parser("sweep", help="vmapped sweep over a hyper-parameter grid and seeds")
   _add_common(p_sweep)
   p_sweep.add_argument("--grid", action="append", default=[], metavar="NAME=V1,V2,...")

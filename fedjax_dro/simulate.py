@@ -18,6 +18,7 @@ import itertools
 import json
 import math
 import os
+import pickle
 import tempfile
 import time
 import warnings
@@ -104,12 +105,12 @@ def _json_default(obj):
   return str(obj)
 
 
-def atomic_write(path: str, text: str) -> None:
+def atomic_write(path: str, text: Union[str, bytes]) -> None:
   """Writes ``text`` to a temporary file beside ``path`` and renames it into place."""
   directory = os.path.dirname(os.path.abspath(path))
   fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=os.path.basename(path))
   try:
-    with os.fdopen(fd, "w") as f:
+    with os.fdopen(fd, "wb" if isinstance(text, bytes) else "w") as f:
       f.write(text)
     os.replace(tmp, path)
   except BaseException:
@@ -219,7 +220,7 @@ def run(alg: Algorithm, data: Union[FederatedDataset, FederatedData], *, rounds:
         seed: Union[int, jax.Array] = 0, hparams: Optional[Dict[str, Any]] = None,
         eval_data: Optional[FederatedData] = None, eval_every: Optional[int] = None,
         init_params=None, true_params=None, progress: bool = False, check_finite: bool = True,
-        out_dir: Optional[str] = None) -> History:
+        out_dir: Optional[str] = None, checkpoint_dir: Optional[str] = None) -> History:
   """Runs ``rounds`` communication rounds of ``alg`` on ``data``.
 
   Args:
@@ -238,6 +239,9 @@ def run(alg: Algorithm, data: Union[FederatedDataset, FederatedData], *, rounds:
     check_finite: stop at the first round producing NaN/Inf (see :class:`NonFiniteError`).
     out_dir: if given, ``metrics.jsonl`` is appended after every chunk and ``summary.json`` is
       written at the end (atomically).
+    checkpoint_dir: if given, the state and history are saved there (atomically) after every
+      chunk, and a run started with the same configuration resumes from the saved checkpoint; the
+      result is identical to an uninterrupted run (round keys depend only on the round index).
   """
   rounds, chunk = _check_run_args(alg, rounds, eval_every)
   train, eval_data, true_params, data_name = _split_data(data, eval_data, true_params)
@@ -260,16 +264,27 @@ def run(alg: Algorithm, data: Union[FederatedDataset, FederatedData], *, rounds:
             "dataset": data_name, "num_clients": train.num_clients}
   history = History(alg.name, config, {}, [])
   metric_chunks: Dict[str, list] = {}
+  wall, first_chunk = 0.0, 0
+  resumed = _load_checkpoint(checkpoint_dir, config, state) if checkpoint_dir else None
+  if resumed is not None:
+    payload, state = resumed
+    first_chunk, wall = payload["next_chunk"], payload["wall_time"]
+    status = (jnp.array(payload["status"][0]), jnp.array(payload["status"][1], jnp.int32))
+    history.train_metrics, history.evaluations = payload["train_metrics"], payload["evaluations"]
+    history.final_state = state
+    metric_chunks = {k: [v] for k, v in history.train_metrics.items()}
   bar = _progress_bar(rounds, alg.name) if progress else None
+  if bar is not None and first_chunk:
+    bar.update(min(rounds, first_chunk * chunk))
   jsonl_path = None
   if out_dir is not None:
     os.makedirs(out_dir, exist_ok=True)
     jsonl_path = os.path.join(out_dir, "metrics.jsonl")
-    atomic_write(jsonl_path, "")
+    atomic_write(jsonl_path, "".join(json.dumps(rec, default=_json_default) + "\n"
+                                     for rec in history.jsonl_records()))
   main = _main_metric(alg)
-  wall = 0.0
   try:
-    for c in range(math.ceil(rounds / chunk)):
+    for c in range(first_chunk, math.ceil(rounds / chunk)):
       start = c * chunk
       t0 = time.perf_counter()
       new_state, status, metrics = compiled(state, status, jnp.int32(start), hp, run_key, train)
@@ -292,6 +307,8 @@ def run(alg: Algorithm, data: Union[FederatedDataset, FederatedData], *, rounds:
             f.write(json.dumps({"type": "round", "round": start + r + 1,
                                 **{k: float(v[r]) for k, v in metrics.items()}}) + "\n")
           f.write(json.dumps(_evaluation_record(evaluation), default=_json_default) + "\n")
+      if checkpoint_dir is not None:
+        _save_checkpoint(checkpoint_dir, config, c + 1, state, status, history, wall)
       if bar is not None:
         s = evaluation["summary"].get(main, {})
         bar.update(done - start)
@@ -312,6 +329,38 @@ def run(alg: Algorithm, data: Union[FederatedDataset, FederatedData], *, rounds:
     atomic_write(os.path.join(out_dir, "summary.json"),
                  json.dumps(history.summary(), indent=2, default=_json_default))
   return history
+
+
+CHECKPOINT_FILE = "checkpoint.pkl"
+
+
+def _save_checkpoint(directory, config, next_chunk, state, status, history, wall):
+  """Everything needed to resume after chunk ``next_chunk - 1`` (written atomically)."""
+  os.makedirs(directory, exist_ok=True)
+  payload = {"config": config, "next_chunk": next_chunk,
+             "state_leaves": [np.asarray(x) for x in jax.device_get(jax.tree.leaves(state))],
+             "status": (bool(status[0]), int(status[1])), "train_metrics": history.train_metrics,
+             "evaluations": history.evaluations, "wall_time": wall}
+  atomic_write(os.path.join(directory, CHECKPOINT_FILE), pickle.dumps(payload))
+
+
+def _load_checkpoint(directory, config, state):
+  path = os.path.join(directory, CHECKPOINT_FILE)
+  if not os.path.exists(path):
+    return None
+  with open(path, "rb") as f:
+    payload = pickle.load(f)
+  if payload["config"] != config:
+    diff = sorted(k for k in set(config) | set(payload["config"])
+                  if config.get(k) != payload["config"].get(k))
+    raise ValueError(f"checkpoint_dir {directory!r} holds a checkpoint of a different run "
+                     f"(differs in {diff}); use another directory or delete {path}")
+  leaves, treedef = jax.tree.flatten(state)
+  if len(leaves) != len(payload["state_leaves"]):
+    raise ValueError(f"checkpoint in {directory!r} does not match the algorithm state structure")
+  restored = jax.tree.unflatten(treedef, [jnp.asarray(x, dtype=l.dtype)
+                                          for x, l in zip(payload["state_leaves"], leaves)])
+  return payload, restored
 
 
 def _progress_bar(total, name):

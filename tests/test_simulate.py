@@ -165,3 +165,32 @@ def test_local_and_global_algorithms_converge_on_synthetic_ridge():
   h = run(A.fedsgd(model), ds, rounds=400, hparams={"lr": 0.3}, eval_every=400)
   np.testing.assert_allclose(np.asarray(h.final_state.params["w"]), wg, atol=1e-6)
   assert h.final["estimation_error"]["mean"] == pytest.approx(err_global, rel=1e-6)
+
+
+def test_resume_from_checkpoint_equals_uninterrupted_run(tmp_path, monkeypatch):
+  import fedjax_dro.simulate as sim
+  data = regression_clients(n=6, d=3, seed=12)
+  alg = A.scaffold(linreg(3), clients_per_round=3, local_steps=2, batch_size=3)
+  full = run(alg, dataset(data), rounds=30, seed=4, eval_every=10)
+  calls = {"n": 0}
+  original = sim._summaries
+
+  def crash_on_second_chunk(*args):
+    calls["n"] += 1
+    if calls["n"] == 2:
+      raise KeyboardInterrupt("simulated crash")
+    return original(*args)
+
+  monkeypatch.setattr(sim, "_summaries", crash_on_second_chunk)
+  with pytest.raises(KeyboardInterrupt):
+    run(alg, dataset(data), rounds=30, seed=4, eval_every=10, checkpoint_dir=str(tmp_path))
+  monkeypatch.setattr(sim, "_summaries", original)
+  resumed = run(alg, dataset(data), rounds=30, seed=4, eval_every=10, checkpoint_dir=str(tmp_path),
+                out_dir=str(tmp_path / "out"))
+  _leaves_close(full.final_state, resumed.final_state, 0.0)
+  np.testing.assert_array_equal(full.train_metrics["train_loss"], resumed.train_metrics["train_loss"])
+  assert [e["round"] for e in resumed.evaluations] == [10, 20, 30]
+  lines = [json.loads(l) for l in open(tmp_path / "out" / "metrics.jsonl")]
+  assert sorted(l["round"] for l in lines if l["type"] == "round") == list(range(1, 31))
+  with pytest.raises(ValueError, match="different run"):
+    run(alg, dataset(data), rounds=30, seed=5, eval_every=10, checkpoint_dir=str(tmp_path))
