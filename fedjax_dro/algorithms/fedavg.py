@@ -23,6 +23,15 @@ class FedAvgState(NamedTuple):
   round: jnp.ndarray  # [] int32 rounds done
 
 
+def global_model_init(settings):
+  """``init`` of the algorithms whose whole state is the global model and a round counter."""
+  def init(params, data, key):
+    del key
+    participants(settings, data.num_clients)   # validates clients_per_round against n
+    return FedAvgState(params, jnp.zeros((), jnp.int32))
+  return init
+
+
 HPARAMS = {
     "client_lr": HParam(0.1, "local SGD step size"),
     "server_lr": HParam(1.0, "server step on the averaged model difference"),
@@ -36,16 +45,11 @@ def fedavg(model, *, clients_per_round=None, local_steps=10, batch_size=None, ba
                              batch_size=batch_size, backend=backend, chunk_size=chunk_size,
                              weighting=weighting)
 
-  def init(params, data, key):
-    del key
-    participants(settings, data.num_clients)
-    return FedAvgState(params, jnp.zeros((), jnp.int32))
-
   def round_fn(state, data, key, hparams):
     update = local_round(model, settings, state.params, data, key, hparams["client_lr"])
     delta = weighted_mean(update.deltas, update.weights)
     params = tree_add(state.params, delta, hparams["server_lr"])
     return FedAvgState(params, state.round + 1), round_metrics(update)
 
-  return Algorithm("fedavg", model, init, round_fn, lambda s: s.params, HPARAMS, False,
+  return Algorithm("fedavg", model, global_model_init(settings), round_fn, lambda s: s.params, HPARAMS, False,
                    settings._asdict())

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import jax
 
-from fedjax_dro.algorithms.base import Algorithm, HParam, common_settings, participants, register
-from fedjax_dro.algorithms.fedavg import FedAvgState
+from fedjax_dro.algorithms.base import Algorithm, HParam, common_settings, register
+from fedjax_dro.algorithms.fedavg import FedAvgState, global_model_init
 from fedjax_dro.core.aggregation import tree_add, weighted_mean
 from fedjax_dro.core.local import local_round, round_metrics
-import jax.numpy as jnp
 
 HPARAMS = {
     "client_lr": HParam(0.1, "local SGD step size"),
@@ -27,11 +26,6 @@ def fedprox(model, *, clients_per_round=None, local_steps=10, batch_size=None, b
                              batch_size=batch_size, backend=backend, chunk_size=chunk_size,
                              weighting=weighting)
 
-  def init(params, data, key):
-    del key
-    participants(settings, data.num_clients)
-    return FedAvgState(params, jnp.zeros((), jnp.int32))
-
   def round_fn(state, data, key, hparams):
     center = state.params
     prox = lambda w, g, _: jax.tree.map(lambda gi, wi, ci: gi + hparams["mu"] * (wi - ci), g, w, center)
@@ -39,5 +33,5 @@ def fedprox(model, *, clients_per_round=None, local_steps=10, batch_size=None, b
     params = tree_add(center, weighted_mean(update.deltas, update.weights), hparams["server_lr"])
     return FedAvgState(params, state.round + 1), round_metrics(update)
 
-  return Algorithm("fedprox", model, init, round_fn, lambda s: s.params, HPARAMS, False,
+  return Algorithm("fedprox", model, global_model_init(settings), round_fn, lambda s: s.params, HPARAMS, False,
                    settings._asdict())

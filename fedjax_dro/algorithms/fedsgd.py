@@ -6,11 +6,10 @@ data (tested).
 """
 from __future__ import annotations
 
-from fedjax_dro.algorithms.base import Algorithm, HParam, common_settings, participants, register
-from fedjax_dro.algorithms.fedavg import FedAvgState
+from fedjax_dro.algorithms.base import Algorithm, HParam, common_settings, register
+from fedjax_dro.algorithms.fedavg import FedAvgState, global_model_init
 from fedjax_dro.core.aggregation import tree_add, weighted_mean
 from fedjax_dro.core.local import local_round, round_metrics
-import jax.numpy as jnp
 
 HPARAMS = {"lr": HParam(0.1, "server gradient step size")}
 
@@ -22,16 +21,11 @@ def fedsgd(model, *, clients_per_round=None, batch_size=None, backend="auto", ch
                              batch_size=batch_size, backend=backend, chunk_size=chunk_size,
                              weighting=weighting)
 
-  def init(params, data, key):
-    del key
-    participants(settings, data.num_clients)
-    return FedAvgState(params, jnp.zeros((), jnp.int32))
-
   def round_fn(state, data, key, hparams):
     # One local step of size 1 returns delta = -g; the server applies lr * mean(delta).
     update = local_round(model, settings, state.params, data, key, 1.0)
     params = tree_add(state.params, weighted_mean(update.deltas, update.weights), hparams["lr"])
     return FedAvgState(params, state.round + 1), round_metrics(update)
 
-  return Algorithm("fedsgd", model, init, round_fn, lambda s: s.params, HPARAMS, False,
+  return Algorithm("fedsgd", model, global_model_init(settings), round_fn, lambda s: s.params, HPARAMS, False,
                    settings._asdict())
