@@ -1,10 +1,11 @@
-"""Command line: ``fedjax-dro run | sweep | list``.
+"""Command line: ``fedjax-dro run | sweep | reproduce | list``.
 
     fedjax-dro run                                   # FedAvg on synthetic-ridge, summary table
     fedjax-dro run --algorithm scaffold --dataset synthetic-classification --rounds 200 \
         --hparam client_lr=0.05 --out runs/scaffold
     fedjax-dro sweep --algorithm fedavg --grid client_lr=0.01,0.03,0.1 --seeds 0,1,2
     fedjax-dro run --algorithm karula --cv-folds 5 --cv-grid t=0.01,0.1,1   # t by 5-fold CV
+    fedjax-dro reproduce scaffpd-synthetic --out benchmarks/results/scaffpd_synthetic   # Fig. 2
     fedjax-dro list
 """
 from __future__ import annotations
@@ -177,6 +178,12 @@ def cmd_list(args) -> int:
   return 0
 
 
+def cmd_reproduce(args) -> int:
+  from fedjax_dro.reproduce import reproduce
+  reproduce(args.experiment, out_dir=args.out, rounds=args.rounds, quick=args.quick, seed=args.seed)
+  return 0
+
+
 def main(argv: Optional[List[str]] = None) -> int:
   parser = argparse.ArgumentParser(prog="fedjax-dro", description=__doc__.split("\n")[0])
   sub = parser.add_subparsers(dest="command")
@@ -199,13 +206,20 @@ def main(argv: Optional[List[str]] = None) -> int:
   p_sweep.add_argument("--seeds", default="0")
   p_sweep.add_argument("--seed", type=int, default=0, help="dataset seed")
   p_sweep.add_argument("--out", default=None)
+  p_rep = sub.add_parser("reproduce", help="reproduce a paper figure (JSON + PNG)")
+  p_rep.add_argument("experiment", choices=["scaffpd-synthetic"])
+  p_rep.add_argument("--out", default=None, help="output directory")
+  p_rep.add_argument("--rounds", type=int, default=None, help="communication rounds")
+  p_rep.add_argument("--quick", action="store_true", help="tiny grids, few rounds (smoke test)")
+  p_rep.add_argument("--seed", type=int, default=0, help="data seed")
   sub.add_parser("list", help="list algorithms and datasets")
   args = parser.parse_args(argv)
   if args.command is None:
     parser.print_help()
     return 2
   try:
-    return {"run": cmd_run, "sweep": cmd_sweep, "list": cmd_list}[args.command](args)
+    return {"run": cmd_run, "sweep": cmd_sweep, "list": cmd_list,
+            "reproduce": cmd_reproduce}[args.command](args)
   except (ValueError, TypeError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2

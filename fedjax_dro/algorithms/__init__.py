@@ -7,6 +7,12 @@ from fedjax_dro.algorithms.fedprox import fedprox
 from fedjax_dro.algorithms.scaffold import scaffold
 from fedjax_dro.algorithms.fedadam import fedadam
 from fedjax_dro.algorithms.local import local
+from fedjax_dro.algorithms.scaff_pd import scaff_pd
+from fedjax_dro.algorithms.afl import afl
+from fedjax_dro.algorithms.drfa import drfa
+from fedjax_dro.algorithms.qffl import qffl
+from fedjax_dro.algorithms.agnostic_fedavg import agnostic_fedavg
 
 __all__ = ["Algorithm", "HParam", "default_hparams", "get_algorithm", "list_algorithms",
            "make_hparams", "register", "fedavg", "fedsgd", "fedprox", "scaffold", "fedadam", "local"]
+__all__ += ["scaff_pd", "afl", "drfa", "qffl", "agnostic_fedavg"]

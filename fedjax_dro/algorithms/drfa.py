@@ -1,0 +1,160 @@
+"""DRFA and DRFA-Prox: Distributionally Robust Federated Averaging.
+
+Deng, Kamani, Mahdavi, "Distributionally Robust Federated Averaging", NeurIPS 2020 (Algorithm 1,
+DRFA; Algorithm 2, DRFA-Prox for a regularized dual). One round ``s`` with tau = ``local_steps``,
+m = ``clients_per_round``::
+
+    D = m clients drawn i.i.d. with probabilities lambda (with replacement)
+    t' ~ Uniform{0, ..., tau - 1}                           (the snapshot step)
+    each i in D: tau local SGD steps w_i <- w_i - eta g_i(w_i) from w, keeping w_i^{t'}
+    w <- (1/m) sum_{i in D} w_i^tau,   w' = (1/m) sum_{i in D} w_i^{t'}
+    U = m clients drawn uniformly without replacement; v_i = (n/m) f_i(w'; xi) on U, 0 elsewhere
+    DRFA:       lambda <- Proj_Lambda(lambda + gamma tau (v - grad psi(lambda)))
+    DRFA-Prox:  lambda <- argmax_{u in Lambda} tau gamma <v, u> - tau gamma psi(u) - ||u - lambda||^2 / 2
+                        = core.simplex.dual_prox(psi, lambda, v, sigma = gamma tau)
+
+Readings chosen where the paper leaves room:
+
+* The snapshot ``t'`` counts the local steps done before it (0 = the received model), so that
+  ``tau f_i(w^{t'})`` is an unbiased estimate of the sum of the losses at the tau iterates where
+  the local gradients are evaluated (what tau steps of centralized gradient ascent would use).
+* ``psi`` (factory option): ``"chi2"`` (hparam ``rho``; rho = 0, the default, is the AFL objective
+  of the paper's DRFA) or ``"cvar"`` (hparam ``alpha``; Lambda = capped simplex, psi = 0). Plain
+  DRFA (``prox=False``) handles a smooth psi through its gradient (chi^2: rho (n lambda - 1));
+  ``prox=True`` is DRFA-Prox. ``"qffl"`` is rejected: DRFA samples clients with probabilities
+  lambda, so Lambda must be a subset of the simplex.
+* ``sampling="full"`` (not in the paper; the deterministic "expected" variant, used to give DRFA
+  its best case in benchmarks): every client trains, models are averaged with weights lambda, and
+  every client evaluates the snapshot (v = f(w')). Requires full participation.
+
+lambda^0 is uniform. Metrics: ``train_loss`` (unweighted mean of the trained clients' losses at
+the received model), ``train_loss_max``, ``lambda_max``, ``lambda_min``; lambda is ``state.lam``.
+"""
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from fedjax_dro.algorithms.base import (Algorithm, HParam, backend_for, check_data_matches,
+                                        common_settings, participants, register)
+from fedjax_dro.algorithms.scaff_pd import (_float_dtype, check_psi, initial_lambda, psi_hparams,
+                                            psi_params)
+from fedjax_dro.core.aggregation import weighted_sum
+from fedjax_dro.core.clients import map_clients
+from fedjax_dro.core.sampling import sample_clients
+from fedjax_dro.core.simplex import dual_prox
+from fedjax_dro.models.base import client_loss_and_grad
+
+SAMPLING = ("lambda", "full")
+
+
+class DRFAState(NamedTuple):
+  params: Any          # w, the global model
+  lam: jnp.ndarray     # [n] mixture weights lambda
+  round: jnp.ndarray   # [] int32
+
+
+def local_sgd_with_snapshot(model, params, x, y, num_examples, key, *, num_steps, batch_size, lr,
+                            snapshot_step):
+  """``num_steps`` local SGD steps; also returns the iterate after ``snapshot_step`` steps.
+
+  Returns ``(final_params, snapshot_params, loss_at_params)``. ``snapshot_step`` may be traced.
+  """
+  def step(carry, inp):
+    w, snap = carry
+    j, step_key = inp
+    snap = jax.tree.map(lambda a, b: jnp.where(j == snapshot_step, a, b), w, snap)
+    loss, g = client_loss_and_grad(model, w, x, y, num_examples, step_key, batch_size)
+    return (jax.tree.map(lambda a, b: a - lr * b, w, g), snap), loss
+
+  (w, snap), losses = jax.lax.scan(step, (params, params),
+                                   (jnp.arange(num_steps), jax.random.split(key, num_steps)))
+  return w, snap, losses[0]
+
+
+@register("drfa", "DRFA / DRFA-Prox (Deng 2020): lambda-sampled local SGD, snapshot-based dual "
+          "ascent", family="dro")
+def drfa(model, *, psi: str = "chi2", prox: bool = False, sampling: str = "lambda",
+         clients_per_round=None, local_steps=10, batch_size=None, backend="auto",
+         chunk_size=None) -> Algorithm:
+  check_psi(psi)
+  if psi == "qffl":
+    raise ValueError("drfa samples clients with probabilities lambda, so psi must keep lambda in "
+                     "the simplex: use psi='chi2' or psi='cvar', got psi='qffl'")
+  if not isinstance(prox, bool):
+    raise TypeError(f"prox must be a bool, got {prox!r}")
+  if sampling not in SAMPLING:
+    raise ValueError(f"sampling must be one of {SAMPLING}, got {sampling!r}")
+  settings = common_settings(clients_per_round=clients_per_round, local_steps=local_steps,
+                             batch_size=batch_size, backend=backend, chunk_size=chunk_size,
+                             weighting="uniform")
+  hparam_specs = {"client_lr": HParam(0.05, "local SGD step size eta"),
+                  "gamma": HParam(0.01, "dual step size gamma (the dual step is gamma * tau)"),
+                  **psi_hparams(psi)}
+  if psi == "chi2":
+    hparam_specs["rho"] = hparam_specs["rho"]._replace(default=0.0)
+  tau = settings.local_steps
+
+  def init(params, data, key):
+    del key
+    n = data.num_clients
+    m = participants(settings, n)
+    if sampling == "full" and m != n:
+      raise ValueError(f"sampling='full' needs every client each round: clients_per_round must be "
+                       f"None or {n}, got {settings.clients_per_round}")
+    return DRFAState(params, initial_lambda(n, _float_dtype(params)), jnp.zeros((), jnp.int32))
+
+  def round_fn(state, data, key, hparams):
+    n = data.num_clients
+    check_data_matches(data, state.lam.shape[0])
+    m = participants(settings, n)
+    backend = backend_for(settings, state.params)
+    k_sample, k_snap, k_local, k_usample, k_eval = jax.random.split(key, 5)
+    dtype = state.lam.dtype
+    if sampling == "lambda":
+      idx = sample_clients(k_sample, n, m, state.lam, replace=True)
+      agg = jnp.full((m,), 1.0 / m, dtype)
+    else:
+      idx = jnp.arange(n)
+      agg = state.lam
+    snapshot_step = jax.random.randint(k_snap, (), 0, tau)
+    clients = data.take_clients(idx)
+    lr = hparams["client_lr"]
+
+    def client_update(xd, yd, nex, k):
+      return local_sgd_with_snapshot(model, state.params, xd, yd, nex, k, num_steps=tau,
+                                     batch_size=settings.batch_size, lr=lr,
+                                     snapshot_step=snapshot_step)
+    finals, snaps, losses = map_clients(client_update, clients.x, clients.y, clients.num_examples,
+                                        jax.random.split(k_local, m), backend=backend,
+                                        chunk_size=settings.chunk_size)
+    params = weighted_sum(finals, agg)
+    snapshot = weighted_sum(snaps, agg)
+
+    # dual: losses of a uniform client sample at the snapshot model
+    if sampling == "lambda":
+      uidx = sample_clients(k_usample, n, m)
+      scale = n / m
+    else:
+      uidx, scale = jnp.arange(n), 1.0
+    evald = data.take_clients(uidx)
+    snap_loss = map_clients(
+        lambda xd, yd, nex, k: client_loss_and_grad(model, snapshot, xd, yd, nex, k,
+                                                    settings.batch_size)[0],
+        evald.x, evald.y, evald.num_examples, jax.random.split(k_eval, uidx.shape[0]),
+        backend=backend, chunk_size=settings.chunk_size)
+    v = jnp.zeros((n,), dtype).at[uidx].set(scale * snap_loss.astype(dtype))
+    step = hparams["gamma"] * tau
+    if prox or psi == "cvar":
+      lam = dual_prox(psi, state.lam, v, step, **psi_params(psi, hparams))
+    else:   # chi^2 through its gradient rho (n lambda - 1), then the simplex projection
+      grad_psi = hparams["rho"] * (n * state.lam - 1.0)
+      lam = dual_prox("chi2", state.lam, v - grad_psi, step, rho=jnp.zeros((), dtype))
+    metrics = {"train_loss": jnp.mean(losses), "train_loss_max": jnp.max(losses),
+               "lambda_max": jnp.max(lam), "lambda_min": jnp.min(lam)}
+    return DRFAState(params, lam, state.round + 1), metrics
+
+  config = {**settings._asdict(), "psi": psi, "prox": prox, "sampling": sampling}
+  return Algorithm("drfa", model, init, round_fn, lambda s: s.params, hparam_specs, False, config)
