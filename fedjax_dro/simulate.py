@@ -112,6 +112,8 @@ def atomic_write(path: str, text: Union[str, bytes]) -> None:
   try:
     with os.fdopen(fd, "wb" if isinstance(text, bytes) else "w") as f:
       f.write(text)
+    umask = os.umask(0); os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)   # mkstemp creates 0600; give results the usual permissions
     os.replace(tmp, path)
   except BaseException:
     if os.path.exists(tmp):
@@ -248,7 +250,8 @@ def run(alg: Algorithm, data: Union[FederatedDataset, FederatedData], *, rounds:
   hp = make_hparams(alg, hparams)
   model_key, init_key, run_key = _keys(seed)
   params = alg.model.init(model_key) if init_params is None else init_params
-  state = alg.init(params, train, init_key)
+  # Fresh buffers: the state is donated between chunks, and an init may alias one array twice.
+  state = jax.tree.map(jnp.copy, alg.init(params, train, init_key))
 
   chunk_fn = jax.jit(_make_chunk_fn(alg, rounds, chunk, check_finite), donate_argnums=(0,))
   eval_fn = jax.jit(_make_eval_fn(alg, true_params))
