@@ -48,7 +48,7 @@ def test_padding_with_masked_rows_changes_nothing(name):
                                atol=1e-10)
 
 
-@pytest.mark.parametrize("name", grid(["fedavg", "scaffold", "local"], fast=("scaffold",)))
+@pytest.mark.parametrize("name", grid(["fedavg", "scaffold", "local", "fedprox"], fast=("scaffold", "fedavg")))
 def test_backends_agree(name):
   ds = synthetic_classification(0, num_clients=9, num_classes=3, dim=5, examples_per_class=40)
   model = models.mlp((5,), 3, (8,))

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_dro.algorithms.base import Algorithm, HParam, common_settings, participants, register
-from fedjax_dro.core.aggregation import tree_add, tree_scale, weighted_mean
+from fedjax_dro.core.aggregation import tree_add, tree_scale
 from fedjax_dro.core.local import local_round, round_metrics
 
 
@@ -46,8 +46,8 @@ def fedadam(model, *, clients_per_round=None, local_steps=10, batch_size=None, b
     return FedAdamState(params, optax.scale_by_adam().init(params), jnp.zeros((), jnp.int32))
 
   def round_fn(state, data, key, hparams):
-    update = local_round(model, settings, state.params, data, key, hparams["client_lr"])
-    pseudo_grad = tree_scale(weighted_mean(update.deltas, update.weights), -1.0)
+    update = local_round(model, settings, state.params, data, key, hparams["client_lr"], mean_only=True)
+    pseudo_grad = tree_scale(update.deltas, -1.0)
     adam = optax.scale_by_adam(b1=hparams["beta1"], b2=hparams["beta2"], eps=hparams["eps"])
     direction, opt_state = adam.update(pseudo_grad, state.opt_state)
     params = tree_add(state.params, direction, -hparams["server_lr"])

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 import jax.numpy as jnp
 
 from fedjax_dro.algorithms.base import Algorithm, HParam, common_settings, participants, register
-from fedjax_dro.core.aggregation import tree_add, weighted_mean
+from fedjax_dro.core.aggregation import tree_add
 from fedjax_dro.core.local import local_round, round_metrics
 
 
@@ -46,9 +46,8 @@ def fedavg(model, *, clients_per_round=None, local_steps=10, batch_size=None, ba
                              weighting=weighting)
 
   def round_fn(state, data, key, hparams):
-    update = local_round(model, settings, state.params, data, key, hparams["client_lr"])
-    delta = weighted_mean(update.deltas, update.weights)
-    params = tree_add(state.params, delta, hparams["server_lr"])
+    update = local_round(model, settings, state.params, data, key, hparams["client_lr"], mean_only=True)
+    params = tree_add(state.params, update.deltas, hparams["server_lr"])
     return FedAvgState(params, state.round + 1), round_metrics(update)
 
   return Algorithm("fedavg", model, global_model_init(settings), round_fn, lambda s: s.params, HPARAMS, False,

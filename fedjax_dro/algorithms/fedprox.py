@@ -9,7 +9,7 @@ import jax
 
 from fedjax_dro.algorithms.base import Algorithm, HParam, common_settings, register
 from fedjax_dro.algorithms.fedavg import FedAvgState, global_model_init
-from fedjax_dro.core.aggregation import tree_add, weighted_mean
+from fedjax_dro.core.aggregation import tree_add
 from fedjax_dro.core.local import local_round, round_metrics
 
 HPARAMS = {
@@ -29,8 +29,9 @@ def fedprox(model, *, clients_per_round=None, local_steps=10, batch_size=None, b
   def round_fn(state, data, key, hparams):
     center = state.params
     prox = lambda w, g, _: jax.tree.map(lambda gi, wi, ci: gi + hparams["mu"] * (wi - ci), g, w, center)
-    update = local_round(model, settings, center, data, key, hparams["client_lr"], grad_transform=prox)
-    params = tree_add(center, weighted_mean(update.deltas, update.weights), hparams["server_lr"])
+    update = local_round(model, settings, center, data, key, hparams["client_lr"], grad_transform=prox,
+                         mean_only=True)
+    params = tree_add(center, update.deltas, hparams["server_lr"])
     return FedAvgState(params, state.round + 1), round_metrics(update)
 
   return Algorithm("fedprox", model, global_model_init(settings), round_fn, lambda s: s.params, HPARAMS, False,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from fedjax_dro.algorithms.base import Algorithm, HParam, common_settings, register
 from fedjax_dro.algorithms.fedavg import FedAvgState, global_model_init
-from fedjax_dro.core.aggregation import tree_add, weighted_mean
+from fedjax_dro.core.aggregation import tree_add
 from fedjax_dro.core.local import local_round, round_metrics
 
 HPARAMS = {"lr": HParam(0.1, "server gradient step size")}
@@ -23,8 +23,8 @@ def fedsgd(model, *, clients_per_round=None, batch_size=None, backend="auto", ch
 
   def round_fn(state, data, key, hparams):
     # One local step of size 1 returns delta = -g; the server applies lr * mean(delta).
-    update = local_round(model, settings, state.params, data, key, 1.0)
-    params = tree_add(state.params, weighted_mean(update.deltas, update.weights), hparams["lr"])
+    update = local_round(model, settings, state.params, data, key, 1.0, mean_only=True)
+    params = tree_add(state.params, update.deltas, hparams["lr"])
     return FedAvgState(params, state.round + 1), round_metrics(update)
 
   return Algorithm("fedsgd", model, global_model_init(settings), round_fn, lambda s: s.params, HPARAMS, False,

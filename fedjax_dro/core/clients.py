@@ -54,3 +54,41 @@ def map_clients(fn: Callable, *args, backend: str = "vmap", chunk_size: Optional
   if backend == "chunked":
     return jax.lax.map(lambda a: fn(*a), args, batch_size=chunk_size or DEFAULT_CHUNK_SIZE)
   raise ValueError(f"backend must be resolved to one of ('vmap', 'map', 'chunked'), got {backend!r}")
+
+
+def map_clients_weighted_sum(fn: Callable, weights, *args, backend: str = "vmap",
+                             chunk_size: Optional[int] = None):
+  """``(sum_k weights[k] * fn(args_k)[0], stacked fn(args_k)[1])`` without materializing the
+  stacked first outputs for the ``map`` / ``chunked`` backends.
+
+  ``fn`` returns ``(tree, aux)``. With ``vmap`` the trees are stacked and reduced; with ``map`` and
+  ``chunked`` a ``lax.scan`` over chunks of clients keeps a running weighted sum, so the memory is
+  that of one chunk — the right shape for large models and many clients (a per-client delta of an
+  EMNIST MLP times 1000 clients is ~0.8 GB). Clients padded to fill the last chunk get weight 0.
+  """
+  if backend == "vmap":
+    trees, aux = jax.vmap(fn)(*args)
+    return jax.tree.map(lambda a: jnp.tensordot(weights.astype(a.dtype), a, axes=1), trees), aux
+  if backend not in ("map", "chunked"):
+    raise ValueError(f"backend must be resolved to one of ('vmap', 'map', 'chunked'), got {backend!r}")
+  size = 1 if backend == "map" else (chunk_size or DEFAULT_CHUNK_SIZE)
+  s = weights.shape[0]
+  num_chunks = -(-s // size)
+  pad = num_chunks * size - s
+  rows = jnp.concatenate([jnp.arange(s), jnp.zeros((pad,), jnp.int32)]) if pad else jnp.arange(s)
+  w = jnp.concatenate([weights, jnp.zeros((pad,), weights.dtype)]) if pad else weights
+  chunked = jax.tree.map(lambda a: a[rows].reshape((num_chunks, size) + a.shape[1:]), args)
+  w = w.reshape(num_chunks, size)
+  template, _ = jax.eval_shape(fn, *jax.tree.map(lambda a: a[0], args))
+  zeros = jax.tree.map(lambda t: jnp.zeros(t.shape, t.dtype), template)
+
+  def body(total, inputs):
+    chunk_args, chunk_w = inputs
+    trees, aux = jax.vmap(fn)(*chunk_args)
+    total = jax.tree.map(lambda acc, a: acc + jnp.tensordot(chunk_w.astype(a.dtype), a, axes=1),
+                         total, trees)
+    return total, aux
+
+  total, aux = jax.lax.scan(body, zeros, (chunked, w))
+  aux = jax.tree.map(lambda a: a.reshape((num_chunks * size,) + a.shape[2:])[:s], aux)
+  return total, aux

@@ -7,7 +7,7 @@ from typing import Any, Callable, NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
-from fedjax_dro.core.clients import map_clients
+from fedjax_dro.core.clients import map_clients, map_clients_weighted_sum
 from fedjax_dro.core.sampling import sample_clients
 from fedjax_dro.core.settings import aggregation_weights, backend_for, participants
 from fedjax_dro.models.base import Model, client_loss_and_grad
@@ -51,7 +51,8 @@ class LocalRound(NamedTuple):
 
   Attributes:
     idx: ``[s]`` participating client indices.
-    deltas: ``[s, ...]`` model differences ``w_i^J - w_i^0``.
+    deltas: ``[s, ...]`` model differences ``w_i^J - w_i^0`` (their weighted mean with
+      ``mean_only=True``).
     weights: ``[s]`` aggregation weights (sample counts or ones).
     losses: ``[s]`` loss at the received model (first local minibatch).
     num_examples: ``[s]`` sample counts of the participants.
@@ -65,7 +66,8 @@ class LocalRound(NamedTuple):
 
 def local_round(model: Model, settings, params, data, key, lr, *, client_params=None,
                 client_state=None, grad_transform: Optional[Callable] = None,
-                num_steps: Optional[int] = None, sampling_weights=None) -> LocalRound:
+                num_steps: Optional[int] = None, sampling_weights=None,
+                mean_only: bool = False) -> LocalRound:
   """Samples participants and runs local SGD on each of them (the FedAvg skeleton, steps 1-3).
 
   Args:
@@ -77,6 +79,9 @@ def local_round(model: Model, settings, params, data, key, lr, *, client_params=
     grad_transform: ``(w, g, state_row) -> g'`` correction of every local gradient.
     num_steps: overrides ``settings.local_steps``.
     sampling_weights: optional ``[n]`` client sampling weights.
+    mean_only: return in ``deltas`` only the weighted mean of the participants' deltas (not the
+      stacked ``[s, ...]`` deltas); with the ``map`` / ``chunked`` backends it is accumulated chunk
+      by chunk, so memory stays that of one chunk (FedAvg-type aggregation of large models).
   """
   n = data.num_clients
   s = participants(settings, n)
@@ -95,10 +100,16 @@ def local_round(model: Model, settings, params, data, key, lr, *, client_params=
                           batch_size=settings.batch_size, lr=lr, grad_transform=transform)
     return jax.tree.map(jnp.subtract, w, w0), losses[0]
 
-  deltas, losses = run_clients(client_update, clients, jax.random.split(local_key, s), starts, rows,
-                               backend=backend, chunk_size=settings.chunk_size)
-  return LocalRound(idx, deltas, aggregation_weights(settings, clients.num_examples), losses,
-                    clients.num_examples)
+  keys = jax.random.split(local_key, s)
+  weights = aggregation_weights(settings, clients.num_examples)
+  if mean_only:
+    deltas, losses = map_clients_weighted_sum(
+        client_update, weights / jnp.sum(weights), clients.x, clients.y, clients.num_examples, keys,
+        starts, rows, backend=backend, chunk_size=settings.chunk_size)
+  else:
+    deltas, losses = run_clients(client_update, clients, keys, starts, rows, backend=backend,
+                                 chunk_size=settings.chunk_size)
+  return LocalRound(idx, deltas, weights, losses, clients.num_examples)
 
 
 def round_metrics(update: LocalRound) -> dict:
