@@ -78,9 +78,12 @@ def map_clients_weighted_sum(fn: Callable, weights, *args, backend: str = "vmap"
   s = weights.shape[0]
   num_chunks = -(-s // size)
   pad = num_chunks * size - s
-  rows = jnp.concatenate([jnp.arange(s), jnp.zeros((pad,), jnp.int32)]) if pad else jnp.arange(s)
-  w = jnp.concatenate([weights, jnp.zeros((pad,), weights.dtype)]) if pad else weights
-  chunked = jax.tree.map(lambda a: a[rows].reshape((num_chunks, size) + a.shape[1:]), args)
+  if pad:   # fill the last chunk with copies of client 0 at weight 0
+    rows = jnp.concatenate([jnp.arange(s), jnp.zeros((pad,), jnp.int32)])
+    args = jax.tree.map(lambda a: a[rows], args)
+    weights = jnp.concatenate([weights, jnp.zeros((pad,), weights.dtype)])
+  chunked = jax.tree.map(lambda a: a.reshape((num_chunks, size) + a.shape[1:]), args)
+  w = weights
   w = w.reshape(num_chunks, size)
   template, _ = jax.eval_shape(fn, *jax.tree.map(lambda a: a[0], args))
   zeros = jax.tree.map(lambda t: jnp.zeros(t.shape, t.dtype), template)

@@ -87,9 +87,11 @@ def local_round(model: Model, settings, params, data, key, lr, *, client_params=
   s = participants(settings, n)
   sample_key, local_key = jax.random.split(key)
   idx = sample_clients(sample_key, n, s, sampling_weights)
-  clients = data.take_clients(idx)
-  starts = None if client_params is None else jax.tree.map(lambda a: a[idx], client_params)
-  rows = None if client_state is None else jax.tree.map(lambda a: a[idx], client_state)
+  full = s == n and sampling_weights is None   # full participation: idx = arange(n), no gather
+  clients = data if full else data.take_clients(idx)
+  take = (lambda tree: tree) if full else (lambda tree: jax.tree.map(lambda a: a[idx], tree))
+  starts = None if client_params is None else take(client_params)
+  rows = None if client_state is None else take(client_state)
   reference = params if client_params is None else jax.tree.map(lambda a: a[0], client_params)
   backend = backend_for(settings, reference)
 
