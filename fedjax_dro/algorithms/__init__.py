@@ -12,7 +12,8 @@ from fedjax_dro.algorithms.afl import afl
 from fedjax_dro.algorithms.drfa import drfa
 from fedjax_dro.algorithms.qffl import qffl
 from fedjax_dro.algorithms.agnostic_fedavg import agnostic_fedavg
+from fedjax_dro.algorithms.karula import karula
 
 __all__ = ["Algorithm", "HParam", "default_hparams", "get_algorithm", "list_algorithms",
-           "make_hparams", "register", "fedavg", "fedsgd", "fedprox", "scaffold", "fedadam", "local"]
+           "make_hparams", "register", "fedavg", "fedsgd", "fedprox", "scaffold", "fedadam", "local", "karula"]
 __all__ += ["scaff_pd", "afl", "drfa", "qffl", "agnostic_fedavg"]

@@ -23,8 +23,9 @@ per-client models ``theta [n, ...]`` and a table of stored gradients ``g [n, ...
    ``i in S``;
 4. ``theta <- P_K(theta - eta nu)`` with the inexact projection onto
    ``K = {||theta_i - theta_j||^2 <= t D_ij}`` (:func:`fedjax_dro.core.pairwise.project_pairwise`,
-   method and tolerance are factory options; its iterations / residual / restoration scale are
-   reported as round metrics).
+   method and tolerance are factory options; the result is always feasible (feasibility
+   restoration); iterations, residuals, convergence flag and restoration scale are round metrics;
+   the ``"dual"`` method is warm-started from the previous round's edge multipliers).
 
 Scaling of the estimator (the paper's reading made precise). The paper writes
 ``g^0 = (G_1(phi_1), ..., G_n(phi_n)) / n`` and ``nu^k = g^k + (g^{k+1} - g^k) / s`` with ``G_i``
@@ -49,17 +50,29 @@ deterministic full-participation variant: ``nu = grad F`` exactly (with full-bat
 the method is plain projected gradient descent on F, converging to the solution of the
 constrained problem (tested against CVXPY).
 
-Step size ``eta`` (hyper-parameter): ``nu`` estimates ``grad F``, which carries the factor
-``alpha_i / n`` per block, so the block-``i`` step is ``eta alpha_i / n`` times ``grad f_i``. The
-theory's ``eta = 3/(8L)`` uses the smoothness constant of ``F``: ``L = max_i alpha_i L_i / n``
-with ``L_i`` that of ``f_i`` (:func:`smoothness_constant` estimates it by power iteration; the
-paper's Assumption 4.1 states ``L`` for ``alpha_i f_i``, which is ``n`` times larger and would
-give an ``n`` times smaller step). The default ``eta = 1`` is stable when ``L < 2`` (e.g.
-synthetic-ridge, ``L ~ 0.4``). Initialization: every client starts from the common model
-``params`` (feasible for every ``t``), and the table is filled with every client's gradient there
-(the paper's setup step).
+Step size ``eta`` (hyper-parameter). ``nu`` estimates ``grad F``, which carries the factor
+``alpha_i / n`` per block, so the block-``i`` step is ``eta alpha_i / n`` times ``grad f_i``. With
+``L = max_i alpha_i L_i`` (the paper's Assumption 4.1: every ``alpha_i f_i`` is ``L``-smooth;
+:func:`smoothness_constant` computes it) the theory step for ``2 <= s <= n - 1`` is
+``eta = 3/(8L)`` (Theorems 4.4, 4.5). This is the SAGA step for the components ``alpha_i f_i``:
+a sampled block jumps by ``eta (n/s)(alpha_i/n) grad f_i``, so steps much larger than ``s/L`` make
+partial participation unstable (observed on synthetic-ridge: ``eta = 0.93 ~ 0.8 s/L`` oscillates,
+``eta <= 0.4`` converges), while ``3/(8L)`` is safe but slow. With full participation ``F`` is
+``(L/n)``-smooth and this is projected gradient descent: any ``eta < 2n/L`` converges
+(``eta = n/L`` is a good choice). The default ``eta = 1`` suits full participation on
+synthetic-ridge (``L ~ 12``, ``n = 30``); set it from ``L`` otherwise. Initialization: every client
+starts from the common model ``params`` (feasible for every ``t``), and the table is filled with
+every client's gradient there (the paper's setup step).
 
-Persistent per-client state: ``params [n, ...]``, ``grad_table [n, ...]``; plus ``D [n, n]``.
+Persistent per-client state: ``params [n, ...]``, ``grad_table [n, ...]``; plus ``D [n, n]`` and
+the last projection's edge multipliers ``[n, n]``.
+
+Round metrics: ``train_loss`` (alpha-weighted mean of the participants' losses at their current
+models), ``train_loss_max``, ``grad_norm`` (``||nu||``), ``gradient_mapping_sq``
+(``||theta^{k+1} - theta^k||^2 / eta^2``, the stationarity measure of Theorem 4.4 with ``nu`` for
+``grad F``), ``projection_iterations``, ``projection_residual`` (the method's relative stopping
+residual), ``projection_violation`` (violation before restoration), ``projection_converged``,
+``restoration_scale`` and ``constraint_violation`` (after the step; 0 up to rounding).
 """
 from __future__ import annotations
 
@@ -73,11 +86,11 @@ import numpy as np
 
 from fedjax_dro.algorithms.base import Algorithm, HParam, check_data_matches, register
 from fedjax_dro.core.aggregation import scatter_rows, tree_stack
+from fedjax_dro.core import pairwise
 from fedjax_dro.core.clients import map_clients, resolve_backend, validate_backend
 from fedjax_dro.core.sampling import sample_clients
 from fedjax_dro.models.base import Model, client_loss_and_grad, num_parameters
 
-PROJECTION_METHODS = ("dual", "admm", "dykstra")
 DISSIMILARITY_CHOICES = ("ot", "ones")
 WEIGHTINGS = ("num_examples", "uniform")
 
@@ -86,6 +99,7 @@ class KarulaState(NamedTuple):
   params: Any                 # [n, ...] per-client models theta_i
   grad_table: Any             # [n, ...] stored per-block gradients g_i = (alpha_i/n) G_i(phi_i)
   dissimilarity: jnp.ndarray  # [n, n] D (symmetric, >= 0, zero diagonal)
+  multipliers: jnp.ndarray    # [n, n] edge multipliers of the last projection (warm start)
   round: jnp.ndarray          # [] int32 rounds done
 
 
@@ -97,8 +111,8 @@ class GradientEstimate(NamedTuple):
 
 
 HPARAMS = {
-    "eta": HParam(1.0, "step size of the projected gradient step on F (theory: 3/(8L), "
-                       "L = max_i alpha_i L_i / n the smoothness of F)"),
+    "eta": HParam(1.0, "step size of the projected gradient step on F (theory for s < n: 3/(8L), "
+                       "L = max_i alpha_i L_i; full participation: < 2n/L)"),
     "t": HParam(1.0, "constraint level: ||theta_i - theta_j||^2 <= t D_ij (0 = one global model)",
                 minimum=0.0, strict=False),
 }
@@ -177,33 +191,29 @@ def flatten_clients(params):
   return jax.vmap(lambda p: jax.flatten_util.ravel_pytree(p)[0])(params)
 
 
-def pairwise_sq_distances(params):
-  """``[n, n]`` squared distances ``||theta_i - theta_j||^2`` (from the Gram matrix)."""
-  flat = flatten_clients(params)
-  sq = jnp.sum(flat * flat, axis=1)
-  return jnp.maximum(sq[:, None] + sq[None, :] - 2.0 * flat @ flat.T, 0.0)
-
-
 def constraint_violation(params, t, dissimilarity):
-  """``max_ij (||theta_i - theta_j||^2 - t D_ij)_+`` (0 when feasible)."""
-  d2 = pairwise_sq_distances(params)
+  """``max_ij (||theta_i - theta_j||^2 - t D_ij)_+`` (0 when feasible) of ``[n, ...]`` models."""
+  d2 = pairwise.pairwise_sq_distances(flatten_clients(params))
   return jnp.maximum(jnp.max(d2 - t * dissimilarity), 0.0)
 
 
 def smoothness_constant(model: Model, params, data, *, stacked: bool = False,
                         weighting: str = "num_examples", iterations: int = 100, key=None) -> float:
-  """Estimate of ``L = max_i alpha_i L_i / n``, the smoothness of ``F`` at the point ``params``.
+  """``L = max_i alpha_i L_i``: the smoothness constant of the weighted losses ``alpha_i f_i``
+  (the paper's Assumption 4.1), at the point ``params``.
 
-  Power iteration with Hessian-vector products of the full-batch objective ``F`` (block diagonal
-  over clients, so its top eigenvalue is the largest block's); exact for quadratic losses (ridge)
-  up to the power-iteration tolerance. ``params`` is one model (used for every client) or, with
-  ``stacked=True``, ``[n, ...]`` per-client models. The theory step is ``3 / (8 L)``.
+  Power iteration with Hessian-vector products of ``n F = sum_i alpha_i f_i(theta_i)`` (full
+  batch; block diagonal over clients, so its top eigenvalue is the largest block's). Exact for
+  quadratic losses (ridge) up to the power-iteration tolerance (from below). ``params`` is one
+  model (used for every client) or, with ``stacked=True``, ``[n, ...]`` per-client models. Theory
+  step (``s < n``): ``3 / (8 L)``; ``F`` itself is ``L / n``-smooth.
   """
-  stacked = params if stacked else tree_stack(params, data.num_clients)
+  n = data.num_clients
+  theta = params if stacked else tree_stack(params, n)
   key = jax.random.PRNGKey(0) if key is None else key
   grad_f = lambda p: full_gradient_table(model, p, data, key, weighting=weighting)[0]
-  hvp = lambda v: jax.jvp(grad_f, (stacked,), (v,))[1]
-  flat0, unravel = jax.flatten_util.ravel_pytree(stacked)
+  hvp = lambda v: jax.jvp(grad_f, (theta,), (v,))[1]
+  flat0, unravel = jax.flatten_util.ravel_pytree(theta)
   v = jax.random.normal(key, flat0.shape, flat0.dtype)
   v = v / jnp.linalg.norm(v)
 
@@ -215,18 +225,12 @@ def smoothness_constant(model: Model, params, data, *, stacked: bool = False,
       lam = jnp.vdot(v, hv)
       return hv / jnp.maximum(jnp.linalg.norm(hv), 1e-300), lam
     return jax.lax.fori_loop(0, iterations, body, (v, jnp.zeros((), flat0.dtype)))[1]
-  return float(run(v))
+  return float(run(v)) * n
 
 
 # ----------------------------------------------------------------------------------------------
 # Validation helpers
 # ----------------------------------------------------------------------------------------------
-
-def _pairwise_module():
-  # Imported lazily so that the package imports even where the projection module is absent.
-  from fedjax_dro.core import pairwise
-  return pairwise
-
 
 def _check_dissimilarity(dissimilarity, num_clients: Optional[int] = None):
   """Returns "ot" / "ones" or the validated matrix (raises naming ``dissimilarity``)."""
@@ -287,8 +291,9 @@ def _check_options(fn, options, name):
           family="personalized")
 def karula(model: Model, *, dissimilarity: Union[str, Any] = "ot",
            clients_per_round: Optional[int] = None, batch_size: Optional[int] = None,
-           projection: str = "dual", projection_tol: float = 1e-8,
-           projection_max_iterations: int = 1000, projection_options: Optional[Dict] = None,
+           projection: str = "dual", projection_tol: Optional[float] = None,
+           projection_max_iterations: Optional[int] = None, warm_start: bool = True,
+           projection_options: Optional[Dict] = None,
            weighting: str = "num_examples", ot_options: Optional[Dict] = None,
            backend: str = "auto", chunk_size: Optional[int] = None) -> Algorithm:
   """Karula, Algorithm 1 (see the module docstring for the exact estimator and scalings).
@@ -302,7 +307,14 @@ def karula(model: Model, *, dissimilarity: Union[str, Any] = "ot",
     clients_per_round: ``s`` in ``[2, n]``; None = all clients (deterministic full gradient).
     batch_size: minibatch size of the client gradient oracle; None = full batch.
     projection: ``"dual"``, ``"admm"`` or ``"dykstra"`` (see :mod:`fedjax_dro.core.pairwise`).
-    projection_tol, projection_max_iterations: stopping rule of the projection solver.
+    projection_tol, projection_max_iterations: stopping rule of the projection solver (``tol`` is
+      the method's relative residual: for ``"dual"`` the certified relative duality gap of the
+      returned, always feasible, point). ``None`` tolerance: ``max(1e-8, 100 eps)`` of the
+      parameters' dtype (``1e-8`` in float64, ``1.2e-5`` in float32, where 1e-8 is out of reach
+      and every projection would run to the iteration cap); ``None`` iterations: the method's
+      default.
+    warm_start: start the ``"dual"`` projection from the previous round's edge multipliers
+      (kept in the state; they converge with the iterates, so late projections take few steps).
     projection_options: extra keyword arguments of ``project_pairwise``.
     weighting: ``"num_examples"`` (``alpha_i = n N_i / sum N``) or ``"uniform"`` (``alpha_i = 1``).
     ot_options: keyword arguments of :func:`fedjax_dro.ot.dissimilarity_matrix`.
@@ -318,29 +330,58 @@ def karula(model: Model, *, dissimilarity: Union[str, Any] = "ot",
   if batch_size is not None and (not isinstance(batch_size, (int, np.integer)) or batch_size < 1
                                  or isinstance(batch_size, bool)):
     raise ValueError(f"batch_size must be a positive integer or None (full batch), got {batch_size!r}")
-  if projection not in PROJECTION_METHODS:
-    raise ValueError(f"projection must be one of {PROJECTION_METHODS}, got {projection!r}")
-  if isinstance(projection_tol, bool) or not isinstance(projection_tol, (int, float)) \
-      or not np.isfinite(projection_tol) or projection_tol <= 0:
-    raise ValueError(f"projection_tol must be a positive number, got {projection_tol!r}")
-  if isinstance(projection_max_iterations, bool) or not isinstance(projection_max_iterations, (int, np.integer)) \
-      or projection_max_iterations < 1:
-    raise ValueError(f"projection_max_iterations must be a positive integer, got "
-                     f"{projection_max_iterations!r}")
+  if projection not in pairwise.METHODS:
+    raise ValueError(f"projection must be one of {pairwise.METHODS}, got {projection!r}")
+  if projection_tol is not None and (
+      isinstance(projection_tol, bool) or not isinstance(projection_tol, (int, float))
+      or not np.isfinite(projection_tol) or projection_tol <= 0):
+    raise ValueError(f"projection_tol must be a positive number or None (dtype default), got "
+                     f"{projection_tol!r}")
+  if projection_max_iterations is not None and (
+      isinstance(projection_max_iterations, bool)
+      or not isinstance(projection_max_iterations, (int, np.integer)) or projection_max_iterations < 1):
+    raise ValueError(f"projection_max_iterations must be a positive integer or None (the method's "
+                     f"default), got {projection_max_iterations!r}")
+  if not isinstance(warm_start, (bool, np.bool_)):
+    raise TypeError(f"warm_start must be a bool, got {warm_start!r}")
   if weighting not in WEIGHTINGS:
     raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}")
   validate_backend(backend, chunk_size)
-  from fedjax_dro.ot import dissimilarity_matrix
-  ot_options = _check_options(dissimilarity_matrix, ot_options, "ot_options")
-  pairwise = _pairwise_module()
+  if isinstance(dissimilarity, str) and dissimilarity == "ot":
+    from fedjax_dro.ot import dissimilarities
+    ot_options = _check_options(dissimilarities, ot_options, "ot_options")
+  elif ot_options:
+    raise ValueError(f"ot_options is only used with dissimilarity='ot', got dissimilarity="
+                     f"{dissimilarity if isinstance(dissimilarity, str) else 'a matrix'}")
   projection_options = _check_options(pairwise.project_pairwise, projection_options,
                                       "projection_options")
-  project = lambda z, r: pairwise.project_pairwise(
-      z, r, method=projection, tol=projection_tol, max_iterations=int(projection_max_iterations),
-      **projection_options)
+  reserved = sorted({"method", "tol", "max_iterations", "initial_multipliers"} & set(projection_options))
+  if reserved:
+    raise ValueError(f"projection_options must not set {reserved}: use the factory arguments "
+                     f"projection, projection_tol, projection_max_iterations, warm_start")
+  use_warm_start = bool(warm_start) and projection == "dual"
+  max_iterations = None if projection_max_iterations is None else int(projection_max_iterations)
+
+  def project(z, r, multipliers):
+    tol = projection_tol
+    if tol is None:
+      tol = max(1e-8, 100 * float(jnp.finfo(jax.tree.leaves(z)[0].dtype).eps))
+    return pairwise.project_pairwise(
+        z, r, method=projection, tol=tol, max_iterations=max_iterations,
+        initial_multipliers=multipliers if use_warm_start else None, **projection_options)
 
   def resolved_backend(params):
     return resolve_backend(backend, num_parameters(params))
+
+  ot_cache = []   # one entry: (x, y, mask, D) -- repeated inits on the same data reuse the OT
+
+  def ot_dissimilarity(data, n):
+    if ot_cache and all(a is b for a, b in zip(ot_cache[0][:3], (data.x, data.y, data.mask))):
+      return ot_cache[0][3]
+    from fedjax_dro.ot import dissimilarity_matrix
+    D = _check_dissimilarity(dissimilarity_matrix(data.x, data.y, data.mask, **ot_options), n)
+    ot_cache[:] = [(data.x, data.y, data.mask, D)]
+    return D
 
   def init(params, data, key):
     n = data.num_clients
@@ -353,17 +394,19 @@ def karula(model: Model, *, dissimilarity: Union[str, Any] = "ot",
         raise ValueError("karula(dissimilarity='ot') computes D from the training data at init, "
                          "which needs concrete data: call alg.init outside jit, or pass the "
                          "precomputed matrix (fedjax_dro.ot.dissimilarity_matrix) as dissimilarity")
-      D = _check_dissimilarity(dissimilarity_matrix(data.x, data.y, data.mask, **ot_options), n)
+      D = ot_dissimilarity(data, n)
     else:
       if dissimilarity.shape[0] != n:
         raise ValueError(f"dissimilarity is {tuple(dissimilarity.shape)} but the data has {n} "
                          f"clients: expected a [{n}, {n}] matrix")
       D = dissimilarity
     theta = jax.tree.map(lambda a: jnp.array(jnp.broadcast_to(a, (n,) + jnp.shape(a))), params)
-    table, _ = full_gradient_table(model, theta, data, key, batch_size=batch_size,
-                                   weighting=weighting, backend=resolved_backend(params),
-                                   chunk_size=chunk_size)
-    return KarulaState(theta, table, jnp.asarray(D, dtype), jnp.zeros((), jnp.int32))
+    table, _ = jax.jit(lambda th, dt, k: full_gradient_table(
+        model, th, dt, k, batch_size=batch_size, weighting=weighting,
+        backend=resolved_backend(params), chunk_size=chunk_size))(theta, data, key)
+    # a fresh buffer: the simulator donates the state, which must not own the factory's matrix
+    D = jnp.array(np.asarray(D), dtype=dtype, copy=True)
+    return KarulaState(theta, table, D, jnp.zeros((n, n), dtype), jnp.zeros((), jnp.int32))
 
   def round_fn(state, data, key, hparams):
     n = state.dissimilarity.shape[0]
@@ -375,7 +418,7 @@ def karula(model: Model, *, dissimilarity: Union[str, Any] = "ot",
                             backend=resolved_backend(reference), chunk_size=chunk_size)
     eta, t = hparams["eta"], hparams["t"]
     z = jax.tree.map(lambda p, g: p - eta * g, state.params, est.nu)
-    proj = project(z, t * state.dissimilarity)
+    proj = project(z, t * state.dissimilarity, state.multipliers)
     theta = proj.theta
     alpha = loss_weights(data.num_examples, weighting)[est.idx]
     moved = sum(jnp.sum((a - b) ** 2) for a, b in zip(jax.tree.leaves(theta),
@@ -386,25 +429,24 @@ def karula(model: Model, *, dissimilarity: Union[str, Any] = "ot",
         "grad_norm": jnp.sqrt(sum(jnp.sum(g ** 2) for g in jax.tree.leaves(est.nu))),
         # ||G_eta||^2 estimate of Theorem 4.4: ||theta^{k+1} - theta^k||^2 / eta^2
         "gradient_mapping_sq": moved / eta ** 2,
-        "projection_iterations": _as_scalar(proj.iterations),
-        "projection_residual": _as_scalar(proj.residuals),
-        "projection_converged": jnp.all(jnp.asarray(proj.converged)).astype(jnp.int32),
-        "restoration_scale": _as_scalar(proj.restoration_scale, reduce=jnp.min),
+        "projection_iterations": jnp.asarray(proj.iterations, jnp.int32),
+        # the method's own relative stopping residual (dual: certified relative duality gap)
+        "projection_residual": jnp.asarray(proj.dual_residual),
+        # max violation of the solver's iterate before the feasibility restoration
+        "projection_violation": jnp.asarray(proj.primal_residual),
+        "projection_converged": jnp.asarray(proj.converged).astype(jnp.int32),
+        "restoration_scale": jnp.asarray(proj.restoration_scale),
         "constraint_violation": constraint_violation(theta, t, state.dissimilarity),
     }
-    return KarulaState(theta, est.grad_table, state.dissimilarity, state.round + 1), metrics
+    multipliers = proj.multipliers.astype(state.multipliers.dtype)
+    return (KarulaState(theta, est.grad_table, state.dissimilarity, multipliers, state.round + 1),
+            metrics)
 
   config = {"dissimilarity": dissimilarity if isinstance(dissimilarity, str) else "precomputed",
             "clients_per_round": clients_per_round, "batch_size": batch_size,
             "projection": projection, "projection_tol": projection_tol,
-            "projection_max_iterations": int(projection_max_iterations), "weighting": weighting,
+            "projection_max_iterations": max_iterations, "warm_start": use_warm_start,
+            "weighting": weighting,
             "backend": backend, "chunk_size": chunk_size}
   return Algorithm("karula", model, init, round_fn, lambda s: s.params, HPARAMS, True, config)
 
-
-def _as_scalar(value, reduce=jnp.max):
-  """A fixed-shape scalar metric from whatever the projection reports (scalar, array or tuple)."""
-  leaves = [jnp.asarray(v, jnp.result_type(float)).reshape(-1) for v in jax.tree.leaves(value)]
-  if not leaves:
-    return jnp.zeros((), jnp.result_type(float))
-  return reduce(jnp.concatenate(leaves))

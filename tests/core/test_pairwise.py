@@ -1,0 +1,428 @@
+"""Tests of fedjax_dro.core.pairwise: projection onto {||theta_i - theta_j||^2 <= r_ij}.
+
+Oracle: CVXPY (``cp.sum_squares(T[i] - T[j]) <= r_ij``, vectorised over the edges) solved by
+CLARABEL with tight tolerances on random instances that mix active, inactive (``r = inf``) and
+equality (``r = 0``) constraints. Every method must match the oracle objective to 1e-5 (relative)
+and return an exactly feasible point (checked with explicit row differences). The default run
+uses 20 instances on two shapes (so that each solver compiles once or twice); 30 more instances
+with n up to 30 and d up to 200 run under ``-m slow``.
+"""
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+cp = pytest.importorskip("cvxpy")
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import given, settings, strategies as st  # noqa: E402
+from hypothesis.extra import numpy as hnp  # noqa: E402
+
+from fedjax_dro.core import pairwise  # noqa: E402
+from fedjax_dro.core.pairwise import (  # noqa: E402
+    pairwise_kkt_residuals, project_pairwise, shrink_to_feasible)
+
+
+# ----------------------------------------------------------------------------------------------
+# Instances and the CVXPY oracle
+# ----------------------------------------------------------------------------------------------
+def make_instance(seed, n, d, *, frac_inf=0.15, zero_degree=0.3, tightness=0.25):
+    """Clustered client models z and radii r = t D from a noisy latent geometry.
+
+    About ``frac_inf`` of the pairs are unconstrained (r = inf) and each client has on average
+    ``zero_degree`` equality partners (r = 0); ``tightness`` sets t relative to the data so that
+    part of the finite constraints are active and part inactive.
+    """
+    rng = np.random.default_rng(seed)
+    groups = rng.integers(0, 3, size=n)
+    z = 2.0 * rng.normal(size=(3, d))[groups] + rng.normal(size=(n, d))
+    p = 2.0 * rng.normal(size=(3, 2))[groups] + rng.normal(size=(n, 2))
+    dis = ((p[:, None] - p[None]) ** 2).sum(-1) * rng.uniform(0.7, 1.3, size=(n, n))
+    dis = np.minimum(dis, dis.T)
+    zd2 = ((z[:, None] - z[None]) ** 2).sum(-1)
+    iu = np.triu_indices(n, 1)
+    r = tightness * np.median(zd2[iu]) / np.median(dis[iu]) * dis
+    inf_mask = np.triu(rng.uniform(size=(n, n)) < frac_inf, 1)
+    zero_mask = np.triu(rng.uniform(size=(n, n)) < zero_degree / max(n - 1, 1), 1)
+    r[inf_mask | inf_mask.T] = np.inf
+    r[zero_mask | zero_mask.T] = 0.0
+    np.fill_diagonal(r, 0.0)
+    return z, r
+
+
+@functools.lru_cache(maxsize=None)
+def cvxpy_solution(seed, n, d):
+    z, r = make_instance(seed, n, d)
+    i, j = np.triu_indices(n, 1)
+    keep = np.isfinite(r[i, j])
+    i, j = i[keep], j[keep]
+    inc = np.zeros((len(i), n))
+    inc[np.arange(len(i)), i] = 1.0
+    inc[np.arange(len(i)), j] = -1.0
+    zero = r[i, j] == 0
+    T = cp.Variable((n, d))
+    # sum_squares(T[i] - T[j]) <= r_ij, vectorised over the edges; the r = 0 pairs are written
+    # as the (identical) equalities T[i] == T[j]: CLARABEL reports the degenerate zero-radius
+    # cones as "optimal_inaccurate" with ~1e-6 relative objective error.
+    constraints = [cp.sum(cp.square(inc[~zero] @ T), axis=1) <= r[i, j][~zero]]
+    if zero.any():
+        constraints.append(inc[zero] @ T == 0)
+    prob = cp.Problem(cp.Minimize(0.5 * cp.sum_squares(T - z)), constraints)
+    prob.solve(solver=cp.CLARABEL, tol_gap_abs=1e-10, tol_gap_rel=1e-10, tol_feas=1e-10,
+               tol_ktratio=1e-9, max_iter=500)
+    assert prob.status == "optimal", prob.status
+    return float(prob.value)
+
+
+def objective(theta, z):
+    return 0.5 * float(np.sum((np.asarray(theta, np.float64) - z) ** 2))
+
+
+def assert_feasible(theta, r, rtol=1e-9):
+    """Exact check with explicit differences: r = 0 pairs coincide, others within rtol."""
+    theta = np.asarray(theta, np.float64)
+    d2 = ((theta[:, None] - theta[None]) ** 2).sum(-1)
+    n = theta.shape[0]
+    off = ~np.eye(n, dtype=bool)
+    zero = off & (r == 0)
+    assert np.all(d2[zero] == 0.0), "pairs with r = 0 must coincide exactly"
+    pos = off & np.isfinite(r) & (r > 0)
+    if pos.any():
+        worst = np.max((d2[pos] - r[pos]) / r[pos])
+        assert worst <= rtol, f"max relative violation {worst}"
+
+
+FAST_CASES = ([("dual", 10, 5, s) for s in range(4)]
+              + [("dual", 12, 40, s) for s in range(4)]        # d > n: Gram-space iteration
+              + [("admm", 10, 5, s) for s in range(6)]
+              + [("dykstra", 10, 5, s) for s in range(6)])
+SLOW_CASES = ([("dual", 30, 200, s) for s in range(2)]
+              + [("dual", 30, 40, s) for s in range(2)]
+              + [("dual", 25, 15, s) for s in range(3)]
+              + [("dual", 20, 100, s) for s in range(3)]
+              + [("admm", 30, 40, s) for s in range(3)]
+              + [("admm", 20, 15, s) for s in range(4)]
+              + [("admm", 16, 100, s) for s in range(3)]
+              + [("dykstra", 20, 15, s) for s in range(4)]
+              + [("dykstra", 16, 100, s) for s in range(3)]
+              + [("dykstra", 24, 30, s) for s in range(3)])
+TOL = {"dual": 1e-9, "admm": 1e-9, "dykstra": 1e-7}
+KKT_TOL = {"dual": 1e-6, "admm": 1e-5, "dykstra": 1e-5}
+
+
+def check_against_cvxpy(method, n, d, seed):
+    z, r = make_instance(seed, n, d)
+    ref = cvxpy_solution(seed, n, d)
+    out = project_pairwise(z, r, method=method, tol=TOL[method])
+    theta = np.asarray(out.theta)
+    assert theta.shape == z.shape and theta.dtype == z.dtype
+    assert bool(out.converged), (method, int(out.iterations), float(out.dual_residual))
+    assert_feasible(theta, r)
+    f = objective(theta, z)
+    rel = (f - ref) / ref
+    assert -1e-7 <= rel <= 1e-5, (method, f, ref, rel)
+    a = float(out.restoration_scale)
+    assert 0.0 < a <= 1.0
+    assert np.isfinite(float(out.primal_residual)) and float(out.primal_residual) >= 0.0
+    kkt = pairwise_kkt_residuals(theta, z, r, out.multipliers)
+    assert float(kkt.primal_infeasibility) <= 1e-9 * np.max(r[np.isfinite(r)])
+    assert float(kkt.dual_infeasibility) == 0.0
+    assert float(kkt.stationarity) <= KKT_TOL[method], kkt
+    assert float(kkt.complementarity) <= KKT_TOL[method], kkt
+
+
+@pytest.mark.parametrize("method,n,d,seed", FAST_CASES)
+def test_matches_cvxpy(method, n, d, seed):
+    check_against_cvxpy(method, n, d, seed)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method,n,d,seed", SLOW_CASES)
+def test_matches_cvxpy_large(method, n, d, seed):
+    check_against_cvxpy(method, n, d, seed)
+
+
+def test_instances_exercise_all_constraint_kinds():
+    """The random instances really mix active, inactive, r = inf and r = 0 constraints."""
+    kinds = np.zeros(4, int)
+    for seed in range(4):
+        z, r = make_instance(seed, 10, 5)
+        out = project_pairwise(z, r, tol=1e-9)
+        theta = np.asarray(out.theta)
+        d2 = ((theta[:, None] - theta[None]) ** 2).sum(-1)
+        iu = np.triu_indices(10, 1)
+        rr, dd = r[iu], d2[iu]
+        pos = np.isfinite(rr) & (rr > 0)
+        kinds += [np.sum(pos & (dd > rr * (1 - 1e-6))), np.sum(pos & (dd < 0.9 * rr)),
+                  np.sum(np.isinf(rr)), np.sum(rr == 0)]
+    assert np.all(kinds > 0), kinds
+
+
+# ----------------------------------------------------------------------------------------------
+# Special structure
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("method", ["dual", "admm", "dykstra"])
+def test_all_zero_radii_give_the_average(method):
+    z, _ = make_instance(0, 10, 5)
+    out = project_pairwise(z, np.zeros((10, 10)), method=method)
+    np.testing.assert_allclose(np.asarray(out.theta), np.broadcast_to(z.mean(0), z.shape),
+                               rtol=1e-12, atol=1e-12)
+    assert_feasible(out.theta, np.zeros((10, 10)))
+
+
+def test_infinite_radii_return_input():
+    z, _ = make_instance(1, 10, 5)
+    r = np.full((10, 10), np.inf)
+    out = project_pairwise(z, r)
+    assert np.array_equal(np.asarray(out.theta), z)
+    assert int(out.iterations) == 0 and float(out.restoration_scale) == 1.0
+
+
+def test_dual_reports_exact_multipliers_and_gap():
+    """For the dual method stationarity holds by construction and the gap certifies the value."""
+    z, r = make_instance(2, 10, 5)
+    out = project_pairwise(z, r, tol=1e-9)
+    f = objective(out.theta, z)
+    ref = cvxpy_solution(2, 10, 5)
+    # certified: f - f* <= gap * f
+    assert f - ref <= float(out.dual_residual) * f + 1e-9 * ref
+    mu = np.asarray(out.multipliers)
+    assert np.all(mu >= 0) and np.allclose(mu, mu.T)
+    assert np.all(mu[~np.isfinite(r)] == 0) and np.all(mu[r == 0] == 0)
+
+
+def test_restore_feasibility_false_returns_raw_iterate():
+    z, r = make_instance(3, 10, 5)
+    raw = project_pairwise(z, r, method="dykstra", tol=1e-5, restore_feasibility=False)
+    fixed = project_pairwise(z, r, method="dykstra", tol=1e-5)
+    assert float(raw.primal_residual) > 0 and float(raw.restoration_scale) < 1
+    assert float(raw.restoration_scale) == float(fixed.restoration_scale)
+    assert_feasible(fixed.theta, r)
+    with pytest.raises(AssertionError):
+        assert_feasible(raw.theta, r)
+
+
+def test_shrink_to_feasible_scales_all_differences():
+    rng = np.random.default_rng(0)
+    _, r = make_instance(4, 10, 5)
+    r = np.where(r == 0, 1.0, r)                     # no equality pairs: rows are not averaged
+    np.fill_diagonal(r, 0.0)
+    theta = rng.normal(size=(10, 5)) * 5
+    out, a = shrink_to_feasible(theta, r)
+    a = float(a)
+    assert 0 < a < 1
+    assert_feasible(out, r)
+    out = np.asarray(out)
+    np.testing.assert_allclose(out - out.mean(0), a * (theta - theta.mean(0)), atol=1e-12)
+    np.testing.assert_allclose(out.mean(0), theta.mean(0), atol=1e-12)
+
+
+def _components(r):
+    rs = pairwise._sanitize_r(jnp.asarray(r))
+    labels = pairwise._zero_components(rs)
+    counts = jax.ops.segment_sum(jnp.ones(r.shape[0]), labels, num_segments=r.shape[0])
+    return labels, counts
+
+
+def test_zero_components_of_a_chain():
+    n = 7
+    r = np.full((n, n), 5.0)
+    for a, b in [(0, 3), (3, 5), (5, 6), (1, 2)]:
+        r[a, b] = r[b, a] = 0.0
+    labels, counts = _components(r)
+    assert list(np.asarray(labels)) == [0, 1, 1, 0, 4, 0, 0]
+    assert list(np.asarray(counts)) == [4, 2, 0, 0, 1, 0, 0]
+
+
+# ----------------------------------------------------------------------------------------------
+# Properties (hypothesis), one shape so that each solver compiles once
+# ----------------------------------------------------------------------------------------------
+N, D = 10, 5
+_coord = st.floats(-10, 10, allow_nan=False, allow_infinity=False, allow_subnormal=False)
+_points = hnp.arrays(np.float64, (N, D), elements=_coord)
+
+
+def _sym(mask):
+    upper = np.triu(mask, 1)
+    return upper | upper.T
+
+
+@st.composite
+def _radii(draw):
+    vals = draw(hnp.arrays(np.float64, (N, N), elements=st.floats(1e-2, 60.0)))
+    r = np.minimum(vals, vals.T)
+    zero = _sym(draw(hnp.arrays(np.float64, (N, N), elements=st.floats(0, 1))) < 0.04)
+    inf = _sym(draw(hnp.arrays(np.float64, (N, N), elements=st.floats(0, 1))) < 0.2)
+    r[inf] = np.inf
+    r[zero] = 0.0
+    np.fill_diagonal(r, 0.0)
+    return r
+
+
+@settings(max_examples=25, deadline=None)
+@given(z=_points, slack=st.floats(0.0, 2.0), inf_frac=st.floats(0.0, 0.5), seed=st.integers(0, 9))
+def test_feasible_input_is_returned_unchanged(z, slack, inf_frac, seed):
+    d2 = ((z[:, None] - z[None]) ** 2).sum(-1)
+    r = d2 * (1.0 + slack) + 1e-9 * (1.0 + np.max(z * z))
+    same = np.all(z[:, None] == z[None], axis=-1)
+    r[same] = 0.0                                      # coincident rows may use r = 0
+    inf = _sym(np.random.default_rng(seed).uniform(size=(N, N)) < inf_frac)
+    r[inf] = np.inf
+    out = project_pairwise(z, r)
+    assert np.array_equal(np.asarray(out.theta), z)
+    assert int(out.iterations) == 0 and bool(out.converged)
+
+
+@settings(max_examples=20, deadline=None)
+@given(z=_points, r=_radii())
+def test_projection_is_idempotent(z, r):
+    first = project_pairwise(z, r, tol=1e-10)
+    assert_feasible(first.theta, r)
+    second = project_pairwise(first.theta, r, tol=1e-10)
+    scale = 1.0 + np.max(np.abs(z))
+    np.testing.assert_allclose(np.asarray(second.theta), np.asarray(first.theta), rtol=0,
+                               atol=1e-9 * scale)
+
+
+def _suboptimality_radius(out, z):
+    """Certified ||P~(z) - P(z)|| <= sqrt(2 (f(P~) - f*)) <= sqrt(2 gap f(P~)) (dual method)."""
+    f = objective(out.theta, z)
+    return np.sqrt(2.0 * float(out.dual_residual) * f)
+
+
+@settings(max_examples=25, deadline=None)
+@given(a=_points, b=_points, r=_radii())
+def test_projection_is_nonexpansive(a, b, r):
+    pa = project_pairwise(a, r, tol=1e-11)
+    pb = project_pairwise(b, r, tol=1e-11)
+    lhs = np.linalg.norm(np.asarray(pa.theta) - np.asarray(pb.theta))
+    slack = _suboptimality_radius(pa, a) + _suboptimality_radius(pb, b)
+    assert lhs <= np.linalg.norm(a - b) + slack + 1e-9 * (1 + np.abs(a).max() + np.abs(b).max())
+
+
+# ----------------------------------------------------------------------------------------------
+# Pytrees, jit, vmap, warm start
+# ----------------------------------------------------------------------------------------------
+def test_pytree_input_matches_flat_rows():
+    z, r = make_instance(5, 10, 5)
+    tree = {"w": jnp.asarray(z[:, :4].reshape(10, 2, 2)), "b": (jnp.asarray(z[:, 4]),)}
+    out = project_pairwise(tree, r, tol=1e-9)
+    flat = project_pairwise(z, r, tol=1e-9)
+    assert jax.tree.structure(out.theta) == jax.tree.structure(tree)
+    assert out.theta["w"].shape == (10, 2, 2) and out.theta["b"][0].shape == (10,)
+    rows = np.concatenate([np.asarray(out.theta["w"]).reshape(10, 4),
+                           np.asarray(out.theta["b"][0])[:, None]], axis=1)
+    np.testing.assert_allclose(rows, np.asarray(flat.theta), rtol=1e-12, atol=1e-12)
+
+
+def test_works_under_jit():
+    z, r = make_instance(0, 10, 5)
+    f = jax.jit(lambda z, t: project_pairwise(z, t * r, method="dykstra", tol=1e-9).theta)
+    eager = project_pairwise(z, r, method="dykstra", tol=1e-9).theta
+    np.testing.assert_allclose(np.asarray(f(jnp.asarray(z), 1.0)), np.asarray(eager),
+                               rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.slow
+def test_vmap_over_radius_scale():
+    z, r = make_instance(0, 10, 5)
+    ts = jnp.asarray([0.5, 1.0, 2.0])
+    batched = jax.vmap(lambda t: project_pairwise(jnp.asarray(z), t * r, tol=1e-9).theta)(ts)
+    for k, t in enumerate(np.asarray(ts)):
+        single = project_pairwise(z, t * r, tol=1e-9).theta
+        np.testing.assert_allclose(np.asarray(batched[k]), np.asarray(single), rtol=1e-7,
+                                   atol=1e-7)
+
+
+@pytest.mark.slow
+def test_warm_start_converges_faster():
+    z, r = make_instance(6, 20, 15)
+    cold = project_pairwise(z, r, tol=1e-9)
+    rng = np.random.default_rng(0)
+    z2 = z + 1e-3 * rng.normal(size=z.shape)
+    warm = project_pairwise(z2, r, tol=1e-9, initial_multipliers=cold.multipliers)
+    cold2 = project_pairwise(z2, r, tol=1e-9)
+    assert bool(warm.converged)
+    assert int(warm.iterations) < int(cold2.iterations)
+    np.testing.assert_allclose(np.asarray(warm.theta), np.asarray(cold2.theta), atol=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["dual", "admm", "dykstra"])
+def test_float32_input(method):
+    z, r = make_instance(0, 10, 5)
+    out = project_pairwise(z.astype(np.float32), r.astype(np.float32), method=method, tol=1e-5)
+    assert out.theta.dtype == jnp.float32
+    assert_feasible(np.asarray(out.theta, np.float64), r, rtol=1e-5)
+    rel = (objective(out.theta, z) - cvxpy_solution(0, 10, 5)) / cvxpy_solution(0, 10, 5)
+    assert abs(rel) < 1e-3
+
+
+@pytest.mark.slow
+def test_raw_solvers_agree():
+    z, r = make_instance(7, 12, 40)
+    sols = [pairwise.solve_dual(z, r, tol=1e-10), pairwise.solve_admm(z, r, tol=1e-10),
+            pairwise.solve_dykstra(z, r, tol=1e-10)]
+    for s in sols:
+        assert bool(s.converged)
+    for s in sols[1:]:
+        np.testing.assert_allclose(np.asarray(s.theta), np.asarray(sols[0].theta), atol=1e-4)
+
+
+# ----------------------------------------------------------------------------------------------
+# Input validation: every bad input raises and names the argument
+# ----------------------------------------------------------------------------------------------
+def _good():
+    z, r = make_instance(0, 4, 3)
+    return z, r
+
+
+@pytest.mark.parametrize("make_bad,exc,name", [
+    (lambda z, r: (z, r[:3]), ValueError, "r"),                            # not square
+    (lambda z, r: (z, np.ones((5, 5))), ValueError, "r"),                  # wrong size
+    (lambda z, r: (z, np.ones((4, 4, 1))), ValueError, "r"),               # not a matrix
+    (lambda z, r: (z, r + np.triu(np.ones((4, 4)), 1)), ValueError, "r"),  # not symmetric
+    (lambda z, r: (z, -np.ones((4, 4))), ValueError, "r"),                 # negative
+    (lambda z, r: (z, np.where(np.eye(4) > 0, 0.0, np.nan)), ValueError, "r"),   # NaN
+    (lambda z, r: (z, "ones"), TypeError, "r"),                            # not numeric
+    (lambda z, r: ({"a": z, "b": z[:3]}, r), ValueError, "z"),             # client axes differ
+    (lambda z, r: ({}, r), ValueError, "z"),                               # no leaves
+    (lambda z, r: ({"a": z, "s": np.float64(1.0)}, r), ValueError, "z"),   # scalar leaf
+    (lambda z, r: (np.array([["a"] * 3] * 4), r), TypeError, "z"),         # strings
+    (lambda z, r: (z.astype(np.complex128), r), TypeError, "z"),           # complex
+])
+def test_bad_arrays_raise_naming_the_argument(make_bad, exc, name):
+    z, r = make_bad(*_good())
+    with pytest.raises(exc, match=f"`{name}`"):
+        project_pairwise(z, r)
+
+
+@pytest.mark.parametrize("kwargs,exc,name", [
+    ({"method": "newton"}, ValueError, "method"),
+    ({"method": 3}, ValueError, "method"),
+    ({"tol": 0.0}, ValueError, "tol"),
+    ({"tol": -1e-3}, ValueError, "tol"),
+    ({"tol": float("nan")}, ValueError, "tol"),
+    ({"tol": np.ones(2)}, ValueError, "tol"),
+    ({"max_iterations": 0}, ValueError, "max_iterations"),
+    ({"max_iterations": 2.5}, ValueError, "max_iterations"),
+    ({"max_iterations": True}, ValueError, "max_iterations"),
+    ({"restore_feasibility": "yes"}, TypeError, "restore_feasibility"),
+    ({"initial_multipliers": np.ones((3, 3))}, ValueError, "initial_multipliers"),
+    ({"initial_multipliers": -np.ones((4, 4))}, ValueError, "initial_multipliers"),
+    ({"initial_multipliers": np.ones((4, 4)), "method": "admm"}, ValueError,
+     "initial_multipliers"),
+])
+def test_bad_options_raise_naming_the_argument(kwargs, exc, name):
+    z, r = _good()
+    with pytest.raises(exc, match=f"`{name}`"):
+        project_pairwise(z, r, **kwargs)
+
+
+def test_kkt_helper_validates_shapes():
+    z, r = _good()
+    with pytest.raises(ValueError, match="`theta`"):
+        pairwise_kkt_residuals(z[:, :2], z, r, np.zeros((4, 4)))
+    with pytest.raises(ValueError, match="`initial_multipliers` / `mu`"):
+        pairwise_kkt_residuals(z, z, r, np.zeros((3, 3)))
