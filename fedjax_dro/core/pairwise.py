@@ -46,19 +46,33 @@ Methods (``method=``)
     g(mu) = min_Theta L(Theta, mu),   Theta(mu) = (I + L_mu)^{-1} Z,
     dg/dmu_e = (||theta_i(mu) - theta_j(mu)||^2 - r_e) / 2,
 
-over ``mu >= 0`` (edges with ``r = inf`` keep ``mu = 0``). Everything is done in the ``n x n``
-Gram space: ``G = Z Z^T`` is formed once (``O(n^2 d)``) and each iteration costs a Cholesky
-factorisation of ``I + L_mu`` and ``O(n^3)`` products independent of ``d`` (pairwise distances of
-``Theta(mu) = M Z`` come from ``M G M^T``; for ``d <= n`` the iteration works on ``Z`` itself,
-which is cheaper). The optimiser is a projected L-BFGS method in the style of Kim, Sra & Dhillon
-(2010): Bertsekas' epsilon-active set of multipliers at zero with an ascent-blocking gradient is
-held at the bound, a limited-memory BFGS direction (initial Hessian = the exact diagonal of the
-dual Hessian, ``(a_e^T M a_e) ||theta_i - theta_j||^2``) is used on the others, and an Armijo
-backtracking search runs along the projection arc. Stopping uses a *certified duality gap*: the
-restored point ``a Theta(mu)`` (see below) is feasible, so
-``f(a Theta(mu)) - g(mu) >= f(a Theta(mu)) - f*``; the iteration stops when this gap, relative to
-the objective, is below ``tol``. Only at the end is ``Theta = M Z`` formed, for the iterate with
-the best certificate. ``n = 1000, d = 10^4`` takes seconds on a laptop-class CPU.
+over ``mu >= 0`` (edges with ``r = inf`` keep ``mu = 0``). Everything happens in the ``n x n``
+Gram space: for ``d > n`` the Gram matrix ``G = Z Z^T`` is formed once (``O(n^2 d)``) and
+replaced by its square-root factor ``Y`` (``Y Y^T = G``, an eigendecomposition, ``O(n^3)``
+once); for ``d <= n``, ``Y = Z``. Each evaluation of ``g`` then costs one Cholesky factorisation
+of ``I + L_mu``, one solve with ``k = min(n, d)`` right-hand sides and one ``n x n x k`` product
+for the pairwise distances (``||theta_i - theta_j||^2`` from the Gram matrix of
+``Theta(mu) = M Y``, ``M = (I + L_mu)^{-1}``): ``O(n^3)`` per iteration whatever ``d``. Only at
+the end is ``Theta = M Z`` formed (``O(n^2 d)``), for the iterate with the best certificate.
+
+The optimiser is a projected limited-memory BFGS method (Kim, Sra & Dhillon 2010 style):
+Bertsekas' epsilon-active set (multipliers at or near 0 whose gradient points outside) moves
+along the scaled gradient; on the free edges the L-BFGS direction is built from the curvature
+pairs restricted to them, on top of the *exact diagonal of the dual Hessian*,
+``(a_e^T M a_e) ||theta_i - theta_j||^2``, scaled by the usual ``s'y / y'Dy`` factor; a
+projected Armijo search along the arc with safeguarded quadratic backtracking globalises it.
+The iteration stops on a *certified duality gap*: the restored point ``a Theta(mu)`` (below) is
+feasible, hence ``0 <= f(a Theta(mu)) - f* <= f(a Theta(mu)) - g(mu)``, and the method stops when
+this gap, relative to ``f(a Theta(mu))``, is at most ``tol``; the gap is evaluated without
+cancellation as ``(a - 1)(...) + sum_e mu_e (r_e - d_e^2) / 2``. ``tol`` is used as given down to
+64 ulp of the working precision (float32 inputs: ~7.6e-6). ``initial_multipliers`` warm-starts
+the method (e.g. with the previous round's multipliers in Karula).
+
+Cost in practice (float64, this repository's 2-core CPU, see
+``benchmarks/projection_scaling.py``): ``n = 1000, d = 10^4`` needs ~100-300 iterations of
+~0.1 s; float32 halves the time per iteration. Note that JAX's CPU Cholesky and triangular
+solves run in OpenBLAS: on small shared machines set ``OPENBLAS_NUM_THREADS=1`` before importing
+NumPy / JAX (OpenBLAS threads competing with XLA's can slow factorisations down 10-100x).
 
 ``"admm"``: ADMM on the split ``V = D Theta`` (``D`` the edge-node incidence matrix of the
 complete graph, rows ``a_e^T``): the Theta-step solves ``(I + beta L) Theta = Z + beta D^T (V - U)``
@@ -66,7 +80,8 @@ in closed form, ``Theta = (R + beta 1 (1^T R)) / (1 + beta n)`` (``L = D^T D = n
 V-step projects every edge vector onto its ball ``||v_e||^2 <= r_e``; ``U += D Theta - V``.
 Boyd et al. (2011, Sec. 3.3) relative primal / dual residual stopping, with residual balancing of
 ``beta`` (Sec. 3.4.1) every 10 iterations. Edges with ``r = inf`` keep an unconstrained copy so
-that the closed form stays valid. Memory ``O(n^2 d)``.
+that the closed form stays valid. Only the scaled duals ``U`` are kept between iterations
+(``V`` is recomputed from them), so the state is one ``[m, k]`` edge array.
 
 ``"dykstra"``: parallel Dykstra in the product space of per-edge copies. Each edge ``e = (i, j)``
 owns copies of rows ``i`` and ``j``; the product space carries the weights ``omega_i = 1/deg(i)``
@@ -81,7 +96,12 @@ move toward the midpoint); the consensus step averages the copies of row ``i`` w
 ``Theta <- Theta - D^T (kappa * (Q_new - Q_old))`` with ``kappa_e = omega_i omega_j /
 (omega_i + omega_j)``; the multiplier estimate is ``mu_e = kappa_e ||Q_e|| / sqrt(r_e)``. Stops when
 the relative KKT stationarity residual and the maximum relative violation are below ``tol``.
-Memory ``O(n^2 d)``.
+
+Memory of ADMM and Dykstra: ``O(n^2 k)`` with ``k = min(n, d)``. For ``d > n`` both run on the
+exact ``n``-dimensional row-space coordinates ``Y`` of the centred input (thin QR
+``Z_c^T = Q Y^T``, once, ``O(n^2 d)``) and map back with ``Q^T``: the problem only sees norms of
+row combinations, so the iterates are the same as on ``Z`` (see ``_row_space_reduce``). For
+``n = 1000`` that is still ``~4 GB`` per edge array in float64.
 
 Feasibility restoration (``restore_feasibility=True``, all methods)
 -------------------------------------------------------------------
@@ -132,7 +152,8 @@ _MAX_LINE_SEARCH = 30
 _ARMIJO = 1e-4
 _BALANCE_EVERY = 10
 _HISTORY_DTYPE = jnp.float32   # L-BFGS pairs (see _two_loop)
-_HINV_REFRESH = 4      # recompute the diagonal preconditioner every few iterations
+_HINV_REFRESH = 10     # recompute the diagonal preconditioner every few iterations
+_STAGNATION = 100      # stop when the certified gap has not dropped by 1% for this many iterations
 
 
 # ----------------------------------------------------------------------------------------------
@@ -263,6 +284,35 @@ def _prepare(z, r):
     return _Prepared(z, shift, zc, zavg, r, labels, counts)
 
 
+def _row_space_reduce(prep: _Prepared):
+    """Exact reduction of (P) to ``k = n`` coordinates when ``d > n``: ``(prep_k, basis)``.
+
+    With the thin QR factorisation ``Z_c^T = Q R`` (``Q``: ``[d, n]`` orthonormal columns),
+    ``Z_c = Y Q^T`` for ``Y = R^T`` (``[n, n]``). The objective and the constraints only involve
+    Euclidean norms of linear combinations of rows, which ``x -> x Q^T`` preserves, and every
+    iterate of ADMM / Dykstra is a linear combination of the rows of ``Z_c`` passed through
+    norm-dependent scalings; so running a solver on ``Y`` and mapping its output back with
+    ``Q^T`` (then adding the shift) gives *the same iterates* as running it on ``Z`` (up to
+    rounding) with ``[m, n]`` instead of ``[m, d]`` edge arrays. ``O(n^2 d)`` once.
+    """
+    n = prep.zc.shape[0]
+    basis, upper = jnp.linalg.qr(prep.zc.T)          # [d, n], [n, n]
+    y = upper.T
+    yavg = _average_components(y, prep.labels, prep.counts)
+    zero = jnp.zeros((n,), y.dtype)
+    return prep._replace(z=y, shift=zero, zc=y, zavg=yavg), basis
+
+
+def _solve_reduced(solver, prep: _Prepared) -> "SolverOutput":
+    """Run an edge-array solver (ADMM / Dykstra) on ``Y`` when ``d > n`` (static), else on Z."""
+    n, d = prep.zc.shape
+    if d <= n:
+        return solver(prep)
+    prep_k, basis = _row_space_reduce(prep)
+    out = solver(prep_k)
+    return out._replace(theta=out.theta @ basis.T + prep.shift)
+
+
 def _average_components(x, labels, counts):
     n = x.shape[0]
     return (_segment_sum_rows(x, labels, n) / jnp.maximum(counts, 1)[:, None])[labels]
@@ -328,6 +378,7 @@ class DualState(NamedTuple):
     best_gap: jax.Array
     stalled: jax.Array      # bool: line search failed with the plain scaled-gradient direction
     evaluations: jax.Array  # number of dual evaluations (factorisations) so far
+    last_progress: jax.Array  # iteration at which best_gap last dropped by >= 1%
 
 
 def _gram_factor(b):
@@ -472,10 +523,11 @@ def _dual_loop(prob: _DualProblem, mu0, tol, max_iterations: int, memory: int):
         norm_hist=jnp.zeros((memory,), dtype),
         n_hist=jnp.array(0, jnp.int32), head=jnp.array(memory - 1, jnp.int32),
         gap=gap0, best_mu=mu0, best_gap=gap0, stalled=jnp.array(False),
-        evaluations=jnp.array(1, jnp.int32))
+        evaluations=jnp.array(1, jnp.int32), last_progress=jnp.array(0, jnp.int32))
 
     def cond(s: DualState):
-        return (s.iteration < max_iterations) & (s.best_gap > tol) & ~s.stalled
+        stagnated = s.iteration - s.last_progress > _STAGNATION
+        return (s.iteration < max_iterations) & (s.best_gap > tol) & ~s.stalled & ~stagnated
 
     def body(s: DualState):
         mu, ev, hinv = s.mu, s.ev, s.hinv
@@ -526,8 +578,7 @@ def _dual_loop(prob: _DualProblem, mu0, tol, max_iterations: int, memory: int):
         accepted = armijo(mu_t, ev_t)
         stalled = ~accepted & use_grad
         # a failed quasi-Newton search: keep the iterate, drop the memory (gradient step next)
-        mu_new = jnp.where(accepted, mu_t, mu)
-        ev_new = jax.tree.map(lambda a, b: jnp.where(accepted, a, b), ev_t, ev)
+        mu_new, ev_new = lax.cond(accepted, lambda: (mu_t, ev_t), lambda: (mu, ev))
         sv = mu_new - mu
         yv = -(ev_new.grad - grad)
         sy = jnp.sum(sv * yv)
@@ -542,11 +593,12 @@ def _dual_loop(prob: _DualProblem, mu0, tol, max_iterations: int, memory: int):
         hinv_new = lax.cond(refresh, lambda: _dual_hinv(prob, ev_new), lambda: hinv)
         gap = _dual_gap(prob, mu_new, ev_new)
         better = gap < s.best_gap
+        progress = gap < 0.99 * s.best_gap
+        best_mu = lax.cond(better, lambda: mu_new, lambda: s.best_mu)
         return DualState(s.iteration + 1, mu_new, ev_new, hinv_new, s_hist, y_hist, norm_hist,
-                         n_hist, head,
-                         gap, jnp.where(better, mu_new, s.best_mu),
-                         jnp.where(better, gap, s.best_gap), stalled,
-                         s.evaluations + 1 + k.astype(jnp.int32))
+                         n_hist, head, gap, best_mu, jnp.where(better, gap, s.best_gap), stalled,
+                         s.evaluations + 1 + k.astype(jnp.int32),
+                         jnp.where(progress, s.iteration + 1, s.last_progress))
 
     return lax.while_loop(cond, body, state)
 
@@ -569,9 +621,15 @@ def _contract_multipliers(prep: _Prepared, prob: _DualProblem, mu):
     return jnp.where(prob.edge, mc, 0.0)
 
 
+def _effective_tol(tol, dtype):
+    """``tol`` clipped below at 64 ulp of the working precision (float32: ~7.6e-6)."""
+    return jnp.maximum(jnp.asarray(tol, dtype), 64 * _eps(dtype))
+
+
 def _dual(prep: _Prepared, tol, max_iterations: int, mu_init=None,
           memory: int = _LBFGS_MEMORY) -> SolverOutput:
     n, d = prep.zc.shape
+    tol = _effective_tol(tol, prep.zc.dtype)
     prob = _dual_problem(prep)
     if mu_init is None:
         mu0 = jnp.zeros((n, n), prep.zc.dtype)
@@ -590,9 +648,10 @@ def _dual(prep: _Prepared, tol, max_iterations: int, mu_init=None,
 # ----------------------------------------------------------------------------------------------
 class AdmmState(NamedTuple):
     iteration: jax.Array
-    theta: jax.Array        # [n, d] (centred)
-    v: jax.Array            # [m, d] edge variables (i < j, row-major upper triangle)
-    u: jax.Array            # [m, d] scaled duals
+    theta: jax.Array        # [n, k] (centred)
+    u: jax.Array            # [m, k] scaled duals (the only edge array kept between iterations)
+    dtv: jax.Array          # [n, k] D^T v of the last edge variables v
+    dtu: jax.Array          # [n, k] D^T u
     beta: jax.Array
     primal_rel: jax.Array
     dual_rel: jax.Array
@@ -615,48 +674,64 @@ def _ball(v, rad):
 
 
 def _admm(prep: _Prepared, tol, max_iterations: int, beta0=None) -> SolverOutput:
+    """Scaled ADMM on ``V = D Theta`` with residual balancing of ``beta`` (Boyd et al. 3.4.1).
+
+    Only the scaled duals ``u`` are carried between iterations: the edge variables are
+    ``v = ball(D Theta + u_old)`` and ``D^T v`` / ``D^T u`` (``n x k``) are kept for the next
+    Theta-step and the dual residual; for a ball ``u = p - ball(p)`` is parallel to ``v`` with
+    ``<u_e, v_e> = sqrt(r_e) ||u_e||``, so the multiplier estimate
+    ``mu_e = beta <u_e, v_e> / r_e = beta ||u_e|| / sqrt(r_e)`` needs no ``v`` either. This is the
+    textbook iteration (same iterates), with one ``[m, k]`` array of state instead of two.
+    """
     z = prep.zavg
     n, d = z.shape
     dtype = z.dtype
+    tol = _effective_tol(tol, dtype)
     i, j = _edges(n)
     rad = jnp.sqrt(prep.r[i, j])                 # +inf: unconstrained copy
     tiny = jnp.sqrt(jnp.sum(prep.zc ** 2)) * 1e-14 + _tiny(dtype)
     beta_init = jnp.asarray(1.0 / n if beta0 is None else beta0, dtype)
 
-    def theta_step(v, u, beta):
-        rhs = z + beta * _incidence_t(v - u, i, j, n)
+    def theta_step(dtv, dtu, beta):
+        rhs = z + beta * (dtv - dtu)
         return (rhs + beta * jnp.sum(rhs, axis=0, keepdims=True)) / (1.0 + beta * n)
 
     m = i.shape[0]
-    v0 = jnp.zeros((m, d), dtype)
-    state = AdmmState(jnp.array(0, jnp.int32), z, _ball(z[i] - z[j], rad), v0, beta_init,
+    v0 = _ball(z[i] - z[j], rad)
+    state = AdmmState(jnp.array(0, jnp.int32), z, jnp.zeros((m, d), dtype),
+                      _incidence_t(v0, i, j, n), jnp.zeros((n, d), dtype), beta_init,
                       jnp.asarray(jnp.inf, dtype), jnp.asarray(jnp.inf, dtype))
 
     def cond(s):
         return (s.iteration < max_iterations) & ~((s.primal_rel <= tol) & (s.dual_rel <= tol))
 
     def body(s):
-        theta = theta_step(s.v, s.u, s.beta)
+        theta = theta_step(s.dtv, s.dtu, s.beta)
         dth = theta[i] - theta[j]
-        v = _ball(dth + s.u, rad)
-        u = s.u + dth - v
-        r_pri = jnp.sqrt(jnp.sum((dth - v) ** 2))
-        r_dual = s.beta * jnp.sqrt(jnp.sum(_incidence_t(v - s.v, i, j, n) ** 2))
+        p = dth + s.u
+        v = _ball(p, rad)
+        u = p - v                                  # = u_old + D Theta - v
+        dtv = _incidence_t(v, i, j, n)
+        dtu = _incidence_t(u, i, j, n)
+        r_pri = jnp.sqrt(jnp.sum((u - s.u) ** 2))  # ||D Theta - v||
+        r_dual = s.beta * jnp.sqrt(jnp.sum((dtv - s.dtv) ** 2))
         pri_rel = r_pri / (jnp.maximum(jnp.sqrt(jnp.sum(dth ** 2)), jnp.sqrt(jnp.sum(v ** 2)))
                            + tiny)
-        dual_rel = r_dual / (s.beta * jnp.sqrt(jnp.sum(_incidence_t(u, i, j, n) ** 2)) + tiny)
+        dual_rel = r_dual / (s.beta * jnp.sqrt(jnp.sum(dtu ** 2)) + tiny)
         it = s.iteration + 1
         balance = (it % _BALANCE_EVERY) == 0
         up = balance & (pri_rel > 10 * dual_rel)
         down = balance & (dual_rel > 10 * pri_rel)
         factor = jnp.where(up, 2.0, jnp.where(down, 0.5, 1.0)).astype(dtype)
-        return AdmmState(it, theta, v, u / factor, s.beta * factor, pri_rel, dual_rel)
+        return AdmmState(it, theta, u / factor, dtv, dtu / factor, s.beta * factor, pri_rel,
+                         dual_rel)
 
     st = lax.while_loop(cond, body, state)
     r_e = prep.r[i, j]
     pos = jnp.isfinite(r_e) & (r_e > 0)
-    mu_e = jnp.where(pos, st.beta * jnp.sum(st.u * st.v, axis=1) / jnp.where(pos, r_e, 1.0), 0.0)
-    mu = jnp.zeros((n, n), dtype).at[i, j].set(jnp.maximum(mu_e, 0.0))
+    u_norm = jnp.sqrt(jnp.sum(st.u * st.u, axis=1))
+    mu_e = jnp.where(pos, st.beta * u_norm / jnp.sqrt(jnp.where(pos, r_e, 1.0)), 0.0)
+    mu = jnp.zeros((n, n), dtype).at[i, j].set(mu_e)
     mu = mu + mu.T
     converged = (st.primal_rel <= tol) & (st.dual_rel <= tol)
     return SolverOutput(st.theta + prep.shift, mu, st.iteration, st.dual_rel, converged)
@@ -677,6 +752,7 @@ def _dykstra(prep: _Prepared, tol, max_iterations: int) -> SolverOutput:
     z = prep.zavg
     n, d = z.shape
     dtype = z.dtype
+    tol = _effective_tol(tol, dtype)
     i, j = _edges(n)
     r_e = prep.r[i, j]
     active = jnp.isfinite(r_e)
@@ -758,12 +834,13 @@ def solve_dual(z, r, *, tol=1e-8, max_iterations: int = DEFAULT_MAX_ITERATIONS["
 
 @functools.partial(jax.jit, static_argnames=("max_iterations",))
 def _solve_admm_jit(z, r, tol, max_iterations):
-    return _admm(_prepare(z, r), tol, max_iterations)
+    return _solve_reduced(lambda p: _admm(p, tol, max_iterations), _prepare(z, r))
 
 
 def solve_admm(z, r, *, tol=1e-8,
                max_iterations: int = DEFAULT_MAX_ITERATIONS["admm"]) -> SolverOutput:
-    """ADMM solver on an ``[n, d]`` array (memory ``O(n^2 d)``; see the module docstring)."""
+    """ADMM solver on an ``[n, d]`` array (memory ``O(n^2 min(n, d))``; see the module
+    docstring)."""
     z = _as_2d_float(z)
     r = jnp.asarray(r, z.dtype)
     _validate_common(z.shape[0], r, tol, max_iterations, None)
@@ -772,12 +849,13 @@ def solve_admm(z, r, *, tol=1e-8,
 
 @functools.partial(jax.jit, static_argnames=("max_iterations",))
 def _solve_dykstra_jit(z, r, tol, max_iterations):
-    return _dykstra(_prepare(z, r), tol, max_iterations)
+    return _solve_reduced(lambda p: _dykstra(p, tol, max_iterations), _prepare(z, r))
 
 
 def solve_dykstra(z, r, *, tol=1e-8,
                   max_iterations: int = DEFAULT_MAX_ITERATIONS["dykstra"]) -> SolverOutput:
-    """Parallel (product-space) Dykstra solver on an ``[n, d]`` array (memory ``O(n^2 d)``)."""
+    """Parallel (product-space) Dykstra solver on an ``[n, d]`` array (memory
+    ``O(n^2 min(n, d))``)."""
     z = _as_2d_float(z)
     r = jnp.asarray(r, z.dtype)
     _validate_common(z.shape[0], r, tol, max_iterations, None)
@@ -811,8 +889,8 @@ def _shrink_to_feasible_jit(theta, r):
 # ----------------------------------------------------------------------------------------------
 _SOLVERS = {
     "dual": lambda prep, tol, it, mu0: _dual(prep, tol, it, mu0),
-    "admm": lambda prep, tol, it, mu0: _admm(prep, tol, it),
-    "dykstra": lambda prep, tol, it, mu0: _dykstra(prep, tol, it),
+    "admm": lambda prep, tol, it, mu0: _solve_reduced(lambda p: _admm(p, tol, it), prep),
+    "dykstra": lambda prep, tol, it, mu0: _solve_reduced(lambda p: _dykstra(p, tol, it), prep),
 }
 
 
@@ -867,7 +945,7 @@ def project_pairwise(z, r, *, method: str = "dual", tol=1e-8,
       r: ``[n, n]`` symmetric matrix of squared radii (``t * D``), entries ``>= 0``; ``0``
         forces equality, ``inf`` removes the constraint; the diagonal is ignored.
       method: ``"dual"`` (default; ``O(n^3)`` per iteration, independent of ``d``), ``"admm"`` or
-        ``"dykstra"`` (both ``O(n^2 d)`` memory). See the module docstring.
+        ``"dykstra"`` (both ``O(n^2 min(n, d))`` memory). See the module docstring.
       tol: stopping tolerance (> 0) of the method's relative residual (dual: certified relative
         duality gap of the restored point).
       max_iterations: iteration cap (static; default ``DEFAULT_MAX_ITERATIONS[method]``).
