@@ -13,6 +13,7 @@ Non-finite values: every round checks its new state and metrics; the first non-f
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 import json
@@ -164,6 +165,39 @@ def _make_eval_fn(alg: Algorithm, true_params):
       out["estimation_error"] = jnp.broadcast_to(err, (data.num_clients,))
     return out
   return eval_fn
+
+
+# Compiled sweep programs, reused across calls with the same algorithm object, settings and
+# argument shapes (K-fold cross-validation calls ``sweep`` once per fold on folds padded to one
+# shape: one compilation instead of K). Entries hold a reference to the algorithm, so an ``id``
+# is never confused with that of a newer object.
+_SWEEP_PROGRAMS: "collections.OrderedDict[tuple, tuple]" = collections.OrderedDict()
+_SWEEP_PROGRAMS_MAX = 8
+
+
+def _abstract_key(tree):
+  leaves, treedef = jax.tree.flatten(tree)
+  return treedef, tuple((tuple(np.shape(x)), str(jnp.result_type(x)), bool(getattr(x, "weak_type", False)))
+                        for x in leaves)
+
+
+def _sweep_programs(alg: Algorithm, rounds: int, chunk: int, check_finite: bool, args, true_params):
+  """``(compiled chunk program, vmapped eval function, compile seconds)``, cached."""
+  key = (id(alg), rounds, chunk, check_finite, _abstract_key(args), true_params is None)
+  hit = _SWEEP_PROGRAMS.get(key)
+  if hit is not None and hit[0] is alg and true_params is None:
+    _SWEEP_PROGRAMS.move_to_end(key)
+    return hit[1], hit[2], 0.0
+  vchunk = jax.jit(jax.vmap(_make_chunk_fn(alg, rounds, chunk, check_finite), in_axes=(0, 0, None, 0, 0, None)))
+  t0 = time.perf_counter()
+  compiled = vchunk.lower(*args).compile()
+  compile_time = time.perf_counter() - t0
+  evaluate = jax.jit(jax.vmap(_make_eval_fn(alg, true_params), in_axes=(0, None)))
+  if true_params is None:     # true_params is closed over: cache only the common case
+    _SWEEP_PROGRAMS[key] = (alg, compiled, evaluate)
+    while len(_SWEEP_PROGRAMS) > _SWEEP_PROGRAMS_MAX:
+      _SWEEP_PROGRAMS.popitem(last=False)
+  return compiled, evaluate, compile_time
 
 
 def _split_data(data, eval_data, true_params):
@@ -386,6 +420,9 @@ class SweepResult:
     final_summary: list (per row) of ``{metric: {mean, worst20, ...}}``.
     diverged: ``[num_configs]`` bool — rows stopped by a non-finite round (their results are those
       of the last finite state; ``diverged_round`` says where).
+    compile_time: seconds spent compiling; ``0.0`` when the program of an earlier ``sweep`` call
+      with the same algorithm object, settings and shapes was reused (e.g. the folds of
+      :func:`fedjax_dro.model_selection.cross_validate`).
   """
   algorithm: str
   configs: List[Dict[str, Any]]
@@ -446,19 +483,16 @@ def sweep(alg: Algorithm, data: Union[FederatedDataset, FederatedData], *, round
   params = jax.vmap(alg.model.init)(model_keys)
   state = jax.vmap(lambda p, k: alg.init(p, train, k))(params, init_keys)
 
-  chunk_fn = _make_chunk_fn(alg, rounds, chunk, check_finite)
-  vchunk = jax.jit(jax.vmap(chunk_fn, in_axes=(0, 0, None, 0, 0, None)))
   status = (jnp.zeros((num,), bool), jnp.full((num,), -1, jnp.int32))
-  t0 = time.perf_counter()
-  compiled = vchunk.lower(state, status, jnp.int32(0), hp, run_keys, train).compile()
-  compile_time = time.perf_counter() - t0
+  compiled, evaluate, compile_time = _sweep_programs(
+      alg, rounds, chunk, check_finite, (state, status, jnp.int32(0), hp, run_keys, train), true_params)
   t0 = time.perf_counter()
   curves: Dict[str, list] = {}
   for c in range(math.ceil(rounds / chunk)):
     state, status, metrics = compiled(state, status, jnp.int32(c * chunk), hp, run_keys, train)
     for k, v in metrics.items():
       curves.setdefault(k, []).append(np.asarray(v)[:, : min(chunk, rounds - c * chunk)])
-  per_client = jax.device_get(jax.jit(jax.vmap(_make_eval_fn(alg, true_params), in_axes=(0, None)))(state, eval_data))
+  per_client = jax.device_get(evaluate(state, eval_data))
   wall = time.perf_counter() - t0
   train_metrics = {k: np.concatenate(v, axis=1) for k, v in curves.items()}
   diverged = np.asarray(status[0])

@@ -144,3 +144,13 @@ def test_bad_input_raises_clear_errors():
     cross_validate("karula", data, {"t": [1.0]}, folds=2, rounds=2)
   with pytest.raises(TypeError, match="grid"):
     cross_validate(alg, data, [("t", [1.0])], folds=2, rounds=2)
+
+
+def test_cv_compiles_the_round_once_for_all_folds():
+  """The folds share one shape, so the vmapped chunk program is compiled once and reused."""
+  import chex
+  data = _clients(seed=4)
+  alg = fedavg(_model(), clients_per_round=2, local_steps=1, batch_size=4)
+  counted = alg._replace(round=chex.assert_max_traces(alg.round, n=1))
+  cv = cross_validate(counted, dataset(data), {"client_lr": [0.01, 0.1]}, folds=3, rounds=4)
+  assert np.all(np.isfinite(cv.scores))

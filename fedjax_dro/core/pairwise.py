@@ -129,6 +129,8 @@ import numpy as np
 from jax import lax
 from jax.scipy.linalg import cho_solve
 
+from fedjax_dro.core.validation import concrete_or_none as _concrete_or_none
+
 __all__ = [
     "PairwiseProjectionOutput",
     "SolverOutput",
@@ -1026,16 +1028,6 @@ def _kkt_jit(theta, z, r, mu):
 # ----------------------------------------------------------------------------------------------
 # Validation and pytree flattening
 # ----------------------------------------------------------------------------------------------
-def _concrete(x):
-    """``x`` as a NumPy array if concrete, ``None`` under tracing."""
-    if isinstance(x, jax.core.Tracer):
-        return None
-    try:
-        return np.asarray(x)
-    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
-        return None
-
-
 def _flatten_clients(z, name="z"):
     """``([n, D] array, unflatten)`` with every leaf raveled per client."""
     leaves, treedef = jax.tree.flatten(z)
@@ -1099,11 +1091,11 @@ def _validate_common(n, r, tol, max_iterations, mu):
     if isinstance(max_iterations, bool) or not isinstance(max_iterations, (int, np.integer)) \
             or max_iterations < 1:
         raise ValueError(f"`max_iterations` must be a positive integer, got {max_iterations!r}")
-    tc = _concrete(tol)
+    tc = _concrete_or_none(tol)
     if tc is not None:
         if tc.ndim != 0 or not np.isfinite(tc) or tc <= 0:
             raise ValueError(f"`tol` must be a positive finite scalar, got {tol!r}")
-    rc = _concrete(r)
+    rc = _concrete_or_none(r)
     if rc is not None:
         off = ~np.eye(n, dtype=bool)
         if np.isnan(rc).any():
@@ -1121,6 +1113,6 @@ def _validate_common(n, r, tol, max_iterations, mu):
         if mu.shape != (n, n):
             raise ValueError(f"`initial_multipliers` / `mu` must have shape ({n}, {n}), got "
                              f"{tuple(mu.shape)}")
-        mc = _concrete(mu)
+        mc = _concrete_or_none(mu)
         if mc is not None and (np.isnan(mc).any() or (mc < 0).any()):
             raise ValueError("`initial_multipliers` / `mu` must be nonnegative and not NaN")

@@ -77,6 +77,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_dro.core.validation import concrete_or_none as _concrete_or_none
+
 __all__ = [
     "project_simplex",
     "project_capped_simplex",
@@ -96,18 +98,8 @@ _QFFL_BISECTION_STEPS = 96
 # --------------------------------------------------------------------------------------------
 # validation helpers (only act on concrete values; traced values pass through)
 # --------------------------------------------------------------------------------------------
-def _concrete(x):
-    """Return x as a NumPy array if it is concrete, None if it is a tracer."""
-    if isinstance(x, jax.core.Tracer):
-        return None
-    try:
-        return np.asarray(x)
-    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
-        return None
-
-
 def _check_scalar(value, name, ok, requirement, allow_inf=False):
-    c = _concrete(value)
+    c = _concrete_or_none(value)
     if c is None:
         return
     if c.ndim != 0:
@@ -193,7 +185,7 @@ def project_capped_simplex(v, cap, total=1.0):
     n = v.shape[0]
     _check_scalar(total, "total", lambda c: c > 0, "> 0")
     _check_scalar(cap, "cap", lambda c: c > 0, "> 0", allow_inf=True)
-    cc, ct = _concrete(cap), _concrete(total)
+    cc, ct = _concrete_or_none(cap), _concrete_or_none(total)
     if cc is not None and ct is not None and cc.ndim == 0 and ct.ndim == 0:
         if cc * n < ct * (1.0 - 1e-12):
             raise ValueError(
