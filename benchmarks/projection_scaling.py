@@ -7,26 +7,32 @@ side in one process, the ``dual`` (Gram-space projected L-BFGS on the edge multi
 * compile time (ahead-of-time ``lower().compile()``) and run time of the compiled program
   (after a warm-up, ``block_until_ready``, median of repeats for short runs);
 * accuracy of the returned (restored, hence feasible) point: relative objective gap
-  ``(f - f_best) / f_best`` against the best objective found by any method on that instance,
-  the maximum relative violation of the solver's iterate *before* restoration and ``1 - a``
-  (the restoration shrink);
-* the ratios ``ADMM time / dual time`` and ``Dykstra time / dual time`` at the same ``tol``.
+  ``(f - f_best) / f_best`` against the best objective found by any run on that instance (a
+  dual run at ``--reference-tol`` = 1e-9 is always included), and the maximum relative violation
+  of the solver's iterate *before* restoration;
+* the speed-up of the dual **at equal accuracy**: for every ADMM / Dykstra run that reached
+  relative gap ``g``, the dual is run again on the same dtype with ``tol = g / (1 + g)`` (floored
+  at 1e-9 and 64 ulp). Its ``tol`` certifies ``(f - f*) / f <= tol``, i.e. ``(f - f*) / f* <= g``,
+  so its point is at least as accurate; the speed-up is ``baseline time / that dual time``. A baseline stopped by the
+  time budget before converging makes the figure a lower bound (``>``).
 
 Instances are Karula-like: three groups of clients, client models = group mean + a low-rank
 client effect + noise, dissimilarities ``D_ij = ||p_i - p_j||_1`` of latent group descriptors
 with jitter (a surrogate of the OT embeddings), ``r = t D`` with ``t`` set so that roughly a
 third of the typical squared distance is allowed (many active constraints, many inactive).
 
-ADMM and Dykstra keep ``O(n^2 d)`` edge arrays; a (method, n, d) whose estimated footprint
-exceeds ``--memory-gb`` is skipped and reported as such. Their iteration cap is chosen from a
-short calibration run so that one run stays within ``--time-budget`` seconds; a run that hits
-the cap is reported as not converged together with the accuracy it reached.
+ADMM and Dykstra keep ``O(n^2 min(n, d))`` edge arrays (for ``d > n`` they run on the exact
+``n``-dimensional row-space coordinates). When the float64 footprint exceeds ``--memory-gb``
+they run in float32 (the dtype column says so; n = 1000 needs ~10 GB even in float32) and the
+equal-accuracy dual run then also uses float32. Their iteration cap is chosen from a short
+calibration run so that one run stays within ``--time-budget`` seconds; a run that hits the cap
+is reported as not converged together with the accuracy it reached.
 
 The JAX CPU Cholesky / triangular solves call OpenBLAS (through SciPy); on a small, shared
 machine OpenBLAS worker threads fight XLA's threads and slow factorisations down by up to 100x,
 so this script pins OpenBLAS to ``--blas-threads`` (default 1) *before* importing NumPy / JAX.
 
-    python benchmarks/projection_scaling.py                  # full grid (~15-30 min, 2 cores)
+    python benchmarks/projection_scaling.py                  # full grid (~30 min, 2 cores)
     python benchmarks/projection_scaling.py --quick          # tiny grid (CI smoke, < 1 min)
     python benchmarks/projection_scaling.py --out results.json
 """
@@ -105,9 +111,10 @@ def max_rel_violation(theta, r):
 # ----------------------------------------------------------------------------------------------
 # Running one method
 # ----------------------------------------------------------------------------------------------
-def edge_memory_gb(n, d, itemsize=8, arrays=6):
-    """Peak footprint estimate of ADMM / Dykstra: ~6 live [n(n-1)/2, d] edge arrays."""
-    return arrays * n * (n - 1) / 2 * d * itemsize / 2**30
+def edge_memory_gb(n, d, itemsize=8, arrays=5):
+    """Peak footprint estimate of ADMM / Dykstra: ~5 live ``[n(n-1)/2, min(n, d)]`` edge arrays
+    (measured: n = 1000, d = 10^4, float32 ADMM peaks at 10.4 GB resident)."""
+    return arrays * n * (n - 1) / 2 * min(n, d) * itemsize / 2**30
 
 
 def compile_method(z, r, tol, method, max_iterations):
@@ -119,42 +126,46 @@ def compile_method(z, r, tol, method, max_iterations):
 
 
 def timed_run(compiled, z, r, tol, repeats):
-    times, out = [], None
-    for _ in range(repeats):
+    """Median run time of an AOT-compiled call. The first call doubles as the warm-up: it is
+    discarded unless it took more than 5 s (then it is the only, and representative, timing)."""
+    t0 = time.perf_counter()
+    out = jax.block_until_ready(compiled(z, r, tol, None))
+    first = time.perf_counter() - t0
+    if first > 5.0:
+        return out, first
+    times = []
+    for _ in range(max(repeats, 1)):
         t0 = time.perf_counter()
         out = jax.block_until_ready(compiled(z, r, tol, None))
         times.append(time.perf_counter() - t0)
-        if times[-1] > 5.0:       # long runs: one timing is enough
-            break
     return out, float(np.median(times))
 
 
-def run_method(method, z_np, r_np, tol, args):
+def run_method(method, dtype, z_np, r_np, tol, args):
+    """One timed, AOT-compiled run of ``method`` on ``dtype`` inputs; a record (dict)."""
     n, d = z_np.shape
-    z, r = jnp.asarray(z_np), jnp.asarray(r_np)
+    z, r = jnp.asarray(z_np, dtype), jnp.asarray(r_np, dtype)
     tol_arr = jnp.asarray(tol, z.dtype)
-    rec = {"n": n, "d": d, "method": method, "tol": tol}
+    rec = {"n": n, "d": d, "method": method, "tol": tol, "dtype": jnp.dtype(dtype).name}
     max_it = pairwise.DEFAULT_MAX_ITERATIONS[method]
     if method in ("admm", "dykstra"):
-        mem = edge_memory_gb(n, d)
-        rec["memory_gb_estimate"] = round(mem, 3)
-        if mem > args.memory_gb:
-            rec["status"] = f"skipped: O(n^2 d) edge arrays need ~{mem:.1f} GB > {args.memory_gb} GB"
-            return rec, None
+        rec["memory_gb_estimate"] = round(edge_memory_gb(n, d, jnp.dtype(dtype).itemsize), 3)
         if not args.quick:
             # calibrate the per-iteration cost, then cap the iterations to the time budget
-            cal_it = 20
-            compiled, _ = compile_method(z, r, tol_arr, method, cal_it)
-            _, t_cal = timed_run(compiled, z, r, tol_arr, 1)
-            per_it = t_cal / cal_it
+            # (difference of a 4- and a 12-iteration run: the fixed costs, e.g. the row-space QR,
+            # cancel)
+            t_cal = []
+            for cal_it in (4, 12):
+                compiled, _ = compile_method(z, r, tol_arr, method, cal_it)
+                t_cal.append(timed_run(compiled, z, r, tol_arr, 1)[1])
+            per_it = max(t_cal[1] - t_cal[0], 0.25 * t_cal[1]) / 8
             cap = int(args.time_budget / max(per_it, 1e-9))
             if cap < max_it:
-                max_it = max(cap, 50)
+                max_it = max(cap, 10)
                 rec["iteration_cap_from_time_budget"] = max_it
     compiled, t_compile = compile_method(z, r, tol_arr, method, max_it)
-    jax.block_until_ready(compiled(z, r, tol_arr, None))           # warm-up
     out, t_run = timed_run(compiled, z, r, tol_arr, args.repeats)
-    theta = np.asarray(out.theta)
+    theta = np.asarray(out.theta, np.float64)
     pre = float(out.primal_residual)
     rec.update({
         "status": "ok",
@@ -169,7 +180,7 @@ def run_method(method, z_np, r_np, tol, args):
         "restoration_shrink": 1.0 - float(out.restoration_scale),
         "method_residual": float(out.dual_residual),
     })
-    return rec, theta
+    return rec
 
 
 # ----------------------------------------------------------------------------------------------
@@ -180,22 +191,61 @@ def fmt(x, spec=".2e"):
 
 
 def markdown(records):
-    head = ("| n | d | method | tol | compile [s] | run [s] | iters | conv | rel. obj. gap "
-            "| viol. before restore (rel) | 1 - a | ADMM / dual | Dykstra / dual |")
-    sep = "|" + "---|" * 13
-    lines = [head, sep]
+    head = ("| n | d | method | dtype | tol | compile [s] | run [s] | iters | conv | rel. obj. gap "
+            "| viol. before restore (rel) | dual at equal accuracy [s] | speed-up of dual |")
+    lines = [head, "|" + "---|" * 13]
     for rec in records:
         if rec.get("status") != "ok":
-            lines.append(f"| {rec['n']} | {rec['d']} | {rec['method']} | {rec['tol']:.0e} | "
-                         f"{rec['status']} | - | - | - | - | - | - | - | - |")
+            lines.append(f"| {rec['n']} | {rec['d']} | {rec['method']} | {rec['dtype']} | "
+                         f"{rec['tol']:.0e} | {rec['status']} |" + " - |" * 7)
             continue
-        viol_pre = rec.get("violation_before_rel")
+        method = rec["method"] + ("" if rec["role"] == "main" else f" ({rec['role']})")
+        speed = "-"
+        if rec.get("speedup_dual_vs_this") is not None:
+            speed = ((">" if rec["speedup_is_lower_bound"] else "")
+                     + format(rec["speedup_dual_vs_this"], ".3g") + "x")
         lines.append(
-            f"| {rec['n']} | {rec['d']} | {rec['method']} | {rec['tol']:.0e} | "
+            f"| {rec['n']} | {rec['d']} | {method} | {rec['dtype']} | {rec['tol']:.0e} | "
             f"{rec['compile_s']:.1f} | {rec['run_s']:.3g} | {rec['iterations']} | "
             f"{'yes' if rec['converged'] else 'NO'} | {fmt(rec.get('gap_vs_best'))} | "
-            f"{fmt(viol_pre)} | {fmt(rec['restoration_shrink'])} | "
-            f"{fmt(rec.get('admm_over_dual'), '.3g')} | {fmt(rec.get('dykstra_over_dual'), '.3g')} |")
+            f"{fmt(rec.get('violation_before_rel'))} | "
+            f"{fmt(rec.get('dual_equal_accuracy_s'), '.3g')} | {speed} |")
+    return "\n".join(lines)
+
+
+def summary_markdown(records):
+    """One row per (n, d): the dual's time at 1e-6 (float64) and 1e-5 (float32), and for ADMM /
+    Dykstra their time, iterations and reached gap with the dual's speed-up at that accuracy."""
+    head = ("| n | d | dual f64, tol 1e-6 [s] | dual f32, tol 1e-5 [s] | ADMM: run [s] / iters / "
+            "rel. gap | dual speed-up at ADMM's accuracy | Dykstra: run [s] / iters / rel. gap "
+            "| dual speed-up at Dykstra's accuracy |")
+    lines = [head, "|" + "---|" * 8]
+    keys = sorted({(r["n"], r["d"]) for r in records}, key=lambda k: (k[1], k[0]))
+    for n, d in keys:
+        group = [r for r in records if (r["n"], r["d"]) == (n, d)]
+
+        def pick(method, dtype=None, role="main"):
+            return next((r for r in group if r["method"] == method and r.get("role") == role
+                         and (dtype is None or r["dtype"] == dtype)), None)
+
+        def base(method):
+            rec = pick(method)
+            if rec is None:
+                return "-", "-"
+            if rec.get("status") != "ok":
+                return rec["status"], "-"
+            conv = "" if rec["converged"] else " (budget)"
+            dt = "" if rec["dtype"] == "float64" else f", {rec['dtype']}"
+            speed = ((">" if rec["speedup_is_lower_bound"] else "")
+                     + format(rec["speedup_dual_vs_this"], ".3g") + "x")
+            return (f"{rec['run_s']:.3g} / {rec['iterations']}{conv} / "
+                    f"{rec['gap_vs_best']:.1e}{dt}", speed)
+
+        d64, d32 = pick("dual", "float64"), pick("dual", "float32")
+        a, a_speed = base("admm")
+        k, k_speed = base("dykstra")
+        lines.append(f"| {n} | {d} | {d64['run_s']:.3g} | {d32['run_s']:.3g} | {a} | {a_speed} "
+                     f"| {k} | {k_speed} |")
     return "\n".join(lines)
 
 
@@ -215,13 +265,25 @@ def main(argv=None):
                         "reports the achieved gap of every run)")
     p.add_argument("--reference-tol", type=float, default=1e-9,
                    help="extra dual run at this tol (a reference point for the objective gap)")
-    p.add_argument("--time-budget", type=float, default=120.0,
+    p.add_argument("--float32-tol", type=float, default=1e-5,
+                   help="extra run of the dual method on float32 inputs at this tol (0: none)")
+    p.add_argument("--time-budget", type=float, default=150.0,
                    help="seconds per ADMM / Dykstra run (iteration cap from a calibration)")
-    p.add_argument("--memory-gb", type=float, default=8.0,
-                   help="skip ADMM / Dykstra when their edge arrays exceed this")
+    p.add_argument("--memory-gb", type=float, default=14.0,
+                   help="ADMM / Dykstra run in float32 when their float64 edge arrays exceed "
+                        "this, and are skipped when the float32 ones do too")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--blas-threads", default="1", help="OpenBLAS threads (set before import)")
+    p.add_argument("--summarize", default=None, metavar="JSON",
+                   help="print the tables of an earlier run's JSON and exit")
     args = p.parse_args(argv)
+    if args.summarize:
+        with open(args.summarize) as f:
+            records = json.load(f)["records"]
+        print(markdown(records))
+        print()
+        print(summary_markdown(records))
+        return records
     grid = QUICK_GRID if args.quick else FULL_GRID
     ns = args.n or grid["n"]
     ds = args.d or grid["d"]
@@ -233,39 +295,77 @@ def main(argv=None):
     for d in ds:
         for n in ns:
             z, r = karula_instance(n, d)
-            runs = [(m, args.tol if m == "dual" else args.baseline_tol) for m in args.methods]
-            if "dual" in args.methods and args.reference_tol:
-                runs.append(("dual", args.reference_tol))
             group = []
-            for method, tol in runs:
-                rec, _ = run_method(method, z, r, tol, args)
+
+            def run(method, dtype, tol, role):
+                rec = run_method(method, dtype, z, r, tol, args)
+                rec["role"] = role
                 group.append(rec)
-                if rec.get("status") == "ok":
-                    # a = min sqrt(r / d2) (minus 4 ulp), so the worst relative violation of the
-                    # iterate before restoration is 1 / a^2 - 1
-                    a = 1.0 - rec["restoration_shrink"]
-                    rec["violation_before_rel"] = max(1.0 / a ** 2 - 1.0, 0.0)
-                    msg = (f"n={n:5d} d={d:6d} {method:8s} tol={tol:.0e} compile "
-                           f"{rec['compile_s']:6.1f}s run {rec['run_s']:9.4f}s it "
-                           f"{rec['iterations']:6d} conv {rec['converged']}")
-                else:
-                    msg = f"n={n:5d} d={d:6d} {method:8s} tol={tol:.0e} {rec['status']}"
-                print(msg, flush=True)
-            ok = [g for g in group if g.get("status") == "ok"]
-            best = min(g["objective"] for g in ok) if ok else None
-            dual = next((g for g in ok if g["method"] == "dual" and g["tol"] == args.tol), None)
-            for g in ok:
-                g["gap_vs_best"] = (g["objective"] - best) / best if best else 0.0
-                if dual is not None and g["tol"] == args.baseline_tol:
-                    if g["method"] == "admm":
-                        g["admm_over_dual"] = g["run_s"] / dual["run_s"]
-                    if g["method"] == "dykstra":
-                        g["dykstra_over_dual"] = g["run_s"] / dual["run_s"]
+                a = 1.0 - rec["restoration_shrink"]
+                # a = min sqrt(r / d2) (minus 4 ulp), so the worst relative violation of the
+                # iterate before restoration is 1 / a^2 - 1
+                rec["violation_before_rel"] = max(1.0 / a ** 2 - 1.0, 0.0)
+                print(f"n={n:5d} d={d:6d} {method:8s} {rec['dtype']:8s} tol={tol:.0e} "
+                      f"compile {rec['compile_s']:6.1f}s run {rec['run_s']:9.4f}s it "
+                      f"{rec['iterations']:6d} conv {rec['converged']} ({role})", flush=True)
+                return rec
+
+            if "dual" in args.methods:
+                run("dual", jnp.float64, args.tol, "main")
+                if args.reference_tol:
+                    run("dual", jnp.float64, args.reference_tol, "reference")
+                if args.float32_tol:
+                    run("dual", jnp.float32, args.float32_tol, "main")
+            baselines = []
+            for method in [m for m in args.methods if m != "dual"]:
+                dtype = jnp.float64
+                if edge_memory_gb(n, d, 8) > args.memory_gb:
+                    dtype = jnp.float32      # the only way ADMM / Dykstra fit in memory here
+                if edge_memory_gb(n, d, jnp.dtype(dtype).itemsize) > args.memory_gb:
+                    group.append({"n": n, "d": d, "method": method, "tol": args.baseline_tol,
+                                  "dtype": "float32", "role": "main", "status": (
+                                      f"skipped: edge arrays need ~"
+                                      f"{edge_memory_gb(n, d, 4):.1f} GB > {args.memory_gb} GB")})
+                    print(f"n={n:5d} d={d:6d} {method:8s} {group[-1]['status']}", flush=True)
+                    continue
+                baselines.append(run(method, dtype, args.baseline_tol, "main"))
+
+            best = min(g["objective"] for g in group if g.get("status") == "ok")
+            for g in group:
+                if g.get("status") == "ok":
+                    g["gap_vs_best"] = (g["objective"] - best) / best if best else 0.0
+            # equal accuracy: the dual, on the same dtype, asked to certify the relative gap the
+            # baseline reached (its certificate bounds the true gap, so its point is at least as
+            # accurate); the speed-up is baseline time / that dual time
+            if "dual" in args.methods:
+                for b in baselines:
+                    floor = 64 * float(jnp.finfo(b["dtype"]).eps)
+                    # the dual certifies (f - f*) / f <= tol; (f - f*) / f* <= g  <=>
+                    # (f - f*) / f <= g / (1 + g)
+                    g = b["gap_vs_best"]
+                    target = max(g / (1.0 + g), args.reference_tol or 1e-9, floor)
+                    eq = run("dual", jnp.dtype(b["dtype"]).type, target,
+                             f"equal accuracy to {b['method']}")
+                    b["_equal_accuracy_run"] = eq
+                    b["dual_equal_accuracy_s"] = eq["run_s"]
+                    b["speedup_dual_vs_this"] = b["run_s"] / eq["run_s"]
+                    b["speedup_is_lower_bound"] = not b["converged"]
+            best = min(g["objective"] for g in group if g.get("status") == "ok")
+            for g in group:            # final gaps against the best point of the whole group
+                if g.get("status") == "ok":
+                    g["gap_vs_best"] = (g["objective"] - best) / best if best else 0.0
+                    g["best_objective"] = best
+            for b in baselines:
+                eq = b.pop("_equal_accuracy_run", None)
+                if eq is not None:
+                    b["dual_equal_accuracy_gap"] = eq["gap_vs_best"]
             records.extend(group)
 
     table = markdown(records)
     print()
     print(table)
+    print()
+    print(summary_markdown(records))
     meta = {
         "benchmark": "projection_scaling",
         "platform": platform.platform(),
@@ -274,7 +374,7 @@ def main(argv=None):
         "load_average_at_end": os.getloadavg() if hasattr(os, "getloadavg") else None,
         "jax": jax.__version__,
         "backend": jax.default_backend(),
-        "dtype": "float64",
+        "dtype": "per record (float32 where float64 edge arrays exceed --memory-gb)",
         "blas_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
         "tol_dual": args.tol,
         "tol_admm_dykstra": args.baseline_tol,
@@ -290,7 +390,7 @@ def main(argv=None):
             json.dump({"meta": meta, "records": records}, f, indent=1)
     if args.markdown_out:
         with open(args.markdown_out, "w") as f:
-            f.write(table + "\n")
+            f.write(summary_markdown(records) + "\n\n" + table + "\n")
     return records
 
 

@@ -321,7 +321,11 @@ def karula(model: Model, *, dissimilarity: Union[str, Any] = "ot",
     backend, chunk_size: execution backend of the participants' gradient evaluations.
 
   Hyper-parameters (a dict argument of ``round``; vmappable): ``eta`` (step size), ``t``
-  (constraint level, ``>= 0``).
+  (constraint level, ``>= 0``). Under ``vmap`` (``sweep``, cross-validation over ``t``) the
+  projection's ``lax.while_loop`` becomes one batched loop that runs until the *slowest* row has
+  converged (the finished rows are frozen, not re-solved), so a sweep round costs about the
+  slowest single run's projection; large and small ``t`` differ most (``t = 0`` and very large
+  ``t`` are solved in a few steps).
   """
   if not isinstance(model, Model):
     raise TypeError(f"model must be a fedjax_dro Model, got {type(model).__name__}")

@@ -97,16 +97,12 @@ FAST_CASES = ([("dual", 10, 5, s) for s in range(4)]
               + [("dual", 12, 40, s) for s in range(4)]        # d > n: Gram-space iteration
               + [("admm", 10, 5, s) for s in range(6)]
               + [("dykstra", 10, 5, s) for s in range(6)])
-SLOW_CASES = ([("dual", 30, 200, s) for s in range(2)]
-              + [("dual", 30, 40, s) for s in range(2)]
-              + [("dual", 25, 15, s) for s in range(3)]
-              + [("dual", 20, 100, s) for s in range(3)]
-              + [("admm", 30, 40, s) for s in range(3)]
-              + [("admm", 20, 15, s) for s in range(4)]
-              + [("admm", 16, 100, s) for s in range(3)]
-              + [("dykstra", 20, 15, s) for s in range(4)]
-              + [("dykstra", 16, 100, s) for s in range(3)]
-              + [("dykstra", 24, 30, s) for s in range(3)])
+# The acceptance grid: 56 further instances (n up to 30, d up to 200, with inactive, r = inf and
+# r = 0 constraints), each solved by *all three* methods and compared with CLARABEL.
+SLOW_SHAPES = [(10, 5), (12, 40), (20, 15), (25, 15), (24, 30), (30, 40), (16, 100), (30, 200)]
+SLOW_SEEDS = range(10, 17)
+SLOW_CASES = [(method, n, d, seed) for (n, d) in SLOW_SHAPES for seed in SLOW_SEEDS
+              for method in ("dual", "admm", "dykstra")]
 TOL = {"dual": 1e-9, "admm": 1e-9, "dykstra": 1e-7}
 KKT_TOL = {"dual": 1e-6, "admm": 1e-5, "dykstra": 1e-5}
 
@@ -141,6 +137,13 @@ def test_matches_cvxpy(method, n, d, seed):
 @pytest.mark.parametrize("method,n,d,seed", SLOW_CASES)
 def test_matches_cvxpy_large(method, n, d, seed):
     check_against_cvxpy(method, n, d, seed)
+
+
+def test_acceptance_grid_has_50_instances_for_every_method():
+    for method in ("dual", "admm", "dykstra"):
+        instances = {(n, d, seed) for m, n, d, seed in FAST_CASES + SLOW_CASES if m == method}
+        assert len(instances) >= 50, (method, len(instances))
+    assert max(n for _, n, _, _ in SLOW_CASES) == 30 and max(d for *_, d, _ in SLOW_CASES) == 200
 
 
 def test_instances_exercise_all_constraint_kinds():
@@ -357,6 +360,17 @@ def test_float32_input(method):
     assert_feasible(np.asarray(out.theta, np.float64), r, rtol=1e-5)
     rel = (objective(out.theta, z) - cvxpy_solution(0, 10, 5)) / cvxpy_solution(0, 10, 5)
     assert abs(rel) < 1e-3
+
+
+def test_tolerance_below_float32_precision_is_floored_not_chased():
+    """A float32 input with tol = 1e-12 stops at the 64-ulp floor (~7.6e-6) and says converged,
+    instead of running to the iteration cap."""
+    z, r = make_instance(0, 10, 5)
+    out = project_pairwise(z.astype(np.float32), r.astype(np.float32), tol=1e-12)
+    assert bool(out.converged) and int(out.iterations) < 200
+    assert float(out.dual_residual) <= 64 * np.finfo(np.float32).eps
+    rel = (objective(out.theta, z) - cvxpy_solution(0, 10, 5)) / cvxpy_solution(0, 10, 5)
+    assert abs(rel) < 1e-4
 
 
 @pytest.mark.slow

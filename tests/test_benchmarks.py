@@ -1,0 +1,37 @@
+"""Smoke tests of the benchmark scripts on tiny grids (their logic, not their timings)."""
+import importlib.util
+import json
+import pathlib
+
+import numpy as np
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _load(name):
+  spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+@pytest.mark.slow
+def test_projection_scaling_quick_grid(tmp_path):
+  bench = _load("projection_scaling")
+  out = tmp_path / "p.json"
+  records = bench.main(["--quick", "--n", "8", "--d", "12", "--out", str(out),
+                        "--markdown-out", str(tmp_path / "p.md")])
+  roles = [(r["method"], r["role"]) for r in records]
+  assert ("dual", "reference") in roles and ("admm", "main") in roles
+  best = min(r["objective"] for r in records)
+  for r in records:
+    assert r["status"] == "ok" and r["violation_returned_rel"] <= 1e-9
+    np.testing.assert_allclose(r["gap_vs_best"], (r["objective"] - best) / best, rtol=1e-12)
+  for b in (r for r in records if r["method"] in ("admm", "dykstra")):
+    # the equal-accuracy dual run is at least as accurate as the baseline it is compared with
+    assert b["dual_equal_accuracy_gap"] <= b["gap_vs_best"] + 1e-9
+    assert b["speedup_dual_vs_this"] == pytest.approx(b["run_s"] / b["dual_equal_accuracy_s"])
+  saved = json.loads(out.read_text())
+  assert len(saved["records"]) == len(records)
+  assert "speed-up of dual" in (tmp_path / "p.md").read_text()
