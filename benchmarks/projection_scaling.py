@@ -33,8 +33,9 @@ machine OpenBLAS worker threads fight XLA's threads and slow factorisations down
 so this script pins OpenBLAS to ``--blas-threads`` (default 1) *before* importing NumPy / JAX.
 
     python benchmarks/projection_scaling.py                  # full grid (~30 min, 2 cores)
-    python benchmarks/projection_scaling.py --quick          # tiny grid (CI smoke, < 1 min)
+    python benchmarks/projection_scaling.py --quick          # tiny grid (smoke test, < 1 min)
     python benchmarks/projection_scaling.py --out results.json
+    python benchmarks/projection_scaling.py --summarize benchmarks/results/projection_scaling.json
 """
 from __future__ import annotations
 
