@@ -25,12 +25,11 @@ from typing import Any, NamedTuple
 
 import jax.numpy as jnp
 
-from fedjax_dro.algorithms.base import (Algorithm, HParam, backend_for, check_data_matches,
+from fedjax_dro.algorithms.base import (Algorithm, HParam, check_data_matches,
                                         common_settings, participants, register)
-from fedjax_dro.algorithms.qffl import full_losses
 from fedjax_dro.algorithms.scaff_pd import _float_dtype, initial_lambda
 from fedjax_dro.core.aggregation import tree_add, weighted_mean
-from fedjax_dro.core.local import local_round
+from fedjax_dro.core.local import local_round, participant_losses
 
 
 class AgnosticFedAvgState(NamedTuple):
@@ -61,8 +60,7 @@ def agnostic_fedavg(model, *, clients_per_round=None, local_steps=10, batch_size
     n = data.num_clients
     check_data_matches(data, state.lam.shape[0])
     update = local_round(model, settings, state.params, data, key, hparams["client_lr"])
-    losses = full_losses(model, state.params, data.take_clients(update.idx),
-                         backend_for(settings, state.params), settings.chunk_size)
+    losses = participant_losses(model, settings, state.params, data, update.idx)
     params = tree_add(state.params, weighted_mean(update.deltas, state.lam[update.idx]),
                       hparams["server_lr"])
     domain_loss = jnp.zeros((n,), state.lam.dtype).at[update.idx].set(losses)

@@ -22,13 +22,11 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fedjax_dro.algorithms.base import (Algorithm, HParam, backend_for, check_data_matches,
+from fedjax_dro.algorithms.base import (Algorithm, HParam, check_data_matches,
                                         common_settings, participants, register)
 from fedjax_dro.algorithms.scaff_pd import _float_dtype
 from fedjax_dro.core.aggregation import tree_add, tree_sq_norm, weighted_sum
-from fedjax_dro.core.clients import map_clients
-from fedjax_dro.core.local import local_round
-from fedjax_dro.models.base import client_loss
+from fedjax_dro.core.local import local_round, participant_losses
 
 LOSS_EPS = 1e-10   # F_k + LOSS_EPS in the powers (reference implementation)
 
@@ -37,12 +35,6 @@ class QFFLState(NamedTuple):
   params: Any          # w, the global model
   lam: jnp.ndarray     # [n] F_k^q / sum F^q of the last round's participants (0 elsewhere)
   round: jnp.ndarray   # [] int32
-
-
-def full_losses(model, params, clients, backend, chunk_size):
-  """``[s]`` full-data objectives f_k(params) of the gathered clients."""
-  return map_clients(lambda xd, yd, md: client_loss(model, params, xd, yd, md),
-                     clients.x, clients.y, clients.mask, backend=backend, chunk_size=chunk_size)
 
 
 @register("qffl", "q-FFL / q-FedAvg (Li 2020): losses^q-weighted updates for fairness", family="dro")
@@ -65,8 +57,7 @@ def qffl(model, *, clients_per_round=None, local_steps=10, batch_size=None, back
     n = data.num_clients
     check_data_matches(data, state.lam.shape[0])
     update = local_round(model, settings, state.params, data, key, hparams["client_lr"])
-    losses = full_losses(model, state.params, data.take_clients(update.idx),
-                         backend_for(settings, state.params), settings.chunk_size)
+    losses = participant_losses(model, settings, state.params, data, update.idx)
     q, L = hparams["q"], hparams["L"]
     f = losses + LOSS_EPS
     fq = f ** q

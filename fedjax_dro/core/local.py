@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from fedjax_dro.core.clients import map_clients, map_clients_weighted_sum
 from fedjax_dro.core.sampling import sample_clients
 from fedjax_dro.core.settings import aggregation_weights, backend_for, participants
-from fedjax_dro.models.base import Model, client_loss_and_grad
+from fedjax_dro.models.base import Model, client_loss, client_loss_and_grad
 
 
 def local_sgd(model: Model, params, x, y, num_examples, key, *, num_steps: int,
@@ -112,6 +112,18 @@ def local_round(model: Model, settings, params, data, key, lr, *, client_params=
     deltas, losses = run_clients(client_update, clients, keys, starts, rows, backend=backend,
                                  chunk_size=settings.chunk_size)
   return LocalRound(idx, deltas, weights, losses, clients.num_examples)
+
+
+def participant_losses(model: Model, settings, params, data, idx):
+  """``[s]`` full-data losses ``f_k(params)`` of the clients ``idx`` at the model ``params``.
+
+  The loss weights of q-FFL and AgnosticFedAvg (each participant's objective at the model it
+  received), evaluated with the settings' backend.
+  """
+  clients = data.take_clients(idx)
+  return map_clients(lambda xd, yd, md: client_loss(model, params, xd, yd, md),
+                     clients.x, clients.y, clients.mask, backend=backend_for(settings, params),
+                     chunk_size=settings.chunk_size)
 
 
 def round_metrics(update: LocalRound) -> dict:
