@@ -57,9 +57,7 @@ def afl(model, *, psi: str = "chi2", clients_per_round=None, batch_size=None, ba
                              weighting="uniform")
   hparam_specs = {"lr_w": HParam(0.1, "primal gradient step size"),
                   "lr_lambda": HParam(0.1, "dual (projected ascent) step size"),
-                  **psi_hparams(psi)}
-  if psi == "chi2":
-    hparam_specs["rho"] = hparam_specs["rho"]._replace(default=0.0)
+                  **psi_hparams(psi, rho_default=0.0)}
 
   def init(params, data, key):
     del key

@@ -92,9 +92,7 @@ def drfa(model, *, psi: str = "chi2", prox: bool = False, sampling: str = "lambd
                              weighting="uniform")
   hparam_specs = {"client_lr": HParam(0.05, "local SGD step size eta"),
                   "gamma": HParam(0.01, "dual step size gamma (the dual step is gamma * tau)"),
-                  **psi_hparams(psi)}
-  if psi == "chi2":
-    hparam_specs["rho"] = hparam_specs["rho"]._replace(default=0.0)
+                  **psi_hparams(psi, rho_default=0.0)}
   tau = settings.local_steps
 
   def init(params, data, key):

@@ -77,10 +77,11 @@ class ScaffPDState(NamedTuple):
   round: jnp.ndarray          # [] int32 rounds done
 
 
-def psi_hparams(psi: str) -> dict:
-  """The hyper-parameter of each psi (shared by the DRO algorithms)."""
+def psi_hparams(psi: str, rho_default: float = 0.1) -> dict:
+  """The hyper-parameter of each psi (shared by the DRO algorithms); ``rho_default`` is the
+  default chi^2 strength (AFL and DRFA use 0, their papers' unregularized problem)."""
   if psi == "chi2":
-    return {"rho": HParam(0.1, "chi^2 penalty strength rho (0 = AFL, large = ERM)", minimum=0.0,
+    return {"rho": HParam(rho_default, "chi^2 penalty strength rho (0 = AFL, large = ERM)", minimum=0.0,
                           strict=False)}
   if psi == "cvar":
     return {"alpha": HParam(0.5, "CVaR level alpha: Lambda = {simplex, lambda_i <= 1/(alpha n)}",
