@@ -75,11 +75,11 @@ the couplings or the embeddings.
 
 Tested with ott-jax 0.6.0 and jax 0.10.2 (float64 and float32).
 """
+
 from __future__ import annotations
 
 import functools
 import math
-import warnings
 from typing import Literal, NamedTuple, Optional, Sequence, Tuple
 
 import jax
@@ -90,19 +90,15 @@ from ott.problems.linear import linear_problem
 from ott.solvers.linear import acceleration, sinkhorn
 
 __all__ = [
-    "NORMS",
-    "COSTS",
-    "ConvergenceReport",
-    "DissimilarityOutput",
-    "SinkhornConvergenceError",
-    "SinkhornConvergenceWarning",
-    "client_point_clouds",
-    "reference_set",
-    "ot_embeddings",
-    "pairwise_embedding_distances",
-    "dissimilarities",
-    "dissimilarity_matrix",
-    "validate_dissimilarity",
+  "NORMS",
+  "COSTS",
+  "ConvergenceReport",
+  "DissimilarityOutput",
+  "SinkhornConvergenceError",
+  "SinkhornConvergenceWarning",
+  "client_point_clouds",
+  "reference_set",
+  "ot_embeddings",
 ]
 
 NORMS: Tuple[str, ...] = ("w1", "l1", "w2")
@@ -117,51 +113,51 @@ DEFAULT_MAX_ITERATIONS = 5000
 
 
 class ConvergenceReport(NamedTuple):
-    """Per-client convergence of the Sinkhorn solves (all arrays have a leading client axis).
+  """Per-client convergence of the Sinkhorn solves (all arrays have a leading client axis).
 
-    Attributes:
-      converged: ``[n] bool`` -- ott's ``converged`` flag (no NaN, last marginal error below
-        ``threshold``) and finite embedding.
-      errors: ``[n]`` -- last computed marginal error (l1 deviation of the coupling's column
-        marginal from the client weights; the row marginal is exact after the last update).
-      n_iters: ``[n] int`` -- Sinkhorn iterations run.
-      epsilon: scalar -- absolute entropic regularization used (same for all clients).
-      threshold: the convergence threshold used.
-    """
+  Attributes:
+    converged: ``[n] bool`` -- ott's ``converged`` flag (no NaN, last marginal error below
+      ``threshold``) and finite embedding.
+    errors: ``[n]`` -- last computed marginal error (l1 deviation of the coupling's column
+      marginal from the client weights; the row marginal is exact after the last update).
+    n_iters: ``[n] int`` -- Sinkhorn iterations run.
+    epsilon: scalar -- absolute entropic regularization used (same for all clients).
+    threshold: the convergence threshold used.
+  """
 
-    converged: jax.Array
-    errors: jax.Array
-    n_iters: jax.Array
-    epsilon: jax.Array
-    threshold: float
+  converged: jax.Array
+  errors: jax.Array
+  n_iters: jax.Array
+  epsilon: jax.Array
+  threshold: float
 
 
 class DissimilarityOutput(NamedTuple):
-    """Result of :func:`dissimilarities`.
+  """Result of :func:`dissimilarities`.
 
-    Attributes:
-      matrix: ``[n, n]`` dissimilarities ``D`` (symmetric, zero diagonal, nonnegative).
-      embeddings: ``[n, N0, p]`` LOT embeddings ``Phi_i = (T_i - X0) / sqrt(N0)``.
-      reference: ``[N0, p]`` reference set ``X0`` (in point-cloud, i.e. standardized, units).
-      converged: ``[n] bool`` per-client Sinkhorn convergence flags.
-      errors: ``[n]`` per-client final Sinkhorn marginal errors.
-      report: the full :class:`ConvergenceReport` (iterations, absolute epsilon, threshold).
-    """
+  Attributes:
+    matrix: ``[n, n]`` dissimilarities ``D`` (symmetric, zero diagonal, nonnegative).
+    embeddings: ``[n, N0, p]`` LOT embeddings ``Phi_i = (T_i - X0) / sqrt(N0)``.
+    reference: ``[N0, p]`` reference set ``X0`` (in point-cloud, i.e. standardized, units).
+    converged: ``[n] bool`` per-client Sinkhorn convergence flags.
+    errors: ``[n]`` per-client final Sinkhorn marginal errors.
+    report: the full :class:`ConvergenceReport` (iterations, absolute epsilon, threshold).
+  """
 
-    matrix: jax.Array
-    embeddings: jax.Array
-    reference: jax.Array
-    converged: jax.Array
-    errors: jax.Array
-    report: Optional[ConvergenceReport] = None
+  matrix: jax.Array
+  embeddings: jax.Array
+  reference: jax.Array
+  converged: jax.Array
+  errors: jax.Array
+  report: Optional[ConvergenceReport] = None
 
 
 class SinkhornConvergenceError(RuntimeError):
-    """Raised when at least one client's Sinkhorn solve did not converge."""
+  """Raised when at least one client's Sinkhorn solve did not converge."""
 
 
 class SinkhornConvergenceWarning(RuntimeWarning):
-    """Warned (``on_nonconvergence="warn"``) when a client's Sinkhorn solve did not converge."""
+  """Warned (``on_nonconvergence="warn"``) when a client's Sinkhorn solve did not converge."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -170,110 +166,105 @@ class SinkhornConvergenceWarning(RuntimeWarning):
 
 
 def _float_dtype():
-    return jnp.result_type(float)  # float64 when jax_enable_x64 is on, else float32
+  return jnp.result_type(float)  # float64 when jax_enable_x64 is on, else float32
 
 
 def _as_float_array(value, name: str) -> np.ndarray:
-    if value is None:
-        raise TypeError(f"`{name}` must be an array, got None.")
-    try:
-        arr = np.asarray(value)
-    except Exception as exc:  # pragma: no cover - exotic inputs
-        raise TypeError(f"`{name}` must be array-like, got {type(value).__name__}.") from exc
-    if arr.dtype == object or not (
-        np.issubdtype(arr.dtype, np.number) or np.issubdtype(arr.dtype, np.bool_)
-    ):
-        raise TypeError(f"`{name}` must be a numeric array, got dtype {arr.dtype}.")
-    if np.iscomplexobj(arr):
-        raise TypeError(f"`{name}` must be real, got dtype {arr.dtype}.")
-    return arr
+  if value is None:
+    raise TypeError(f"`{name}` must be an array, got None.")
+  try:
+    arr = np.asarray(value)
+  except Exception as exc:  # pragma: no cover - exotic inputs
+    raise TypeError(f"`{name}` must be array-like, got {type(value).__name__}.") from exc
+  if arr.dtype == object or not (
+    np.issubdtype(arr.dtype, np.number) or np.issubdtype(arr.dtype, np.bool_)
+  ):
+    raise TypeError(f"`{name}` must be a numeric array, got dtype {arr.dtype}.")
+  if np.iscomplexobj(arr):
+    raise TypeError(f"`{name}` must be real, got dtype {arr.dtype}.")
+  return arr
 
 
 def _check_mask(mask, n_clients: int, m_max: int, name: str = "mask") -> np.ndarray:
-    if mask is None:
-        raise TypeError(f"`{name}` must be a boolean array of shape [n_clients, m_max], got None.")
-    m = np.asarray(mask)
-    if m.dtype != np.bool_:
-        if np.issubdtype(m.dtype, np.number) and np.all((m == 0) | (m == 1)):
-            m = m.astype(bool)
-        else:
-            raise TypeError(
-                f"`{name}` must be a boolean array (padded rows False), got dtype {m.dtype}."
-            )
-    if m.shape != (n_clients, m_max):
-        raise ValueError(
-            f"`{name}` must have shape [n_clients, m_max] = {(n_clients, m_max)}, got {m.shape}."
-        )
-    counts = m.sum(axis=1)
-    empty = np.flatnonzero(counts == 0)
-    if empty.size:
-        raise ValueError(
-            f"`{name}`: clients {empty.tolist()} have no valid rows (empty clients); every client "
-            "needs at least one example to define its empirical distribution."
-        )
-    return m
+  if mask is None:
+    raise TypeError(f"`{name}` must be a boolean array of shape [n_clients, m_max], got None.")
+  m = np.asarray(mask)
+  if m.dtype != np.bool_:
+    if np.issubdtype(m.dtype, np.number) and np.all((m == 0) | (m == 1)):
+      m = m.astype(bool)
+    else:
+      raise TypeError(f"`{name}` must be a boolean array (padded rows False), got dtype {m.dtype}.")
+  if m.shape != (n_clients, m_max):
+    raise ValueError(
+      f"`{name}` must have shape [n_clients, m_max] = {(n_clients, m_max)}, got {m.shape}."
+    )
+  counts = m.sum(axis=1)
+  empty = np.flatnonzero(counts == 0)
+  if empty.size:
+    raise ValueError(
+      f"`{name}`: clients {empty.tolist()} have no valid rows (empty clients); every client "
+      "needs at least one example to define its empirical distribution."
+    )
+  return m
 
 
 def _check_finite_rows(arr: np.ndarray, mask: np.ndarray, name: str) -> None:
-    valid = arr[mask]
-    if not np.all(np.isfinite(valid)):
-        bad = np.unique(np.nonzero(~np.isfinite(arr) & _expand(mask, arr.ndim))[0])
-        raise ValueError(
-            f"`{name}` contains NaN or infinite values in valid (unmasked) rows of clients "
-            f"{bad.tolist()}."
-        )
+  valid = arr[mask]
+  if not np.all(np.isfinite(valid)):
+    bad = np.unique(np.nonzero(~np.isfinite(arr) & _expand(mask, arr.ndim))[0])
+    raise ValueError(
+      f"`{name}` contains NaN or infinite values in valid (unmasked) rows of clients "
+      f"{bad.tolist()}."
+    )
 
 
 def _expand(mask: np.ndarray, ndim: int) -> np.ndarray:
-    return mask.reshape(mask.shape + (1,) * (ndim - mask.ndim))
+  return mask.reshape(mask.shape + (1,) * (ndim - mask.ndim))
 
 
 def _check_choice(value, name: str, options: Sequence[str]) -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"`{name}` must be one of {list(options)}, got {value!r}.")
-    if value not in options:
-        raise ValueError(f"Unknown `{name}`={value!r}; expected one of {list(options)}.")
-    return value
+  if not isinstance(value, str):
+    raise TypeError(f"`{name}` must be one of {list(options)}, got {value!r}.")
+  if value not in options:
+    raise ValueError(f"Unknown `{name}`={value!r}; expected one of {list(options)}.")
+  return value
 
 
 def _check_positive(value, name: str, *, integer: bool = False, allow_zero: bool = False):
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        kind = "an integer" if integer else "a number"
-        raise TypeError(f"`{name}` must be {kind}, got {value!r}.")
-    if integer and not float(value).is_integer():
-        raise TypeError(f"`{name}` must be an integer, got {value!r}.")
-    if not math.isfinite(float(value)) or (value < 0 if allow_zero else value <= 0):
-        raise ValueError(
-            f"`{name}` must be {'nonnegative' if allow_zero else 'positive'} and finite, "
-            f"got {value!r}."
-        )
-    return int(value) if integer else float(value)
+  if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+    kind = "an integer" if integer else "a number"
+    raise TypeError(f"`{name}` must be {kind}, got {value!r}.")
+  if integer and not float(value).is_integer():
+    raise TypeError(f"`{name}` must be an integer, got {value!r}.")
+  if not math.isfinite(float(value)) or (value < 0 if allow_zero else value <= 0):
+    raise ValueError(
+      f"`{name}` must be {'nonnegative' if allow_zero else 'positive'} and finite, got {value!r}."
+    )
+  return int(value) if integer else float(value)
 
 
 def _check_points(points, mask, name: str = "points") -> Tuple[np.ndarray, np.ndarray]:
-    pts = _as_float_array(points, name)
-    if pts.ndim != 3:
-        raise ValueError(
-            f"`{name}` must have shape [n_clients, m_max, p], got shape {pts.shape}."
-        )
-    n, m_max, p = pts.shape
-    if n < 1 or m_max < 1 or p < 1:
-        raise ValueError(f"`{name}` must have nonzero dimensions, got shape {pts.shape}.")
-    msk = _check_mask(mask, n, m_max)
-    _check_finite_rows(pts, msk, name)
-    return pts, msk
+  pts = _as_float_array(points, name)
+  if pts.ndim != 3:
+    raise ValueError(f"`{name}` must have shape [n_clients, m_max, p], got shape {pts.shape}.")
+  n, m_max, p = pts.shape
+  if n < 1 or m_max < 1 or p < 1:
+    raise ValueError(f"`{name}` must have nonzero dimensions, got shape {pts.shape}.")
+  msk = _check_mask(mask, n, m_max)
+  _check_finite_rows(pts, msk, name)
+  return pts, msk
 
 
 def _check_reference(reference, p: int, name: str = "reference") -> np.ndarray:
-    ref = _as_float_array(reference, name)
-    if ref.ndim != 2 or ref.shape[1] != p or ref.shape[0] < 1:
-        raise ValueError(
-            f"`{name}` must have shape [N0, p] with p = {p} (the point-cloud dimension), got "
-            f"shape {ref.shape}."
-        )
-    if not np.all(np.isfinite(ref)):
-        raise ValueError(f"`{name}` contains NaN or infinite values.")
-    return ref
+  ref = _as_float_array(reference, name)
+  if ref.ndim != 2 or ref.shape[1] != p or ref.shape[0] < 1:
+    raise ValueError(
+      f"`{name}` must have shape [N0, p] with p = {p} (the point-cloud dimension), got "
+      f"shape {ref.shape}."
+    )
+  if not np.all(np.isfinite(ref)):
+    raise ValueError(f"`{name}` contains NaN or infinite values.")
+  return ref
 
 
 # --------------------------------------------------------------------------------------------
@@ -282,122 +273,123 @@ def _check_reference(reference, p: int, name: str = "reference") -> np.ndarray:
 
 
 def client_point_clouds(
-    x,
-    y,
-    mask,
-    *,
-    include_response: bool = True,
-    standardize: bool = True,
+  x,
+  y,
+  mask,
+  *,
+  include_response: bool = True,
+  standardize: bool = True,
 ) -> Tuple[jax.Array, jax.Array]:
-    """Turns padded client data into point clouds for OT.
+  """Turns padded client data into point clouds for OT.
 
-    Args:
-      x: ``[n_clients, m_max, *feature_shape]`` features (trailing feature axes are flattened).
-      y: ``[n_clients, m_max]`` responses (reshaped to one column; integer class labels are used
-        as one numeric column -- pass one-hot labels ``[n_clients, m_max, k]`` to get ``k``
-        columns), or ``[n_clients, m_max, *label_shape]`` (flattened).  Ignored, and may be
-        ``None``, when ``include_response=False``.
-      mask: ``[n_clients, m_max]`` bool, ``False`` on padded rows.
-      include_response: concatenate the response columns to the features (the paper's data
-        metric is on (features, response) pairs).
-      standardize: subtract the pooled mean and divide by the pooled (population) standard
-        deviation of every column, both computed over the valid rows of all clients only.
-        Constant columns are only centered.
+  Args:
+    x: ``[n_clients, m_max, *feature_shape]`` features (trailing feature axes are flattened).
+    y: ``[n_clients, m_max]`` responses (reshaped to one column; integer class labels are used
+      as one numeric column -- pass one-hot labels ``[n_clients, m_max, k]`` to get ``k``
+      columns), or ``[n_clients, m_max, *label_shape]`` (flattened).  Ignored, and may be
+      ``None``, when ``include_response=False``.
+    mask: ``[n_clients, m_max]`` bool, ``False`` on padded rows.
+    include_response: concatenate the response columns to the features (the paper's data
+      metric is on (features, response) pairs).
+    standardize: subtract the pooled mean and divide by the pooled (population) standard
+      deviation of every column, both computed over the valid rows of all clients only.
+      Constant columns are only centered.
 
-    Returns:
-      ``(points, mask)``: ``points`` ``[n_clients, m_max, p]`` (padded rows set to 0) in the
-      default float dtype, and ``mask`` as a bool ``jax.Array``.
-    """
-    xa = _as_float_array(x, "x")
-    if xa.ndim < 3:
-        raise ValueError(
-            f"`x` must have shape [n_clients, m_max, n_features, ...], got shape {xa.shape}."
-        )
-    n, m_max = xa.shape[:2]
-    if n < 1 or m_max < 1:
-        raise ValueError(f"`x` must have at least one client and one row, got shape {xa.shape}.")
-    msk = _check_mask(mask, n, m_max)
-    xa = xa.reshape(n, m_max, -1)
-    if xa.shape[-1] < 1:
-        raise ValueError(f"`x` must have at least one feature, got shape {xa.shape}.")
-    _check_finite_rows(xa, msk, "x")
-    cols = [xa.astype(np.float64)]
-    if include_response:
-        if y is None:
-            raise ValueError("`y` is None but include_response=True; pass y or set "
-                             "include_response=False.")
-        ya = _as_float_array(y, "y")
-        if ya.shape[:2] != (n, m_max):
-            raise ValueError(
-                f"`y` must have shape [n_clients, m_max] or [n_clients, m_max, k] with "
-                f"(n_clients, m_max) = {(n, m_max)} matching `x`, got shape {ya.shape}."
-            )
-        ya = ya.reshape(n, m_max, -1)
-        _check_finite_rows(ya, msk, "y")
-        cols.append(ya.astype(np.float64))
-    pts = np.concatenate(cols, axis=-1)
-    pts = np.where(msk[..., None], pts, 0.0)
-    if standardize:
-        valid = pts[msk]  # [N_total, p]
-        mean = valid.mean(axis=0)
-        std = valid.std(axis=0)
-        scale = np.where(std > 0, std, 1.0)
-        pts = np.where(msk[..., None], (pts - mean) / scale, 0.0)
-    return jnp.asarray(pts, dtype=_float_dtype()), jnp.asarray(msk)
+  Returns:
+    ``(points, mask)``: ``points`` ``[n_clients, m_max, p]`` (padded rows set to 0) in the
+    default float dtype, and ``mask`` as a bool ``jax.Array``.
+  """
+  xa = _as_float_array(x, "x")
+  if xa.ndim < 3:
+    raise ValueError(
+      f"`x` must have shape [n_clients, m_max, n_features, ...], got shape {xa.shape}."
+    )
+  n, m_max = xa.shape[:2]
+  if n < 1 or m_max < 1:
+    raise ValueError(f"`x` must have at least one client and one row, got shape {xa.shape}.")
+  msk = _check_mask(mask, n, m_max)
+  xa = xa.reshape(n, m_max, -1)
+  if xa.shape[-1] < 1:
+    raise ValueError(f"`x` must have at least one feature, got shape {xa.shape}.")
+  _check_finite_rows(xa, msk, "x")
+  cols = [xa.astype(np.float64)]
+  if include_response:
+    if y is None:
+      raise ValueError(
+        "`y` is None but include_response=True; pass y or set include_response=False."
+      )
+    ya = _as_float_array(y, "y")
+    if ya.shape[:2] != (n, m_max):
+      raise ValueError(
+        f"`y` must have shape [n_clients, m_max] or [n_clients, m_max, k] with "
+        f"(n_clients, m_max) = {(n, m_max)} matching `x`, got shape {ya.shape}."
+      )
+    ya = ya.reshape(n, m_max, -1)
+    _check_finite_rows(ya, msk, "y")
+    cols.append(ya.astype(np.float64))
+  pts = np.concatenate(cols, axis=-1)
+  pts = np.where(msk[..., None], pts, 0.0)
+  if standardize:
+    valid = pts[msk]  # [N_total, p]
+    mean = valid.mean(axis=0)
+    std = valid.std(axis=0)
+    scale = np.where(std > 0, std, 1.0)
+    pts = np.where(msk[..., None], (pts - mean) / scale, 0.0)
+  return jnp.asarray(pts, dtype=_float_dtype()), jnp.asarray(msk)
 
 
 def _pooled_moments(points: jax.Array, mask: jax.Array) -> Tuple[jax.Array, jax.Array]:
-    w = mask.astype(points.dtype)[..., None]
-    total = jnp.sum(w)
-    mean = jnp.sum(points * w, axis=(0, 1)) / total
-    centered = (points - mean) * w
-    cov = jnp.einsum("nmi,nmj->ij", centered, centered) / total
-    return mean, cov
+  w = mask.astype(points.dtype)[..., None]
+  total = jnp.sum(w)
+  mean = jnp.sum(points * w, axis=(0, 1)) / total
+  centered = (points - mean) * w
+  cov = jnp.einsum("nmi,nmj->ij", centered, centered) / total
+  return mean, cov
 
 
 def reference_set(
-    key,
-    points,
-    mask,
-    num_reference: int = DEFAULT_NUM_REFERENCE,
-    method: Literal["gaussian", "pooled"] = "gaussian",
+  key,
+  points,
+  mask,
+  num_reference: int = DEFAULT_NUM_REFERENCE,
+  method: Literal["gaussian", "pooled"] = "gaussian",
 ) -> jax.Array:
-    """Draws the reference set ``X0`` (``[num_reference, p]``) in the point-cloud space.
+  """Draws the reference set ``X0`` (``[num_reference, p]``) in the point-cloud space.
 
-    Args:
-      key: a ``jax.random`` key.
-      points: ``[n_clients, m_max, p]`` point clouds (e.g. from :func:`client_point_clouds`).
-      mask: ``[n_clients, m_max]`` bool.
-      num_reference: ``N0``.
-      method: ``"gaussian"``: i.i.d. draws from ``N(m, S)`` with ``m``, ``S`` the pooled mean and
-        (population) covariance of all valid rows (a singular ``S`` is fine: the sampler uses its
-        eigendecomposition); ``"pooled"``: a uniform subsample without replacement of the valid
-        rows of all clients (requires ``num_reference <=`` number of valid rows).  Both depend on
-        the valid rows only (not on padding); ``"pooled"`` depends on their order.
+  Args:
+    key: a ``jax.random`` key.
+    points: ``[n_clients, m_max, p]`` point clouds (e.g. from :func:`client_point_clouds`).
+    mask: ``[n_clients, m_max]`` bool.
+    num_reference: ``N0``.
+    method: ``"gaussian"``: i.i.d. draws from ``N(m, S)`` with ``m``, ``S`` the pooled mean and
+      (population) covariance of all valid rows (a singular ``S`` is fine: the sampler uses its
+      eigendecomposition); ``"pooled"``: a uniform subsample without replacement of the valid
+      rows of all clients (requires ``num_reference <=`` number of valid rows).  Both depend on
+      the valid rows only (not on padding); ``"pooled"`` depends on their order.
 
-    A user-supplied reference set can be passed directly to :func:`ot_embeddings` /
-    :func:`dissimilarities` instead; it must live in the same (standardized) space.
-    """
-    pts, msk = _check_points(points, mask)
-    num_reference = _check_positive(num_reference, "num_reference", integer=True)
-    _check_choice(method, "method", _REFERENCE_METHODS)
-    pts = jnp.asarray(np.where(msk[..., None], pts, 0.0), dtype=_float_dtype())
-    if method == "gaussian":
-        mean, cov = _pooled_moments(pts, jnp.asarray(msk))
-        evals, evecs = jnp.linalg.eigh(cov)
-        root = evecs * jnp.sqrt(jnp.clip(evals, 0.0, None))
-        z = jax.random.normal(key, (num_reference, pts.shape[-1]), dtype=pts.dtype)
-        return mean + z @ root.T
-    flat_mask = msk.reshape(-1)
-    total = int(flat_mask.sum())
-    if num_reference > total:
-        raise ValueError(
-            f"`num_reference`={num_reference} exceeds the number of valid rows ({total}) for "
-            "method='pooled'; use a smaller num_reference or method='gaussian'."
-        )
-    ranks = jax.random.choice(key, total, (num_reference,), replace=False)
-    valid_index = np.flatnonzero(flat_mask)  # independent of the amount of padding
-    return pts.reshape(-1, pts.shape[-1])[jnp.asarray(valid_index)[ranks]]
+  A user-supplied reference set can be passed directly to :func:`ot_embeddings` /
+  :func:`dissimilarities` instead; it must live in the same (standardized) space.
+  """
+  pts, msk = _check_points(points, mask)
+  num_reference = _check_positive(num_reference, "num_reference", integer=True)
+  _check_choice(method, "method", _REFERENCE_METHODS)
+  pts = jnp.asarray(np.where(msk[..., None], pts, 0.0), dtype=_float_dtype())
+  if method == "gaussian":
+    mean, cov = _pooled_moments(pts, jnp.asarray(msk))
+    evals, evecs = jnp.linalg.eigh(cov)
+    root = evecs * jnp.sqrt(jnp.clip(evals, 0.0, None))
+    z = jax.random.normal(key, (num_reference, pts.shape[-1]), dtype=pts.dtype)
+    return mean + z @ root.T
+  flat_mask = msk.reshape(-1)
+  total = int(flat_mask.sum())
+  if num_reference > total:
+    raise ValueError(
+      f"`num_reference`={num_reference} exceeds the number of valid rows ({total}) for "
+      "method='pooled'; use a smaller num_reference or method='gaussian'."
+    )
+  ranks = jax.random.choice(key, total, (num_reference,), replace=False)
+  valid_index = np.flatnonzero(flat_mask)  # independent of the amount of padding
+  return pts.reshape(-1, pts.shape[-1])[jnp.asarray(valid_index)[ranks]]
 
 
 # --------------------------------------------------------------------------------------------
@@ -406,416 +398,174 @@ def reference_set(
 
 
 def _cost_fn(cost: str) -> costs.CostFn:
-    return costs.SqEuclidean() if cost == "sqeuclidean" else costs.Euclidean()
+  return costs.SqEuclidean() if cost == "sqeuclidean" else costs.Euclidean()
 
 
 def _client_weights(mask: jax.Array, dtype) -> jax.Array:
-    w = mask.astype(dtype)
-    return w / jnp.sum(w)
+  w = mask.astype(dtype)
+  return w / jnp.sum(w)
 
 
 @functools.partial(jax.jit, static_argnames=("cost", "chunk_size"))
 def _mean_cost(points, mask, reference, cost: str, chunk_size: Optional[int]):
-    """Mean ground cost between the reference and all valid rows of all clients."""
-    cost_fn = _cost_fn(cost)
+  """Mean ground cost between the reference and all valid rows of all clients."""
+  cost_fn = _cost_fn(cost)
 
-    def one(args):
-        x, m = args
-        c = cost_fn.all_pairs(reference, x)  # [N0, m_max]
-        return jnp.sum(jnp.mean(c, axis=0) * m)
+  def one(args):
+    x, m = args
+    c = cost_fn.all_pairs(reference, x)  # [N0, m_max]
+    return jnp.sum(jnp.mean(c, axis=0) * m)
 
-    sums = _map_clients(one, (points, mask), chunk_size)
-    return jnp.sum(sums) / jnp.sum(mask)
+  sums = _map_clients(one, (points, mask), chunk_size)
+  return jnp.sum(sums) / jnp.sum(mask)
 
 
 def _map_clients(fn, xs, chunk_size: Optional[int]):
-    if chunk_size is None:
-        return jax.vmap(fn)(xs)
-    return jax.lax.map(fn, xs, batch_size=chunk_size)
+  if chunk_size is None:
+    return jax.vmap(fn)(xs)
+  return jax.lax.map(fn, xs, batch_size=chunk_size)
 
 
 @functools.partial(
-    jax.jit,
-    static_argnames=(
-        "cost", "max_iterations", "inner_iterations", "chunk_size",
-    )
+  jax.jit,
+  static_argnames=(
+    "cost",
+    "max_iterations",
+    "inner_iterations",
+    "chunk_size",
+  ),
 )
 def _solve_embeddings(
-    points,
-    mask,
-    reference,
-    epsilon,
-    threshold,
-    *,
-    cost: str,
-    max_iterations: int,
-    inner_iterations: int,
-    chunk_size: Optional[int],
+  points,
+  mask,
+  reference,
+  epsilon,
+  threshold,
+  *,
+  cost: str,
+  max_iterations: int,
+  inner_iterations: int,
+  chunk_size: Optional[int],
 ):
-    n0 = reference.shape[0]
-    dtype = points.dtype
-    a0 = jnp.full((n0,), 1.0 / n0, dtype=dtype)
-    solver = sinkhorn.Sinkhorn(
-        threshold=threshold,
-        max_iterations=max_iterations,
-        inner_iterations=inner_iterations,
-        min_iterations=0,
-        implicit_diff=None,  # forward only: no custom VJP to trace (faster compile)
-        momentum=acceleration.Momentum(),  # plain Sinkhorn (no adaptive momentum)
-    )
-    cost_fn = _cost_fn(cost)
+  n0 = reference.shape[0]
+  dtype = points.dtype
+  a0 = jnp.full((n0,), 1.0 / n0, dtype=dtype)
+  solver = sinkhorn.Sinkhorn(
+    threshold=threshold,
+    max_iterations=max_iterations,
+    inner_iterations=inner_iterations,
+    min_iterations=0,
+    implicit_diff=None,  # forward only: no custom VJP to trace (faster compile)
+    momentum=acceleration.Momentum(),  # plain Sinkhorn (no adaptive momentum)
+  )
+  cost_fn = _cost_fn(cost)
 
-    def one(args):
-        x, m = args
-        x = jnp.where(m[:, None], x, 0.0)  # padded rows never touch the arithmetic
-        b = _client_weights(m, dtype)
-        geom = pointcloud.PointCloud(reference, x, cost_fn=cost_fn, epsilon=epsilon)
-        out = solver(linear_problem.LinearProblem(geom, a=a0, b=b))
-        plan = out.matrix  # [N0, m_max]; padded columns are exactly 0
-        t_map = (plan @ x) / a0[:, None]  # barycentric map T_i = (P_i X_i) / a0
-        phi = (t_map - reference) / jnp.sqrt(jnp.asarray(n0, dtype))
-        errs = out.errors
-        n_recorded = jnp.sum(errs != -1)
-        final_err = errs[jnp.maximum(n_recorded - 1, 0)]
-        ok = jnp.logical_and(out.converged, jnp.all(jnp.isfinite(phi)))
-        n_iters = jnp.minimum(n_recorded * inner_iterations, max_iterations)
-        return phi, ok, final_err, n_iters
+  def one(args):
+    x, m = args
+    x = jnp.where(m[:, None], x, 0.0)  # padded rows never touch the arithmetic
+    b = _client_weights(m, dtype)
+    geom = pointcloud.PointCloud(reference, x, cost_fn=cost_fn, epsilon=epsilon)
+    out = solver(linear_problem.LinearProblem(geom, a=a0, b=b))
+    plan = out.matrix  # [N0, m_max]; padded columns are exactly 0
+    t_map = (plan @ x) / a0[:, None]  # barycentric map T_i = (P_i X_i) / a0
+    phi = (t_map - reference) / jnp.sqrt(jnp.asarray(n0, dtype))
+    errs = out.errors
+    n_recorded = jnp.sum(errs != -1)
+    final_err = errs[jnp.maximum(n_recorded - 1, 0)]
+    ok = jnp.logical_and(out.converged, jnp.all(jnp.isfinite(phi)))
+    n_iters = jnp.minimum(n_recorded * inner_iterations, max_iterations)
+    return phi, ok, final_err, n_iters
 
-    return _map_clients(one, (points, mask), chunk_size)
+  return _map_clients(one, (points, mask), chunk_size)
 
 
 def _check_solver_args(
-    epsilon, relative_epsilon, threshold, max_iterations, inner_iterations, cost, chunk_size
+  epsilon, relative_epsilon, threshold, max_iterations, inner_iterations, cost, chunk_size
 ):
-    epsilon = _check_positive(epsilon, "epsilon")
-    threshold = _check_positive(threshold, "threshold")
-    max_iterations = _check_positive(max_iterations, "max_iterations", integer=True)
-    inner_iterations = _check_positive(inner_iterations, "inner_iterations", integer=True)
-    _check_choice(cost, "cost", COSTS)
-    if chunk_size is not None:
-        chunk_size = _check_positive(chunk_size, "chunk_size", integer=True)
-    if not isinstance(relative_epsilon, (bool, np.bool_)):
-        raise TypeError(f"`relative_epsilon` must be a bool, got {relative_epsilon!r}.")
-    return epsilon, threshold, max_iterations, inner_iterations, chunk_size
+  epsilon = _check_positive(epsilon, "epsilon")
+  threshold = _check_positive(threshold, "threshold")
+  max_iterations = _check_positive(max_iterations, "max_iterations", integer=True)
+  inner_iterations = _check_positive(inner_iterations, "inner_iterations", integer=True)
+  _check_choice(cost, "cost", COSTS)
+  if chunk_size is not None:
+    chunk_size = _check_positive(chunk_size, "chunk_size", integer=True)
+  if not isinstance(relative_epsilon, (bool, np.bool_)):
+    raise TypeError(f"`relative_epsilon` must be a bool, got {relative_epsilon!r}.")
+  return epsilon, threshold, max_iterations, inner_iterations, chunk_size
 
 
 def ot_embeddings(
-    points,
-    mask,
-    reference,
-    *,
-    epsilon: float = DEFAULT_EPSILON,
-    relative_epsilon: bool = True,
-    threshold: float = DEFAULT_THRESHOLD,
-    max_iterations: int = DEFAULT_MAX_ITERATIONS,
-    inner_iterations: int = 10,
-    cost: Literal["sqeuclidean", "euclidean"] = "sqeuclidean",
-    chunk_size: Optional[int] = None,
+  points,
+  mask,
+  reference,
+  *,
+  epsilon: float = DEFAULT_EPSILON,
+  relative_epsilon: bool = True,
+  threshold: float = DEFAULT_THRESHOLD,
+  max_iterations: int = DEFAULT_MAX_ITERATIONS,
+  inner_iterations: int = 10,
+  cost: Literal["sqeuclidean", "euclidean"] = "sqeuclidean",
+  chunk_size: Optional[int] = None,
 ) -> Tuple[jax.Array, ConvergenceReport]:
-    """LOT embeddings ``Phi_i = (T_i - X0) / sqrt(N0)`` of every client (one Sinkhorn each).
+  """LOT embeddings ``Phi_i = (T_i - X0) / sqrt(N0)`` of every client (one Sinkhorn each).
 
-    For client ``i`` solves entropic OT between ``a0 = 1/N0`` on ``reference`` and ``b_i``
-    (``1/N_i`` on valid rows, ``0`` on padded rows) with ott-jax, then forms the barycentric map
-    ``T_i = (P_i @ X_i) / a0`` and ``Phi_i = (T_i - X0) / sqrt(N0)`` (Karula, section 3.2).
-    All clients are solved in one jitted program (``vmap``; ``lax.map`` over chunks of
-    ``chunk_size`` clients to bound the ``N0 x m_max`` cost matrices held at once).
+  For client ``i`` solves entropic OT between ``a0 = 1/N0`` on ``reference`` and ``b_i``
+  (``1/N_i`` on valid rows, ``0`` on padded rows) with ott-jax, then forms the barycentric map
+  ``T_i = (P_i @ X_i) / a0`` and ``Phi_i = (T_i - X0) / sqrt(N0)`` (Karula, section 3.2).
+  All clients are solved in one jitted program (``vmap``; ``lax.map`` over chunks of
+  ``chunk_size`` clients to bound the ``N0 x m_max`` cost matrices held at once).
 
-    Args:
-      points: ``[n_clients, m_max, p]`` point clouds (:func:`client_point_clouds`).
-      mask: ``[n_clients, m_max]`` bool.
-      reference: ``[N0, p]`` reference set (:func:`reference_set` or user supplied).
-      epsilon: entropic regularization.  With ``relative_epsilon=True`` (default) a fraction of
-        the mean ground cost between the reference and the pooled valid rows (see module doc);
-        otherwise the absolute value.  Smaller is closer to unregularized OT but slower.
-      relative_epsilon: see ``epsilon``.
-      threshold: Sinkhorn stopping tolerance on the l1 marginal error (weights sum to one).
-      max_iterations: maximum Sinkhorn iterations per client.
-      inner_iterations: iterations between two error evaluations.
-      cost: ``"sqeuclidean"`` (default) or ``"euclidean"`` ground cost (see module doc).
-      chunk_size: ``None`` (vmap all clients) or the number of clients solved at once.
+  Args:
+    points: ``[n_clients, m_max, p]`` point clouds (:func:`client_point_clouds`).
+    mask: ``[n_clients, m_max]`` bool.
+    reference: ``[N0, p]`` reference set (:func:`reference_set` or user supplied).
+    epsilon: entropic regularization.  With ``relative_epsilon=True`` (default) a fraction of
+      the mean ground cost between the reference and the pooled valid rows (see module doc);
+      otherwise the absolute value.  Smaller is closer to unregularized OT but slower.
+    relative_epsilon: see ``epsilon``.
+    threshold: Sinkhorn stopping tolerance on the l1 marginal error (weights sum to one).
+    max_iterations: maximum Sinkhorn iterations per client.
+    inner_iterations: iterations between two error evaluations.
+    cost: ``"sqeuclidean"`` (default) or ``"euclidean"`` ground cost (see module doc).
+    chunk_size: ``None`` (vmap all clients) or the number of clients solved at once.
 
-    Returns:
-      ``(embeddings, report)`` with ``embeddings`` ``[n_clients, N0, p]`` and a
-      :class:`ConvergenceReport`.  This function does not raise on non-convergence: check
-      ``report.converged`` (the higher-level functions do).
-    """
-    pts, msk = _check_points(points, mask)
-    ref = _check_reference(reference, pts.shape[-1])
-    epsilon, threshold, max_iterations, inner_iterations, chunk_size = _check_solver_args(
-        epsilon, relative_epsilon, threshold, max_iterations, inner_iterations, cost, chunk_size
-    )
+  Returns:
+    ``(embeddings, report)`` with ``embeddings`` ``[n_clients, N0, p]`` and a
+    :class:`ConvergenceReport`.  This function does not raise on non-convergence: check
+    ``report.converged`` (the higher-level functions do).
+  """
+  pts, msk = _check_points(points, mask)
+  ref = _check_reference(reference, pts.shape[-1])
+  epsilon, threshold, max_iterations, inner_iterations, chunk_size = _check_solver_args(
+    epsilon, relative_epsilon, threshold, max_iterations, inner_iterations, cost, chunk_size
+  )
 
-    dtype = _float_dtype()
-    pts_j = jnp.asarray(np.where(msk[..., None], pts, 0.0), dtype=dtype)
-    msk_j = jnp.asarray(msk)
-    ref_j = jnp.asarray(ref, dtype=dtype)
-    if relative_epsilon:
-        scale = _mean_cost(pts_j, msk_j, ref_j, cost=cost, chunk_size=chunk_size)
-        if not bool(scale > 0):
-            raise ValueError(
-                "The mean ground cost between `reference` and the client points is 0 (all points "
-                "coincide); relative epsilon is undefined -- pass relative_epsilon=False."
-            )
-        eps_abs = epsilon * scale
-    else:
-        eps_abs = jnp.asarray(epsilon, dtype=dtype)
-    phi, ok, errs, n_iters = _solve_embeddings(
-        pts_j,
-        msk_j,
-        ref_j,
-        eps_abs,
-        jnp.asarray(threshold, dtype=dtype),
-        cost=cost,
-        max_iterations=max_iterations,
-        inner_iterations=inner_iterations,
-        chunk_size=chunk_size,
-    )
-    report = ConvergenceReport(
-        converged=ok, errors=errs, n_iters=n_iters, epsilon=eps_abs, threshold=threshold
-    )
-    return phi, report
-
-
-# --------------------------------------------------------------------------------------------
-# Distances between embeddings.
-# --------------------------------------------------------------------------------------------
-
-
-def _distance_fn(norm: str, n0: int):
-    if norm == "l1":
-        return lambda d: jnp.sum(jnp.abs(d))
-    if norm == "w2":
-        return lambda d: jnp.sqrt(jnp.sum(d * d))
-    inv = 1.0 / math.sqrt(n0)
-    return lambda d: inv * jnp.sum(jnp.sqrt(jnp.sum(d * d, axis=-1)))
-
-
-@functools.partial(jax.jit, static_argnames=("norm",))
-def _pairwise(emb, norm: str):
-    dist = _distance_fn(norm, emb.shape[1])
-
-    def row(phi_i):
-        return jax.vmap(lambda phi_j: dist(phi_i - phi_j))(emb)
-
-    # lax.map over rows keeps memory at O(n N0 p); |a - b| and (a - b)^2 are exactly symmetric.
-    d = jax.lax.map(row, emb)
-    return d * (1.0 - jnp.eye(emb.shape[0], dtype=d.dtype))
-
-
-def pairwise_embedding_distances(embeddings, norm: Literal["w1", "l1", "w2"] = "w1") -> jax.Array:
-    """``D_ij = ||Phi_i - Phi_j||`` for embeddings ``[n, N0, p]`` (see module doc for ``norm``).
-
-    * ``"w1"`` (default): ``(1/sqrt(N0)) sum_k ||Phi_ik - Phi_jk||_2`` (= mean over reference
-      points of ``||T_ik - T_jk||``; W1-like, upper bound on W1 for exact maps).
-    * ``"l1"``: ``sum_{k,l} |Phi_ikl - Phi_jkl|`` (the paper's literal choice).
-    * ``"w2"``: ``||Phi_i - Phi_j||_F`` (W2-like, classical LOT).
-
-    The result is exactly symmetric with an exactly zero diagonal.
-    """
-    _check_choice(norm, "norm", NORMS)
-    emb = _as_float_array(embeddings, "embeddings")
-    if emb.ndim != 3 or min(emb.shape) < 1:
-        raise ValueError(f"`embeddings` must have shape [n_clients, N0, p], got {emb.shape}.")
-    if not np.all(np.isfinite(emb)):
-        raise ValueError("`embeddings` contains NaN or infinite values.")
-    return _pairwise(jnp.asarray(emb, dtype=_float_dtype()), norm=norm)
-
-
-# --------------------------------------------------------------------------------------------
-# High-level API.
-# --------------------------------------------------------------------------------------------
-
-
-def _handle_nonconvergence(report: ConvergenceReport, on_nonconvergence: str) -> None:
-    conv = np.asarray(report.converged)
-    if conv.all():
-        return
-    bad = np.flatnonzero(~conv)
-    errs = np.asarray(report.errors)[bad]
-    iters = np.asarray(report.n_iters)[bad]
-    shown = ", ".join(
-        f"{int(c)} (error {float(e):.3g} after {int(k)} iterations)"
-        for c, e, k in zip(bad[:10], errs[:10], iters[:10])
-    )
-    more = f" and {bad.size - 10} more" if bad.size > 10 else ""
-    msg = (
-        f"Sinkhorn did not converge for {bad.size} of {conv.size} clients: {shown}{more} "
-        f"(threshold {report.threshold:g}, absolute epsilon {float(report.epsilon):.3g}). "
-        "Increase `epsilon` (regularization), `max_iterations`, or `threshold`; check the data "
-        "scale (standardize=True)."
-    )
-    if on_nonconvergence == "raise":
-        raise SinkhornConvergenceError(msg)
-    warnings.warn(msg, SinkhornConvergenceWarning, stacklevel=3)
-
-
-def dissimilarities(
-    x,
-    y,
-    mask,
-    *,
-    key=None,
-    reference=None,
-    num_reference: int = DEFAULT_NUM_REFERENCE,
-    reference_method: Literal["gaussian", "pooled"] = "gaussian",
-    include_response: bool = True,
-    standardize: bool = True,
-    norm: Literal["w1", "l1", "w2"] = "w1",
-    epsilon: float = DEFAULT_EPSILON,
-    relative_epsilon: bool = True,
-    threshold: float = DEFAULT_THRESHOLD,
-    max_iterations: int = DEFAULT_MAX_ITERATIONS,
-    inner_iterations: int = 10,
-    cost: Literal["sqeuclidean", "euclidean"] = "sqeuclidean",
-    chunk_size: Optional[int] = None,
-    on_nonconvergence: Literal["raise", "warn"] = "raise",
-) -> DissimilarityOutput:
-    """Karula's OT-embedding dissimilarities with all intermediate results.
-
-    Pipeline: :func:`client_point_clouds` -> :func:`reference_set` (unless ``reference`` is
-    given) -> :func:`ot_embeddings` -> convergence check -> :func:`pairwise_embedding_distances`.
-
-    Args:
-      x, y, mask: padded client data (see :func:`client_point_clouds`); ``y`` may be ``None``
-        when ``include_response=False``.
-      key: ``jax.random`` key for the reference set; ``None`` means ``jax.random.key(0)``
-        (deterministic).  Unused when ``reference`` is given.
-      reference: optional ``[N0, p]`` user reference set, in the point-cloud space (after the
-        response concatenation and standardization chosen here).
-      num_reference, reference_method: see :func:`reference_set`.
-      include_response, standardize: see :func:`client_point_clouds`.
-      norm: ``"w1"`` (default), ``"l1"`` (paper's literal) or ``"w2"``; see module doc.
-      epsilon, relative_epsilon, threshold, max_iterations, inner_iterations, cost, chunk_size:
-        see :func:`ot_embeddings`.
-      on_nonconvergence: ``"raise"`` (default) raises :class:`SinkhornConvergenceError`,
-        ``"warn"`` warns with :class:`SinkhornConvergenceWarning`; both name the clients.
-
-    Returns:
-      :class:`DissimilarityOutput`.
-    """
-    _check_choice(norm, "norm", NORMS)
-    _check_choice(on_nonconvergence, "on_nonconvergence", _ON_NONCONVERGENCE)
-    _check_choice(reference_method, "reference_method", _REFERENCE_METHODS)
-    _check_solver_args(  # fail fast, before any computation
-        epsilon, relative_epsilon, threshold, max_iterations, inner_iterations, cost, chunk_size
-    )
-    if reference is None:
-        _check_positive(num_reference, "num_reference", integer=True)
-    points, msk = client_point_clouds(
-        x, y, mask, include_response=include_response, standardize=standardize
-    )
-    if reference is None:
-        if key is None:
-            key = jax.random.key(0)
-        reference = reference_set(key, points, msk, num_reference, method=reference_method)
-    else:
-        reference = jnp.asarray(_check_reference(reference, points.shape[-1]), points.dtype)
-    emb, report = ot_embeddings(
-        points,
-        msk,
-        reference,
-        epsilon=epsilon,
-        relative_epsilon=relative_epsilon,
-        threshold=threshold,
-        max_iterations=max_iterations,
-        inner_iterations=inner_iterations,
-        cost=cost,
-        chunk_size=chunk_size,
-    )
-    _handle_nonconvergence(report, on_nonconvergence)
-    finite = np.asarray(jnp.all(jnp.isfinite(emb), axis=(1, 2)))
-    safe_emb = jnp.where(jnp.asarray(finite)[:, None, None], emb, 0.0)  # only reached with "warn"
-    matrix = _pairwise(safe_emb, norm=norm)
-    if not finite.all():
-        matrix = jnp.where(
-            jnp.asarray(finite)[:, None] & jnp.asarray(finite)[None, :], matrix, jnp.nan
-        )
-    return DissimilarityOutput(
-        matrix=matrix,
-        embeddings=emb,
-        reference=jnp.asarray(reference),
-        converged=report.converged,
-        errors=report.errors,
-        report=report,
-    )
-
-
-def dissimilarity_matrix(
-    x,
-    y,
-    mask,
-    *,
-    key=None,
-    reference=None,
-    num_reference: int = DEFAULT_NUM_REFERENCE,
-    norm: Literal["w1", "l1", "w2"] = "w1",
-    epsilon: float = DEFAULT_EPSILON,
-    **kwargs,
-) -> jax.Array:
-    """``D [n_clients, n_clients]``: symmetric, zero diagonal, nonnegative dissimilarities.
-
-    Thin wrapper around :func:`dissimilarities` (same keyword arguments, e.g.
-    ``include_response``, ``standardize``, ``threshold``, ``max_iterations``, ``cost``,
-    ``reference_method``, ``chunk_size``, ``on_nonconvergence="raise"|"warn"``) returning only the
-    matrix.  Default ``norm="w1"``: mean over the reference points of the Euclidean distance
-    between the two clients' barycentric maps -- a W1 surrogate whose scale does not depend on
-    ``N0`` (the paper's literal entrywise ``"l1"`` grows like ``sqrt(N0)``); see module doc.
-    """
-    return dissimilarities(
-        x,
-        y,
-        mask,
-        key=key,
-        reference=reference,
-        num_reference=num_reference,
-        norm=norm,
-        epsilon=epsilon,
-        **kwargs,
-    ).matrix
-
-
-def validate_dissimilarity(
-    D,
-    n_clients: int,
-    *,
-    name: str = "D",
-    atol: float = 1e-8,
-    rtol: float = 1e-6,
-) -> jax.Array:
-    """Validates a precomputed dissimilarity matrix and returns it cleaned.
-
-    Checks: numeric, shape ``[n_clients, n_clients]``, finite, nonnegative (``>= -atol``),
-    symmetric (``|D - D^T| <= atol + rtol * max|D|``), zero diagonal (``|D_ii| <= atol``).
-    Raises ``TypeError`` / ``ValueError`` naming ``name``.  Returns ``(D + D^T) / 2`` with the
-    diagonal set to 0 and tiny negatives clipped to 0, in the default float dtype.
-    """
-    n_clients = _check_positive(n_clients, "n_clients", integer=True)
-    arr = _as_float_array(D, name)
-    if arr.dtype == np.bool_:
-        raise TypeError(f"`{name}` must be a real-valued matrix, got dtype bool.")
-    arr = arr.astype(np.float64)
-    if arr.shape != (n_clients, n_clients):
-        raise ValueError(
-            f"`{name}` must be a square matrix of shape [n_clients, n_clients] = "
-            f"{(n_clients, n_clients)}, got shape {arr.shape}."
-        )
-    if not np.all(np.isfinite(arr)):
-        raise ValueError(f"`{name}` contains NaN or infinite values.")
-    if arr.min() < -atol:
-        i, j = np.unravel_index(np.argmin(arr), arr.shape)
-        raise ValueError(f"`{name}` must be nonnegative; {name}[{i}, {j}] = {arr[i, j]:g}.")
-    asym = np.abs(arr - arr.T)
-    tol = atol + rtol * float(np.abs(arr).max())
-    if asym.max() > tol:
-        i, j = np.unravel_index(np.argmax(asym), arr.shape)
-        raise ValueError(
-            f"`{name}` must be symmetric; {name}[{i}, {j}] = {arr[i, j]:g} but "
-            f"{name}[{j}, {i}] = {arr[j, i]:g}."
-        )
-    diag = np.abs(np.diag(arr))
-    if diag.max() > atol:
-        i = int(np.argmax(diag))
-        raise ValueError(f"`{name}` must have a zero diagonal; {name}[{i}, {i}] = {arr[i, i]:g}.")
-    cleaned = np.clip(0.5 * (arr + arr.T), 0.0, None)
-    np.fill_diagonal(cleaned, 0.0)
-    return jnp.asarray(cleaned, dtype=_float_dtype())
+  dtype = _float_dtype()
+  pts_j = jnp.asarray(np.where(msk[..., None], pts, 0.0), dtype=dtype)
+  msk_j = jnp.asarray(msk)
+  ref_j = jnp.asarray(ref, dtype=dtype)
+  if relative_epsilon:
+    scale = _mean_cost(pts_j, msk_j, ref_j, cost=cost, chunk_size=chunk_size)
+    if not bool(scale > 0):
+      raise ValueError(
+        "The mean ground cost between `reference` and the client points is 0 (all points "
+        "coincide); relative epsilon is undefined -- pass relative_epsilon=False."
+      )
+    eps_abs = epsilon * scale
+  else:
+    eps_abs = jnp.asarray(epsilon, dtype=dtype)
+  phi, ok, errs, n_iters = _solve_embeddings(
+    pts_j,
+    msk_j,
+    ref_j,
+    eps_abs,
+    jnp.asarray(threshold, dtype=dtype),
+    cost=cost,
+    max_iterations=max_iterations,
+    inner_iterations=inner_iterations,
+    chunk_size=chunk_size,
+  )
+  report = ConvergenceReport(
+    converged=ok, errors=errs, n_iters=n_iters, epsilon=eps_abs, threshold=threshold
+  )
+  return phi, report

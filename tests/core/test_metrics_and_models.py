@@ -3,11 +3,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_dro import algorithms as A
-from fedjax_dro import models, run
+from fedjax_dro import algorithms as A, models, run
 from fedjax_dro.core.metrics import summarize
 from fedjax_dro.core.sampling import sample_clients
-from fedjax_dro.data import FederatedDataset, from_client_arrays, synthetic_classification
+from fedjax_dro.data import FederatedDataset, from_client_arrays
 from fedjax_dro.models.base import per_client_eval, sample_batch
 
 
@@ -36,7 +35,9 @@ def test_per_client_eval_r2_and_accuracy_oracles():
   p = {"w": jnp.asarray(rng.normal(size=(3, 4))), "b": jnp.zeros(4)}
   labels = rng.integers(0, 4, 7)
   acc = per_client_eval(clf, p, x, labels, mask)["accuracy"]
-  assert float(acc) == pytest.approx(np.mean(np.argmax(x[:5] @ np.asarray(p["w"]), 1) == labels[:5]))
+  assert float(acc) == pytest.approx(
+    np.mean(np.argmax(x[:5] @ np.asarray(p["w"]), 1) == labels[:5])
+  )
 
 
 def test_minibatches_draw_only_valid_rows():
@@ -65,18 +66,28 @@ def test_client_sampling_without_replacement_and_weighted():
 @pytest.mark.parametrize("make_model", ["mlp", "cnn", "flax"])
 def test_builtin_and_flax_models_train_with_fedavg(make_model):
   import flax.linen as nn
+
   rng = np.random.default_rng(0)
   if make_model == "cnn":
     xs = [rng.normal(size=(12, 8, 8)) for _ in range(3)]
     model = models.cnn((8, 8), 3, features=(4,), dense=8)
   else:
     xs = [rng.normal(size=(12, 6)) for _ in range(3)]
-    model = (models.mlp((6,), 3, (8,)) if make_model == "mlp" else
-             models.from_flax(nn.Dense(3), np.zeros((1, 6))))
+    model = (
+      models.mlp((6,), 3, (8,))
+      if make_model == "mlp"
+      else models.from_flax(nn.Dense(3), np.zeros((1, 6)))
+    )
   ys = [(np.abs(x.reshape(12, -1)[:, 0]) * 2).astype(int) % 3 for x in xs]
   data = from_client_arrays(xs, ys)
   ds = FederatedDataset(train=data, test=data, task="classification", num_classes=3)
-  h = run(A.fedavg(model, local_steps=5, batch_size=4), ds, rounds=20, hparams={"client_lr": 0.1}, eval_every=20)
+  h = run(
+    A.fedavg(model, local_steps=5, batch_size=4),
+    ds,
+    rounds=20,
+    hparams={"client_lr": 0.1},
+    eval_every=20,
+  )
   first = h.train_metrics["train_loss"][0]
   assert h.train_metrics["train_loss"][-5:].mean() < first
   assert 0.0 <= h.final["accuracy"]["mean"] <= 1.0

@@ -1,0 +1,282 @@
+"""Client dissimilarities ``D_ij`` from LOT embeddings (Karula, Sec. 3.2): the norms of
+``Phi_i - Phi_j`` and the high-level :func:`dissimilarities` / :func:`dissimilarity_matrix`.
+
+The embeddings, their conventions and defaults are documented in
+:mod:`fedjax_dro.ot.embeddings`.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import warnings
+from typing import Literal, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_dro.ot.embeddings import (
+  _ON_NONCONVERGENCE,
+  _REFERENCE_METHODS,
+  DEFAULT_EPSILON,
+  DEFAULT_MAX_ITERATIONS,
+  DEFAULT_NUM_REFERENCE,
+  DEFAULT_THRESHOLD,
+  NORMS,
+  ConvergenceReport,
+  DissimilarityOutput,
+  SinkhornConvergenceError,
+  SinkhornConvergenceWarning,
+  _as_float_array,
+  _check_choice,
+  _check_positive,
+  _check_reference,
+  _check_solver_args,
+  _float_dtype,
+  client_point_clouds,
+  ot_embeddings,
+  reference_set,
+)
+
+# --------------------------------------------------------------------------------------------
+# Distances between embeddings.
+# --------------------------------------------------------------------------------------------
+
+
+def _distance_fn(norm: str, n0: int):
+  if norm == "l1":
+    return lambda d: jnp.sum(jnp.abs(d))
+  if norm == "w2":
+    return lambda d: jnp.sqrt(jnp.sum(d * d))
+  inv = 1.0 / math.sqrt(n0)
+  return lambda d: inv * jnp.sum(jnp.sqrt(jnp.sum(d * d, axis=-1)))
+
+
+@functools.partial(jax.jit, static_argnames=("norm",))
+def _pairwise(emb, norm: str):
+  dist = _distance_fn(norm, emb.shape[1])
+
+  def row(phi_i):
+    return jax.vmap(lambda phi_j: dist(phi_i - phi_j))(emb)
+
+  # lax.map over rows keeps memory at O(n N0 p); |a - b| and (a - b)^2 are exactly symmetric.
+  d = jax.lax.map(row, emb)
+  return d * (1.0 - jnp.eye(emb.shape[0], dtype=d.dtype))
+
+
+def pairwise_embedding_distances(embeddings, norm: Literal["w1", "l1", "w2"] = "w1") -> jax.Array:
+  """``D_ij = ||Phi_i - Phi_j||`` for embeddings ``[n, N0, p]`` (see module doc for ``norm``).
+
+  * ``"w1"`` (default): ``(1/sqrt(N0)) sum_k ||Phi_ik - Phi_jk||_2`` (= mean over reference
+    points of ``||T_ik - T_jk||``; W1-like, upper bound on W1 for exact maps).
+  * ``"l1"``: ``sum_{k,l} |Phi_ikl - Phi_jkl|`` (the paper's literal choice).
+  * ``"w2"``: ``||Phi_i - Phi_j||_F`` (W2-like, classical LOT).
+
+  The result is exactly symmetric with an exactly zero diagonal.
+  """
+  _check_choice(norm, "norm", NORMS)
+  emb = _as_float_array(embeddings, "embeddings")
+  if emb.ndim != 3 or min(emb.shape) < 1:
+    raise ValueError(f"`embeddings` must have shape [n_clients, N0, p], got {emb.shape}.")
+  if not np.all(np.isfinite(emb)):
+    raise ValueError("`embeddings` contains NaN or infinite values.")
+  return _pairwise(jnp.asarray(emb, dtype=_float_dtype()), norm=norm)
+
+
+# --------------------------------------------------------------------------------------------
+# High-level API.
+# --------------------------------------------------------------------------------------------
+
+
+def _handle_nonconvergence(report: ConvergenceReport, on_nonconvergence: str) -> None:
+  conv = np.asarray(report.converged)
+  if conv.all():
+    return
+  bad = np.flatnonzero(~conv)
+  errs = np.asarray(report.errors)[bad]
+  iters = np.asarray(report.n_iters)[bad]
+  shown = ", ".join(
+    f"{int(c)} (error {float(e):.3g} after {int(k)} iterations)"
+    for c, e, k in zip(bad[:10], errs[:10], iters[:10])
+  )
+  more = f" and {bad.size - 10} more" if bad.size > 10 else ""
+  msg = (
+    f"Sinkhorn did not converge for {bad.size} of {conv.size} clients: {shown}{more} "
+    f"(threshold {report.threshold:g}, absolute epsilon {float(report.epsilon):.3g}). "
+    "Increase `epsilon` (regularization), `max_iterations`, or `threshold`; check the data "
+    "scale (standardize=True)."
+  )
+  if on_nonconvergence == "raise":
+    raise SinkhornConvergenceError(msg)
+  warnings.warn(msg, SinkhornConvergenceWarning, stacklevel=3)
+
+
+def dissimilarities(
+  x,
+  y,
+  mask,
+  *,
+  key=None,
+  reference=None,
+  num_reference: int = DEFAULT_NUM_REFERENCE,
+  reference_method: Literal["gaussian", "pooled"] = "gaussian",
+  include_response: bool = True,
+  standardize: bool = True,
+  norm: Literal["w1", "l1", "w2"] = "w1",
+  epsilon: float = DEFAULT_EPSILON,
+  relative_epsilon: bool = True,
+  threshold: float = DEFAULT_THRESHOLD,
+  max_iterations: int = DEFAULT_MAX_ITERATIONS,
+  inner_iterations: int = 10,
+  cost: Literal["sqeuclidean", "euclidean"] = "sqeuclidean",
+  chunk_size: Optional[int] = None,
+  on_nonconvergence: Literal["raise", "warn"] = "raise",
+) -> DissimilarityOutput:
+  """Karula's OT-embedding dissimilarities with all intermediate results.
+
+  Pipeline: :func:`client_point_clouds` -> :func:`reference_set` (unless ``reference`` is
+  given) -> :func:`ot_embeddings` -> convergence check -> :func:`pairwise_embedding_distances`.
+
+  Args:
+    x, y, mask: padded client data (see :func:`client_point_clouds`); ``y`` may be ``None``
+      when ``include_response=False``.
+    key: ``jax.random`` key for the reference set; ``None`` means ``jax.random.key(0)``
+      (deterministic).  Unused when ``reference`` is given.
+    reference: optional ``[N0, p]`` user reference set, in the point-cloud space (after the
+      response concatenation and standardization chosen here).
+    num_reference, reference_method: see :func:`reference_set`.
+    include_response, standardize: see :func:`client_point_clouds`.
+    norm: ``"w1"`` (default), ``"l1"`` (paper's literal) or ``"w2"``; see module doc.
+    epsilon, relative_epsilon, threshold, max_iterations, inner_iterations, cost, chunk_size:
+      see :func:`ot_embeddings`.
+    on_nonconvergence: ``"raise"`` (default) raises :class:`SinkhornConvergenceError`,
+      ``"warn"`` warns with :class:`SinkhornConvergenceWarning`; both name the clients.
+
+  Returns:
+    :class:`DissimilarityOutput`.
+  """
+  _check_choice(norm, "norm", NORMS)
+  _check_choice(on_nonconvergence, "on_nonconvergence", _ON_NONCONVERGENCE)
+  _check_choice(reference_method, "reference_method", _REFERENCE_METHODS)
+  _check_solver_args(  # fail fast, before any computation
+    epsilon, relative_epsilon, threshold, max_iterations, inner_iterations, cost, chunk_size
+  )
+  if reference is None:
+    _check_positive(num_reference, "num_reference", integer=True)
+  points, msk = client_point_clouds(
+    x, y, mask, include_response=include_response, standardize=standardize
+  )
+  if reference is None:
+    if key is None:
+      key = jax.random.key(0)
+    reference = reference_set(key, points, msk, num_reference, method=reference_method)
+  else:
+    reference = jnp.asarray(_check_reference(reference, points.shape[-1]), points.dtype)
+  emb, report = ot_embeddings(
+    points,
+    msk,
+    reference,
+    epsilon=epsilon,
+    relative_epsilon=relative_epsilon,
+    threshold=threshold,
+    max_iterations=max_iterations,
+    inner_iterations=inner_iterations,
+    cost=cost,
+    chunk_size=chunk_size,
+  )
+  _handle_nonconvergence(report, on_nonconvergence)
+  finite = np.asarray(jnp.all(jnp.isfinite(emb), axis=(1, 2)))
+  safe_emb = jnp.where(jnp.asarray(finite)[:, None, None], emb, 0.0)  # only reached with "warn"
+  matrix = _pairwise(safe_emb, norm=norm)
+  if not finite.all():
+    matrix = jnp.where(jnp.asarray(finite)[:, None] & jnp.asarray(finite)[None, :], matrix, jnp.nan)
+  return DissimilarityOutput(
+    matrix=matrix,
+    embeddings=emb,
+    reference=jnp.asarray(reference),
+    converged=report.converged,
+    errors=report.errors,
+    report=report,
+  )
+
+
+def dissimilarity_matrix(
+  x,
+  y,
+  mask,
+  *,
+  key=None,
+  reference=None,
+  num_reference: int = DEFAULT_NUM_REFERENCE,
+  norm: Literal["w1", "l1", "w2"] = "w1",
+  epsilon: float = DEFAULT_EPSILON,
+  **kwargs,
+) -> jax.Array:
+  """``D [n_clients, n_clients]``: symmetric, zero diagonal, nonnegative dissimilarities.
+
+  Thin wrapper around :func:`dissimilarities` (same keyword arguments, e.g.
+  ``include_response``, ``standardize``, ``threshold``, ``max_iterations``, ``cost``,
+  ``reference_method``, ``chunk_size``, ``on_nonconvergence="raise"|"warn"``) returning only the
+  matrix.  Default ``norm="w1"``: mean over the reference points of the Euclidean distance
+  between the two clients' barycentric maps -- a W1 surrogate whose scale does not depend on
+  ``N0`` (the paper's literal entrywise ``"l1"`` grows like ``sqrt(N0)``); see module doc.
+  """
+  return dissimilarities(
+    x,
+    y,
+    mask,
+    key=key,
+    reference=reference,
+    num_reference=num_reference,
+    norm=norm,
+    epsilon=epsilon,
+    **kwargs,
+  ).matrix
+
+
+def validate_dissimilarity(
+  D,
+  n_clients: int,
+  *,
+  name: str = "D",
+  atol: float = 1e-8,
+  rtol: float = 1e-6,
+) -> jax.Array:
+  """Validates a precomputed dissimilarity matrix and returns it cleaned.
+
+  Checks: numeric, shape ``[n_clients, n_clients]``, finite, nonnegative (``>= -atol``),
+  symmetric (``|D - D^T| <= atol + rtol * max|D|``), zero diagonal (``|D_ii| <= atol``).
+  Raises ``TypeError`` / ``ValueError`` naming ``name``.  Returns ``(D + D^T) / 2`` with the
+  diagonal set to 0 and tiny negatives clipped to 0, in the default float dtype.
+  """
+  n_clients = _check_positive(n_clients, "n_clients", integer=True)
+  arr = _as_float_array(D, name)
+  if arr.dtype == np.bool_:
+    raise TypeError(f"`{name}` must be a real-valued matrix, got dtype bool.")
+  arr = arr.astype(np.float64)
+  if arr.shape != (n_clients, n_clients):
+    raise ValueError(
+      f"`{name}` must be a square matrix of shape [n_clients, n_clients] = "
+      f"{(n_clients, n_clients)}, got shape {arr.shape}."
+    )
+  if not np.all(np.isfinite(arr)):
+    raise ValueError(f"`{name}` contains NaN or infinite values.")
+  if arr.min() < -atol:
+    i, j = np.unravel_index(np.argmin(arr), arr.shape)
+    raise ValueError(f"`{name}` must be nonnegative; {name}[{i}, {j}] = {arr[i, j]:g}.")
+  asym = np.abs(arr - arr.T)
+  tol = atol + rtol * float(np.abs(arr).max())
+  if asym.max() > tol:
+    i, j = np.unravel_index(np.argmax(asym), arr.shape)
+    raise ValueError(
+      f"`{name}` must be symmetric; {name}[{i}, {j}] = {arr[i, j]:g} but "
+      f"{name}[{j}, {i}] = {arr[j, i]:g}."
+    )
+  diag = np.abs(np.diag(arr))
+  if diag.max() > atol:
+    i = int(np.argmax(diag))
+    raise ValueError(f"`{name}` must have a zero diagonal; {name}[{i}, {i}] = {arr[i, i]:g}.")
+  cleaned = np.clip(0.5 * (arr + arr.T), 0.0, None)
+  np.fill_diagonal(cleaned, 0.0)
+  return jnp.asarray(cleaned, dtype=_float_dtype())

@@ -1,0 +1,111 @@
+"""Repository layout rules (issue: one house style): code outside a package module uses only
+public names of ``fedjax_dro``; package files stay under 600 lines unless their docstring says
+why; the solvers' old import paths still work, with a ``DeprecationWarning``."""
+
+import ast
+import importlib
+import json
+import pathlib
+import sys
+import types
+import warnings
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "fedjax_dro"
+MAX_LINES = 600
+
+
+def _private_uses(source: str):
+  """``[(line, what)]`` for every private (``_name``) name of fedjax_dro imported or accessed."""
+  tree = ast.parse(source)
+  modules = set()  # local names bound to fedjax_dro modules
+  found = []
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      for alias in node.names:
+        if alias.name.startswith("fedjax_dro"):
+          if any(part.startswith("_") for part in alias.name.split(".")):
+            found.append((node.lineno, alias.name))
+          modules.add(alias.asname or alias.name.split(".")[0])
+    elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("fedjax_dro"):
+      if any(part.startswith("_") for part in node.module.split(".")):
+        found.append((node.lineno, node.module))
+      for alias in node.names:
+        if alias.name.startswith("_") and alias.name != "__version__":
+          found.append((node.lineno, f"{node.module}.{alias.name}"))
+        elif isinstance(
+          getattr(importlib.import_module(node.module), alias.name, None), types.ModuleType
+        ):
+          modules.add(alias.asname or alias.name)
+  for node in ast.walk(tree):
+    if (
+      isinstance(node, ast.Attribute)
+      and node.attr.startswith("_")
+      and not node.attr.startswith("__")
+    ):
+      base = node.value
+      while isinstance(base, ast.Attribute):
+        base = base.value
+      if isinstance(base, ast.Name) and base.id in modules:
+        found.append((node.lineno, f"{base.id}...{node.attr}"))
+  return found
+
+
+def _notebook_source(path):
+  cells = json.loads(path.read_text())["cells"]
+  return "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+
+
+def _outside_files():
+  """Benchmarks, notebooks, the CLI and the reproductions: they must use the public API."""
+  files = sorted((ROOT / "benchmarks").glob("*.py")) + sorted((ROOT / "notebooks").glob("*.ipynb"))
+  files += [PACKAGE / "cli.py"] + sorted((PACKAGE / "reproduce").glob("*.py"))
+  return files
+
+
+@pytest.mark.parametrize("path", _outside_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_only_public_names_outside_package_modules(path):
+  source = _notebook_source(path) if path.suffix == ".ipynb" else path.read_text()
+  assert _private_uses(source) == []
+
+
+def test_private_name_detector_can_fail():
+  src = (
+    "from fedjax_dro.simulate import _make_chunk_fn\n"
+    "from fedjax_dro.solvers import pairwise\n"
+    "pairwise._project_2d(1)\n"
+    "import fedjax_dro.rounds as r\nr._keys(0)\n"
+  )
+  assert len(_private_uses(src)) == 3
+
+
+def test_package_files_under_600_lines_or_say_why():
+  long = []
+  for path in sorted(PACKAGE.rglob("*.py")):
+    lines = path.read_text().count("\n")
+    if lines > MAX_LINES:
+      doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+      if "600 lines" not in doc:
+        long.append(f"{path.relative_to(ROOT)} ({lines} lines)")
+  assert long == []
+
+
+@pytest.mark.parametrize(
+  "old, new, name",
+  [
+    ("fedjax_dro.core.pairwise", "fedjax_dro.solvers.pairwise", "project_pairwise"),
+    ("fedjax_dro.core.simplex", "fedjax_dro.solvers.simplex", "project_simplex"),
+    ("fedjax_dro.core.saddle", "fedjax_dro.solvers.saddle", "solve_saddle"),
+    ("fedjax_dro.core.validation", "fedjax_dro.solvers.validation", "concrete_or_none"),
+  ],
+)
+def test_old_solver_paths_warn_and_resolve_to_the_new_modules(old, new, name):
+  sys.modules.pop(old, None)
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    module = importlib.import_module(old)
+  assert any(issubclass(w.category, DeprecationWarning) and new in str(w.message) for w in caught)
+  assert module is importlib.import_module(new)
+  assert getattr(module, name) is getattr(importlib.import_module(new), name)
