@@ -1,0 +1,44 @@
+"""Reproductions of the papers' headline figures and tables: ``fedjax-dro reproduce NAME``.
+
+Each experiment is a function ``(out_dir=None, *, rounds=None, quick=False, seed=0, ...) ->
+dict`` registered in :data:`EXPERIMENTS` under its CLI name; it writes JSON (and a PNG / markdown
+table) to ``out_dir``. One module per paper:
+
+* ``scaffpd-synthetic`` (:mod:`fedjax_dro.reproduce.scaffpd`): SCAFF-PD, Fig. 2.
+
+To add one, write ``fedjax_dro/reproduce/<paper>.py`` and add its entry below.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict
+
+from fedjax_dro.reproduce.common import with_distances
+from fedjax_dro.reproduce.scaffpd import (
+  plot_scaffpd_synthetic,
+  problem_constants,
+  scaffpd_synthetic,
+  shift_problem,
+)
+
+EXPERIMENTS: Dict[str, Callable[..., Dict[str, Any]]] = {
+  "scaffpd-synthetic": scaffpd_synthetic,
+}
+
+
+def reproduce(name: str, **kwargs) -> Dict[str, Any]:
+  """Runs the experiment registered as ``name`` with ``kwargs`` (see :data:`EXPERIMENTS`)."""
+  if name not in EXPERIMENTS:
+    raise ValueError(f"unknown experiment {name!r}; available: {sorted(EXPERIMENTS)}")
+  return EXPERIMENTS[name](**kwargs)
+
+
+__all__ = [
+  "EXPERIMENTS",
+  "reproduce",
+  "with_distances",
+  "scaffpd_synthetic",
+  "shift_problem",
+  "problem_constants",
+  "plot_scaffpd_synthetic",
+]

@@ -1,0 +1,289 @@
+"""``sweep``: whole runs vmapped over hyper-parameter combinations and seeds, in one program."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+import math
+import time
+from typing import Any, Dict, List, Optional, Sequence, Union
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_dro.algorithms.base import Algorithm, make_hparams
+from fedjax_dro.core.metrics import HIGHER_IS_BETTER
+from fedjax_dro.data.federated import FederatedData, FederatedDataset
+from fedjax_dro.rounds import (
+  _check_run_args,
+  _keys,
+  _split_data,
+  _summaries,
+  evaluate_host,
+  is_host_data,
+  make_chunk_fn,
+  make_eval_fn,
+)
+from fedjax_dro.sharding import (
+  axis_size,
+  check_mesh,
+  fetch,
+  place_data,
+  shard_leading,
+  sharding_key,
+)
+from fedjax_dro.validation import (
+  check_hparams,
+  check_run_inputs,
+  is_out_of_memory,
+  memory_error,
+)
+
+# Compiled sweep programs, reused across calls with the same algorithm object, settings and
+# argument shapes (K-fold cross-validation calls ``sweep`` once per fold on folds padded to one
+# shape: one compilation instead of K). Entries hold a reference to the algorithm, so an ``id``
+# is never confused with that of a newer object.
+_SWEEP_PROGRAMS: "collections.OrderedDict[tuple, tuple]" = collections.OrderedDict()
+_SWEEP_PROGRAMS_MAX = 8
+
+
+def _abstract_key(tree):
+  leaves, treedef = jax.tree.flatten(tree)
+  return treedef, tuple(
+    (tuple(np.shape(x)), str(jnp.result_type(x)), bool(getattr(x, "weak_type", False)))
+    for x in leaves
+  )
+
+
+def _sweep_programs(alg: Algorithm, rounds: int, chunk: int, check_finite: bool, args, true_params):
+  """``(compiled chunk program, vmapped eval function, compile seconds)``, cached."""
+  key = (
+    id(alg),
+    rounds,
+    chunk,
+    check_finite,
+    _abstract_key(args),
+    sharding_key(args),
+    true_params is None,
+  )
+  hit = _SWEEP_PROGRAMS.get(key)
+  if hit is not None and hit[0] is alg and true_params is None:
+    _SWEEP_PROGRAMS.move_to_end(key)
+    return hit[1], hit[2], 0.0
+  vchunk = jax.jit(
+    jax.vmap(make_chunk_fn(alg, rounds, chunk, check_finite), in_axes=(0, 0, None, 0, 0, None))
+  )
+  t0 = time.perf_counter()
+  try:
+    compiled = vchunk.lower(*args).compile()
+  except Exception as e:
+    if is_out_of_memory(e):
+      raise memory_error(e, f"compiling the {alg.name} sweep") from None
+    raise
+  compile_time = time.perf_counter() - t0
+  evaluate = jax.jit(jax.vmap(make_eval_fn(alg, true_params), in_axes=(0, None)))
+  if true_params is None:  # true_params is closed over: cache only the common case
+    _SWEEP_PROGRAMS[key] = (alg, compiled, evaluate)
+    while len(_SWEEP_PROGRAMS) > _SWEEP_PROGRAMS_MAX:
+      _SWEEP_PROGRAMS.popitem(last=False)
+  return compiled, evaluate, compile_time
+
+
+@dataclasses.dataclass
+class SweepResult:
+  """Results of a sweep: one row per (hyper-parameter combination, seed).
+
+  Attributes:
+    configs: list of ``{"hparams": {...}, "seed": s}``, one per row.
+    train_metrics: ``{name: [num_configs, rounds]}``.
+    final_per_client: ``{metric: [num_configs, n]}`` at the end.
+    final_summary: list (per row) of ``{metric: {mean, worst20, ...}}``.
+    diverged: ``[num_configs]`` bool — rows stopped by a non-finite round (their results are those
+      of the last finite state; ``diverged_round`` says where).
+    compile_time: seconds spent compiling; ``0.0`` when the program of an earlier ``sweep`` call
+      with the same algorithm object, settings and shapes was reused (e.g. the folds of
+      :func:`fedjax_dro.model_selection.cross_validate`).
+  """
+
+  algorithm: str
+  configs: List[Dict[str, Any]]
+  train_metrics: Dict[str, np.ndarray]
+  final_per_client: Dict[str, np.ndarray]
+  final_summary: List[Dict[str, Dict[str, float]]]
+  diverged: np.ndarray
+  diverged_round: np.ndarray
+  wall_time: float
+  compile_time: float
+  final_state: Any = None  # stacked states, leading axis = rows
+
+  def save(self, out_dir: str) -> List[str]:
+    """Writes ``sweep.json`` and ``sweep.csv`` (:mod:`fedjax_dro.export`); their paths."""
+    from fedjax_dro.export import sweep_to_csv
+
+    return sweep_to_csv(self, out_dir)
+
+  def table(self, metric: str, stat: str = "mean") -> List[Dict[str, Any]]:
+    return [
+      {**c["hparams"], "seed": c["seed"], f"{metric}_{stat}": s[metric][stat], "diverged": bool(d)}
+      for c, s, d in zip(self.configs, self.final_summary, self.diverged)
+    ]
+
+  def best(self, metric: str, stat: str = "mean") -> Dict[str, Any]:
+    """The hyper-parameters with the best ``stat`` of ``metric`` averaged over seeds."""
+    sign = 1.0 if HIGHER_IS_BETTER.get(metric, True) else -1.0
+    scores: Dict[tuple, list] = {}
+    for c, s, d in zip(self.configs, self.final_summary, self.diverged):
+      key = tuple(sorted(c["hparams"].items()))
+      scores.setdefault(key, []).append(-np.inf if d else sign * s[metric][stat])
+    best = max(scores, key=lambda k: np.mean(scores[k]))
+    return dict(best)
+
+
+def sweep(
+  alg: Algorithm,
+  data: Union[FederatedDataset, FederatedData],
+  *,
+  rounds: int,
+  grid: Optional[Dict[str, Sequence[float]]] = None,
+  seeds: Sequence[int] = (0,),
+  hparams: Optional[Dict[str, Any]] = None,
+  eval_data: Optional[FederatedData] = None,
+  eval_every: Optional[int] = None,
+  true_params=None,
+  check_finite: bool = True,
+  mesh=None,
+) -> SweepResult:
+  """Runs every combination of ``grid`` x ``seeds`` as one vmapped program.
+
+  Row ``k`` equals ``run(alg, data, rounds=rounds, seed=seeds[j], hparams={**hparams, **combo})``
+  (tested). A row that hits a non-finite round is frozen at its last finite state and flagged in
+  ``diverged``; the other rows go on.
+
+  ``mesh`` (a ``jax.sharding.Mesh`` from :func:`fedjax_dro.sharding.make_mesh`) splits the
+  configuration rows over its ``"sweep"`` axis and the client axis of the data over its
+  ``"clients"`` axis (see :mod:`fedjax_dro.sharding`); the rows are padded to a multiple of the
+  ``"sweep"`` size with copies of row 0, which are dropped from the result.
+  """
+  rounds, chunk = _check_run_args(alg, rounds, eval_every)
+  mesh = None if mesh is None else check_mesh(mesh)
+  train, eval_data, true_params, _ = _split_data(data, eval_data, true_params)
+  check_run_inputs(alg, train, eval_data)
+  if grid is not None and not isinstance(grid, dict):
+    raise TypeError(
+      f"grid must be a dict mapping hyper-parameter names to lists of values, like "
+      f"{{'client_lr': [0.01, 0.1]}}, got {type(grid).__name__}"
+    )
+  grid = dict(grid or {})
+  for name, values in grid.items():
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+      raise TypeError(f"grid[{name!r}] must be a list of numbers, got {values!r}")
+    for v in values:
+      if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+        raise TypeError(f"grid[{name!r}] must hold numbers, got {v!r}")
+    if name not in alg.hparams:
+      raise ValueError(
+        f"grid has unknown hyper-parameter {name!r} for {alg.name}; expected one of {sorted(alg.hparams)}"
+      )
+    if len(list(values)) == 0:
+      raise ValueError(f"grid[{name!r}] is empty")
+  if isinstance(seeds, (str, bytes)) or not hasattr(seeds, "__len__"):
+    raise TypeError(f"seeds must be a list of non-negative integers, got {seeds!r}")
+  if len(seeds) == 0:
+    raise ValueError("seeds must contain at least one seed")
+  for seed in seeds:
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+      raise TypeError(f"seeds must be non-negative integers, got {seed!r}")
+    if seed < 0 or seed >= 2**32:
+      raise ValueError(f"seeds must be integers in [0, 2**32), got {seed}")
+  names = sorted(grid)
+  combos = list(itertools.product(*[list(grid[k]) for k in names])) or [()]
+  configs = [
+    {"hparams": dict(zip(names, map(float, combo))), "seed": int(seed)}
+    for combo in combos
+    for seed in seeds
+  ]
+  if hparams is not None and not isinstance(hparams, dict):
+    make_hparams(alg, hparams)  # raises the TypeError naming hparams
+  base = dict(hparams or {})
+  for name, value in base.items():
+    if np.ndim(value) != 0:
+      raise ValueError(
+        f"hparams[{name!r}] must be a scalar shared by every sweep row, got shape "
+        f"{np.shape(value)} (put several values in grid[{name!r}])"
+      )
+  hp = make_hparams(
+    alg, {**base, **{k: np.array([c["hparams"][k] for c in configs]) for k in names}}
+  )
+  num = len(configs)
+  check_hparams(alg, hp, batched=True, num_rows=num)
+  rows = num + (-num) % axis_size(mesh, "sweep")  # padded with copies of row 0
+  take = np.concatenate([np.arange(num), np.zeros(rows - num, int)])
+  hp = {k: jnp.broadcast_to(v, (num,))[take] for k, v in hp.items()}
+  keys = [_keys(configs[i]["seed"]) for i in take]
+  model_keys, init_keys, run_keys = (jnp.stack([k[i] for k in keys]) for i in range(3))
+  params = jax.vmap(alg.model.init)(model_keys)
+  state = jax.vmap(lambda p, k: alg.init(p, train, k))(params, init_keys)
+
+  status = (jnp.zeros((rows,), bool), jnp.full((rows,), -1, jnp.int32))
+  eval_num_examples = np.asarray(eval_data.num_examples)  # host copy (before any sharding)
+  if mesh is not None and (is_host_data(train) or is_host_data(eval_data)):
+    raise ValueError(
+      "mesh and host-resident data (HostFederatedData) cannot be combined yet: shard "
+      "device-resident data, or run host-resident data on one device"
+    )
+  if mesh is not None:
+    state, status, hp, run_keys = shard_leading(
+      (state, status, hp, run_keys), mesh, "sweep", what="sweep rows"
+    )
+    train = place_data(train, mesh, what="data")
+    eval_data = place_data(eval_data, mesh, what="eval_data")
+  compiled, evaluate, compile_time = _sweep_programs(
+    alg,
+    rounds,
+    chunk,
+    check_finite,
+    (state, status, jnp.int32(0), hp, run_keys, train),
+    true_params,
+  )
+  t0 = time.perf_counter()
+  curves: Dict[str, list] = {}
+  for c in range(math.ceil(rounds / chunk)):
+    try:
+      state, status, metrics = compiled(state, status, jnp.int32(c * chunk), hp, run_keys, train)
+      metrics = fetch(metrics)
+    except Exception as e:
+      if is_out_of_memory(e):
+        raise memory_error(e, f"running the {alg.name} sweep") from None
+      raise
+    for k, v in metrics.items():
+      curves.setdefault(k, []).append(fetch(v)[:num, : min(chunk, rounds - c * chunk)])
+  per_client = (
+    evaluate_host(alg, state, eval_data, true_params, batched=True)
+    if is_host_data(eval_data)
+    else fetch(evaluate(state, eval_data))
+  )
+  per_client = jax.tree.map(lambda a: a[:num], per_client)
+  status = jax.tree.map(lambda a: a[:num], fetch(status))
+  wall = time.perf_counter() - t0
+  train_metrics = {k: np.concatenate(v, axis=1) for k, v in curves.items()}
+  diverged = np.asarray(status[0])
+  for k in train_metrics:  # rounds after a divergence were not applied
+    for row in np.flatnonzero(diverged):
+      train_metrics[k][row, int(status[1][row]) :] = np.nan
+  summaries = [
+    _summaries({k: v[i] for k, v in per_client.items()}, eval_num_examples) for i in range(num)
+  ]
+  return SweepResult(
+    alg.name,
+    configs,
+    train_metrics,
+    per_client,
+    summaries,
+    diverged,
+    np.asarray(status[1]),
+    wall,
+    compile_time,
+    jax.tree.map(lambda a: a[:num], state),
+  )
