@@ -1,0 +1,174 @@
+"""Results as CSV (pandas-readable) and reading saved results back (for :mod:`fedjax_dro.plots`).
+
+A run's ``out_dir`` holds, besides ``metrics.jsonl`` and ``summary.json``:
+
+* ``metrics.csv``: one row per round: ``round``, the training metrics, and at evaluation rounds
+  the summaries of every evaluation metric as ``<metric>_<stat>`` columns (``accuracy_mean``,
+  ``accuracy_worst20``, ...; empty between evaluations);
+* ``clients.csv``: one row per (evaluation round, client): ``round``, ``client`` and the
+  per-client metrics.
+
+A sweep's ``out_dir`` holds ``sweep.json`` and ``sweep.csv`` (one row per configuration: the
+hyper-parameters, ``seed``, ``diverged`` and ``<metric>_<stat>`` of the final evaluation).
+
+All files are written atomically. ``pandas.read_csv`` reads them as they are; the readers here
+need only the standard library and NumPy.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from typing import Any, Dict, List
+
+import numpy as np
+
+from fedjax_dro.results import atomic_write
+
+STATS = ("mean", "weighted_mean", "worst20", "best20", "worst")
+
+
+def _csv_text(header: List[str], rows: List[List[Any]]) -> str:
+  buf = io.StringIO()
+  writer = csv.writer(buf, lineterminator="\n")
+  writer.writerow(header)
+  for row in rows:
+    writer.writerow(["" if v is None else v for v in row])
+  return buf.getvalue()
+
+
+def _num(v) -> Any:
+  v = float(v)
+  return repr(v) if np.isfinite(v) else ("nan" if np.isnan(v) else ("inf" if v > 0 else "-inf"))
+
+
+def history_to_csv(history, out_dir: str) -> List[str]:
+  """Writes ``metrics.csv`` and ``clients.csv`` of ``history`` into ``out_dir``; their paths."""
+  os.makedirs(out_dir, exist_ok=True)
+  train = {k: np.asarray(v) for k, v in (history.train_metrics or {}).items()}
+  num_rounds = max([len(v) for v in train.values()] + [0])
+  evals = {int(ev["round"]): ev for ev in history.evaluations}
+  num_rounds = max([num_rounds] + list(evals))
+  metrics = sorted({m for ev in history.evaluations for m in ev["summary"]})
+  summary_cols = [f"{m}_{s}" for m in metrics for s in STATS]
+  header = ["round"] + sorted(train) + summary_cols
+  rows = []
+  for r in range(1, num_rounds + 1):
+    row: List[Any] = [r]
+    row += [_num(train[k][r - 1]) if r - 1 < len(train[k]) else None for k in sorted(train)]
+    ev = evals.get(r)
+    for m in metrics:
+      for s in STATS:
+        value = None if ev is None else ev["summary"].get(m, {}).get(s)
+        row.append(None if value is None else _num(value))
+    rows.append(row)
+  metrics_path = os.path.join(out_dir, "metrics.csv")
+  atomic_write(metrics_path, _csv_text(header, rows))
+
+  client_metrics = sorted({m for ev in history.evaluations for m in ev["per_client"]})
+  rows = []
+  for ev in history.evaluations:
+    per_client = {k: np.asarray(v).reshape(-1) for k, v in ev["per_client"].items()}
+    n = max(len(v) for v in per_client.values()) if per_client else 0
+    for i in range(n):
+      rows.append(
+        [int(ev["round"]), i]
+        + [_num(per_client[m][i]) if m in per_client else None for m in client_metrics]
+      )
+  clients_path = os.path.join(out_dir, "clients.csv")
+  atomic_write(clients_path, _csv_text(["round", "client"] + client_metrics, rows))
+  return [metrics_path, clients_path]
+
+
+def sweep_to_csv(result, out_dir: str) -> List[str]:
+  """Writes ``sweep.json`` and ``sweep.csv`` of a :class:`~fedjax_dro.SweepResult`."""
+  os.makedirs(out_dir, exist_ok=True)
+  names = sorted({k for c in result.configs for k in c["hparams"]})
+  metrics = sorted({m for s in result.final_summary for m in s})
+  header = names + ["seed", "diverged"] + [f"{m}_{s}" for m in metrics for s in STATS]
+  rows = []
+  for c, s, d in zip(result.configs, result.final_summary, result.diverged):
+    row: List[Any] = [_num(c["hparams"][k]) if k in c["hparams"] else None for k in names]
+    row += [int(c["seed"]), int(bool(d))]
+    row += [_num(s[m][st]) if m in s and st in s[m] else None for m in metrics for st in STATS]
+    rows.append(row)
+  csv_path = os.path.join(out_dir, "sweep.csv")
+  atomic_write(csv_path, _csv_text(header, rows))
+  json_path = os.path.join(out_dir, "sweep.json")
+  atomic_write(
+    json_path,
+    json.dumps(
+      {
+        "algorithm": result.algorithm,
+        "grid": names,
+        "configs": result.configs,
+        "final": result.final_summary,
+        "diverged": np.asarray(result.diverged).tolist(),
+        "wall_time_s": result.wall_time,
+        "compile_time_s": result.compile_time,
+      },
+      indent=2,
+    ),
+  )
+  return [json_path, csv_path]
+
+
+def read_csv(path: str) -> Dict[str, np.ndarray]:
+  """A CSV written here as ``{column: float array}`` (empty cells are NaN)."""
+  with open(path, newline="") as f:
+    reader = csv.reader(f)
+    try:
+      header = next(reader)
+    except StopIteration:
+      raise ValueError(f"{path} is empty") from None
+    rows = list(reader)
+  out = {}
+  for j, name in enumerate(header):
+    out[name] = np.array([float(r[j]) if j < len(r) and r[j] != "" else np.nan for r in rows])
+  return out
+
+
+def read_run(run_dir: str) -> Dict[str, Any]:
+  """``{"summary": ..., "metrics": {col: [rounds]}, "clients": {col: [rows]}}`` of a run dir."""
+  paths = {
+    k: os.path.join(run_dir, f)
+    for k, f in (
+      ("summary", "summary.json"),
+      ("metrics", "metrics.csv"),
+      ("clients", "clients.csv"),
+    )
+  }
+  for key in ("metrics", "clients"):
+    if not os.path.exists(paths[key]):
+      raise ValueError(
+        f"{run_dir!r} has no {os.path.basename(paths[key])}: not a run directory written by "
+        f"fedjax-dro run --out (or fd.run(..., out_dir=...))"
+      )
+  summary = {}
+  if os.path.exists(paths["summary"]):
+    with open(paths["summary"]) as f:
+      summary = json.load(f)
+  return {
+    "summary": summary,
+    "metrics": read_csv(paths["metrics"]),
+    "clients": read_csv(paths["clients"]),
+  }
+
+
+def read_sweep(sweep_dir: str) -> Dict[str, Any]:
+  """``{"grid": [names], "table": {col: [configs]}, "algorithm": str}`` of a sweep dir."""
+  json_path, csv_path = (os.path.join(sweep_dir, f) for f in ("sweep.json", "sweep.csv"))
+  if not (os.path.exists(json_path) and os.path.exists(csv_path)):
+    raise ValueError(
+      f"{sweep_dir!r} has no sweep.json / sweep.csv: not a directory written by "
+      f"fedjax-dro sweep --out (or SweepResult.save)"
+    )
+  with open(json_path) as f:
+    meta = json.load(f)
+  return {
+    "grid": meta.get("grid", []),
+    "algorithm": meta.get("algorithm", ""),
+    "table": read_csv(csv_path),
+  }
