@@ -1,3 +1,5 @@
 import sys
+
 from fedjax_dro.cli import main
+
 sys.exit(main())

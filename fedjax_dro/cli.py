@@ -8,6 +8,7 @@
     fedjax-dro reproduce scaffpd-synthetic --out benchmarks/results/scaffpd_synthetic   # Fig. 2
     fedjax-dro list
 """
+
 from __future__ import annotations
 
 import argparse
@@ -15,8 +16,6 @@ import json
 import os
 import sys
 from typing import Dict, List, Optional
-
-import numpy as np
 
 DEFAULT_ALGORITHM = "fedavg"
 DEFAULT_DATASET = "synthetic-ridge"
@@ -26,30 +25,75 @@ def _parse_kv(items: List[str], flag: str, multi: bool = False) -> Dict[str, obj
   out = {}
   for item in items or []:
     if "=" not in item:
-      raise SystemExit(f"error: {flag} expects NAME=VALUE, got {item!r}")
+      raise ValueError(f"{flag} expects NAME=VALUE, got {item!r}")
     k, v = item.split("=", 1)
     try:
       out[k] = [float(x) for x in v.split(",")] if multi else float(v)
     except ValueError:
-      raise SystemExit(f"error: {flag} {k}: {v!r} is not a number{' list' if multi else ''}")
+      raise ValueError(f"{flag} {k}: {v!r} is not a number{' list' if multi else ''}") from None
   return out
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
-  p.add_argument("--algorithm", default=DEFAULT_ALGORITHM, help="algorithm name (see `fedjax-dro list`)")
+  p.add_argument(
+    "--algorithm", default=DEFAULT_ALGORITHM, help="algorithm name (see `fedjax-dro list`)"
+  )
   p.add_argument("--dataset", default=DEFAULT_DATASET, help="dataset name (see `fedjax-dro list`)")
   p.add_argument("--rounds", type=int, default=100, help="communication rounds")
-  p.add_argument("--hparam", action="append", default=[], metavar="NAME=VALUE",
-                 help="hyper-parameter override (repeatable)")
-  p.add_argument("--clients-per-round", type=int, default=None, help="participants per round (default: all)")
+  p.add_argument(
+    "--hparam",
+    action="append",
+    default=[],
+    metavar="NAME=VALUE",
+    help="hyper-parameter override (repeatable)",
+  )
+  p.add_argument(
+    "--clients-per-round", type=int, default=None, help="participants per round (default: all)"
+  )
   p.add_argument("--local-steps", type=int, default=None, help="local steps per round")
-  p.add_argument("--batch-size", type=int, default=None, help="local minibatch size (default: full batch)")
-  p.add_argument("--backend", default="auto", choices=["auto", "vmap", "map", "chunked"],
-                 help="execution backend for the participants' local updates")
-  p.add_argument("--chunk-size", type=int, default=None, help="clients per chunk for --backend chunked")
+  p.add_argument(
+    "--batch-size", type=int, default=None, help="local minibatch size (default: full batch)"
+  )
+  p.add_argument(
+    "--backend",
+    default="auto",
+    choices=["auto", "vmap", "map", "chunked"],
+    help="execution backend for the participants' local updates",
+  )
+  p.add_argument(
+    "--chunk-size", type=int, default=None, help="clients per chunk for --backend chunked"
+  )
   p.add_argument("--eval-every", type=int, default=None, help="rounds between evaluations")
-  p.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
-                 help="extra algorithm factory option (repeatable; numbers or strings)")
+  scale = p.add_argument_group("scale-out (see fedjax_dro.sharding)")
+  scale.add_argument(
+    "--devices", type=int, default=None, help="shard the client axis over the first N devices"
+  )
+  scale.add_argument(
+    "--mesh",
+    default=None,
+    metavar="clients=C,sweep=S",
+    help="device mesh: clients axis (data) x sweep axis (configurations)",
+  )
+  scale.add_argument(
+    "--coordinator",
+    default=None,
+    metavar="HOST:PORT",
+    help="jax.distributed coordinator (multi-host)",
+  )
+  scale.add_argument("--num-processes", type=int, default=None, help="jax.distributed processes")
+  scale.add_argument("--process-id", type=int, default=None, help="this process's index")
+  scale.add_argument(
+    "--host-data",
+    action="store_true",
+    help="keep client data in host memory; only the sampled clients' rows go to the device",
+  )
+  p.add_argument(
+    "--option",
+    action="append",
+    default=[],
+    metavar="NAME=VALUE",
+    help="extra algorithm factory option (repeatable; numbers or strings)",
+  )
 
 
 def _factory_options(args) -> dict:
@@ -65,11 +109,12 @@ def _factory_options(args) -> dict:
     opts["chunk_size"] = args.chunk_size
   for item in args.option:
     if "=" not in item:
-      raise SystemExit(f"error: --option expects NAME=VALUE, got {item!r}")
+      raise ValueError(f"--option expects NAME=VALUE, got {item!r}")
     k, v = item.split("=", 1)
     for cast in (int, float):
       try:
-        v = cast(v); break
+        v = cast(v)
+        break
       except ValueError:
         pass
     opts[k] = v
@@ -80,17 +125,23 @@ def build(algorithm: str, dataset: str, seed: int, options: dict):
   """(algorithm, dataset) from registry names, with the dataset's default model."""
   from fedjax_dro.algorithms import get_algorithm
   from fedjax_dro.data import get_dataset
+
   entry = get_algorithm(algorithm)
   ds_entry = get_dataset(dataset)
   ds = ds_entry.load(seed)
   model = ds_entry.default_model(ds)
   import inspect
+
   accepted = inspect.signature(entry.factory).parameters
-  options = {k: v for k, v in options.items() if k in accepted or k not in ("backend", "chunk_size")}
+  options = {
+    k: v for k, v in options.items() if k in accepted or k not in ("backend", "chunk_size")
+  }
   unknown = [k for k in options if k not in accepted]
   if unknown:
-    raise ValueError(f"algorithm {algorithm!r} does not take option(s) {unknown}; it accepts "
-                     f"{[k for k in accepted if k != 'model']}")
+    raise ValueError(
+      f"algorithm {algorithm!r} does not take option(s) {unknown}; it accepts "
+      f"{[k for k in accepted if k != 'model']}"
+    )
   return entry.factory(model, **options), ds
 
 
@@ -113,62 +164,176 @@ def summary_rows(final: dict) -> List[List[str]]:
   return [[metric] + [_fmt(final[metric].get(s, float("nan"))) for s in stats] for metric in final]
 
 
+def _distributed(args) -> None:
+  """``jax.distributed.initialize`` from the flags (before any JAX computation)."""
+  flags = (args.coordinator, args.num_processes, args.process_id)
+  if all(f is None for f in flags):
+    return
+  if any(f is None for f in flags):
+    raise ValueError("--coordinator, --num-processes and --process-id must be given together")
+  from fedjax_dro.sharding import initialize_distributed
+
+  initialize_distributed(args.coordinator, args.num_processes, args.process_id)
+
+
+def _scale(args, ds):
+  """``(dataset, mesh)`` from the scale-out flags (host-resident data, device mesh)."""
+  from fedjax_dro.sharding import parse_mesh
+
+  mesh = parse_mesh(args.mesh, args.devices)
+  if args.host_data:
+    import dataclasses
+
+    from fedjax_dro.data.host import to_host
+
+    ds = dataclasses.replace(
+      ds, train=to_host(ds.train), test=None if ds.test is None else to_host(ds.test)
+    )
+  return ds, mesh
+
+
+def _device_line(mesh) -> str:
+  import jax
+
+  devices = jax.devices()
+  where = f"{len(devices)} x {devices[0].platform}" + (
+    f", {jax.process_count()} processes" if jax.process_count() > 1 else ""
+  )
+  return where + ("" if mesh is None else f", mesh {dict(mesh.shape)}")
+
+
+def _check_paths(args) -> None:
+  """Output paths are checked before any data loads or compiles, and errors name the flag."""
+  from fedjax_dro.validation import check_writable_dir
+
+  if getattr(args, "out", None) is not None:
+    check_writable_dir(args.out, "--out")
+  ckpt = getattr(args, "checkpoint_dir", None)
+  if ckpt is not None and not os.path.isdir(ckpt):
+    check_writable_dir(ckpt, "--checkpoint-dir")
+
+
+def _parse_seeds(text: str) -> List[int]:
+  try:
+    return [int(s) for s in text.split(",")]
+  except ValueError:
+    raise ValueError(f"--seeds expects comma-separated integers like 0,1,2, got {text!r}") from None
+
+
 def cmd_run(args) -> int:
-  from fedjax_dro.simulate import run, NonFiniteError
+  from fedjax_dro.simulate import NonFiniteError, run
+
+  _distributed(args)
+  _check_paths(args)
   alg, ds = build(args.algorithm, args.dataset, args.seed, _factory_options(args))
+  ds, mesh = _scale(args, ds)
   hparams = _parse_kv(args.hparam, "--hparam")
-  print(f"fedjax-dro run: {alg.name} on {ds.name} ({ds.num_clients} clients), {args.rounds} rounds, "
-        f"model {alg.model.name}")
-  if args.cv_folds is not None or args.cv_grid:   # K-fold CV on the training rows, then the final run
+  print(
+    f"fedjax-dro run: {alg.name} on {ds.name} ({ds.num_clients} clients), {args.rounds} rounds, "
+    f"model {alg.model.name}; devices: {_device_line(mesh)}"
+  )
+  if (
+    args.cv_folds is not None or args.cv_grid
+  ):  # K-fold CV on the training rows, then the final run
     if args.cv_folds is None or not args.cv_grid:
       raise ValueError("--cv-folds and --cv-grid must be given together")
     from fedjax_dro.model_selection import select_hparams
-    hparams = select_hparams(alg, ds, _parse_kv(args.cv_grid, "--cv-grid", multi=True),
-                             folds=args.cv_folds, rounds=args.rounds, seed=args.seed,
-                             metric=args.cv_metric, hparams=hparams, eval_every=args.eval_every,
-                             out_dir=args.out)
+
+    hparams = select_hparams(
+      alg,
+      ds,
+      _parse_kv(args.cv_grid, "--cv-grid", multi=True),
+      folds=args.cv_folds,
+      rounds=args.rounds,
+      seed=args.seed,
+      metric=args.cv_metric,
+      hparams=hparams,
+      eval_every=args.eval_every,
+      out_dir=args.out,
+    )
   try:
-    hist = run(alg, ds, rounds=args.rounds, seed=args.seed, hparams=hparams, eval_every=args.eval_every,
-               progress=not args.no_progress, out_dir=args.out, checkpoint_dir=args.checkpoint_dir)
+    hist = run(
+      alg,
+      ds,
+      rounds=args.rounds,
+      seed=args.seed,
+      hparams=hparams,
+      eval_every=args.eval_every,
+      progress=not args.no_progress,
+      out_dir=args.out,
+      checkpoint_dir=args.checkpoint_dir,
+      checkpoint_every=args.checkpoint_every,
+      keep_checkpoints=args.keep_checkpoints,
+      mesh=mesh,
+    )
   except NonFiniteError as e:
     print(f"error: {e}", file=sys.stderr)
     if args.out:
       e.history.save(args.out)
       print(f"results up to the last finite round saved in {args.out}", file=sys.stderr)
     return 3
-  print_table(summary_rows(hist.final), ["metric", "weighted mean", "mean", "worst-20%", "best-20%", "worst"])
-  print(f"compile {hist.compile_time:.2f}s, run {hist.wall_time:.2f}s "
-        f"({args.rounds / max(hist.wall_time, 1e-9):.1f} rounds/s)")
-  if args.out:
+  print_table(
+    summary_rows(hist.final), ["metric", "weighted mean", "mean", "worst-20%", "best-20%", "worst"]
+  )
+  print(
+    f"compile {hist.compile_time:.2f}s, run {hist.wall_time:.2f}s "
+    f"({args.rounds / max(hist.wall_time, 1e-9):.1f} rounds/s)"
+  )
+  from fedjax_dro.sharding import is_writer
+
+  if args.out and is_writer():
     hist.save(args.out)
-    print(f"wrote {os.path.join(args.out, 'metrics.jsonl')} and {os.path.join(args.out, 'summary.json')}")
+    print(f"wrote metrics.jsonl, summary.json, metrics.csv and clients.csv in {args.out}")
   return 0
 
 
 def cmd_sweep(args) -> int:
-  from fedjax_dro.simulate import sweep, atomic_write
+  from fedjax_dro.sharding import is_writer
+  from fedjax_dro.simulate import sweep
+
+  _distributed(args)
+  _check_paths(args)
+  seeds = _parse_seeds(args.seeds)
   alg, ds = build(args.algorithm, args.dataset, args.seed, _factory_options(args))
+  ds, mesh = _scale(args, ds)
+  print(f"fedjax-dro sweep: {alg.name} on {ds.name}; devices: {_device_line(mesh)}")
   grid = _parse_kv(args.grid, "--grid", multi=True)
-  seeds = [int(s) for s in args.seeds.split(",")]
-  res = sweep(alg, ds, rounds=args.rounds, grid=grid, seeds=seeds,
-              hparams=_parse_kv(args.hparam, "--hparam"), eval_every=args.eval_every)
+  res = sweep(
+    alg,
+    ds,
+    rounds=args.rounds,
+    grid=grid,
+    seeds=seeds,
+    hparams=_parse_kv(args.hparam, "--hparam"),
+    eval_every=args.eval_every,
+    mesh=mesh,
+  )
   metric = "accuracy" if alg.model.task == "classification" else "r2"
-  rows = [[json.dumps(c["hparams"]), c["seed"], _fmt(s[metric]["mean"]), _fmt(s[metric]["worst20"]),
-           "yes" if d else ""] for c, s, d in zip(res.configs, res.final_summary, res.diverged)]
+  rows = [
+    [
+      json.dumps(c["hparams"]),
+      c["seed"],
+      _fmt(s[metric]["mean"]),
+      _fmt(s[metric]["worst20"]),
+      "yes" if d else "",
+    ]
+    for c, s, d in zip(res.configs, res.final_summary, res.diverged)
+  ]
   print_table(rows, ["hparams", "seed", f"{metric} mean", f"{metric} worst-20%", "diverged"])
-  print(f"best (mean {metric}): {res.best(metric)}; {len(res.configs)} runs in one program: "
-        f"compile {res.compile_time:.2f}s, run {res.wall_time:.2f}s")
-  if args.out:
-    os.makedirs(args.out, exist_ok=True)
-    atomic_write(os.path.join(args.out, "sweep.json"), json.dumps(
-        {"algorithm": res.algorithm, "configs": res.configs, "final": res.final_summary,
-         "diverged": res.diverged.tolist()}, indent=2))
+  print(
+    f"best (mean {metric}): {res.best(metric)}; {len(res.configs)} runs in one program: "
+    f"compile {res.compile_time:.2f}s, run {res.wall_time:.2f}s"
+  )
+  if args.out and is_writer():
+    res.save(args.out)
+    print(f"wrote sweep.json and sweep.csv in {args.out}")
   return 0
 
 
 def cmd_list(args) -> int:
   from fedjax_dro.algorithms import list_algorithms
   from fedjax_dro.data import list_datasets
+
   print("Algorithms:")
   for name, e in list_algorithms().items():
     print(f"  {name:<22} {e.description}")
@@ -178,8 +343,17 @@ def cmd_list(args) -> int:
   return 0
 
 
+def cmd_plot(args) -> int:
+  from fedjax_dro.plots import plot
+
+  for path in plot(args.dirs, args.out, metric=args.metric):
+    print(f"wrote {path}")
+  return 0
+
+
 def cmd_reproduce(args) -> int:
   from fedjax_dro.reproduce import reproduce
+
   reproduce(args.experiment, out_dir=args.out, rounds=args.rounds, quick=args.quick, seed=args.seed)
   return 0
 
@@ -192,14 +366,40 @@ def main(argv: Optional[List[str]] = None) -> int:
   p_run.add_argument("--seed", type=int, default=0)
   p_run.add_argument("--out", default=None, help="directory for metrics.jsonl and summary.json")
   p_run.add_argument("--no-progress", action="store_true", help="no progress bar")
-  p_run.add_argument("--checkpoint-dir", default=None,
-                     help="save state after every evaluation chunk; rerunning the same command resumes")
-  p_run.add_argument("--cv-folds", type=int, default=None,
-                     help="pick the --cv-grid point by K-fold CV on the clients' training rows first")
-  p_run.add_argument("--cv-grid", action="append", default=[], metavar="NAME=V1,V2,...",
-                     help="hyper-parameter grid for --cv-folds (repeatable)")
-  p_run.add_argument("--cv-metric", default="loss", help="held-out metric for --cv-folds "
-                     "(loss, mse, r2, accuracy; example-weighted mean over clients)")
+  p_run.add_argument(
+    "--checkpoint-dir",
+    default=None,
+    help="save state after every evaluation chunk; rerunning the same command resumes",
+  )
+  p_run.add_argument(
+    "--checkpoint-every",
+    type=int,
+    default=None,
+    metavar="K",
+    help="checkpoint at the first evaluation after every K rounds (default: every evaluation)",
+  )
+  p_run.add_argument(
+    "--keep-checkpoints", type=int, default=2, metavar="N", help="keep the newest N checkpoints"
+  )
+  p_run.add_argument(
+    "--cv-folds",
+    type=int,
+    default=None,
+    help="pick the --cv-grid point by K-fold CV on the clients' training rows first",
+  )
+  p_run.add_argument(
+    "--cv-grid",
+    action="append",
+    default=[],
+    metavar="NAME=V1,V2,...",
+    help="hyper-parameter grid for --cv-folds (repeatable)",
+  )
+  p_run.add_argument(
+    "--cv-metric",
+    default="loss",
+    help="held-out metric for --cv-folds "
+    "(loss, mse, r2, accuracy; example-weighted mean over clients)",
+  )
   p_sweep = sub.add_parser("sweep", help="vmapped sweep over a hyper-parameter grid and seeds")
   _add_common(p_sweep)
   p_sweep.add_argument("--grid", action="append", default=[], metavar="NAME=V1,V2,...")
@@ -207,20 +407,31 @@ def main(argv: Optional[List[str]] = None) -> int:
   p_sweep.add_argument("--seed", type=int, default=0, help="dataset seed")
   p_sweep.add_argument("--out", default=None)
   p_rep = sub.add_parser("reproduce", help="reproduce a paper figure (JSON + PNG)")
-  p_rep.add_argument("experiment", choices=["scaffpd-synthetic"])
+  from fedjax_dro.reproduce import EXPERIMENTS
+
+  p_rep.add_argument("experiment", choices=sorted(EXPERIMENTS))
   p_rep.add_argument("--out", default=None, help="output directory")
   p_rep.add_argument("--rounds", type=int, default=None, help="communication rounds")
   p_rep.add_argument("--quick", action="store_true", help="tiny grids, few rounds (smoke test)")
   p_rep.add_argument("--seed", type=int, default=0, help="data seed")
+  p_plot = sub.add_parser("plot", help="PNG plots of run / sweep output directories")
+  p_plot.add_argument("dirs", nargs="+", help="run directories (seeds) and/or sweep directories")
+  p_plot.add_argument("--out", default=None, help="output directory (default: the first dir)")
+  p_plot.add_argument("--metric", default=None, help="metric to plot (default: accuracy or r2)")
   sub.add_parser("list", help="list algorithms and datasets")
   args = parser.parse_args(argv)
   if args.command is None:
     parser.print_help()
     return 2
   try:
-    return {"run": cmd_run, "sweep": cmd_sweep, "list": cmd_list,
-            "reproduce": cmd_reproduce}[args.command](args)
-  except (ValueError, TypeError) as e:
+    return {
+      "run": cmd_run,
+      "sweep": cmd_sweep,
+      "list": cmd_list,
+      "plot": cmd_plot,
+      "reproduce": cmd_reproduce,
+    }[args.command](args)
+  except (ValueError, TypeError, MemoryError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
 

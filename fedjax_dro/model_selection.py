@@ -18,6 +18,7 @@ point that diverged on any fold scores NaN and is never picked.
     cv = cross_validate(alg, dataset, grid={"t": [0.01, 0.1, 1.0]}, folds=5, rounds=200)
     print(cv.to_markdown()); best = cv.best        # {"t": ...}
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -32,12 +33,19 @@ import numpy as np
 
 from fedjax_dro.algorithms.base import Algorithm
 from fedjax_dro.core.metrics import HIGHER_IS_BETTER
-from fedjax_dro.data.federated import FederatedData, FederatedDataset, from_client_arrays, validate_data
+from fedjax_dro.data.federated import (
+  FederatedData,
+  FederatedDataset,
+  from_client_arrays,
+  validate_data,
+)
 
 STATS = ("weighted_mean", "mean", "worst20", "best20", "worst", "q10", "q25", "q50", "q75", "q90")
 
 
-def kfold_split(data: FederatedData, folds: int, *, seed: int = 0) -> List[Tuple[FederatedData, FederatedData]]:
+def kfold_split(
+  data: FederatedData, folds: int, *, seed: int = 0
+) -> List[Tuple[FederatedData, FederatedData]]:
   """``[(train_k, heldout_k)]`` for ``k < folds``: a per-client K-fold split of the valid rows.
 
   Client ``i``'s rows are permuted with ``numpy.random.default_rng(seed)`` and cut into ``folds``
@@ -60,8 +68,10 @@ def kfold_split(data: FederatedData, folds: int, *, seed: int = 0) -> List[Tuple
     for i, client in enumerate(parts):
       held = np.sort(client[k])
       train = np.sort(np.concatenate([client[j] for j in range(folds) if j != k]))
-      tr_x.append(x[i, train]); tr_y.append(y[i, train])
-      ho_x.append(x[i, held]); ho_y.append(y[i, held])
+      tr_x.append(x[i, train])
+      tr_y.append(y[i, train])
+      ho_x.append(x[i, held])
+      ho_y.append(y[i, held])
     train_k = from_client_arrays(tr_x, tr_y, dtype=x.dtype).pad_to(data.max_examples)
     held_k = from_client_arrays(ho_x, ho_y, dtype=x.dtype).pad_to(held_max)
     out.append((train_k, held_k))
@@ -76,8 +86,10 @@ def _check_folds(folds, nex) -> None:
   smallest = int(np.min(nex))
   if folds > smallest:
     i = int(np.argmin(nex))
-    raise ValueError(f"folds={folds} exceeds the smallest client's number of training examples "
-                     f"(client {i} has {smallest}); every client needs >= 1 row per fold")
+    raise ValueError(
+      f"folds={folds} exceeds the smallest client's number of training examples "
+      f"(client {i} has {smallest}); every client needs >= 1 row per fold"
+    )
 
 
 @dataclasses.dataclass
@@ -91,6 +103,7 @@ class CVResult:
     best: the best point; ``best_index`` its row; ``best_score`` its mean score.
     metric, stat: what was scored; ``higher_is_better`` its direction.
   """
+
   points: List[Dict[str, Any]]
   scores: np.ndarray
   mean: np.ndarray
@@ -106,24 +119,41 @@ class CVResult:
 
   def table(self) -> List[Dict[str, Any]]:
     """One row per grid point: its values, ``mean``, ``se``, per-fold ``scores``, ``best``."""
-    return [{**p, "mean": float(m), "se": float(s), "scores": [float(v) for v in sc],
-             "best": i == self.best_index}
-            for i, (p, m, s, sc) in enumerate(zip(self.points, self.mean, self.se, self.scores))]
+    return [
+      {
+        **p,
+        "mean": float(m),
+        "se": float(s),
+        "scores": [float(v) for v in sc],
+        "best": i == self.best_index,
+      }
+      for i, (p, m, s, sc) in enumerate(zip(self.points, self.mean, self.se, self.scores))
+    ]
 
   def to_markdown(self) -> str:
     names = list(self.points[0]) if self.points and self.points[0] else []
     header = names + [f"{self.metric} ({self.stat}) mean", "se", ""]
-    rows = [[_fmt(p[k]) for k in names] + [f"{m:.6g}", f"{s:.3g}", "best" if i == self.best_index else ""]
-            for i, (p, m, s) in enumerate(zip(self.points, self.mean, self.se))]
+    rows = [
+      [_fmt(p[k]) for k in names] + [f"{m:.6g}", f"{s:.3g}", "best" if i == self.best_index else ""]
+      for i, (p, m, s) in enumerate(zip(self.points, self.mean, self.se))
+    ]
     widths = [max(len(str(r[c])) for r in [header] + rows) for c in range(len(header))]
     line = lambda r: "| " + " | ".join(str(v).ljust(w) for v, w in zip(r, widths)) + " |"
-    return "\n".join([line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
-                     + [line(r) for r in rows])
+    return "\n".join(
+      [line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [line(r) for r in rows]
+    )
 
   def to_json(self) -> Dict[str, Any]:
-    return {"metric": self.metric, "stat": self.stat, "folds": self.folds, "rounds": self.rounds,
-            "higher_is_better": self.higher_is_better, "best": self.best,
-            "best_score": self.best_score, "table": self.table()}
+    return {
+      "metric": self.metric,
+      "stat": self.stat,
+      "folds": self.folds,
+      "rounds": self.rounds,
+      "higher_is_better": self.higher_is_better,
+      "best": self.best,
+      "best_score": self.best_score,
+      "table": self.table(),
+    }
 
 
 def _fmt(v):
@@ -141,13 +171,15 @@ def _resolve(make_alg, grid):
       raise TypeError(f"make_alg() must return an Algorithm, got {type(base).__name__}")
     try:
       params = inspect.signature(make_alg).parameters
-      accepted = {k for k, p in params.items()
-                  if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+      accepted = {
+        k for k, p in params.items() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
+      }
     except (TypeError, ValueError):
       accepted = set()
   else:
-    raise TypeError(f"make_alg must be an Algorithm or a callable returning one, got "
-                    f"{type(make_alg).__name__}")
+    raise TypeError(
+      f"make_alg must be an Algorithm or a callable returning one, got {type(make_alg).__name__}"
+    )
   if not isinstance(grid, dict):
     raise TypeError(f"grid must be a dict name -> list of values, got {type(grid).__name__}")
   hp_names, opt_names = [], []
@@ -164,19 +196,31 @@ def _resolve(make_alg, grid):
     elif name in accepted:
       opt_names.append(name)
     else:
-      opts = f" or factory options {sorted(accepted)}" if accepted else \
-          " (pass a callable make_alg(**options) to search over factory options)"
-      raise ValueError(f"grid has unknown hyper-parameter {name!r} for algorithm {base.name!r}; "
-                       f"expected one of its hyper-parameters {sorted(base.hparams)}{opts}")
+      opts = (
+        f" or factory options {sorted(accepted)}"
+        if accepted
+        else " (pass a callable make_alg(**options) to search over factory options)"
+      )
+      raise ValueError(
+        f"grid has unknown hyper-parameter {name!r} for algorithm {base.name!r}; "
+        f"expected one of its hyper-parameters {sorted(base.hparams)}{opts}"
+      )
   return base, factory, hp_names, opt_names
 
 
-def cross_validate(make_alg: Union[Algorithm, Callable[..., Algorithm]],
-                   data: Union[FederatedDataset, FederatedData],
-                   grid: Dict[str, Sequence[Any]], *, folds: int = 5, rounds: int,
-                   seed: int = 0, metric: str = "loss", stat: str = "weighted_mean",
-                   hparams: Optional[Dict[str, Any]] = None,
-                   eval_every: Optional[int] = None) -> CVResult:
+def cross_validate(
+  make_alg: Union[Algorithm, Callable[..., Algorithm]],
+  data: Union[FederatedDataset, FederatedData],
+  grid: Dict[str, Sequence[Any]],
+  *,
+  folds: int = 5,
+  rounds: int,
+  seed: int = 0,
+  metric: str = "loss",
+  stat: str = "weighted_mean",
+  hparams: Optional[Dict[str, Any]] = None,
+  eval_every: Optional[int] = None,
+) -> CVResult:
   """K-fold cross-validation of ``grid`` on the clients' training rows (see the module docstring).
 
   Args:
@@ -203,33 +247,49 @@ def cross_validate(make_alg: Union[Algorithm, Callable[..., Algorithm]],
     raise TypeError(f"metric must be a metric name (str), got {metric!r}")
   unknown = sorted(set(hparams or {}) - set(base.hparams))
   if unknown:
-    raise ValueError(f"hparams has unknown hyper-parameter(s) {unknown} for {base.name!r}; "
-                     f"expected a subset of {sorted(base.hparams)}")
-  splits = kfold_split(train, folds, seed=seed)   # validates folds
+    raise ValueError(
+      f"hparams has unknown hyper-parameter(s) {unknown} for {base.name!r}; "
+      f"expected a subset of {sorted(base.hparams)}"
+    )
+  splits = kfold_split(train, folds, seed=seed)  # validates folds
   higher = HIGHER_IS_BETTER.get(metric, True)
   hp_names_sorted = sorted(hp_names)
   opt_combos = list(itertools.product(*[list(grid[k]) for k in opt_names])) or [()]
-  hp_combos = list(itertools.product(*[list(grid[k]) for k in hp_names_sorted])) or [()]
   # grid order: the product over the grid keys in the order they were given
   names = list(grid)
-  points = [dict(zip(names, combo)) for combo in itertools.product(*[list(grid[k]) for k in names])] or [{}]
+  points = [
+    dict(zip(names, combo)) for combo in itertools.product(*[list(grid[k]) for k in names])
+  ] or [{}]
   index = {_key(p, names): i for i, p in enumerate(points)}
   scores = np.full((len(points), folds), np.nan)
   from fedjax_dro.simulate import sweep
+
   for opt_combo in opt_combos:
     options = dict(zip(opt_names, opt_combo))
     alg = factory(**options) if (factory is not None and options) else base
     hp_grid = {k: [float(v) for v in grid[k]] for k in hp_names_sorted}
     for k, (train_k, held_k) in enumerate(splits):
-      res = sweep(alg, train_k, rounds=rounds, grid=hp_grid, seeds=[seed], hparams=hparams,
-                  eval_data=held_k, eval_every=eval_every)
+      res = sweep(
+        alg,
+        train_k,
+        rounds=rounds,
+        grid=hp_grid,
+        seeds=[seed],
+        hparams=hparams,
+        eval_data=held_k,
+        eval_every=eval_every,
+      )
       for config, summary, diverged in zip(res.configs, res.final_summary, res.diverged):
         if metric not in summary:
-          raise ValueError(f"metric {metric!r} is not reported for {alg.name} on this task; "
-                           f"available: {sorted(summary)}")
+          raise ValueError(
+            f"metric {metric!r} is not reported for {alg.name} on this task; "
+            f"available: {sorted(summary)}"
+          )
         if stat not in summary[metric]:
-          raise ValueError(f"stat {stat!r} is not available for metric {metric!r}; available: "
-                           f"{sorted(summary[metric])}")
+          raise ValueError(
+            f"stat {stat!r} is not available for metric {metric!r}; available: "
+            f"{sorted(summary[metric])}"
+          )
         point = {**options, **{h: config["hparams"][h] for h in hp_names_sorted}}
         row = index[_key(point, names)]
         scores[row, k] = np.nan if diverged else summary[metric][stat]
@@ -237,12 +297,25 @@ def cross_validate(make_alg: Union[Algorithm, Callable[..., Algorithm]],
   mean = np.where(finite, scores.mean(axis=1), np.nan)
   se = np.where(finite, scores.std(axis=1, ddof=1) / math.sqrt(folds), np.nan)
   if not finite.any():
-    raise FloatingPointError("every grid point diverged (non-finite values) on some fold; lower the "
-                             "step sizes")
+    raise FloatingPointError(
+      "every grid point diverged (non-finite values) on some fold; lower the step sizes"
+    )
   signed = np.where(finite, mean if higher else -mean, -np.inf)
   best_index = int(np.argmax(signed))
-  return CVResult(points, scores, mean, se, dict(points[best_index]), best_index,
-                  float(mean[best_index]), metric, stat, higher, int(folds), int(rounds))
+  return CVResult(
+    points,
+    scores,
+    mean,
+    se,
+    dict(points[best_index]),
+    best_index,
+    float(mean[best_index]),
+    metric,
+    stat,
+    higher,
+    int(folds),
+    int(rounds),
+  )
 
 
 def _key(point, names):
@@ -250,26 +323,59 @@ def _key(point, names):
 
 
 def _norm(v):
-  return float(v) if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) else v
+  return (
+    float(v)
+    if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
+    else v
+  )
 
 
-def select_hparams(alg: Algorithm, data, grid, *, folds: int, rounds: int, seed: int = 0,
-                   metric: str = "loss", stat: str = "weighted_mean",
-                   hparams: Optional[Dict[str, Any]] = None, eval_every: Optional[int] = None,
-                   out_dir: Optional[str] = None, file=None) -> Dict[str, Any]:
+def select_hparams(
+  alg: Algorithm,
+  data,
+  grid,
+  *,
+  folds: int,
+  rounds: int,
+  seed: int = 0,
+  metric: str = "loss",
+  stat: str = "weighted_mean",
+  hparams: Optional[Dict[str, Any]] = None,
+  eval_every: Optional[int] = None,
+  out_dir: Optional[str] = None,
+  file=None,
+) -> Dict[str, Any]:
   """CLI helper: cross-validates ``grid``, prints the table and the choice, returns the merged
   hyper-parameters ``{**hparams, **best}`` (and writes ``cv.json`` to ``out_dir``)."""
   file = file or sys.stdout
-  cv = cross_validate(alg, data, grid, folds=folds, rounds=rounds, seed=seed, metric=metric,
-                      stat=stat, hparams=hparams, eval_every=eval_every)
-  print(f"{folds}-fold cross-validation on the clients' training rows ({rounds} rounds per run), "
-        f"{metric} ({stat}):", file=file)
+  cv = cross_validate(
+    alg,
+    data,
+    grid,
+    folds=folds,
+    rounds=rounds,
+    seed=seed,
+    metric=metric,
+    stat=stat,
+    hparams=hparams,
+    eval_every=eval_every,
+  )
+  print(
+    f"{folds}-fold cross-validation on the clients' training rows ({rounds} rounds per run), "
+    f"{metric} ({stat}):",
+    file=file,
+  )
   print(cv.to_markdown(), file=file)
   chosen = ", ".join(f"{k}={_fmt(v)}" for k, v in cv.best.items())
-  print(f"chosen by CV: {chosen} ({metric} {cv.best_score:.6g} +- {cv.se[cv.best_index]:.3g})", file=file)
+  print(
+    f"chosen by CV: {chosen} ({metric} {cv.best_score:.6g} +- {cv.se[cv.best_index]:.3g})",
+    file=file,
+  )
   if out_dir is not None:
     import os
+
     from fedjax_dro.simulate import atomic_write
+
     os.makedirs(out_dir, exist_ok=True)
     atomic_write(os.path.join(out_dir, "cv.json"), json.dumps(cv.to_json(), indent=2))
   return {**(hparams or {}), **cv.best}

@@ -1,4 +1,5 @@
 """Small shared builders for tests (float64 data, numpy oracles)."""
+
 import numpy as np
 
 from fedjax_dro import models
@@ -19,8 +20,9 @@ def regression_clients(n=6, d=3, sizes=None, seed=0, shift=1.0):
 
 
 def dataset(train, test=None, task="regression", num_classes=None):
-  return FederatedDataset(train=train, test=test if test is not None else train, task=task,
-                          num_classes=num_classes)
+  return FederatedDataset(
+    train=train, test=test if test is not None else train, task=task, num_classes=num_classes
+  )
 
 
 def linreg(d, l2=0.0):

@@ -1,77 +1,476 @@
-"""Bad input gets a clear ValueError / TypeError naming the argument (never an XLA traceback)."""
+"""Bad input gets a clear ValueError / TypeError naming the argument (never an XLA traceback).
+
+``CASES`` (Python API) and ``CLI_CASES`` (command line) are the table of distinct bad inputs;
+``docs/bad_inputs.md`` lists them (``python -m tests.test_bad_inputs`` prints that table; a test
+keeps the two in sync). Every case asserts the exception type (or, for the CLI, exit status 2 and
+a one-line ``error:``) and that the message names the argument.
+"""
+
+import os
+
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_dro import algorithms as A
-from fedjax_dro import cli, models, run, sweep
-from fedjax_dro.data import (dirichlet_partition, from_arrays, from_client_arrays, get_dataset,
-                             train_test_split, validate_data)
+from fedjax_dro import algorithms as A, cli, models, run, sweep
+from fedjax_dro.data import (
+  dirichlet_partition,
+  from_arrays,
+  from_client_arrays,
+  get_dataset,
+  train_test_split,
+  validate_data,
+)
 from tests.helpers import dataset, linreg, regression_clients
 
 DATA = regression_clients(n=4, d=2, seed=0)
+RNG = np.random.default_rng(0)
 
 
-def _rng_xy(m, d=2):
-  rng = np.random.default_rng(0)
-  return rng.normal(size=(m, d)), rng.normal(size=m)
+def _clients(d=2, n=3, m=6, labels=None, x_dtype=np.float64):
+  xs = [RNG.normal(size=(m, d)).astype(x_dtype) for _ in range(n)]
+  ys = [labels(m) if labels else RNG.normal(size=m) for _ in range(n)]
+  return xs, ys
 
 
+def _classes(k, n=3, m=6, d=2, **kw):
+  xs, ys = _clients(d=d, n=n, m=m, labels=lambda m: np.arange(m) % k, **kw)
+  return from_client_arrays(xs, ys)
+
+
+def _fedavg(model=None):
+  return A.fedavg(model or linreg(2))
+
+
+def _run(**kw):
+  kw.setdefault("rounds", 1)
+  return run(kw.pop("alg", None) or _fedavg(), kw.pop("data", None) or dataset(DATA), **kw)
+
+
+def _sweep(**kw):
+  kw.setdefault("rounds", 1)
+  return sweep(_fedavg(), dataset(DATA), **kw)
+
+
+F32_PARAMS = {"w": np.zeros(2, np.float32), "b": np.zeros((), np.float32)}
+_FILE = os.path.abspath(__file__)
+
+# description: (callable, exception type, fragment naming the argument)
 CASES = {
-    "ragged feature shapes": (lambda: from_client_arrays([np.zeros((3, 2)), np.zeros((3, 4))],
-                                                       [np.zeros(3), np.zeros(3)]), ValueError, "feature shape"),
-    "x / y row mismatch": (lambda: from_client_arrays([np.zeros((3, 2))], [np.zeros(4)]), ValueError, "ys[0]"),
-    "empty client": (lambda: from_client_arrays([np.zeros((3, 2)), np.zeros((0, 2))],
-                                              [np.zeros(3), np.zeros(0)]), ValueError, "client 1 is empty"),
-    "no clients": (lambda: from_client_arrays([], []), ValueError, "xs is empty"),
-    "NaN in features": (lambda: from_client_arrays([np.array([[1.0, np.nan]])], [np.zeros(1)]), ValueError, "NaN"),
-    "xs not a list": (lambda: from_client_arrays(np.zeros((2, 3, 2)), np.zeros((2, 3))), TypeError, "lists"),
-    "client_id float": (lambda: from_arrays(np.zeros((4, 2)), np.zeros(4), np.zeros(4)), TypeError, "client_id"),
-    "client_id missing client": (lambda: from_arrays(np.zeros((4, 2)), np.zeros(4), np.array([0, 0, 2, 2])),
-                                 ValueError, "client 1 has no rows"),
-    "client_id length": (lambda: from_arrays(np.zeros((4, 2)), np.zeros(4), np.array([0, 1])), ValueError, "same number of rows"),
-    "non-prefix mask": (lambda: validate_data(DATA.replace(mask=DATA.mask[:, ::-1])), ValueError, "prefix mask"),
-    "data wrong type": (lambda: run(A.fedavg(linreg(2)), {"x": 1}, rounds=1), TypeError, "data must be"),
-    "clients_per_round > n": (lambda: run(A.fedavg(linreg(2), clients_per_round=9), dataset(DATA), rounds=1),
-                              ValueError, "clients_per_round"),
-    "clients_per_round zero": (lambda: A.fedavg(linreg(2), clients_per_round=0), ValueError, "clients_per_round"),
-    "negative step size": (lambda: run(A.fedavg(linreg(2)), dataset(DATA), rounds=1, hparams={"client_lr": -0.1}),
-                           ValueError, "client_lr"),
-    "NaN step size": (lambda: run(A.fedavg(linreg(2)), dataset(DATA), rounds=1, hparams={"client_lr": float("nan")}),
-                      ValueError, "client_lr"),
-    "unknown hparam": (lambda: run(A.fedavg(linreg(2)), dataset(DATA), rounds=1, hparams={"learning_rate": 0.1}),
-                       ValueError, "learning_rate"),
-    "beta1 > 1": (lambda: run(A.fedadam(linreg(2)), dataset(DATA), rounds=1, hparams={"beta1": 1.5}), ValueError, "beta1"),
-    "rounds zero": (lambda: run(A.fedavg(linreg(2)), dataset(DATA), rounds=0), ValueError, "rounds"),
-    "eval_every negative": (lambda: run(A.fedavg(linreg(2)), dataset(DATA), rounds=2, eval_every=-1), ValueError, "eval_every"),
-    "unknown algorithm": (lambda: A.get_algorithm("fedavgg"), ValueError, "unknown algorithm"),
-    "unknown dataset": (lambda: get_dataset("mnist-online"), ValueError, "unknown dataset"),
-    "unknown backend": (lambda: A.fedavg(linreg(2), backend="pmap"), ValueError, "backend"),
-    "negative local steps": (lambda: A.fedavg(linreg(2), local_steps=-3), ValueError, "local_steps"),
-    "batch size zero": (lambda: A.fedavg(linreg(2), batch_size=0), ValueError, "batch_size"),
-    "bad weighting": (lambda: A.fedavg(linreg(2), weighting="size"), ValueError, "weighting"),
-    "eval data client mismatch": (lambda: run(A.fedavg(linreg(2)), dataset(DATA), rounds=1,
-                                              eval_data=regression_clients(n=3, d=2)), ValueError, "eval_data"),
-    "negative l2": (lambda: models.linear_regression(3, l2=-1.0), ValueError, "l2"),
-    "num_features zero": (lambda: models.logistic_regression(0), ValueError, "num_features"),
-    "flax adapter non-module": (lambda: models.from_flax(lambda x: x, np.zeros((1, 2))), TypeError, "flax.linen.Module"),
-    "flax adapter unknown loss": (lambda: models.mlp((2,), 3).init and models.from_flax(
-        models.builtin._MLP((4,), 2), np.zeros((1, 2)), loss="hinge"), ValueError, "loss"),
-    "sweep unknown grid key": (lambda: sweep(A.fedavg(linreg(2)), dataset(DATA), rounds=1, grid={"lr": [0.1]}),
-                               ValueError, "lr"),
-    "sweep empty seeds": (lambda: sweep(A.fedavg(linreg(2)), dataset(DATA), rounds=1, seeds=[]), ValueError, "seeds"),
-    "seed not int": (lambda: run(A.fedavg(linreg(2)), dataset(DATA), rounds=1, seed="zero"), TypeError, "seed"),
-    "dirichlet alpha": (lambda: dirichlet_partition(np.arange(10) % 2, 2, alpha=0.0), ValueError, "alpha"),
-    "dirichlet float labels": (lambda: dirichlet_partition(np.zeros(10), 2, alpha=1.0), TypeError, "labels"),
-    "split fraction": (lambda: train_test_split(DATA, 1.5), ValueError, "test_fraction"),
+  # ---- building federated data ----
+  "ragged feature shapes": (
+    lambda: from_client_arrays([np.zeros((3, 2)), np.zeros((3, 4))], [np.zeros(3), np.zeros(3)]),
+    ValueError,
+    "xs[1]",
+  ),
+  "ragged label shapes": (
+    lambda: from_client_arrays([np.zeros((3, 2))] * 2, [np.zeros(3), np.zeros((3, 2))]),
+    ValueError,
+    "ys[1]",
+  ),
+  "x / y row mismatch": (
+    lambda: from_client_arrays([np.zeros((3, 2))], [np.zeros(4)]),
+    ValueError,
+    "ys[0]",
+  ),
+  "empty client": (
+    lambda: from_client_arrays([np.zeros((3, 2)), np.zeros((0, 2))], [np.zeros(3), np.zeros(0)]),
+    ValueError,
+    "xs[1]",
+  ),
+  "no clients": (lambda: from_client_arrays([], []), ValueError, "xs"),
+  "NaN in features": (
+    lambda: from_client_arrays([np.array([[1.0, np.nan]])], [np.zeros(1)]),
+    ValueError,
+    "xs[0]",
+  ),
+  "inf in labels": (
+    lambda: from_client_arrays([np.zeros((1, 2))], [np.array([np.inf])]),
+    ValueError,
+    "ys[0]",
+  ),
+  "complex features": (
+    lambda: from_client_arrays(*_clients(x_dtype=np.complex128)),
+    TypeError,
+    "xs[0]",
+  ),
+  "complex labels": (
+    lambda: from_client_arrays([np.zeros((2, 2))], [np.array([1 + 1j, 2.0])]),
+    TypeError,
+    "ys[0]",
+  ),
+  "string labels": (
+    lambda: from_client_arrays([np.zeros((2, 2))], [np.array(["cat", "dog"])]),
+    TypeError,
+    "ys[0]",
+  ),
+  "string features": (
+    lambda: from_client_arrays([np.array([["a", "b"]])], [np.zeros(1)]),
+    TypeError,
+    "xs[0]",
+  ),
+  "features beyond float32": (
+    lambda: from_client_arrays([np.full((2, 2), 1e300)], [np.zeros(2)], dtype=np.float32),
+    ValueError,
+    "xs[0]",
+  ),
+  "integer then float labels": (
+    lambda: from_client_arrays([np.zeros((2, 2))] * 2, [np.array([0, 1]), np.array([0.5, 1.0])]),
+    TypeError,
+    "ys[1]",
+  ),
+  "integer dtype for x": (
+    lambda: from_client_arrays([np.zeros((2, 2))], [np.zeros(2)], dtype=np.int32),
+    TypeError,
+    "dtype",
+  ),
+  "max_examples zero": (
+    lambda: from_client_arrays([np.zeros((2, 2))], [np.zeros(2)], max_examples=0),
+    ValueError,
+    "max_examples",
+  ),
+  "xs not a list": (
+    lambda: from_client_arrays(np.zeros((2, 3, 2)), np.zeros((2, 3))),
+    TypeError,
+    "xs",
+  ),
+  "client_id float": (
+    lambda: from_arrays(np.zeros((4, 2)), np.zeros(4), np.zeros(4)),
+    TypeError,
+    "client_id",
+  ),
+  "client_id missing client": (
+    lambda: from_arrays(np.zeros((4, 2)), np.zeros(4), np.array([0, 0, 2, 2])),
+    ValueError,
+    "client_id",
+  ),
+  "client_id negative": (
+    lambda: from_arrays(np.zeros((4, 2)), np.zeros(4), np.array([0, -1, 1, 1])),
+    ValueError,
+    "client_id",
+  ),
+  "client_id length": (
+    lambda: from_arrays(np.zeros((4, 2)), np.zeros(4), np.array([0, 1])),
+    ValueError,
+    "client_id",
+  ),
+  "non-prefix mask": (
+    lambda: validate_data(DATA.replace(mask=DATA.mask[:, ::-1])),
+    ValueError,
+    "data.mask",
+  ),
+  "num_examples float": (
+    lambda: validate_data(DATA.replace(num_examples=DATA.num_examples.astype(float))),
+    TypeError,
+    "data.num_examples",
+  ),
+  "NaN in padded rows": (
+    lambda: validate_data(DATA.replace(x=DATA.x.at[3, -1].set(np.nan))),
+    ValueError,
+    "data.x",
+  ),
+  "FederatedData with complex x": (
+    lambda: _run(data=DATA.replace(x=DATA.x.astype(np.complex64))),
+    TypeError,
+    "data.x",
+  ),
+  "dirichlet alpha": (
+    lambda: dirichlet_partition(np.arange(10) % 2, 2, alpha=0.0),
+    ValueError,
+    "alpha",
+  ),
+  "dirichlet float labels": (
+    lambda: dirichlet_partition(np.zeros(10), 2, alpha=1.0),
+    TypeError,
+    "labels",
+  ),
+  "split fraction": (lambda: train_test_split(DATA, 1.5), ValueError, "test_fraction"),
+  "unknown dataset": (lambda: get_dataset("mnist-online"), ValueError, "dataset"),
+  # ---- model factories ----
+  "num_features zero": (lambda: models.logistic_regression(0), ValueError, "num_features"),
+  "num_classes zero": (lambda: models.softmax_regression(3, 0), ValueError, "num_classes"),
+  "num_outputs zero": (
+    lambda: models.linear_regression(3, num_outputs=0),
+    ValueError,
+    "num_outputs",
+  ),
+  "fit_intercept not a bool": (
+    lambda: models.linear_regression(3, fit_intercept="yes"),
+    TypeError,
+    "fit_intercept",
+  ),
+  "negative l2": (lambda: models.linear_regression(3, l2=-1.0), ValueError, "l2"),
+  "NaN l2": (lambda: models.linear_regression(3, l2=float("nan")), ValueError, "l2"),
+  "MLP hidden layer of size 0": (lambda: models.mlp((4,), 3, hidden=(0,)), ValueError, "hidden"),
+  "MLP hidden as a string": (lambda: models.mlp((4,), 3, hidden="200"), ValueError, "hidden"),
+  "MLP negative input_shape": (lambda: models.mlp((-4,), 3), ValueError, "input_shape"),
+  "CNN on 1-D input_shape": (lambda: models.cnn((64,), 10), ValueError, "input_shape"),
+  "CNN input too small to pool": (lambda: models.cnn((2, 2), 10), ValueError, "input_shape"),
+  "CNN dense zero": (lambda: models.cnn((8, 8), 10, dense=0), ValueError, "dense"),
+  "flax adapter non-module": (
+    lambda: models.from_flax(lambda x: x, np.zeros((1, 2))),
+    TypeError,
+    "module",
+  ),
+  "flax adapter unknown loss": (
+    lambda: models.from_flax(models.builtin._MLP((4,), 2), np.zeros((1, 2)), loss="hinge"),
+    ValueError,
+    "loss",
+  ),
+  "flax adapter string sample_input": (
+    lambda: models.from_flax(models.builtin._MLP((4,), 2), np.array([["a", "b"]])),
+    TypeError,
+    "sample_input",
+  ),
+  "flax adapter unknown task": (
+    lambda: models.from_flax(models.builtin._MLP((4,), 2), np.zeros((1, 2)), task="ranking"),
+    ValueError,
+    "task",
+  ),
+  # ---- algorithms ----
+  "unknown algorithm": (lambda: A.get_algorithm("fedavgg"), ValueError, "algorithm"),
+  "clients_per_round > n": (
+    lambda: run(A.fedavg(linreg(2), clients_per_round=9), dataset(DATA), rounds=1),
+    ValueError,
+    "clients_per_round",
+  ),
+  "clients_per_round zero": (
+    lambda: A.fedavg(linreg(2), clients_per_round=0),
+    ValueError,
+    "clients_per_round",
+  ),
+  "unknown backend": (lambda: A.fedavg(linreg(2), backend="pmap"), ValueError, "backend"),
+  "negative local steps": (lambda: A.fedavg(linreg(2), local_steps=-3), ValueError, "local_steps"),
+  "batch size zero": (lambda: A.fedavg(linreg(2), batch_size=0), ValueError, "batch_size"),
+  "bad weighting": (lambda: A.fedavg(linreg(2), weighting="size"), ValueError, "weighting"),
+  "Karula dissimilarity of the wrong size": (
+    lambda: run(A.karula(linreg(2), dissimilarity=1.0 - np.eye(3)), dataset(DATA), rounds=1),
+    ValueError,
+    "dissimilarity",
+  ),
+  "Karula dissimilarity not square": (
+    lambda: A.karula(linreg(2), dissimilarity=np.ones((4, 3))),
+    ValueError,
+    "dissimilarity",
+  ),
+  # ---- model against data (the compatibility check before compiling) ----
+  "model for 7 features on data with 2": (
+    lambda: _run(alg=_fedavg(models.linear_regression(7))),
+    ValueError,
+    "data.x",
+  ),
+  "CNN on 1-D features": (
+    lambda: _run(alg=_fedavg(models.cnn((8, 8), 3)), data=_classes(3, d=64)),
+    ValueError,
+    "data.x",
+  ),
+  "logistic regression on labels 0..3": (
+    lambda: _run(alg=_fedavg(models.logistic_regression(2)), data=_classes(4)),
+    ValueError,
+    "data.y",
+  ),
+  "float labels for a classifier": (
+    lambda: _run(alg=_fedavg(models.logistic_regression(2)), data=DATA),
+    ValueError,
+    "data.y",
+  ),
+  "softmax labels beyond the classes": (
+    lambda: _run(alg=_fedavg(models.softmax_regression(2, 3)), data=_classes(5)),
+    ValueError,
+    "data.y",
+  ),
+  "softmax labels negative": (
+    lambda: _run(
+      alg=_fedavg(models.softmax_regression(2, 3)),
+      data=from_client_arrays(*_clients(labels=lambda m: np.arange(m) % 3 - 1)),
+    ),
+    ValueError,
+    "data.y",
+  ),
+  "regression with 3 outputs on scalar labels": (
+    lambda: _run(alg=_fedavg(models.linear_regression(2, num_outputs=3))),
+    ValueError,
+    "data.y",
+  ),
+  "eval data of another feature shape": (
+    lambda: _run(eval_data=regression_clients(n=4, d=3, seed=1)),
+    ValueError,
+    "eval_data.x",
+  ),
+  "eval data client mismatch": (
+    lambda: _run(eval_data=regression_clients(n=3, d=2)),
+    ValueError,
+    "eval_data",
+  ),
+  "init_params of the wrong shape": (
+    lambda: _run(init_params={"w": np.zeros(3), "b": np.zeros(())}),
+    ValueError,
+    "init_params",
+  ),
+  "init_params missing a leaf": (
+    lambda: _run(init_params={"w": np.zeros(2)}),
+    ValueError,
+    "init_params",
+  ),
+  "init_params integer": (
+    lambda: _run(init_params={"w": np.zeros(2, int), "b": np.zeros((), int)}),
+    TypeError,
+    "init_params",
+  ),
+  "init_params NaN": (
+    lambda: _run(init_params={"w": np.full(2, np.nan), "b": np.zeros(())}),
+    ValueError,
+    "init_params",
+  ),
+  # ---- hyper-parameters ----
+  "hparams not a dict": (lambda: _run(hparams=[0.1]), TypeError, "hparams"),
+  "hparams as a string": (lambda: _run(hparams="client_lr=0.1"), TypeError, "hparams"),
+  "unknown hparam": (lambda: _run(hparams={"learning_rate": 0.1}), ValueError, "learning_rate"),
+  "negative step size": (lambda: _run(hparams={"client_lr": -0.1}), ValueError, "client_lr"),
+  "NaN step size": (lambda: _run(hparams={"client_lr": float("nan")}), ValueError, "client_lr"),
+  "infinite step size": (lambda: _run(hparams={"client_lr": np.inf}), ValueError, "client_lr"),
+  "step size as a string": (lambda: _run(hparams={"client_lr": "0.1"}), TypeError, "client_lr"),
+  "step size as a bool": (lambda: _run(hparams={"client_lr": True}), TypeError, "client_lr"),
+  "complex step size": (lambda: _run(hparams={"client_lr": 0.1j}), TypeError, "client_lr"),
+  "step size array in run": (
+    lambda: _run(hparams={"client_lr": [0.1, 0.2]}),
+    ValueError,
+    "client_lr",
+  ),
+  "client_lr=1e308 for a float32 model": (
+    lambda: _run(hparams={"client_lr": 1e308}, init_params=F32_PARAMS),
+    ValueError,
+    "client_lr",
+  ),
+  "client_lr=1e308 in float32 (make_hparams)": (
+    lambda: A.make_hparams(_fedavg(), {"client_lr": 1e308}, dtype=jnp.float32),
+    ValueError,
+    "client_lr",
+  ),
+  "client_lr underflowing float32": (
+    lambda: _run(hparams={"client_lr": 1e-60}, init_params=F32_PARAMS),
+    ValueError,
+    "client_lr",
+  ),
+  "beta1 > 1": (
+    lambda: _run(alg=A.fedadam(linreg(2)), hparams={"beta1": 1.5}),
+    ValueError,
+    "beta1",
+  ),
+  # ---- run arguments ----
+  "data wrong type": (lambda: run(_fedavg(), {"x": 1}, rounds=1), TypeError, "data"),
+  "alg wrong type": (lambda: run("fedavg", dataset(DATA), rounds=1), TypeError, "alg"),
+  "rounds zero": (lambda: _run(rounds=0), ValueError, "rounds"),
+  "rounds a float": (lambda: _run(rounds=10.0), ValueError, "rounds"),
+  "rounds a bool": (lambda: _run(rounds=True), ValueError, "rounds"),
+  "eval_every negative": (lambda: _run(rounds=2, eval_every=-1), ValueError, "eval_every"),
+  "eval_every a bool": (lambda: _run(rounds=2, eval_every=True), ValueError, "eval_every"),
+  "seed not int": (lambda: _run(seed="zero"), TypeError, "seed"),
+  "seed negative": (lambda: _run(seed=-3), ValueError, "seed"),
+  "seed a float key": (lambda: _run(seed=np.zeros(2)), TypeError, "seed"),
+  "progress not a bool": (lambda: _run(progress="yes"), TypeError, "progress"),
+  "out_dir under /proc": (lambda: _run(out_dir="/proc/x"), ValueError, "out_dir"),
+  "out_dir is a file": (lambda: _run(out_dir=_FILE), ValueError, "out_dir"),
+  "checkpoint_dir is a file": (
+    lambda: _run(checkpoint_dir=_FILE),
+    ValueError,
+    "checkpoint_dir",
+  ),
+  "checkpoint_every zero": (
+    lambda: _run(checkpoint_dir="/tmp/unused", checkpoint_every=0),
+    ValueError,
+    "checkpoint_every",
+  ),
+  "checkpoint_every without checkpoint_dir": (
+    lambda: _run(checkpoint_every=5),
+    ValueError,
+    "checkpoint_dir",
+  ),
+  "keep_checkpoints zero": (
+    lambda: _run(checkpoint_dir="/proc/unused", keep_checkpoints=0),
+    ValueError,
+    "keep_checkpoints",
+  ),
+  # ---- sweep ----
+  "sweep grid as a string": (lambda: _sweep(grid="client_lr=0.1,0.2"), TypeError, "grid"),
+  "sweep grid value a scalar": (lambda: _sweep(grid={"client_lr": 0.1}), TypeError, "grid"),
+  "sweep grid values a string": (
+    lambda: _sweep(grid={"client_lr": "0.1,0.2"}),
+    TypeError,
+    "grid['client_lr']",
+  ),
+  "sweep grid empty": (lambda: _sweep(grid={"client_lr": []}), ValueError, "grid['client_lr']"),
+  "sweep unknown grid key": (lambda: _sweep(grid={"lr": [0.1]}), ValueError, "grid"),
+  "sweep grid negative step": (
+    lambda: _sweep(grid={"client_lr": [0.1, -1]}),
+    ValueError,
+    "client_lr",
+  ),
+  "sweep empty seeds": (lambda: _sweep(seeds=[]), ValueError, "seeds"),
+  "sweep negative seed": (lambda: _sweep(seeds=[0, -1]), ValueError, "seeds"),
+  "sweep seeds as a string": (lambda: _sweep(seeds="0,1"), TypeError, "seeds"),
+  "sweep float seed": (lambda: _sweep(seeds=[1.5]), TypeError, "seeds"),
+  "sweep hparams array": (
+    lambda: _sweep(hparams={"client_lr": [0.1, 0.2]}),
+    ValueError,
+    "hparams['client_lr']",
+  ),
+}
+
+# description: (argv, fragment naming the flag); each must exit with status 2 and "error: ..."
+CLI_CASES = {
+  "--out under /proc": (["run", "--out", "/proc/x"], "--out"),
+  "--checkpoint-dir is a file": (["run", "--checkpoint-dir", _FILE], "--checkpoint-dir"),
+  "--seeds not integers": (["sweep", "--seeds", "0,a"], "--seeds"),
+  "--seeds negative": (["sweep", "--seeds", "-1", "--rounds", "1"], "seeds"),
+  "--hparam not a number": (["run", "--hparam", "client_lr=abc"], "--hparam"),
+  "--hparam without =": (["run", "--hparam", "client_lr"], "--hparam"),
+  "--eval-every zero": (["run", "--eval-every", "0", "--rounds", "1"], "eval_every"),
+  "--grid empty value": (["sweep", "--grid", "client_lr="], "--grid"),
+  "--option without =": (["run", "--option", "clients_per_round"], "--option"),
+  "--option unknown": (["run", "--option", "momentum=0.9", "--rounds", "1"], "momentum"),
+  "--checkpoint-every without --checkpoint-dir": (
+    ["run", "--checkpoint-every", "5"],
+    "checkpoint_every",
+  ),
+  "--rounds zero": (["run", "--rounds", "0"], "rounds"),
+  "--algorithm unknown": (["run", "--algorithm", "nope", "--rounds", "1"], "algorithm"),
+  "--dataset unknown": (["run", "--dataset", "nope", "--rounds", "1"], "dataset"),
+  "--clients-per-round too many": (
+    ["run", "--clients-per-round", "1000", "--rounds", "1"],
+    "clients_per_round",
+  ),
 }
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("case", list(CASES))
 def test_bad_input_raises_clear_error(case):
-  fn, exc, fragment = CASES[case]
+  fn, exc, argument = CASES[case]
   with pytest.raises(exc) as info:
     fn()
-  assert fragment in str(info.value), str(info.value)
+  assert type(info.value) in (ValueError, TypeError) or issubclass(
+    type(info.value), (ValueError, TypeError)
+  )
+  assert argument in str(info.value), str(info.value)
+  assert "Traceback" not in str(info.value) and "jaxlib" not in str(info.value)
+
+
+@pytest.mark.parametrize("case", list(CLI_CASES))
+def test_cli_bad_input_is_one_clear_line(case, capsys):
+  argv, flag = CLI_CASES[case]
+  rc = cli.main(argv + (["--no-progress"] if argv[0] == "run" else []))
+  err = capsys.readouterr().err.strip()
+  assert rc == 2, err
+  assert err.startswith("error: ") and "\n" not in err, err
+  assert flag in err, err
+
+
+def test_table_has_at_least_60_distinct_cases_and_the_docs_list_them():
+  assert len(CASES) + len(CLI_CASES) >= 60
+  assert len(set(CASES) | set(CLI_CASES)) == len(CASES) + len(CLI_CASES)
+  docs = os.path.join(os.path.dirname(os.path.dirname(_FILE)), "docs", "bad_inputs.md")
+  with open(docs) as f:
+    assert f.read() == markdown_table()
 
 
 def test_cli_reports_bad_names_without_traceback(capsys):
@@ -81,3 +480,27 @@ def test_cli_reports_bad_names_without_traceback(capsys):
   assert "unknown dataset 'nope'" in capsys.readouterr().err
   assert cli.main(["run", "--hparam", "client_lr=-1", "--rounds", "1", "--no-progress"]) == 2
   assert "client_lr" in capsys.readouterr().err
+
+
+def markdown_table() -> str:
+  rows = [
+    "# Bad inputs and the errors they get",
+    "",
+    "Every row is a test case in `tests/test_bad_inputs.py` (this file is checked against it; "
+    "regenerate with `python -m tests.test_bad_inputs > docs/bad_inputs.md`). Each raises the "
+    "exception shown (the CLI exits with status 2 and prints one `error: ...` line) with a "
+    "message naming the argument.",
+    "",
+    "| # | bad input | where | exception | message names |",
+    "|---|---|---|---|---|",
+  ]
+  for i, (name, (_, exc, arg)) in enumerate(CASES.items(), 1):
+    rows.append(f"| {i} | {name} | Python API | `{exc.__name__}` | `{arg}` |")
+  for j, (name, (argv, flag)) in enumerate(CLI_CASES.items(), len(CASES) + 1):
+    shown = ["FILE" if a == _FILE else a for a in argv]  # no machine-specific paths in the docs
+    rows.append(f"| {j} | {name} | `fedjax-dro {' '.join(shown)}` | exit 2 | `{flag}` |")
+  return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":
+  print(markdown_table(), end="")

@@ -1,4 +1,5 @@
 """Smoke tests of the benchmark scripts on tiny grids (their logic, not their timings)."""
+
 import importlib.util
 import json
 import pathlib
@@ -20,8 +21,19 @@ def _load(name):
 def test_projection_scaling_quick_grid(tmp_path):
   bench = _load("projection_scaling")
   out = tmp_path / "p.json"
-  records = bench.main(["--quick", "--n", "8", "--d", "12", "--out", str(out),
-                        "--markdown-out", str(tmp_path / "p.md")])
+  records = bench.main(
+    [
+      "--quick",
+      "--n",
+      "8",
+      "--d",
+      "12",
+      "--out",
+      str(out),
+      "--markdown-out",
+      str(tmp_path / "p.md"),
+    ]
+  )
   roles = [(r["method"], r["role"]) for r in records]
   assert ("dual", "reference") in roles and ("admm", "main") in roles
   best = min(r["objective"] for r in records)
@@ -35,3 +47,19 @@ def test_projection_scaling_quick_grid(tmp_path):
   saved = json.loads(out.read_text())
   assert len(saved["records"]) == len(records)
   assert "speed-up of dual" in (tmp_path / "p.md").read_text()
+
+
+@pytest.mark.slow
+def test_scale_quick(tmp_path):
+  bench = _load("scale")
+  out = tmp_path / "scale.json"
+  result = bench.main(["--quick", "--out", str(out)])
+  assert json.loads(out.read_text())["sweep"]["configs"] == result["sweep"]["configs"] == 8
+  assert result["sweep"]["max_abs_diff_vs_sequential"] < 1e-5
+  assert [r["devices"] for r in result["devices"]] == [1, 2, 4]
+  assert all(r["all_reduce_in_hlo"] for r in result["devices"][1:])
+  checksums = [r["checksum"] for r in result["devices"]]
+  np.testing.assert_allclose(checksums, checksums[0], rtol=1e-5)
+  for row in result["host"]:
+    assert row["max_abs_diff_host_vs_device"] == 0.0
+  assert (tmp_path / "scale.md").exists()

@@ -16,21 +16,64 @@ def test_run_default_prints_table_and_writes_files(tmp_path, capsys):
 
 
 def test_run_other_algorithm_dataset_and_options(capsys):
-  assert cli.main(["run", "--algorithm", "scaffold", "--dataset", "synthetic-classification",
-                   "--rounds", "10", "--clients-per-round", "5", "--local-steps", "3",
-                   "--batch-size", "8", "--hparam", "client_lr=0.05", "--backend", "map",
-                   "--no-progress"]) == 0
+  assert (
+    cli.main(
+      [
+        "run",
+        "--algorithm",
+        "scaffold",
+        "--dataset",
+        "synthetic-classification",
+        "--rounds",
+        "10",
+        "--clients-per-round",
+        "5",
+        "--local-steps",
+        "3",
+        "--batch-size",
+        "8",
+        "--hparam",
+        "client_lr=0.05",
+        "--backend",
+        "map",
+        "--no-progress",
+      ]
+    )
+    == 0
+  )
   assert "| accuracy" in capsys.readouterr().out
 
 
 def test_sweep_and_list(tmp_path, capsys):
-  assert cli.main(["sweep", "--grid", "client_lr=0.01,0.05", "--seeds", "0,1", "--rounds", "10",
-                   "--out", str(tmp_path)]) == 0
+  assert (
+    cli.main(
+      [
+        "sweep",
+        "--grid",
+        "client_lr=0.01,0.05",
+        "--seeds",
+        "0,1",
+        "--rounds",
+        "10",
+        "--out",
+        str(tmp_path),
+      ]
+    )
+    == 0
+  )
   out = capsys.readouterr().out
   assert "best (mean r2)" in out
   assert len(json.load(open(tmp_path / "sweep.json"))["configs"]) == 4
   assert cli.main(["list"]) == 0
   listing = capsys.readouterr().out
-  for name in ["fedavg", "fedsgd", "fedprox", "scaffold", "fedadam", "local", "synthetic-ridge",
-               "synthetic-shift"]:
+  for name in [
+    "fedavg",
+    "fedsgd",
+    "fedprox",
+    "scaffold",
+    "fedadam",
+    "local",
+    "synthetic-ridge",
+    "synthetic-shift",
+  ]:
     assert name in listing

@@ -1,5 +1,6 @@
 """K-fold cross-validation: the split, agreement with a brute-force loop of separate runs, factory
 options in the grid, the CLI, and bad input."""
+
 import json
 
 import numpy as np
@@ -35,17 +36,17 @@ def test_kfold_split_partitions_every_clients_rows():
   folds = kfold_split(data, 4, seed=3)
   x, nex = np.asarray(data.x), np.asarray(data.num_examples)
   assert len(folds) == 4
-  assert len({(tr.x.shape, ho.x.shape) for tr, ho in folds}) == 1   # same shapes in every fold
+  assert len({(tr.x.shape, ho.x.shape) for tr, ho in folds}) == 1  # same shapes in every fold
   for i in range(data.num_clients):
-    rows = {tuple(r) for r in x[i, :nex[i]]}
+    rows = {tuple(r) for r in x[i, : nex[i]]}
     held = []
     for tr, ho in folds:
-      tr_rows = {tuple(r) for r in np.asarray(tr.x)[i, :int(tr.num_examples[i])]}
-      ho_rows = [tuple(r) for r in np.asarray(ho.x)[i, :int(ho.num_examples[i])]]
+      tr_rows = {tuple(r) for r in np.asarray(tr.x)[i, : int(tr.num_examples[i])]}
+      ho_rows = [tuple(r) for r in np.asarray(ho.x)[i, : int(ho.num_examples[i])]]
       assert tr_rows | set(ho_rows) == rows and not tr_rows & set(ho_rows)
       held += ho_rows
       assert abs(len(ho_rows) - nex[i] / 4) < 1
-    assert sorted(held) == sorted(rows)   # every row is held out exactly once
+    assert sorted(held) == sorted(rows)  # every row is held out exactly once
   # deterministic in the seed
   again = kfold_split(data, 4, seed=3)
   np.testing.assert_array_equal(np.asarray(again[1][1].x), np.asarray(folds[1][1].x))
@@ -57,8 +58,9 @@ def test_cv_pick_equals_a_brute_force_loop_of_separate_runs():
   alg = fedavg(_model(), clients_per_round=3, local_steps=2, batch_size=4)
   grid = {"client_lr": [0.01, 0.05, 0.2]}
   hp = {"server_lr": 0.9}
-  cv = cross_validate(alg, dataset(data), grid, folds=2, rounds=15, seed=1, metric="loss",
-                      hparams=hp)
+  cv = cross_validate(
+    alg, dataset(data), grid, folds=2, rounds=15, seed=1, metric="loss", hparams=hp
+  )
   brute = np.zeros((3, 2))
   for k, (train_k, held_k) in enumerate(kfold_split(data, 2, seed=1)):
     for p, lr in enumerate(grid["client_lr"]):
@@ -69,7 +71,7 @@ def test_cv_pick_equals_a_brute_force_loop_of_separate_runs():
   np.testing.assert_allclose(cv.se, brute.std(1, ddof=1) / np.sqrt(2), rtol=1e-10)
   best = int(np.argmin(brute.mean(1)))
   assert cv.best == {"client_lr": grid["client_lr"][best]} and cv.best_index == best
-  assert len(set(np.round(brute.mean(1), 8))) == 3   # the pick is not a tie
+  assert len(set(np.round(brute.mean(1), 8))) == 3  # the pick is not a tie
   table = cv.table()
   assert [r["best"] for r in table] == [p == best for p in range(3)]
   assert "best" in cv.to_markdown() and json.dumps(cv.to_json())
@@ -78,11 +80,21 @@ def test_cv_pick_equals_a_brute_force_loop_of_separate_runs():
 def test_grid_over_factory_options_with_a_callable():
   data = _clients(seed=2)
   make = lambda local_steps=1: fedavg(_model(), local_steps=local_steps)
-  cv = cross_validate(make, data, {"local_steps": [1, 4], "client_lr": [0.05, 0.2]}, folds=2,
-                      rounds=5, metric="mse", stat="mean")
+  cv = cross_validate(
+    make,
+    data,
+    {"local_steps": [1, 4], "client_lr": [0.05, 0.2]},
+    folds=2,
+    rounds=5,
+    metric="mse",
+    stat="mean",
+  )
   assert [tuple(p.items()) for p in cv.points] == [
-      (("local_steps", 1), ("client_lr", 0.05)), (("local_steps", 1), ("client_lr", 0.2)),
-      (("local_steps", 4), ("client_lr", 0.05)), (("local_steps", 4), ("client_lr", 0.2))]
+    (("local_steps", 1), ("client_lr", 0.05)),
+    (("local_steps", 1), ("client_lr", 0.2)),
+    (("local_steps", 4), ("client_lr", 0.05)),
+    (("local_steps", 4), ("client_lr", 0.2)),
+  ]
   assert np.all(np.isfinite(cv.scores))
   # more local work at the larger step fits better in 5 rounds from zero
   assert cv.best == {"local_steps": 4, "client_lr": 0.2}
@@ -90,22 +102,40 @@ def test_grid_over_factory_options_with_a_callable():
 
 def _cli_cv(capsys, tmp_path, argv, name, values):
   from fedjax_dro.cli import main
-  rc = main(["run", "--no-progress", "--cv-folds", "2", "--cv-grid",
-             f"{name}=" + ",".join(map(str, values)), "--out", str(tmp_path)] + argv)
+
+  rc = main(
+    [
+      "run",
+      "--no-progress",
+      "--cv-folds",
+      "2",
+      "--cv-grid",
+      f"{name}=" + ",".join(map(str, values)),
+      "--out",
+      str(tmp_path),
+    ]
+    + argv
+  )
   out = capsys.readouterr().out
   assert rc == 0, out
   assert "2-fold cross-validation" in out and f"chosen by CV: {name}=" in out
   cv = json.loads((tmp_path / "cv.json").read_text())
   assert cv["folds"] == 2 and [r[name] for r in cv["table"]] == values
   summary = json.loads((tmp_path / "summary.json").read_text())
-  assert summary["config"]["hparams"][name] == cv["best"][name]   # the final run used the pick
+  assert summary["config"]["hparams"][name] == cv["best"][name]  # the final run used the pick
   return out
 
 
 def test_cli_cross_validates_then_runs(capsys, tmp_path):
   from fedjax_dro.cli import main
-  _cli_cv(capsys, tmp_path, ["--algorithm", "fedavg", "--dataset", "synthetic-shift",
-                             "--rounds", "5"], "client_lr", [0.001, 0.01])
+
+  _cli_cv(
+    capsys,
+    tmp_path,
+    ["--algorithm", "fedavg", "--dataset", "synthetic-shift", "--rounds", "5"],
+    "client_lr",
+    [0.001, 0.01],
+  )
   # the two CV flags go together
   assert main(["run", "--algorithm", "karula", "--cv-folds", "2", "--no-progress"]) == 2
   assert "--cv-folds and --cv-grid" in capsys.readouterr().err
@@ -114,8 +144,13 @@ def test_cli_cross_validates_then_runs(capsys, tmp_path):
 @pytest.mark.slow
 def test_cli_cross_validates_karula_t_with_ot_dissimilarities(capsys, tmp_path):
   """The acceptance command (fewer rounds / folds): D from OT on every fold's training rows."""
-  out = _cli_cv(capsys, tmp_path, ["--algorithm", "karula", "--dataset", "synthetic-ridge",
-                                   "--rounds", "20"], "t", [0.01, 0.1, 1.0])
+  out = _cli_cv(
+    capsys,
+    tmp_path,
+    ["--algorithm", "karula", "--dataset", "synthetic-ridge", "--rounds", "20"],
+    "t",
+    [0.01, 0.1, 1.0],
+  )
   assert "estimation_error" in out
 
 
@@ -149,6 +184,7 @@ def test_bad_input_raises_clear_errors():
 def test_cv_compiles_the_round_once_for_all_folds():
   """The folds share one shape, so the vmapped chunk program is compiled once and reused."""
   import chex
+
   data = _clients(seed=4)
   alg = fedavg(_model(), clients_per_round=2, local_steps=1, batch_size=4)
   counted = alg._replace(round=chex.assert_max_traces(alg.round, n=1))

@@ -1,4 +1,5 @@
 """Notebooks run top to bottom with the public API (code cells executed in one namespace)."""
+
 import glob
 import json
 import os

@@ -1,6 +1,7 @@
 """``fedjax-dro reproduce scaffpd-synthetic``: a quick run (one rho, tiny grids) writes the JSON and
 the PNG, x* is a saddle point of exactly the objective the simulator optimizes, SCAFF-PD closes
 in on it while DRFA does not; CLI plumbing and bad inputs."""
+
 import json
 import os
 
@@ -9,8 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_dro import algorithms as A
-from fedjax_dro import cli, reproduce
+from fedjax_dro import algorithms as A, cli, reproduce
 from fedjax_dro.models.base import client_loss_and_grad
 from tests.helpers import linreg
 
@@ -30,7 +30,9 @@ def test_quick_reproduction_writes_json_and_png(tmp_path):
   algs = panel["algorithms"]
   assert {"SCAFF-PD", "DRFA-Prox", "FedAvg"} <= set(algs)
   for a in algs.values():
-    assert len(a["curve"]) == rounds + 1 and a["curve"][0] == pytest.approx(panel["initial_distance"])
+    assert len(a["curve"]) == rounds + 1 and a["curve"][0] == pytest.approx(
+      panel["initial_distance"]
+    )
     assert a["grid"] and all(np.isfinite(g["score"]) for g in a["grid"])
   scaff, drfa = algs["SCAFF-PD"]["final_distance"], algs["DRFA-Prox"]["final_distance"]
   assert scaff < 1e-5 * panel["initial_distance"] and scaff < 1e-3 * drfa, (scaff, drfa)
@@ -44,7 +46,8 @@ def test_quick_reproduction_writes_json_and_png(tmp_path):
   x_star = {"w": jnp.asarray(panel["x_star"])}
   tr = ds.train
   grads = jax.vmap(lambda x, y, n: client_loss_and_grad(model, x_star, x, y, n, None, None)[1])(
-      tr.x, tr.y, tr.num_examples)
+    tr.x, tr.y, tr.num_examples
+  )
   g = jnp.tensordot(jnp.asarray(panel["lambda_star"]), grads["w"], 1)
   assert float(jnp.max(jnp.abs(g))) < 1e-10
   assert res["json_path"].endswith("scaffpd_synthetic.json")
@@ -52,10 +55,13 @@ def test_quick_reproduction_writes_json_and_png(tmp_path):
 
 def test_cli_reproduce_plumbing(monkeypatch, tmp_path):
   calls = []
-  monkeypatch.setitem(reproduce.EXPERIMENTS, "scaffpd-synthetic",
-                      lambda **kw: calls.append(kw) or {})
-  assert cli.main(["reproduce", "scaffpd-synthetic", "--out", str(tmp_path), "--rounds", "7",
-                   "--quick"]) == 0
+  monkeypatch.setitem(
+    reproduce.EXPERIMENTS, "scaffpd-synthetic", lambda **kw: calls.append(kw) or {}
+  )
+  assert (
+    cli.main(["reproduce", "scaffpd-synthetic", "--out", str(tmp_path), "--rounds", "7", "--quick"])
+    == 0
+  )
   assert calls == [{"out_dir": str(tmp_path), "rounds": 7, "quick": True, "seed": 0}]
   with pytest.raises(SystemExit):
     cli.main(["reproduce", "no-such-figure"])

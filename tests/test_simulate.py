@@ -1,20 +1,19 @@
 """Simulator properties: padding invariance, backend agreement, compile-once, determinism,
 sweep == separate runs, non-finite detection, result files."""
+
 import json
-import os
 
 import chex
 import jax
 import numpy as np
 import pytest
 
-from fedjax_dro import algorithms as A
-from fedjax_dro import models, run, sweep, NonFiniteError
+from fedjax_dro import NonFiniteError, algorithms as A, models, run, sweep
 from fedjax_dro.data import synthetic_classification
 from tests.helpers import dataset, linreg, regression_clients
 
 ALL = ["local", "fedsgd", "fedavg", "fedprox", "scaffold", "fedadam"]
-FAST = ("fedavg", "scaffold", "local")   # default subset; the full grid runs with -m slow
+FAST = ("fedavg", "scaffold", "local")  # default subset; the full grid runs with -m slow
 
 
 def grid(names, fast=FAST):
@@ -36,26 +35,37 @@ def _leaves_close(a, b, atol):
 def test_padding_with_masked_rows_changes_nothing(name):
   data = regression_clients(n=5, d=3, seed=5)
   padded = data.pad_to(data.max_examples + 13)
-  padded = padded.replace(x=padded.x.at[:, data.max_examples:].set(1e6),
-                          y=padded.y.at[:, data.max_examples:].set(-1e6))
+  padded = padded.replace(
+    x=padded.x.at[:, data.max_examples :].set(1e6), y=padded.y.at[:, data.max_examples :].set(-1e6)
+  )
   model = linreg(3, l2=0.01)
   kw = dict(clients_per_round=3, local_steps=3, batch_size=4, backend="vmap")
   h1 = run(_make(name, model, **kw), dataset(data), rounds=5, seed=1, eval_every=5)
   h2 = run(_make(name, model, **kw), dataset(padded), rounds=5, seed=1, eval_every=5)
   _leaves_close(h1.final_state, h2.final_state, 1e-12)
   for k in h1.evaluations[-1]["per_client"]:
-    np.testing.assert_allclose(h1.evaluations[-1]["per_client"][k], h2.evaluations[-1]["per_client"][k],
-                               atol=1e-10)
+    np.testing.assert_allclose(
+      h1.evaluations[-1]["per_client"][k], h2.evaluations[-1]["per_client"][k], atol=1e-10
+    )
 
 
-@pytest.mark.parametrize("name", grid(["fedavg", "scaffold", "local", "fedprox"], fast=("scaffold", "fedavg")))
+@pytest.mark.parametrize(
+  "name", grid(["fedavg", "scaffold", "local", "fedprox"], fast=("scaffold", "fedavg"))
+)
 def test_backends_agree(name):
   ds = synthetic_classification(0, num_clients=9, num_classes=3, dim=5, examples_per_class=40)
   model = models.mlp((5,), 3, (8,))
   finals = {}
   for backend, chunk in (("vmap", None), ("map", None), ("chunked", 4), ("auto", None)):
-    alg = _make(name, model, clients_per_round=7, local_steps=3, batch_size=5, backend=backend,
-                chunk_size=chunk)
+    alg = _make(
+      name,
+      model,
+      clients_per_round=7,
+      local_steps=3,
+      batch_size=5,
+      backend=backend,
+      chunk_size=chunk,
+    )
     finals[backend] = run(alg, ds, rounds=4, seed=2, eval_every=4).final_state
   for backend in ("map", "chunked", "auto"):
     _leaves_close(finals["vmap"], finals[backend], 1e-6)
@@ -65,7 +75,7 @@ def test_fifty_rounds_trace_the_round_function_once():
   data = regression_clients(n=4, d=2, seed=6)
   alg = A.fedavg(linreg(2), clients_per_round=2, local_steps=2, batch_size=3)
   counted = alg._replace(round=chex.assert_max_traces(alg.round, n=1))
-  hist = run(counted, dataset(data), rounds=50, eval_every=7)   # 50 = 7 * 7 + 1: padded last chunk
+  hist = run(counted, dataset(data), rounds=50, eval_every=7)  # 50 = 7 * 7 + 1: padded last chunk
   assert len(hist.train_metrics["train_loss"]) == 50
   assert hist.evaluations[-1]["round"] == 50
   chex.clear_trace_counter()
@@ -88,7 +98,9 @@ def test_chunking_does_not_change_results():
   h1 = run(alg, dataset(data), rounds=12, eval_every=12)
   h2 = run(alg, dataset(data), rounds=12, eval_every=5)
   _leaves_close(h1.final_state, h2.final_state, 1e-13)
-  np.testing.assert_allclose(h1.train_metrics["train_loss"], h2.train_metrics["train_loss"], atol=1e-13)
+  np.testing.assert_allclose(
+    h1.train_metrics["train_loss"], h2.train_metrics["train_loss"], atol=1e-13
+  )
 
 
 def test_sweep_over_three_learning_rates_equals_three_runs():
@@ -98,11 +110,17 @@ def test_sweep_over_three_learning_rates_equals_three_runs():
   res = sweep(alg, dataset(data), rounds=8, grid={"client_lr": lrs}, seeds=[0, 5], eval_every=4)
   assert len(res.configs) == 6
   for row, cfg in enumerate(res.configs):
-    single = run(alg, dataset(data), rounds=8, seed=cfg["seed"], hparams=cfg["hparams"], eval_every=4)
-    _leaves_close(jax.tree.map(lambda a: a[row], jax.tree.leaves(res.final_per_client)),
-                  jax.tree.leaves(single.evaluations[-1]["per_client"]), 1e-10)
-    np.testing.assert_allclose(res.train_metrics["train_loss"][row], single.train_metrics["train_loss"],
-                               atol=1e-10)
+    single = run(
+      alg, dataset(data), rounds=8, seed=cfg["seed"], hparams=cfg["hparams"], eval_every=4
+    )
+    _leaves_close(
+      jax.tree.map(lambda a: a[row], jax.tree.leaves(res.final_per_client)),  # noqa: B023 (called within the iteration)
+      jax.tree.leaves(single.evaluations[-1]["per_client"]),
+      1e-10,
+    )
+    np.testing.assert_allclose(
+      res.train_metrics["train_loss"][row], single.train_metrics["train_loss"], atol=1e-10
+    )
   best = res.best("r2")
   assert best["client_lr"] in lrs
 
@@ -111,15 +129,21 @@ def test_nonfinite_round_stops_with_round_and_keeps_last_finite_state(tmp_path):
   data = regression_clients(n=4, d=3, seed=10, shift=3.0)
   alg = A.fedavg(linreg(3), local_steps=5)
   with pytest.raises(NonFiniteError) as err:
-    run(alg, dataset(data), rounds=200, hparams={"client_lr": 5.0}, eval_every=50,
-        out_dir=str(tmp_path))
+    run(
+      alg,
+      dataset(data),
+      rounds=200,
+      hparams={"client_lr": 5.0},
+      eval_every=50,
+      out_dir=str(tmp_path),
+    )
   e = err.value
   assert 0 <= e.round < 200
   assert f"round {e.round + 1}" in str(e)
   assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(e.state))
   assert len(e.history.train_metrics["train_loss"]) == e.round
   lines = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
-  assert sum(l["type"] == "round" for l in lines) == e.round   # finished rounds are on disk
+  assert sum(l["type"] == "round" for l in lines) == e.round  # finished rounds are on disk
 
 
 def test_sweep_flags_diverged_rows_and_keeps_the_others():
@@ -147,19 +171,22 @@ def test_run_writes_jsonl_and_summary(tmp_path):
 def test_local_and_global_algorithms_converge_on_synthetic_ridge():
   """Exact local / global optima of synthetic-ridge (paper: global slightly better than local)."""
   from fedjax_dro.data import synthetic_ridge
+
   ds = synthetic_ridge(0)
   x, y, m = (np.asarray(a) for a in (ds.train.x, ds.train.y, ds.train.mask))
   d = x.shape[-1]
   A_ = sum(x[i][m[i]].T @ x[i][m[i]] for i in range(30))
-  wg = np.linalg.solve(A_ / m.sum() + 1e-6 * np.eye(d), sum(x[i][m[i]].T @ y[i][m[i]] for i in range(30)) / m.sum())
+  wg = np.linalg.solve(
+    A_ / m.sum() + 1e-6 * np.eye(d), sum(x[i][m[i]].T @ y[i][m[i]] for i in range(30)) / m.sum()
+  )
   tx, ty = np.asarray(ds.test.x), np.asarray(ds.test.y)
   r2 = lambda w, i: 1 - np.sum((tx[i] @ w - ty[i]) ** 2) / np.sum((ty[i] - ty[i].mean()) ** 2)
   wl = [np.linalg.lstsq(x[i][m[i]], y[i][m[i]], rcond=None)[0] for i in range(30)]
   r2_global = np.mean([r2(wg, i) for i in range(30)])
   r2_local = np.mean([r2(wl[i], i) for i in range(30)])
   err_global = np.mean([np.sum((wg - ds.true_params[i]) ** 2) for i in range(30)])
-  assert r2_global > r2_local   # "the global model performs slightly better than local models"
-  assert 5 < err_global < 15    # paper: FedAvg 7.5
+  assert r2_global > r2_local  # "the global model performs slightly better than local models"
+  assert 5 < err_global < 15  # paper: FedAvg 7.5
   # FedSGD on the simulator reaches the exact global ridge solution.
   model = models.linear_regression(d, l2=1e-6, fit_intercept=False)
   h = run(A.fedsgd(model), ds, rounds=400, hparams={"lr": 0.3}, eval_every=400)
@@ -169,6 +196,7 @@ def test_local_and_global_algorithms_converge_on_synthetic_ridge():
 
 def test_resume_from_checkpoint_equals_uninterrupted_run(tmp_path, monkeypatch):
   import fedjax_dro.simulate as sim
+
   data = regression_clients(n=6, d=3, seed=12)
   alg = A.scaffold(linreg(3), clients_per_round=3, local_steps=2, batch_size=3)
   full = run(alg, dataset(data), rounds=30, seed=4, eval_every=10)
@@ -185,12 +213,50 @@ def test_resume_from_checkpoint_equals_uninterrupted_run(tmp_path, monkeypatch):
   with pytest.raises(KeyboardInterrupt):
     run(alg, dataset(data), rounds=30, seed=4, eval_every=10, checkpoint_dir=str(tmp_path))
   monkeypatch.setattr(sim, "_summaries", original)
-  resumed = run(alg, dataset(data), rounds=30, seed=4, eval_every=10, checkpoint_dir=str(tmp_path),
-                out_dir=str(tmp_path / "out"))
+  resumed = run(
+    alg,
+    dataset(data),
+    rounds=30,
+    seed=4,
+    eval_every=10,
+    checkpoint_dir=str(tmp_path),
+    out_dir=str(tmp_path / "out"),
+  )
   _leaves_close(full.final_state, resumed.final_state, 0.0)
-  np.testing.assert_array_equal(full.train_metrics["train_loss"], resumed.train_metrics["train_loss"])
+  np.testing.assert_array_equal(
+    full.train_metrics["train_loss"], resumed.train_metrics["train_loss"]
+  )
   assert [e["round"] for e in resumed.evaluations] == [10, 20, 30]
   lines = [json.loads(l) for l in open(tmp_path / "out" / "metrics.jsonl")]
   assert sorted(l["round"] for l in lines if l["type"] == "round") == list(range(1, 31))
   with pytest.raises(ValueError, match="different run"):
     run(alg, dataset(data), rounds=30, seed=5, eval_every=10, checkpoint_dir=str(tmp_path))
+
+
+def test_compile_rounds_runs_what_run_runs_and_times_it():
+  import fedjax_dro as fd
+
+  data = regression_clients(n=6, d=3, seed=3)
+  alg = A.scaffold(linreg(3), clients_per_round=3, local_steps=2, batch_size=3)
+  hist = run(alg, dataset(data), rounds=12, seed=7, hparams={"client_lr": 0.05}, eval_every=4)
+  program = fd.compile_rounds(alg, dataset(data), rounds=12, seed=7, hparams={"client_lr": 0.05})
+  state, metrics = program()
+  _leaves_close(state, hist.final_state, 1e-12)
+  np.testing.assert_allclose(metrics["train_loss"], hist.train_metrics["train_loss"], atol=1e-12)
+  again, _ = program(program.initial_state)  # the initial state is not donated
+  _leaves_close(again, state, 0.0)
+  # continuing from round 12 equals the last 6 rounds of a 18-round run
+  later = run(alg, dataset(data), rounds=18, seed=7, hparams={"client_lr": 0.05}, eval_every=6)
+  half = fd.compile_rounds(alg, dataset(data), rounds=6, seed=7, hparams={"client_lr": 0.05})
+  s6, _ = half()
+  s12, _ = half(s6, start_round=6)
+  s18, _ = half(s12, start_round=12)
+  _leaves_close(s18, later.final_state, 1e-12)
+  timing = program.time(repeats=2)
+  assert len(timing.call_seconds) == 2 and timing.rounds_per_call == 12
+  assert timing.seconds_per_round == pytest.approx(np.median(timing.call_seconds) / 12)
+  assert timing.compile_time == program.compile_time > 0 and "cpu" in timing.device.lower()
+  with pytest.raises(ValueError, match="repeats"):
+    program.time(repeats=0)
+  with pytest.raises(ValueError, match="rounds"):
+    fd.compile_rounds(alg, dataset(data), rounds=0)

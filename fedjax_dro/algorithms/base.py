@@ -10,32 +10,40 @@ shape-determining (model, local steps, batch size, clients per round, backend)::
 
 ``hparams`` is a dict of scalars (an argument, not a closure) so a sweep can ``vmap`` over it.
 """
+
 from __future__ import annotations
 
-import math
 from typing import Any, Callable, Dict, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_dro.core.settings import (CommonSettings, aggregation_weights, backend_for,  # noqa: F401
-                                     common_settings, participants)
+# Re-exported: the algorithm modules import the shared round settings from here.
+from fedjax_dro.core.settings import (
+  CommonSettings as CommonSettings,
+  aggregation_weights as aggregation_weights,
+  backend_for as backend_for,
+  common_settings as common_settings,
+  participants as participants,
+)
 from fedjax_dro.data.federated import FederatedData
 from fedjax_dro.models.base import Model
 
 
 class HParam(NamedTuple):
   """Specification of one hyper-parameter: default, valid range and a one-line doc."""
+
   default: float
   doc: str = ""
   minimum: Optional[float] = 0.0
-  strict: bool = True           # value > minimum (True) or value >= minimum (False)
+  strict: bool = True  # value > minimum (True) or value >= minimum (False)
   maximum: Optional[float] = None
 
 
 class Algorithm(NamedTuple):
   """An algorithm as pure functions (see the module docstring)."""
+
   name: str
   model: Model
   init: Callable
@@ -50,38 +58,64 @@ def default_hparams(alg: Algorithm) -> Dict[str, float]:
   return {k: v.default for k, v in alg.hparams.items()}
 
 
-def make_hparams(alg: Algorithm, overrides: Optional[Dict[str, Any]] = None,
-                 dtype=None) -> Dict[str, jnp.ndarray]:
+def make_hparams(
+  alg: Algorithm, overrides: Optional[Dict[str, Any]] = None, dtype=None
+) -> Dict[str, jnp.ndarray]:
   """Defaults merged with ``overrides``, validated, as a dict of arrays.
 
   Values may be arrays with a leading axis (a sweep); every entry is checked.
   """
   if not isinstance(alg, Algorithm):
     raise TypeError(f"alg must be an Algorithm, got {type(alg).__name__}")
+  if overrides is not None and not isinstance(overrides, dict):
+    raise TypeError(
+      f"hparams must be a dict of hyper-parameter values like {{'client_lr': 0.1}}, got "
+      f"{type(overrides).__name__}"
+    )
   overrides = dict(overrides or {})
   unknown = sorted(set(overrides) - set(alg.hparams))
   if unknown:
-    raise ValueError(f"unknown hyper-parameter(s) {unknown} for algorithm {alg.name!r}; "
-                     f"expected a subset of {sorted(alg.hparams)}")
+    raise ValueError(
+      f"unknown hyper-parameter(s) {unknown} for algorithm {alg.name!r}; "
+      f"expected a subset of {sorted(alg.hparams)}"
+    )
   dtype = dtype or (jnp.float64 if jax.config.jax_enable_x64 else jnp.float32)
   out = {}
   for name, spec in alg.hparams.items():
     value = overrides.get(name, spec.default)
+    # bools, strings ("0.1"), complex numbers and None are refused, not converted
+    if value is None or isinstance(value, (bool, np.bool_, str, bytes, dict)):
+      raise TypeError(f"hyper-parameter {name!r} must be a real number, got {value!r}")
     try:
-      arr = np.asarray(value, dtype=np.float64)
-    except (TypeError, ValueError) as e:
+      raw = np.asarray(value)
+    except Exception as e:
       raise TypeError(f"hyper-parameter {name!r} must be a number, got {value!r}") from e
+    if raw.dtype.kind not in "iuf":
+      raise TypeError(
+        f"hyper-parameter {name!r} must be a real number, got {value!r} (dtype {raw.dtype})"
+      )
+    arr = raw.astype(np.float64)
     if not np.all(np.isfinite(arr)):
       raise ValueError(f"hyper-parameter {name!r} must be finite, got {value!r}")
+    limit = float(jnp.finfo(dtype).max)
+    if np.any(np.abs(arr) > limit):
+      raise ValueError(
+        f"hyper-parameter {name!r} = {value!r} overflows {jnp.dtype(dtype).name} (largest "
+        f"{limit:.3g}); the simulator computes in {jnp.dtype(dtype).name}"
+      )
     if spec.minimum is not None:
       bad = arr <= spec.minimum if spec.strict else arr < spec.minimum
       if np.any(bad):
         rel = ">" if spec.strict else ">="
-        raise ValueError(f"hyper-parameter {name!r} of {alg.name} must be {rel} {spec.minimum} "
-                         f"({spec.doc}), got {value!r}")
+        raise ValueError(
+          f"hyper-parameter {name!r} of {alg.name} must be {rel} {spec.minimum} "
+          f"({spec.doc}), got {value!r}"
+        )
     if spec.maximum is not None and np.any(arr > spec.maximum):
-      raise ValueError(f"hyper-parameter {name!r} of {alg.name} must be <= {spec.maximum} "
-                       f"({spec.doc}), got {value!r}")
+      raise ValueError(
+        f"hyper-parameter {name!r} of {alg.name} must be <= {spec.maximum} "
+        f"({spec.doc}), got {value!r}"
+      )
     out[name] = jnp.asarray(arr, dtype)
   return out
 
@@ -89,13 +123,16 @@ def make_hparams(alg: Algorithm, overrides: Optional[Dict[str, Any]] = None,
 def check_data_matches(data: FederatedData, num_clients: int, name: str = "data") -> None:
   """Static (trace-time) check that ``data`` has the federation size the state was built for."""
   if data.num_clients != num_clients:
-    raise ValueError(f"{name} has {data.num_clients} clients but the algorithm state was "
-                     f"initialised for {num_clients}")
+    raise ValueError(
+      f"{name} has {data.num_clients} clients but the algorithm state was "
+      f"initialised for {num_clients}"
+    )
 
 
 # ----------------------------------------------------------------------------------------------
 # Registry
 # ----------------------------------------------------------------------------------------------
+
 
 class RegistryEntry(NamedTuple):
   factory: Callable
@@ -108,9 +145,11 @@ _REGISTRY: Dict[str, RegistryEntry] = {}
 
 def register(name: str, description: str, family: str = "baseline"):
   """Decorator registering an algorithm factory ``factory(model, **settings) -> Algorithm``."""
+
   def deco(factory):
     _REGISTRY[name] = RegistryEntry(factory, description, family)
     return factory
+
   return deco
 
 

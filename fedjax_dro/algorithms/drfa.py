@@ -11,7 +11,7 @@ m = ``clients_per_round``::
     U = m clients drawn uniformly without replacement; v_i = (n/m) f_i(w'; xi) on U, 0 elsewhere
     DRFA:       lambda <- Proj_Lambda(lambda + gamma tau (v - grad psi(lambda)))
     DRFA-Prox:  lambda <- argmax_{u in Lambda} tau gamma <v, u> - tau gamma psi(u) - ||u - lambda||^2 / 2
-                        = core.simplex.dual_prox(psi, lambda, v, sigma = gamma tau)
+                        = solvers.simplex.dual_prox(psi, lambda, v, sigma = gamma tau)
 
 Readings chosen where the paper leaves room:
 
@@ -30,6 +30,7 @@ Readings chosen where the paper leaves room:
 lambda^0 is uniform. Metrics: ``train_loss`` (unweighted mean of the trained clients' losses at
 the received model), ``train_loss_max``, ``lambda_max``, ``lambda_min``; lambda is ``state.lam``.
 """
+
 from __future__ import annotations
 
 from typing import Any, NamedTuple
@@ -37,31 +38,45 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fedjax_dro.algorithms.base import (Algorithm, HParam, backend_for, check_data_matches,
-                                        common_settings, participants, register)
-from fedjax_dro.algorithms.scaff_pd import (_float_dtype, check_psi, initial_lambda, psi_hparams,
-                                            psi_params)
+from fedjax_dro.algorithms.base import (
+  Algorithm,
+  HParam,
+  backend_for,
+  check_data_matches,
+  common_settings,
+  participants,
+  register,
+)
+from fedjax_dro.algorithms.scaff_pd import (
+  _float_dtype,
+  check_psi,
+  initial_lambda,
+  psi_hparams,
+  psi_params,
+)
 from fedjax_dro.core.aggregation import weighted_sum
 from fedjax_dro.core.clients import map_clients
 from fedjax_dro.core.sampling import sample_clients
-from fedjax_dro.core.simplex import dual_prox
 from fedjax_dro.models.base import client_loss_and_grad
+from fedjax_dro.solvers.simplex import dual_prox
 
 SAMPLING = ("lambda", "full")
 
 
 class DRFAState(NamedTuple):
-  params: Any          # w, the global model
-  lam: jnp.ndarray     # [n] mixture weights lambda
-  round: jnp.ndarray   # [] int32
+  params: Any  # w, the global model
+  lam: jnp.ndarray  # [n] mixture weights lambda
+  round: jnp.ndarray  # [] int32
 
 
-def local_sgd_with_snapshot(model, params, x, y, num_examples, key, *, num_steps, batch_size, lr,
-                            snapshot_step):
+def local_sgd_with_snapshot(
+  model, params, x, y, num_examples, key, *, num_steps, batch_size, lr, snapshot_step
+):
   """``num_steps`` local SGD steps; also returns the iterate after ``snapshot_step`` steps.
 
   Returns ``(final_params, snapshot_params, loss_at_params)``. ``snapshot_step`` may be traced.
   """
+
   def step(carry, inp):
     w, snap = carry
     j, step_key = inp
@@ -69,30 +84,52 @@ def local_sgd_with_snapshot(model, params, x, y, num_examples, key, *, num_steps
     loss, g = client_loss_and_grad(model, w, x, y, num_examples, step_key, batch_size)
     return (jax.tree.map(lambda a, b: a - lr * b, w, g), snap), loss
 
-  (w, snap), losses = jax.lax.scan(step, (params, params),
-                                   (jnp.arange(num_steps), jax.random.split(key, num_steps)))
+  (w, snap), losses = jax.lax.scan(
+    step, (params, params), (jnp.arange(num_steps), jax.random.split(key, num_steps))
+  )
   return w, snap, losses[0]
 
 
-@register("drfa", "DRFA / DRFA-Prox (Deng 2020): lambda-sampled local SGD, snapshot-based dual "
-          "ascent", family="dro")
-def drfa(model, *, psi: str = "chi2", prox: bool = False, sampling: str = "lambda",
-         clients_per_round=None, local_steps=10, batch_size=None, backend="auto",
-         chunk_size=None) -> Algorithm:
+@register(
+  "drfa",
+  "DRFA / DRFA-Prox (Deng 2020): lambda-sampled local SGD, snapshot-based dual ascent",
+  family="dro",
+)
+def drfa(
+  model,
+  *,
+  psi: str = "chi2",
+  prox: bool = False,
+  sampling: str = "lambda",
+  clients_per_round=None,
+  local_steps=10,
+  batch_size=None,
+  backend="auto",
+  chunk_size=None,
+) -> Algorithm:
   check_psi(psi)
   if psi == "qffl":
-    raise ValueError("drfa samples clients with probabilities lambda, so psi must keep lambda in "
-                     "the simplex: use psi='chi2' or psi='cvar', got psi='qffl'")
+    raise ValueError(
+      "drfa samples clients with probabilities lambda, so psi must keep lambda in "
+      "the simplex: use psi='chi2' or psi='cvar', got psi='qffl'"
+    )
   if not isinstance(prox, bool):
     raise TypeError(f"prox must be a bool, got {prox!r}")
   if sampling not in SAMPLING:
     raise ValueError(f"sampling must be one of {SAMPLING}, got {sampling!r}")
-  settings = common_settings(clients_per_round=clients_per_round, local_steps=local_steps,
-                             batch_size=batch_size, backend=backend, chunk_size=chunk_size,
-                             weighting="uniform")
-  hparam_specs = {"client_lr": HParam(0.05, "local SGD step size eta"),
-                  "gamma": HParam(0.01, "dual step size gamma (the dual step is gamma * tau)"),
-                  **psi_hparams(psi, rho_default=0.0)}
+  settings = common_settings(
+    clients_per_round=clients_per_round,
+    local_steps=local_steps,
+    batch_size=batch_size,
+    backend=backend,
+    chunk_size=chunk_size,
+    weighting="uniform",
+  )
+  hparam_specs = {
+    "client_lr": HParam(0.05, "local SGD step size eta"),
+    "gamma": HParam(0.01, "dual step size gamma (the dual step is gamma * tau)"),
+    **psi_hparams(psi, rho_default=0.0),
+  }
   tau = settings.local_steps
 
   def init(params, data, key):
@@ -100,8 +137,10 @@ def drfa(model, *, psi: str = "chi2", prox: bool = False, sampling: str = "lambd
     n = data.num_clients
     m = participants(settings, n)
     if sampling == "full" and m != n:
-      raise ValueError(f"sampling='full' needs every client each round: clients_per_round must be "
-                       f"None or {n}, got {settings.clients_per_round}")
+      raise ValueError(
+        f"sampling='full' needs every client each round: clients_per_round must be "
+        f"None or {n}, got {settings.clients_per_round}"
+      )
     return DRFAState(params, initial_lambda(n, _float_dtype(params)), jnp.zeros((), jnp.int32))
 
   def round_fn(state, data, key, hparams):
@@ -122,12 +161,28 @@ def drfa(model, *, psi: str = "chi2", prox: bool = False, sampling: str = "lambd
     lr = hparams["client_lr"]
 
     def client_update(xd, yd, nex, k):
-      return local_sgd_with_snapshot(model, state.params, xd, yd, nex, k, num_steps=tau,
-                                     batch_size=settings.batch_size, lr=lr,
-                                     snapshot_step=snapshot_step)
-    finals, snaps, losses = map_clients(client_update, clients.x, clients.y, clients.num_examples,
-                                        jax.random.split(k_local, m), backend=backend,
-                                        chunk_size=settings.chunk_size)
+      return local_sgd_with_snapshot(
+        model,
+        state.params,
+        xd,
+        yd,
+        nex,
+        k,
+        num_steps=tau,
+        batch_size=settings.batch_size,
+        lr=lr,
+        snapshot_step=snapshot_step,
+      )
+
+    finals, snaps, losses = map_clients(
+      client_update,
+      clients.x,
+      clients.y,
+      clients.num_examples,
+      jax.random.split(k_local, m),
+      backend=backend,
+      chunk_size=settings.chunk_size,
+    )
     params = weighted_sum(finals, agg)
     snapshot = weighted_sum(snaps, agg)
 
@@ -139,19 +194,29 @@ def drfa(model, *, psi: str = "chi2", prox: bool = False, sampling: str = "lambd
       uidx, scale = jnp.arange(n), 1.0
     evald = data.take_clients(uidx)
     snap_loss = map_clients(
-        lambda xd, yd, nex, k: client_loss_and_grad(model, snapshot, xd, yd, nex, k,
-                                                    settings.batch_size)[0],
-        evald.x, evald.y, evald.num_examples, jax.random.split(k_eval, uidx.shape[0]),
-        backend=backend, chunk_size=settings.chunk_size)
+      lambda xd, yd, nex, k: client_loss_and_grad(
+        model, snapshot, xd, yd, nex, k, settings.batch_size
+      )[0],
+      evald.x,
+      evald.y,
+      evald.num_examples,
+      jax.random.split(k_eval, uidx.shape[0]),
+      backend=backend,
+      chunk_size=settings.chunk_size,
+    )
     v = jnp.zeros((n,), dtype).at[uidx].set(scale * snap_loss.astype(dtype))
     step = hparams["gamma"] * tau
     if prox or psi == "cvar":
       lam = dual_prox(psi, state.lam, v, step, **psi_params(psi, hparams))
-    else:   # chi^2 through its gradient rho (n lambda - 1), then the simplex projection
+    else:  # chi^2 through its gradient rho (n lambda - 1), then the simplex projection
       grad_psi = hparams["rho"] * (n * state.lam - 1.0)
       lam = dual_prox("chi2", state.lam, v - grad_psi, step, rho=jnp.zeros((), dtype))
-    metrics = {"train_loss": jnp.mean(losses), "train_loss_max": jnp.max(losses),
-               "lambda_max": jnp.max(lam), "lambda_min": jnp.min(lam)}
+    metrics = {
+      "train_loss": jnp.mean(losses),
+      "train_loss_max": jnp.max(losses),
+      "lambda_max": jnp.max(lam),
+      "lambda_min": jnp.min(lam),
+    }
     return DRFAState(params, lam, state.round + 1), metrics
 
   config = {**settings._asdict(), "psi": psi, "prox": prox, "sampling": sampling}

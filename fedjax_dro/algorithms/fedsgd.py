@@ -4,6 +4,7 @@ McMahan et al., AISTATS 2017 (the FedSGD baseline). With full participation, ful
 sample-count weights one round is exactly one step of centralized gradient descent on the pooled
 data (tested).
 """
+
 from __future__ import annotations
 
 from fedjax_dro.algorithms.base import Algorithm, HParam, common_settings, register
@@ -15,11 +16,23 @@ HPARAMS = {"lr": HParam(0.1, "server gradient step size")}
 
 
 @register("fedsgd", "FedSGD: one gradient per participant per round, server gradient step")
-def fedsgd(model, *, clients_per_round=None, batch_size=None, backend="auto", chunk_size=None,
-           weighting="num_examples") -> Algorithm:
-  settings = common_settings(clients_per_round=clients_per_round, local_steps=1,
-                             batch_size=batch_size, backend=backend, chunk_size=chunk_size,
-                             weighting=weighting)
+def fedsgd(
+  model,
+  *,
+  clients_per_round=None,
+  batch_size=None,
+  backend="auto",
+  chunk_size=None,
+  weighting="num_examples",
+) -> Algorithm:
+  settings = common_settings(
+    clients_per_round=clients_per_round,
+    local_steps=1,
+    batch_size=batch_size,
+    backend=backend,
+    chunk_size=chunk_size,
+    weighting=weighting,
+  )
 
   def round_fn(state, data, key, hparams):
     # One local step of size 1 returns delta = -g; the server applies lr * mean(delta).
@@ -27,5 +40,13 @@ def fedsgd(model, *, clients_per_round=None, batch_size=None, backend="auto", ch
     params = tree_add(state.params, update.deltas, hparams["lr"])
     return FedAvgState(params, state.round + 1), round_metrics(update)
 
-  return Algorithm("fedsgd", model, global_model_init(settings), round_fn, lambda s: s.params, HPARAMS, False,
-                   settings._asdict())
+  return Algorithm(
+    "fedsgd",
+    model,
+    global_model_init(settings),
+    round_fn,
+    lambda s: s.params,
+    HPARAMS,
+    False,
+    settings._asdict(),
+  )

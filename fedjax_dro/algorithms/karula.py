@@ -22,7 +22,7 @@ per-client models ``theta [n, ...]`` and a table of stored gradients ``g [n, ...
 3. ``nu = g + (n/s) * 1[i in S] * (g_fresh_i - g_i)`` row-wise, then ``g_i <- g_fresh_i`` for
    ``i in S``;
 4. ``theta <- P_K(theta - eta nu)`` with the inexact projection onto
-   ``K = {||theta_i - theta_j||^2 <= t D_ij}`` (:func:`fedjax_dro.core.pairwise.project_pairwise`,
+   ``K = {||theta_i - theta_j||^2 <= t D_ij}`` (:func:`fedjax_dro.solvers.pairwise.project_pairwise`,
    method and tolerance are factory options; the result is always feasible (feasibility
    restoration); iterations, residuals, convergence flag and restoration scale are round metrics;
    the ``"dual"`` method is warm-started from the previous round's edge multipliers).
@@ -74,6 +74,7 @@ models), ``train_loss_max``, ``grad_norm`` (``||nu||``), ``gradient_mapping_sq``
 residual), ``projection_violation`` (violation before restoration), ``projection_converged``,
 ``restoration_scale`` and ``constraint_violation`` (after the step; 0 up to rounding).
 """
+
 from __future__ import annotations
 
 import inspect
@@ -86,41 +87,49 @@ import numpy as np
 
 from fedjax_dro.algorithms.base import Algorithm, HParam, check_data_matches, register
 from fedjax_dro.core.aggregation import scatter_rows, tree_stack
-from fedjax_dro.core import pairwise
 from fedjax_dro.core.clients import map_clients, resolve_backend, validate_backend
 from fedjax_dro.core.sampling import sample_clients
 from fedjax_dro.models.base import Model, client_loss_and_grad, num_parameters
+from fedjax_dro.solvers import pairwise
 
 DISSIMILARITY_CHOICES = ("ot", "ones")
 WEIGHTINGS = ("num_examples", "uniform")
 
 
 class KarulaState(NamedTuple):
-  params: Any                 # [n, ...] per-client models theta_i
-  grad_table: Any             # [n, ...] stored per-block gradients g_i = (alpha_i/n) G_i(phi_i)
+  params: Any  # [n, ...] per-client models theta_i
+  grad_table: Any  # [n, ...] stored per-block gradients g_i = (alpha_i/n) G_i(phi_i)
   dissimilarity: jnp.ndarray  # [n, n] D (symmetric, >= 0, zero diagonal)
-  multipliers: jnp.ndarray    # [n, n] edge multipliers of the last projection (warm start)
-  round: jnp.ndarray          # [] int32 rounds done
+  multipliers: jnp.ndarray  # [n, n] edge multipliers of the last projection (warm start)
+  round: jnp.ndarray  # [] int32 rounds done
 
 
 class GradientEstimate(NamedTuple):
-  nu: Any                # [n, ...] unbiased estimate of grad F(theta)
-  grad_table: Any        # [n, ...] the table after refreshing the participants' rows
-  idx: jnp.ndarray       # [s] participating clients
-  losses: jnp.ndarray    # [s] (minibatch) loss f_i(theta_i) of the participants
+  nu: Any  # [n, ...] unbiased estimate of grad F(theta)
+  grad_table: Any  # [n, ...] the table after refreshing the participants' rows
+  idx: jnp.ndarray  # [s] participating clients
+  losses: jnp.ndarray  # [s] (minibatch) loss f_i(theta_i) of the participants
 
 
 HPARAMS = {
-    "eta": HParam(1.0, "step size of the projected gradient step on F (theory for s < n: 3/(8L), "
-                       "L = max_i alpha_i L_i; full participation: < 2n/L)"),
-    "t": HParam(1.0, "constraint level: ||theta_i - theta_j||^2 <= t D_ij (0 = one global model)",
-                minimum=0.0, strict=False),
+  "eta": HParam(
+    1.0,
+    "step size of the projected gradient step on F (theory for s < n: 3/(8L), "
+    "L = max_i alpha_i L_i; full participation: < 2n/L)",
+  ),
+  "t": HParam(
+    1.0,
+    "constraint level: ||theta_i - theta_j||^2 <= t D_ij (0 = one global model)",
+    minimum=0.0,
+    strict=False,
+  ),
 }
 
 
 # ----------------------------------------------------------------------------------------------
 # Pure building blocks (public: used by the round, the tests and the benchmarks)
 # ----------------------------------------------------------------------------------------------
+
 
 def loss_weights(num_examples, weighting: str = "num_examples"):
   """``alpha [n]``: ``n N_i / sum_j N_j`` (mean 1) or ones (``weighting="uniform"``)."""
@@ -136,20 +145,39 @@ def _client_grads(model, params_rows, x, y, nex, keys, batch_size, backend, chun
 
 
 def _scale_rows(tree, scale):
-  return jax.tree.map(lambda a: a * scale.reshape((-1,) + (1,) * (a.ndim - 1)).astype(a.dtype), tree)
+  return jax.tree.map(
+    lambda a: a * scale.reshape((-1,) + (1,) * (a.ndim - 1)).astype(a.dtype), tree
+  )
 
 
-def full_gradient_table(model: Model, params, data, key, *, batch_size: Optional[int] = None,
-                        weighting: str = "num_examples", backend: str = "vmap",
-                        chunk_size: Optional[int] = None):
+def full_gradient_table(
+  model: Model,
+  params,
+  data,
+  key,
+  *,
+  batch_size: Optional[int] = None,
+  weighting: str = "num_examples",
+  backend: str = "vmap",
+  chunk_size: Optional[int] = None,
+):
   """``([n, ...] per-block gradients (alpha_i/n) G_i(theta_i), [n] losses)`` for every client.
 
   With ``batch_size=None`` this is exactly ``grad F(theta)`` for stacked ``params [n, ...]``.
   """
   n = data.num_clients
   alpha = loss_weights(data.num_examples, weighting)
-  losses, grads = _client_grads(model, params, data.x, data.y, data.num_examples,
-                                jax.random.split(key, n), batch_size, backend, chunk_size)
+  losses, grads = _client_grads(
+    model,
+    params,
+    data.x,
+    data.y,
+    data.num_examples,
+    jax.random.split(key, n),
+    batch_size,
+    backend,
+    chunk_size,
+  )
   return _scale_rows(grads, alpha / n), losses
 
 
@@ -165,9 +193,19 @@ def saga_estimate(stored, fresh_rows, idx, num_clients: int):
   return nu, scatter_rows(stored, idx, fresh_rows)
 
 
-def estimate_gradient(model: Model, params, grad_table, data, key, *, clients_per_round: int,
-                      batch_size: Optional[int] = None, weighting: str = "num_examples",
-                      backend: str = "vmap", chunk_size: Optional[int] = None) -> GradientEstimate:
+def estimate_gradient(
+  model: Model,
+  params,
+  grad_table,
+  data,
+  key,
+  *,
+  clients_per_round: int,
+  batch_size: Optional[int] = None,
+  weighting: str = "num_examples",
+  backend: str = "vmap",
+  chunk_size: Optional[int] = None,
+) -> GradientEstimate:
   """Steps 1-3 of a Karula round: sample ``s`` clients, refresh their gradients, form ``nu``.
 
   ``params`` and ``grad_table`` are ``[n, ...]``; the result's ``nu`` is unbiased for
@@ -179,8 +217,17 @@ def estimate_gradient(model: Model, params, grad_table, data, key, *, clients_pe
   alpha = loss_weights(data.num_examples, weighting)
   rows = jax.tree.map(lambda a: a[idx], params)
   clients = data.take_clients(idx)
-  losses, grads = _client_grads(model, rows, clients.x, clients.y, clients.num_examples,
-                                jax.random.split(grad_key, s), batch_size, backend, chunk_size)
+  losses, grads = _client_grads(
+    model,
+    rows,
+    clients.x,
+    clients.y,
+    clients.num_examples,
+    jax.random.split(grad_key, s),
+    batch_size,
+    backend,
+    chunk_size,
+  )
   fresh = _scale_rows(grads, alpha[idx] / n)
   nu, table = saga_estimate(grad_table, fresh, idx, n)
   return GradientEstimate(nu, table, idx, losses)
@@ -197,8 +244,16 @@ def constraint_violation(params, t, dissimilarity):
   return jnp.maximum(jnp.max(d2 - t * dissimilarity), 0.0)
 
 
-def smoothness_constant(model: Model, params, data, *, stacked: bool = False,
-                        weighting: str = "num_examples", iterations: int = 100, key=None) -> float:
+def smoothness_constant(
+  model: Model,
+  params,
+  data,
+  *,
+  stacked: bool = False,
+  weighting: str = "num_examples",
+  iterations: int = 100,
+  key=None,
+) -> float:
   """``L = max_i alpha_i L_i``: the smoothness constant of the weighted losses ``alpha_i f_i``
   (the paper's Assumption 4.1), at the point ``params``.
 
@@ -224,7 +279,9 @@ def smoothness_constant(model: Model, params, data, *, stacked: bool = False,
       hv = jax.flatten_util.ravel_pytree(hvp(unravel(v)))[0]
       lam = jnp.vdot(v, hv)
       return hv / jnp.maximum(jnp.linalg.norm(hv), 1e-300), lam
+
     return jax.lax.fori_loop(0, iterations, body, (v, jnp.zeros((), flat0.dtype)))[1]
+
   return float(run(v)) * n
 
 
@@ -232,27 +289,46 @@ def smoothness_constant(model: Model, params, data, *, stacked: bool = False,
 # Validation helpers
 # ----------------------------------------------------------------------------------------------
 
+
 def _check_dissimilarity(dissimilarity, num_clients: Optional[int] = None):
   """Returns "ot" / "ones" or the validated matrix (raises naming ``dissimilarity``)."""
   if isinstance(dissimilarity, str):
     if dissimilarity not in DISSIMILARITY_CHOICES:
-      raise ValueError(f"dissimilarity must be one of {DISSIMILARITY_CHOICES} or a [n, n] matrix, "
-                       f"got {dissimilarity!r}")
+      raise ValueError(
+        f"dissimilarity must be one of {DISSIMILARITY_CHOICES} or a [n, n] matrix, "
+        f"got {dissimilarity!r}"
+      )
     return dissimilarity
   from fedjax_dro.ot import validate_dissimilarity
+
   try:
     arr = np.asarray(dissimilarity)
   except Exception as e:  # pragma: no cover - defensive
-    raise TypeError(f"dissimilarity must be 'ot', 'ones' or a [n, n] matrix, got "
-                    f"{type(dissimilarity).__name__}") from e
+    raise TypeError(
+      f"dissimilarity must be 'ot', 'ones' or a [n, n] matrix, got {type(dissimilarity).__name__}"
+    ) from e
   if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == bool):
-    raise TypeError(f"dissimilarity must be 'ot', 'ones' or a numeric [n, n] matrix, got "
-                    f"{type(dissimilarity).__name__} with dtype {arr.dtype}")
+    raise TypeError(
+      f"dissimilarity must be 'ot', 'ones' or a numeric [n, n] matrix, got "
+      f"{type(dissimilarity).__name__} with dtype {arr.dtype}"
+    )
   if arr.ndim != 2 or arr.shape[0] != arr.shape[1]:
-    raise ValueError(f"dissimilarity must be a square [n_clients, n_clients] matrix, got shape "
-                     f"{arr.shape}")
-  n = arr.shape[0] if num_clients is None else num_clients
-  return validate_dissimilarity(arr, n, name="dissimilarity")
+    raise ValueError(
+      f"dissimilarity must be a square [n_clients, n_clients] matrix, got shape {arr.shape}"
+    )
+  if num_clients is None:
+    # The factory: everything but the diagonal now; the shape against the data's n first, then
+    # the diagonal, in init (so a matrix of the wrong size is reported as that).
+    off = np.array(arr, dtype=np.float64)
+    np.fill_diagonal(off, 0.0)
+    validate_dissimilarity(off, arr.shape[0], name="dissimilarity")
+    return arr
+  if arr.shape != (num_clients, num_clients):
+    raise ValueError(
+      f"dissimilarity is {arr.shape} but the data has {num_clients} clients: expected a "
+      f"[{num_clients}, {num_clients}] matrix"
+    )
+  return validate_dissimilarity(arr, num_clients, name="dissimilarity")
 
 
 def _check_participation(clients_per_round, num_clients: Optional[int] = None) -> Optional[int]:
@@ -261,12 +337,15 @@ def _check_participation(clients_per_round, num_clients: Optional[int] = None) -
       raise ValueError(f"karula needs at least 2 clients, got data with {num_clients}")
     return num_clients
   if not isinstance(clients_per_round, (int, np.integer)) or isinstance(clients_per_round, bool):
-    raise TypeError(f"clients_per_round must be an int in [2, n] or None (all clients), got "
-                    f"{clients_per_round!r}")
+    raise TypeError(
+      f"clients_per_round must be an int in [2, n] or None (all clients), got {clients_per_round!r}"
+    )
   upper = "n" if num_clients is None else f"n={num_clients}"
   if clients_per_round < 2 or (num_clients is not None and clients_per_round > num_clients):
-    raise ValueError(f"clients_per_round must be in [2, {upper}] (Karula samples at least two "
-                     f"clients per round; n means full participation), got {clients_per_round}")
+    raise ValueError(
+      f"clients_per_round must be in [2, {upper}] (Karula samples at least two "
+      f"clients per round; n means full participation), got {clients_per_round}"
+    )
   return int(clients_per_round)
 
 
@@ -286,16 +365,29 @@ def _check_options(fn, options, name):
 # The algorithm
 # ----------------------------------------------------------------------------------------------
 
-@register("karula", "Karula (Erickson & Johansson): personalized models under pairwise "
-          "dissimilarity constraints ||theta_i - theta_j||^2 <= t D_ij, SAGA + inexact projection",
-          family="personalized")
-def karula(model: Model, *, dissimilarity: Union[str, Any] = "ot",
-           clients_per_round: Optional[int] = None, batch_size: Optional[int] = None,
-           projection: str = "dual", projection_tol: Optional[float] = None,
-           projection_max_iterations: Optional[int] = None, warm_start: bool = True,
-           projection_options: Optional[Dict] = None,
-           weighting: str = "num_examples", ot_options: Optional[Dict] = None,
-           backend: str = "auto", chunk_size: Optional[int] = None) -> Algorithm:
+
+@register(
+  "karula",
+  "Karula (Erickson & Johansson): personalized models under pairwise "
+  "dissimilarity constraints ||theta_i - theta_j||^2 <= t D_ij, SAGA + inexact projection",
+  family="personalized",
+)
+def karula(
+  model: Model,
+  *,
+  dissimilarity: Union[str, Any] = "ot",
+  clients_per_round: Optional[int] = None,
+  batch_size: Optional[int] = None,
+  projection: str = "dual",
+  projection_tol: Optional[float] = None,
+  projection_max_iterations: Optional[int] = None,
+  warm_start: bool = True,
+  projection_options: Optional[Dict] = None,
+  weighting: str = "num_examples",
+  ot_options: Optional[Dict] = None,
+  backend: str = "auto",
+  chunk_size: Optional[int] = None,
+) -> Algorithm:
   """Karula, Algorithm 1 (see the module docstring for the exact estimator and scalings).
 
   Args:
@@ -306,7 +398,7 @@ def karula(model: Model, *, dissimilarity: Union[str, Any] = "ot",
       zero diagonal).
     clients_per_round: ``s`` in ``[2, n]``; None = all clients (deterministic full gradient).
     batch_size: minibatch size of the client gradient oracle; None = full batch.
-    projection: ``"dual"``, ``"admm"`` or ``"dykstra"`` (see :mod:`fedjax_dro.core.pairwise`).
+    projection: ``"dual"``, ``"admm"`` or ``"dykstra"`` (see :mod:`fedjax_dro.solvers.pairwise`).
     projection_tol, projection_max_iterations: stopping rule of the projection solver (``tol`` is
       the method's relative residual: for ``"dual"`` the certified relative duality gap of the
       returned, always feasible, point). ``None`` tolerance: ``max(1e-8, 100 eps)`` of the
@@ -331,21 +423,32 @@ def karula(model: Model, *, dissimilarity: Union[str, Any] = "ot",
     raise TypeError(f"model must be a fedjax_dro Model, got {type(model).__name__}")
   dissimilarity = _check_dissimilarity(dissimilarity)
   _check_participation(clients_per_round)
-  if batch_size is not None and (not isinstance(batch_size, (int, np.integer)) or batch_size < 1
-                                 or isinstance(batch_size, bool)):
-    raise ValueError(f"batch_size must be a positive integer or None (full batch), got {batch_size!r}")
+  if batch_size is not None and (
+    not isinstance(batch_size, (int, np.integer)) or batch_size < 1 or isinstance(batch_size, bool)
+  ):
+    raise ValueError(
+      f"batch_size must be a positive integer or None (full batch), got {batch_size!r}"
+    )
   if projection not in pairwise.METHODS:
     raise ValueError(f"projection must be one of {pairwise.METHODS}, got {projection!r}")
   if projection_tol is not None and (
-      isinstance(projection_tol, bool) or not isinstance(projection_tol, (int, float))
-      or not np.isfinite(projection_tol) or projection_tol <= 0):
-    raise ValueError(f"projection_tol must be a positive number or None (dtype default), got "
-                     f"{projection_tol!r}")
+    isinstance(projection_tol, bool)
+    or not isinstance(projection_tol, (int, float))
+    or not np.isfinite(projection_tol)
+    or projection_tol <= 0
+  ):
+    raise ValueError(
+      f"projection_tol must be a positive number or None (dtype default), got {projection_tol!r}"
+    )
   if projection_max_iterations is not None and (
-      isinstance(projection_max_iterations, bool)
-      or not isinstance(projection_max_iterations, (int, np.integer)) or projection_max_iterations < 1):
-    raise ValueError(f"projection_max_iterations must be a positive integer or None (the method's "
-                     f"default), got {projection_max_iterations!r}")
+    isinstance(projection_max_iterations, bool)
+    or not isinstance(projection_max_iterations, (int, np.integer))
+    or projection_max_iterations < 1
+  ):
+    raise ValueError(
+      f"projection_max_iterations must be a positive integer or None (the method's "
+      f"default), got {projection_max_iterations!r}"
+    )
   if not isinstance(warm_start, (bool, np.bool_)):
     raise TypeError(f"warm_start must be a bool, got {warm_start!r}")
   if weighting not in WEIGHTINGS:
@@ -353,16 +456,24 @@ def karula(model: Model, *, dissimilarity: Union[str, Any] = "ot",
   validate_backend(backend, chunk_size)
   if isinstance(dissimilarity, str) and dissimilarity == "ot":
     from fedjax_dro.ot import dissimilarities
+
     ot_options = _check_options(dissimilarities, ot_options, "ot_options")
   elif ot_options:
-    raise ValueError(f"ot_options is only used with dissimilarity='ot', got dissimilarity="
-                     f"{dissimilarity if isinstance(dissimilarity, str) else 'a matrix'}")
-  projection_options = _check_options(pairwise.project_pairwise, projection_options,
-                                      "projection_options")
-  reserved = sorted({"method", "tol", "max_iterations", "initial_multipliers"} & set(projection_options))
+    raise ValueError(
+      f"ot_options is only used with dissimilarity='ot', got dissimilarity="
+      f"{dissimilarity if isinstance(dissimilarity, str) else 'a matrix'}"
+    )
+  projection_options = _check_options(
+    pairwise.project_pairwise, projection_options, "projection_options"
+  )
+  reserved = sorted(
+    {"method", "tol", "max_iterations", "initial_multipliers"} & set(projection_options)
+  )
   if reserved:
-    raise ValueError(f"projection_options must not set {reserved}: use the factory arguments "
-                     f"projection, projection_tol, projection_max_iterations, warm_start")
+    raise ValueError(
+      f"projection_options must not set {reserved}: use the factory arguments "
+      f"projection, projection_tol, projection_max_iterations, warm_start"
+    )
   use_warm_start = bool(warm_start) and projection == "dual"
   max_iterations = None if projection_max_iterations is None else int(projection_max_iterations)
 
@@ -371,18 +482,25 @@ def karula(model: Model, *, dissimilarity: Union[str, Any] = "ot",
     if tol is None:
       tol = max(1e-8, 100 * float(jnp.finfo(jax.tree.leaves(z)[0].dtype).eps))
     return pairwise.project_pairwise(
-        z, r, method=projection, tol=tol, max_iterations=max_iterations,
-        initial_multipliers=multipliers if use_warm_start else None, **projection_options)
+      z,
+      r,
+      method=projection,
+      tol=tol,
+      max_iterations=max_iterations,
+      initial_multipliers=multipliers if use_warm_start else None,
+      **projection_options,
+    )
 
   def resolved_backend(params):
     return resolve_backend(backend, num_parameters(params))
 
-  ot_cache = []   # one entry: (x, y, mask, D) -- repeated inits on the same data reuse the OT
+  ot_cache = []  # one entry: (x, y, mask, D) -- repeated inits on the same data reuse the OT
 
   def ot_dissimilarity(data, n):
     if ot_cache and all(a is b for a, b in zip(ot_cache[0][:3], (data.x, data.y, data.mask))):
       return ot_cache[0][3]
     from fedjax_dro.ot import dissimilarity_matrix
+
     D = _check_dissimilarity(dissimilarity_matrix(data.x, data.y, data.mask, **ot_options), n)
     ot_cache[:] = [(data.x, data.y, data.mask, D)]
     return D
@@ -393,21 +511,29 @@ def karula(model: Model, *, dissimilarity: Union[str, Any] = "ot",
     dtype = jax.tree.leaves(params)[0].dtype if jax.tree.leaves(params) else jnp.result_type(float)
     if isinstance(dissimilarity, str) and dissimilarity == "ones":
       D = 1.0 - jnp.eye(n)
-    elif isinstance(dissimilarity, str):   # "ot": computed once, from the concrete training data
+    elif isinstance(dissimilarity, str):  # "ot": computed once, from the concrete training data
       if any(isinstance(a, jax.core.Tracer) for a in (data.x, data.y, data.mask)):
-        raise ValueError("karula(dissimilarity='ot') computes D from the training data at init, "
-                         "which needs concrete data: call alg.init outside jit, or pass the "
-                         "precomputed matrix (fedjax_dro.ot.dissimilarity_matrix) as dissimilarity")
+        raise ValueError(
+          "karula(dissimilarity='ot') computes D from the training data at init, "
+          "which needs concrete data: call alg.init outside jit, or pass the "
+          "precomputed matrix (fedjax_dro.ot.dissimilarity_matrix) as dissimilarity"
+        )
       D = ot_dissimilarity(data, n)
     else:
-      if dissimilarity.shape[0] != n:
-        raise ValueError(f"dissimilarity is {tuple(dissimilarity.shape)} but the data has {n} "
-                         f"clients: expected a [{n}, {n}] matrix")
-      D = dissimilarity
+      D = jnp.asarray(_check_dissimilarity(dissimilarity, n))
     theta = jax.tree.map(lambda a: jnp.array(jnp.broadcast_to(a, (n,) + jnp.shape(a))), params)
-    table, _ = jax.jit(lambda th, dt, k: full_gradient_table(
-        model, th, dt, k, batch_size=batch_size, weighting=weighting,
-        backend=resolved_backend(params), chunk_size=chunk_size))(theta, data, key)
+    table, _ = jax.jit(
+      lambda th, dt, k: full_gradient_table(
+        model,
+        th,
+        dt,
+        k,
+        batch_size=batch_size,
+        weighting=weighting,
+        backend=resolved_backend(params),
+        chunk_size=chunk_size,
+      )
+    )(theta, data, key)
     # a fresh buffer: the simulator donates the state, which must not own the factory's matrix
     D = jnp.array(np.asarray(D), dtype=dtype, copy=True)
     return KarulaState(theta, table, D, jnp.zeros((n, n), dtype), jnp.zeros((), jnp.int32))
@@ -417,40 +543,57 @@ def karula(model: Model, *, dissimilarity: Union[str, Any] = "ot",
     check_data_matches(data, n)
     s = n if clients_per_round is None else clients_per_round
     reference = jax.tree.map(lambda a: a[0], state.params)
-    est = estimate_gradient(model, state.params, state.grad_table, data, key, clients_per_round=s,
-                            batch_size=batch_size, weighting=weighting,
-                            backend=resolved_backend(reference), chunk_size=chunk_size)
+    est = estimate_gradient(
+      model,
+      state.params,
+      state.grad_table,
+      data,
+      key,
+      clients_per_round=s,
+      batch_size=batch_size,
+      weighting=weighting,
+      backend=resolved_backend(reference),
+      chunk_size=chunk_size,
+    )
     eta, t = hparams["eta"], hparams["t"]
     z = jax.tree.map(lambda p, g: p - eta * g, state.params, est.nu)
     proj = project(z, t * state.dissimilarity, state.multipliers)
     theta = proj.theta
     alpha = loss_weights(data.num_examples, weighting)[est.idx]
-    moved = sum(jnp.sum((a - b) ** 2) for a, b in zip(jax.tree.leaves(theta),
-                                                       jax.tree.leaves(state.params)))
+    moved = sum(
+      jnp.sum((a - b) ** 2) for a, b in zip(jax.tree.leaves(theta), jax.tree.leaves(state.params))
+    )
     metrics = {
-        "train_loss": jnp.sum(alpha * est.losses) / jnp.sum(alpha),
-        "train_loss_max": jnp.max(est.losses),
-        "grad_norm": jnp.sqrt(sum(jnp.sum(g ** 2) for g in jax.tree.leaves(est.nu))),
-        # ||G_eta||^2 estimate of Theorem 4.4: ||theta^{k+1} - theta^k||^2 / eta^2
-        "gradient_mapping_sq": moved / eta ** 2,
-        "projection_iterations": jnp.asarray(proj.iterations, jnp.int32),
-        # the method's own relative stopping residual (dual: certified relative duality gap)
-        "projection_residual": jnp.asarray(proj.dual_residual),
-        # max violation of the solver's iterate before the feasibility restoration
-        "projection_violation": jnp.asarray(proj.primal_residual),
-        "projection_converged": jnp.asarray(proj.converged).astype(jnp.int32),
-        "restoration_scale": jnp.asarray(proj.restoration_scale),
-        "constraint_violation": constraint_violation(theta, t, state.dissimilarity),
+      "train_loss": jnp.sum(alpha * est.losses) / jnp.sum(alpha),
+      "train_loss_max": jnp.max(est.losses),
+      "grad_norm": jnp.sqrt(sum(jnp.sum(g**2) for g in jax.tree.leaves(est.nu))),
+      # ||G_eta||^2 estimate of Theorem 4.4: ||theta^{k+1} - theta^k||^2 / eta^2
+      "gradient_mapping_sq": moved / eta**2,
+      "projection_iterations": jnp.asarray(proj.iterations, jnp.int32),
+      # the method's own relative stopping residual (dual: certified relative duality gap)
+      "projection_residual": jnp.asarray(proj.dual_residual),
+      # max violation of the solver's iterate before the feasibility restoration
+      "projection_violation": jnp.asarray(proj.primal_residual),
+      "projection_converged": jnp.asarray(proj.converged).astype(jnp.int32),
+      "restoration_scale": jnp.asarray(proj.restoration_scale),
+      "constraint_violation": constraint_violation(theta, t, state.dissimilarity),
     }
     multipliers = proj.multipliers.astype(state.multipliers.dtype)
-    return (KarulaState(theta, est.grad_table, state.dissimilarity, multipliers, state.round + 1),
-            metrics)
+    return (
+      KarulaState(theta, est.grad_table, state.dissimilarity, multipliers, state.round + 1),
+      metrics,
+    )
 
-  config = {"dissimilarity": dissimilarity if isinstance(dissimilarity, str) else "precomputed",
-            "clients_per_round": clients_per_round, "batch_size": batch_size,
-            "projection": projection, "projection_tol": projection_tol,
-            "projection_max_iterations": max_iterations, "warm_start": use_warm_start,
-            "weighting": weighting,
-            "backend": backend, "chunk_size": chunk_size}
+  config = {
+    "dissimilarity": dissimilarity if isinstance(dissimilarity, str) else "precomputed",
+    "clients_per_round": clients_per_round,
+    "batch_size": batch_size,
+    "projection": projection,
+    "projection_tol": projection_tol,
+    "projection_max_iterations": max_iterations,
+    "warm_start": use_warm_start,
+    "weighting": weighting,
+    "backend": backend,
+    "chunk_size": chunk_size,
+  }
   return Algorithm("karula", model, init, round_fn, lambda s: s.params, HPARAMS, True, config)
-

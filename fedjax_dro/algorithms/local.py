@@ -4,6 +4,7 @@ The personalized lower baseline of the Karula paper ("Local"). Each round ``clie
 clients (all by default) run ``local_steps`` SGD steps on their own model.
 Persistent per-client state: ``client_params`` ``[n, ...]``.
 """
+
 from __future__ import annotations
 
 from typing import Any, NamedTuple
@@ -17,18 +18,24 @@ from fedjax_dro.core.local import local_round, round_metrics
 
 
 class LocalState(NamedTuple):
-  client_params: Any   # [n, ...] one model per client
-  round: jnp.ndarray   # [] int32
+  client_params: Any  # [n, ...] one model per client
+  round: jnp.ndarray  # [] int32
 
 
 HPARAMS = {"client_lr": HParam(0.1, "local SGD step size")}
 
 
 @register("local", "Local training: one model per client, no communication", family="personalized")
-def local(model, *, clients_per_round=None, local_steps=1, batch_size=None, backend="auto",
-          chunk_size=None) -> Algorithm:
-  settings = common_settings(clients_per_round=clients_per_round, local_steps=local_steps,
-                             batch_size=batch_size, backend=backend, chunk_size=chunk_size)
+def local(
+  model, *, clients_per_round=None, local_steps=1, batch_size=None, backend="auto", chunk_size=None
+) -> Algorithm:
+  settings = common_settings(
+    clients_per_round=clients_per_round,
+    local_steps=local_steps,
+    batch_size=batch_size,
+    backend=backend,
+    chunk_size=chunk_size,
+  )
 
   def init(params, data, key):
     del key
@@ -36,11 +43,15 @@ def local(model, *, clients_per_round=None, local_steps=1, batch_size=None, back
     return LocalState(tree_stack(params, data.num_clients), jnp.zeros((), jnp.int32))
 
   def round_fn(state, data, key, hparams):
-    update = local_round(model, settings, None, data, key, hparams["client_lr"],
-                         client_params=state.client_params)
+    update = local_round(
+      model, settings, None, data, key, hparams["client_lr"], client_params=state.client_params
+    )
     rows = jax.tree.map(lambda a, d: a[update.idx] + d, state.client_params, update.deltas)
-    return (LocalState(scatter_rows(state.client_params, update.idx, rows), state.round + 1),
-            round_metrics(update))
+    return (
+      LocalState(scatter_rows(state.client_params, update.idx, rows), state.round + 1),
+      round_metrics(update),
+    )
 
-  return Algorithm("local", model, init, round_fn, lambda s: s.client_params, HPARAMS, True,
-                   settings._asdict())
+  return Algorithm(
+    "local", model, init, round_fn, lambda s: s.client_params, HPARAMS, True, settings._asdict()
+  )

@@ -15,7 +15,7 @@ One round ``r`` (full participation, as in the paper)::
                                                              with ``batch_size``, exact otherwise)
     s = (1 + theta_r) L^r - theta_r L^{r-1}                 (L^{-1} := L^0)
     lambda^{r+1} = argmin_{lambda in Lambda} psi(lambda) - <s, lambda> + ||lambda - lambda^r||^2/(2 sigma_r)
-                                                            (core.simplex.dual_prox)
+                                                            (solvers.simplex.dual_prox)
     c = sum_i lambda^{r+1}_i c_i
     u_i <- u_i - eta_l (g_i(u_i) - c_i + c)                 (J = local_steps steps from u_i = x^r)
     du_i = (x^r - u_i^J) / (eta_l J)
@@ -23,7 +23,7 @@ One round ``r`` (full participation, as in the paper)::
 
 ``psi`` (factory option): ``"chi2"`` (hparam ``rho``; Lambda = simplex; ``rho = 0`` is AFL),
 ``"cvar"`` (hparam ``alpha``; capped simplex), ``"qffl"`` (hparam ``q``; Lambda = R^n, psi =
-sum |lambda_i|^(1+1/q), see ``core.simplex``). lambda^0 is uniform.
+sum |lambda_i|^(1+1/q), see ``solvers.simplex``). lambda^0 is uniform.
 
 Parameter rules (factory option ``parameter_rule``):
 
@@ -50,6 +50,7 @@ ratios and ``round``. Metrics: ``train_loss`` (unweighted mean of L^r), ``train_
 ``weighted_loss`` (<lambda^{r+1}, L^r>), ``lambda_max``, ``lambda_min`` and the ``tau``, ``sigma``,
 ``theta`` used in the round.
 """
+
 from __future__ import annotations
 
 from typing import Any, NamedTuple
@@ -57,43 +58,60 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fedjax_dro.algorithms.base import (Algorithm, HParam, backend_for, check_data_matches,
-                                        common_settings, register)
+from fedjax_dro.algorithms.base import (
+  Algorithm,
+  HParam,
+  backend_for,
+  check_data_matches,
+  common_settings,
+  register,
+)
 from fedjax_dro.core.aggregation import tree_add, weighted_sum
 from fedjax_dro.core.clients import map_clients
 from fedjax_dro.core.local import local_sgd
-from fedjax_dro.core.simplex import PSI_NAMES, dual_prox
 from fedjax_dro.models.base import client_loss_and_grad
+from fedjax_dro.solvers.simplex import PSI_NAMES, dual_prox
 
 PARAMETER_RULES = ("user", "condition_5_1", "condition_5_2")
 
 
 class ScaffPDState(NamedTuple):
-  params: Any                 # x^r, the global model
-  lam: jnp.ndarray            # [n] dual weights lambda^r
-  prev_losses: jnp.ndarray    # [n] loss vector L^{r-1} of the previous round (unused at r = 0)
-  step_ratio: jnp.ndarray     # [] t_r = tau_r / tau_0 (Condition 5.1; stays 1 otherwise)
+  params: Any  # x^r, the global model
+  lam: jnp.ndarray  # [n] dual weights lambda^r
+  prev_losses: jnp.ndarray  # [n] loss vector L^{r-1} of the previous round (unused at r = 0)
+  step_ratio: jnp.ndarray  # [] t_r = tau_r / tau_0 (Condition 5.1; stays 1 otherwise)
   prev_step_ratio: jnp.ndarray  # [] t_{r-1} (t_{-1} = 1)
-  round: jnp.ndarray          # [] int32 rounds done
+  round: jnp.ndarray  # [] int32 rounds done
 
 
 def psi_hparams(psi: str, rho_default: float = 0.1) -> dict:
   """The hyper-parameter of each psi (shared by the DRO algorithms); ``rho_default`` is the
   default chi^2 strength (AFL and DRFA use 0, their papers' unregularized problem)."""
   if psi == "chi2":
-    return {"rho": HParam(rho_default, "chi^2 penalty strength rho (0 = AFL, large = ERM)", minimum=0.0,
-                          strict=False)}
+    return {
+      "rho": HParam(
+        rho_default, "chi^2 penalty strength rho (0 = AFL, large = ERM)", minimum=0.0, strict=False
+      )
+    }
   if psi == "cvar":
-    return {"alpha": HParam(0.5, "CVaR level alpha: Lambda = {simplex, lambda_i <= 1/(alpha n)}",
-                            minimum=0.0, strict=True, maximum=1.0)}
+    return {
+      "alpha": HParam(
+        0.5,
+        "CVaR level alpha: Lambda = {simplex, lambda_i <= 1/(alpha n)}",
+        minimum=0.0,
+        strict=True,
+        maximum=1.0,
+      )
+    }
   if psi == "qffl":
-    return {"q": HParam(1.0, "q-FFL exponent: psi = sum |lambda_i|^(1+1/q)", minimum=0.0,
-                        strict=False)}
+    return {
+      "q": HParam(1.0, "q-FFL exponent: psi = sum |lambda_i|^(1+1/q)", minimum=0.0, strict=False)
+    }
   raise ValueError(f"psi must be one of {PSI_NAMES}, got {psi!r}")
 
 
 def psi_params(psi: str, hparams) -> dict:
-  """Keyword arguments of ``core.simplex.dual_prox`` for ``psi`` taken from ``hparams``."""
+  """Keyword arguments of ``solvers.simplex.dual_prox`` for ``psi`` taken from ``hparams``."""
   key = {"chi2": "rho", "cvar": "alpha", "qffl": "q"}[psi]
   return {key: hparams[key]}
 
@@ -113,23 +131,27 @@ def _hparams(psi: str, rule: str) -> dict:
   if rule == "user":
     hp["tau"] = HParam(0.5, "primal step tau")
     hp["sigma"] = HParam(0.5, "dual step sigma")
-    hp["theta"] = HParam(1.0, "dual extrapolation theta in [0, 1]", minimum=0.0, strict=False,
-                         maximum=1.0)
+    hp["theta"] = HParam(
+      1.0, "dual extrapolation theta in [0, 1]", minimum=0.0, strict=False, maximum=1.0
+    )
   elif rule == "condition_5_1":
     hp["tau"] = HParam(0.5, "initial primal step tau_0 (= tau_bar)")
     hp["sigma"] = HParam(0.5, "initial dual step sigma_0 (= gamma_0 tau_0)")
-    hp["mu"] = HParam(0.1, "strong convexity mu_x of the client objectives", minimum=0.0,
-                      strict=False)
+    hp["mu"] = HParam(
+      0.1, "strong convexity mu_x of the client objectives", minimum=0.0, strict=False
+    )
   else:
     hp["mu"] = HParam(0.1, "strong convexity mu_x of the client objectives")
     hp["L"] = HParam(1.0, "smoothness L_xx of the client objectives")
-    hp["L_lx"] = HParam(1.0, "Lipschitz constant L_lambda_x of the loss vector", minimum=0.0,
-                        strict=False)
+    hp["L_lx"] = HParam(
+      1.0, "Lipschitz constant L_lambda_x of the loss vector", minimum=0.0, strict=False
+    )
     hp["safety"] = HParam(1.0, "safety factor s: (1 - theta)/theta = 1/(s kappa)")
   hp.update(psi_hparams(psi))
-  if rule == "condition_5_2":   # mu_lambda = rho n must be > 0
-    hp["rho"] = HParam(0.1, "chi^2 penalty strength rho > 0 (strong concavity rho n)",
-                       minimum=0.0, strict=True)
+  if rule == "condition_5_2":  # mu_lambda = rho n must be > 0
+    hp["rho"] = HParam(
+      0.1, "chi^2 penalty strength rho > 0 (strong concavity rho n)", minimum=0.0, strict=True
+    )
   return hp
 
 
@@ -138,8 +160,11 @@ def parameter_schedule(rule: str, hparams, step_ratio, prev_step_ratio, num_clie
   if rule == "user":
     return hparams["tau"], hparams["sigma"], hparams["theta"]
   if rule == "condition_5_1":
-    return (hparams["tau"] * step_ratio, hparams["sigma"] / step_ratio,
-            step_ratio / prev_step_ratio)
+    return (
+      hparams["tau"] * step_ratio,
+      hparams["sigma"] / step_ratio,
+      step_ratio / prev_step_ratio,
+    )
   if rule == "condition_5_2":
     mu, mu_lam = hparams["mu"], hparams["rho"] * num_clients
     kappa = hparams["L"] / mu + hparams["L_lx"] / jnp.sqrt(mu * mu_lam)
@@ -160,10 +185,21 @@ def _float_dtype(params):
   return jnp.result_type(leaves[0]) if leaves else jnp.result_type(float)
 
 
-@register("scaff_pd", "SCAFF-PD (Yu et al.): accelerated primal-dual DRO with SCAFFOLD-corrected "
-          "local steps", family="dro")
-def scaff_pd(model, *, psi: str = "chi2", parameter_rule: str = "user", local_steps: int = 10,
-             batch_size=None, backend: str = "auto", chunk_size=None) -> Algorithm:
+@register(
+  "scaff_pd",
+  "SCAFF-PD (Yu et al.): accelerated primal-dual DRO with SCAFFOLD-corrected local steps",
+  family="dro",
+)
+def scaff_pd(
+  model,
+  *,
+  psi: str = "chi2",
+  parameter_rule: str = "user",
+  local_steps: int = 10,
+  batch_size=None,
+  backend: str = "auto",
+  chunk_size=None,
+) -> Algorithm:
   """SCAFF-PD (full participation).
 
   Args:
@@ -178,11 +214,18 @@ def scaff_pd(model, *, psi: str = "chi2", parameter_rule: str = "user", local_st
   if parameter_rule not in PARAMETER_RULES:
     raise ValueError(f"parameter_rule must be one of {PARAMETER_RULES}, got {parameter_rule!r}")
   if parameter_rule == "condition_5_2" and psi != "chi2":
-    raise ValueError("parameter_rule='condition_5_2' needs a strongly convex psi: use psi='chi2' "
-                     f"(with rho > 0), got psi={psi!r}")
-  settings = common_settings(clients_per_round=None, local_steps=local_steps,
-                             batch_size=batch_size, backend=backend, chunk_size=chunk_size,
-                             weighting="uniform")
+    raise ValueError(
+      "parameter_rule='condition_5_2' needs a strongly convex psi: use psi='chi2' "
+      f"(with rho > 0), got psi={psi!r}"
+    )
+  settings = common_settings(
+    clients_per_round=None,
+    local_steps=local_steps,
+    batch_size=batch_size,
+    backend=backend,
+    chunk_size=chunk_size,
+    weighting="uniform",
+  )
   hparam_specs = _hparams(psi, parameter_rule)
 
   def init(params, data, key):
@@ -190,8 +233,14 @@ def scaff_pd(model, *, psi: str = "chi2", parameter_rule: str = "user", local_st
     n = data.num_clients
     dtype = _float_dtype(params)
     # distinct buffers for every leaf: the simulator donates the state
-    return ScaffPDState(params, initial_lambda(n, dtype), jnp.zeros((n,), dtype),
-                        jnp.ones((), dtype), jnp.ones((), dtype), jnp.zeros((), jnp.int32))
+    return ScaffPDState(
+      params,
+      initial_lambda(n, dtype),
+      jnp.zeros((n,), dtype),
+      jnp.ones((), dtype),
+      jnp.ones((), dtype),
+      jnp.zeros((), jnp.int32),
+    )
 
   def round_fn(state, data, key, hparams):
     n = data.num_clients
@@ -203,13 +252,21 @@ def scaff_pd(model, *, psi: str = "chi2", parameter_rule: str = "user", local_st
     # (1) every client reports L_i = f_i(x) and c_i = g_i(x)
     def loss_grad(xd, yd, nex, k):
       return client_loss_and_grad(model, x, xd, yd, nex, k, settings.batch_size)
-    losses, grads = map_clients(loss_grad, data.x, data.y, data.num_examples,
-                                jax.random.split(eval_key, n), backend=backend,
-                                chunk_size=settings.chunk_size)
+
+    losses, grads = map_clients(
+      loss_grad,
+      data.x,
+      data.y,
+      data.num_examples,
+      jax.random.split(eval_key, n),
+      backend=backend,
+      chunk_size=settings.chunk_size,
+    )
 
     # (2) extrapolated dual prox step
-    tau, sigma, theta = parameter_schedule(parameter_rule, hparams, state.step_ratio,
-                                           state.prev_step_ratio, n)
+    tau, sigma, theta = parameter_schedule(
+      parameter_rule, hparams, state.step_ratio, state.prev_step_ratio, n
+    )
     prev = jnp.where(state.round == 0, losses, state.prev_losses)
     s = (1.0 + theta) * losses - theta * prev
     lam = dual_prox(psi, state.lam, s, sigma, **psi_params(psi, hparams))
@@ -220,24 +277,54 @@ def scaff_pd(model, *, psi: str = "chi2", parameter_rule: str = "user", local_st
 
     def local_update(xd, yd, nex, k, c_i):
       correct = lambda w, g: jax.tree.map(lambda gi, ci, cc: gi - ci + cc, g, c_i, c)
-      u, _ = local_sgd(model, x, xd, yd, nex, k, num_steps=J, batch_size=settings.batch_size,
-                       lr=lr, grad_transform=correct)
+      u, _ = local_sgd(
+        model,
+        x,
+        xd,
+        yd,
+        nex,
+        k,
+        num_steps=J,
+        batch_size=settings.batch_size,
+        lr=lr,
+        grad_transform=correct,
+      )
       return jax.tree.map(lambda a, b: (a - b) / (lr * J), x, u)
-    du = map_clients(local_update, data.x, data.y, data.num_examples,
-                     jax.random.split(local_key, n), grads, backend=backend,
-                     chunk_size=settings.chunk_size)
+
+    du = map_clients(
+      local_update,
+      data.x,
+      data.y,
+      data.num_examples,
+      jax.random.split(local_key, n),
+      grads,
+      backend=backend,
+      chunk_size=settings.chunk_size,
+    )
     params = tree_add(x, weighted_sum(du, lam), -tau)
 
-    new_state = ScaffPDState(params, lam, losses,
-                             next_step_ratio(parameter_rule, hparams, state.step_ratio),
-                             state.step_ratio, state.round + 1)
+    new_state = ScaffPDState(
+      params,
+      lam,
+      losses,
+      next_step_ratio(parameter_rule, hparams, state.step_ratio),
+      state.step_ratio,
+      state.round + 1,
+    )
     dtype = losses.dtype
-    metrics = {"train_loss": jnp.mean(losses), "train_loss_max": jnp.max(losses),
-               "weighted_loss": jnp.dot(lam, losses), "lambda_max": jnp.max(lam),
-               "lambda_min": jnp.min(lam), "tau": jnp.asarray(tau, dtype),
-               "sigma": jnp.asarray(sigma, dtype), "theta": jnp.asarray(theta, dtype)}
+    metrics = {
+      "train_loss": jnp.mean(losses),
+      "train_loss_max": jnp.max(losses),
+      "weighted_loss": jnp.dot(lam, losses),
+      "lambda_max": jnp.max(lam),
+      "lambda_min": jnp.min(lam),
+      "tau": jnp.asarray(tau, dtype),
+      "sigma": jnp.asarray(sigma, dtype),
+      "theta": jnp.asarray(theta, dtype),
+    }
     return new_state, metrics
 
   config = {**settings._asdict(), "psi": psi, "parameter_rule": parameter_rule}
-  return Algorithm("scaff_pd", model, init, round_fn, lambda s: s.params, hparam_specs, False,
-                   config)
+  return Algorithm(
+    "scaff_pd", model, init, round_fn, lambda s: s.params, hparam_specs, False, config
+  )

@@ -12,6 +12,7 @@ Averages over the participants are unweighted, as in the paper; the fixed point 
 minimizer of the uniform average of the client objectives (tested on heterogeneous quadratics).
 Persistent per-client state: ``client_controls`` ``[n, ...]``.
 """
+
 from __future__ import annotations
 
 from typing import Any, NamedTuple
@@ -20,52 +21,87 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_dro.algorithms.base import Algorithm, HParam, common_settings, participants, register
-from fedjax_dro.core.aggregation import scatter_rows, tree_add, tree_stack, tree_zeros_like, weighted_mean
+from fedjax_dro.core.aggregation import (
+  scatter_rows,
+  tree_add,
+  tree_stack,
+  tree_zeros_like,
+  weighted_mean,
+)
 from fedjax_dro.core.local import local_round, round_metrics
 
 
 class ScaffoldState(NamedTuple):
-  params: Any            # global model x
-  control: Any           # server control variate c (params-shaped)
-  client_controls: Any   # [n, ...] client control variates c_i
-  round: jnp.ndarray     # [] int32
+  params: Any  # global model x
+  control: Any  # server control variate c (params-shaped)
+  client_controls: Any  # [n, ...] client control variates c_i
+  round: jnp.ndarray  # [] int32
 
 
 HPARAMS = {
-    "client_lr": HParam(0.1, "local SGD step size eta_l"),
-    "server_lr": HParam(1.0, "global step size eta_g"),
+  "client_lr": HParam(0.1, "local SGD step size eta_l"),
+  "server_lr": HParam(1.0, "global step size eta_g"),
 }
 
 
-@register("scaffold", "SCAFFOLD option II (Karimireddy 2020): control variates correct client drift")
-def scaffold(model, *, clients_per_round=None, local_steps=10, batch_size=None, backend="auto",
-             chunk_size=None) -> Algorithm:
-  settings = common_settings(clients_per_round=clients_per_round, local_steps=local_steps,
-                             batch_size=batch_size, backend=backend, chunk_size=chunk_size,
-                             weighting="uniform")
+@register(
+  "scaffold", "SCAFFOLD option II (Karimireddy 2020): control variates correct client drift"
+)
+def scaffold(
+  model, *, clients_per_round=None, local_steps=10, batch_size=None, backend="auto", chunk_size=None
+) -> Algorithm:
+  settings = common_settings(
+    clients_per_round=clients_per_round,
+    local_steps=local_steps,
+    batch_size=batch_size,
+    backend=backend,
+    chunk_size=chunk_size,
+    weighting="uniform",
+  )
 
   def init(params, data, key):
     del key
     participants(settings, data.num_clients)
     zeros = tree_zeros_like(params)
-    return ScaffoldState(params, zeros, tree_stack(zeros, data.num_clients), jnp.zeros((), jnp.int32))
+    return ScaffoldState(
+      params, zeros, tree_stack(zeros, data.num_clients), jnp.zeros((), jnp.int32)
+    )
 
   def round_fn(state, data, key, hparams):
     n = data.num_clients
     s = participants(settings, n)
     lr = hparams["client_lr"]
     correct = lambda w, g, c_i: jax.tree.map(lambda gi, ci, c: gi - ci + c, g, c_i, state.control)
-    update = local_round(model, settings, state.params, data, key, lr,
-                         client_state=state.client_controls, grad_transform=correct)
+    update = local_round(
+      model,
+      settings,
+      state.params,
+      data,
+      key,
+      lr,
+      client_state=state.client_controls,
+      grad_transform=correct,
+    )
     old_ci = jax.tree.map(lambda a: a[update.idx], state.client_controls)
     # c_i+ = c_i - c + (x - y_i) / (J eta_l) = c_i - c - delta_i / (J eta_l)
-    new_ci = jax.tree.map(lambda ci, c, d: ci - c - d / (settings.local_steps * lr),
-                          old_ci, state.control, update.deltas)
-    params = tree_add(state.params, weighted_mean(update.deltas, update.weights), hparams["server_lr"])
+    new_ci = jax.tree.map(
+      lambda ci, c, d: ci - c - d / (settings.local_steps * lr),
+      old_ci,
+      state.control,
+      update.deltas,
+    )
+    params = tree_add(
+      state.params, weighted_mean(update.deltas, update.weights), hparams["server_lr"]
+    )
     dc = weighted_mean(jax.tree.map(jnp.subtract, new_ci, old_ci), update.weights)
     control = tree_add(state.control, dc, s / n)
-    return (ScaffoldState(params, control, scatter_rows(state.client_controls, update.idx, new_ci),
-                          state.round + 1), round_metrics(update))
+    return (
+      ScaffoldState(
+        params, control, scatter_rows(state.client_controls, update.idx, new_ci), state.round + 1
+      ),
+      round_metrics(update),
+    )
 
-  return Algorithm("scaffold", model, init, round_fn, lambda s: s.params, HPARAMS, False,
-                   settings._asdict())
+  return Algorithm(
+    "scaffold", model, init, round_fn, lambda s: s.params, HPARAMS, False, settings._asdict()
+  )

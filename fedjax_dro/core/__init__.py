@@ -1,1 +1,8 @@
-"""Shared mechanics: sampling, local training, aggregation, projections, metrics."""
+"""Round mechanics every algorithm shares: client sampling (``sampling``), local training and
+the execution backends (``local``, ``clients``), aggregation (``aggregation``), metrics
+(``metrics``) and the validated round settings (``settings``).
+
+Numerical solvers (projections, prox steps, the saddle-point solver) live in
+:mod:`fedjax_dro.solvers`; ``fedjax_dro.core.pairwise`` / ``saddle`` / ``simplex`` still import,
+with a ``DeprecationWarning``, until 0.3.
+"""

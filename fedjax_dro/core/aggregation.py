@@ -1,4 +1,5 @@
 """Masked weighted aggregation of stacked client pytrees."""
+
 from __future__ import annotations
 
 import jax

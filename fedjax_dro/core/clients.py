@@ -14,6 +14,7 @@ All backends compute the same thing; they differ in how XLA executes it:
   (210k parameters) per-client GEMMs are compute-bound and ``map`` (one client at a time, streaming
   aggregation) is the fastest backend.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Optional
@@ -56,11 +57,14 @@ def map_clients(fn: Callable, *args, backend: str = "vmap", chunk_size: Optional
     return jax.lax.map(lambda a: fn(*a), args)
   if backend == "chunked":
     return jax.lax.map(lambda a: fn(*a), args, batch_size=chunk_size or DEFAULT_CHUNK_SIZE)
-  raise ValueError(f"backend must be resolved to one of ('vmap', 'map', 'chunked'), got {backend!r}")
+  raise ValueError(
+    f"backend must be resolved to one of ('vmap', 'map', 'chunked'), got {backend!r}"
+  )
 
 
-def map_clients_weighted_sum(fn: Callable, weights, *args, backend: str = "vmap",
-                             chunk_size: Optional[int] = None):
+def map_clients_weighted_sum(
+  fn: Callable, weights, *args, backend: str = "vmap", chunk_size: Optional[int] = None
+):
   """``(sum_k weights[k] * fn(args_k)[0], stacked fn(args_k)[1])`` without materializing the
   stacked first outputs for the ``map`` / ``chunked`` backends.
 
@@ -73,12 +77,14 @@ def map_clients_weighted_sum(fn: Callable, weights, *args, backend: str = "vmap"
     trees, aux = jax.vmap(fn)(*args)
     return jax.tree.map(lambda a: jnp.tensordot(weights.astype(a.dtype), a, axes=1), trees), aux
   if backend not in ("map", "chunked"):
-    raise ValueError(f"backend must be resolved to one of ('vmap', 'map', 'chunked'), got {backend!r}")
+    raise ValueError(
+      f"backend must be resolved to one of ('vmap', 'map', 'chunked'), got {backend!r}"
+    )
   size = 1 if backend == "map" else (chunk_size or DEFAULT_CHUNK_SIZE)
   s = weights.shape[0]
   num_chunks = -(-s // size)
   pad = num_chunks * size - s
-  if pad:   # fill the last chunk with copies of client 0 at weight 0
+  if pad:  # fill the last chunk with copies of client 0 at weight 0
     rows = jnp.concatenate([jnp.arange(s), jnp.zeros((pad,), jnp.int32)])
     args = jax.tree.map(lambda a: a[rows], args)
     weights = jnp.concatenate([weights, jnp.zeros((pad,), weights.dtype)])
@@ -91,8 +97,9 @@ def map_clients_weighted_sum(fn: Callable, weights, *args, backend: str = "vmap"
   def body(total, inputs):
     chunk_args, chunk_w = inputs
     trees, aux = jax.vmap(fn)(*chunk_args)
-    total = jax.tree.map(lambda acc, a: acc + jnp.tensordot(chunk_w.astype(a.dtype), a, axes=1),
-                         total, trees)
+    total = jax.tree.map(
+      lambda acc, a: acc + jnp.tensordot(chunk_w.astype(a.dtype), a, axes=1), total, trees
+    )
     return total, aux
 
   total, aux = jax.lax.scan(body, zeros, (chunked, w))

@@ -1,5 +1,6 @@
 """Local training: ``lax.scan`` over local steps for one client, and the per-round driver that
 runs it for the participating clients with a chosen backend."""
+
 from __future__ import annotations
 
 from typing import Any, Callable, NamedTuple, Optional
@@ -13,8 +14,19 @@ from fedjax_dro.core.settings import aggregation_weights, backend_for, participa
 from fedjax_dro.models.base import Model, client_loss, client_loss_and_grad
 
 
-def local_sgd(model: Model, params, x, y, num_examples, key, *, num_steps: int,
-              batch_size: Optional[int], lr, grad_transform: Optional[Callable] = None):
+def local_sgd(
+  model: Model,
+  params,
+  x,
+  y,
+  num_examples,
+  key,
+  *,
+  num_steps: int,
+  batch_size: Optional[int],
+  lr,
+  grad_transform: Optional[Callable] = None,
+):
   """``num_steps`` SGD steps on one client's objective.
 
   Args:
@@ -25,6 +37,7 @@ def local_sgd(model: Model, params, x, y, num_examples, key, *, num_steps: int,
     ``(final_params, losses[num_steps])`` where ``losses[k]`` is the minibatch loss at step ``k``
     (``losses[0]`` is the loss at the received model).
   """
+
   def step(w, step_key):
     loss, g = client_loss_and_grad(model, w, x, y, num_examples, step_key, batch_size)
     if grad_transform is not None:
@@ -41,9 +54,16 @@ def run_clients(fn: Callable, clients, keys, *extra, backend: str, chunk_size: O
   ``clients`` is the gathered :class:`FederatedData` of the participants (``mask`` is implied by
   ``num_examples``); ``extra`` are per-client stacked pytrees (persistent state rows).
   """
-  return map_clients(lambda x, y, nex, k, *e: fn(x, y, nex, k, *e),
-                     clients.x, clients.y, clients.num_examples, keys, *extra,
-                     backend=backend, chunk_size=chunk_size)
+  return map_clients(
+    lambda x, y, nex, k, *e: fn(x, y, nex, k, *e),
+    clients.x,
+    clients.y,
+    clients.num_examples,
+    keys,
+    *extra,
+    backend=backend,
+    chunk_size=chunk_size,
+  )
 
 
 class LocalRound(NamedTuple):
@@ -57,6 +77,7 @@ class LocalRound(NamedTuple):
     losses: ``[s]`` loss at the received model (first local minibatch).
     num_examples: ``[s]`` sample counts of the participants.
   """
+
   idx: Any
   deltas: Any
   weights: Any
@@ -64,10 +85,21 @@ class LocalRound(NamedTuple):
   num_examples: Any
 
 
-def local_round(model: Model, settings, params, data, key, lr, *, client_params=None,
-                client_state=None, grad_transform: Optional[Callable] = None,
-                num_steps: Optional[int] = None, sampling_weights=None,
-                mean_only: bool = False) -> LocalRound:
+def local_round(
+  model: Model,
+  settings,
+  params,
+  data,
+  key,
+  lr,
+  *,
+  client_params=None,
+  client_state=None,
+  grad_transform: Optional[Callable] = None,
+  num_steps: Optional[int] = None,
+  sampling_weights=None,
+  mean_only: bool = False,
+) -> LocalRound:
   """Samples participants and runs local SGD on each of them (the FedAvg skeleton, steps 1-3).
 
   Args:
@@ -87,7 +119,8 @@ def local_round(model: Model, settings, params, data, key, lr, *, client_params=
   s = participants(settings, n)
   sample_key, local_key = jax.random.split(key)
   idx = sample_clients(sample_key, n, s, sampling_weights)
-  full = s == n and sampling_weights is None   # full participation: idx = arange(n), no gather
+  # full participation: idx = arange(n), no gather (host-resident data is always gathered)
+  full = s == n and sampling_weights is None and not getattr(data, "host_resident", False)
   clients = data if full else data.take_clients(idx)
   take = (lambda tree: tree) if full else (lambda tree: jax.tree.map(lambda a: a[idx], tree))
   starts = None if client_params is None else take(client_params)
@@ -98,19 +131,39 @@ def local_round(model: Model, settings, params, data, key, lr, *, client_params=
   def client_update(x, y, nex, k, start, row):
     w0 = params if start is None else start
     transform = None if grad_transform is None else (lambda w, g: grad_transform(w, g, row))
-    w, losses = local_sgd(model, w0, x, y, nex, k, num_steps=num_steps or settings.local_steps,
-                          batch_size=settings.batch_size, lr=lr, grad_transform=transform)
+    w, losses = local_sgd(
+      model,
+      w0,
+      x,
+      y,
+      nex,
+      k,
+      num_steps=num_steps or settings.local_steps,
+      batch_size=settings.batch_size,
+      lr=lr,
+      grad_transform=transform,
+    )
     return jax.tree.map(jnp.subtract, w, w0), losses[0]
 
   keys = jax.random.split(local_key, s)
   weights = aggregation_weights(settings, clients.num_examples)
   if mean_only:
     deltas, losses = map_clients_weighted_sum(
-        client_update, weights / jnp.sum(weights), clients.x, clients.y, clients.num_examples, keys,
-        starts, rows, backend=backend, chunk_size=settings.chunk_size)
+      client_update,
+      weights / jnp.sum(weights),
+      clients.x,
+      clients.y,
+      clients.num_examples,
+      keys,
+      starts,
+      rows,
+      backend=backend,
+      chunk_size=settings.chunk_size,
+    )
   else:
-    deltas, losses = run_clients(client_update, clients, keys, starts, rows, backend=backend,
-                                 chunk_size=settings.chunk_size)
+    deltas, losses = run_clients(
+      client_update, clients, keys, starts, rows, backend=backend, chunk_size=settings.chunk_size
+    )
   return LocalRound(idx, deltas, weights, losses, clients.num_examples)
 
 
@@ -121,9 +174,14 @@ def participant_losses(model: Model, settings, params, data, idx):
   received), evaluated with the settings' backend.
   """
   clients = data.take_clients(idx)
-  return map_clients(lambda xd, yd, md: client_loss(model, params, xd, yd, md),
-                     clients.x, clients.y, clients.mask, backend=backend_for(settings, params),
-                     chunk_size=settings.chunk_size)
+  return map_clients(
+    lambda xd, yd, md: client_loss(model, params, xd, yd, md),
+    clients.x,
+    clients.y,
+    clients.mask,
+    backend=backend_for(settings, params),
+    chunk_size=settings.chunk_size,
+  )
 
 
 def round_metrics(update: LocalRound) -> dict:

@@ -5,6 +5,7 @@ model otherwise. Summaries (host-side, numpy): mean weighted by examples, unweig
 clients, worst-20% (the average over the 20% of clients with the worst value — lowest accuracy /
 R^2, highest loss / MSE; ``ceil(0.2 n)`` clients), best-20%, the worst single client, quantiles.
 """
+
 from __future__ import annotations
 
 import math
@@ -16,8 +17,13 @@ import numpy as np
 
 from fedjax_dro.models.base import Model, per_client_eval
 
-HIGHER_IS_BETTER = {"accuracy": True, "r2": True, "loss": False, "mse": False,
-                    "estimation_error": False}
+HIGHER_IS_BETTER = {
+  "accuracy": True,
+  "r2": True,
+  "loss": False,
+  "mse": False,
+  "estimation_error": False,
+}
 QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9)
 
 
@@ -48,18 +54,20 @@ def estimation_error(params, true_params, personalized: bool) -> Optional[jnp.nd
   return jnp.sum((flat - true_params.astype(flat.dtype)) ** 2, axis=-1)
 
 
-def summarize(values, weights=None, higher_is_better: bool = True, fraction: float = 0.2) -> Dict[str, float]:
+def summarize(
+  values, weights=None, higher_is_better: bool = True, fraction: float = 0.2
+) -> Dict[str, float]:
   """Summary statistics of a per-client metric vector."""
   v = np.asarray(values, np.float64)
   if v.ndim != 1 or v.size == 0:
     raise ValueError(f"values must be a non-empty 1-D array, got shape {v.shape}")
-  order = np.sort(v) if higher_is_better else np.sort(v)[::-1]   # worst first
+  order = np.sort(v) if higher_is_better else np.sort(v)[::-1]  # worst first
   k = max(1, math.ceil(fraction * v.size))
   out = {
-      "mean": float(np.mean(v)),
-      "worst20": float(np.mean(order[:k])),
-      "best20": float(np.mean(order[-k:])),
-      "worst": float(order[0]),
+    "mean": float(np.mean(v)),
+    "worst20": float(np.mean(order[:k])),
+    "best20": float(np.mean(order[-k:])),
+    "worst": float(order[0]),
   }
   if weights is not None:
     w = np.asarray(weights, np.float64)
@@ -69,9 +77,13 @@ def summarize(values, weights=None, higher_is_better: bool = True, fraction: flo
   return out
 
 
-def summarize_all(per_client: Dict[str, np.ndarray], num_examples=None) -> Dict[str, Dict[str, float]]:
-  return {name: summarize(vals, num_examples, HIGHER_IS_BETTER.get(name, True))
-          for name, vals in per_client.items()}
+def summarize_all(
+  per_client: Dict[str, np.ndarray], num_examples=None
+) -> Dict[str, Dict[str, float]]:
+  return {
+    name: summarize(vals, num_examples, HIGHER_IS_BETTER.get(name, True))
+    for name, vals in per_client.items()
+  }
 
 
 import jax.flatten_util  # noqa: E402  (registers jax.flatten_util)

@@ -1,14 +1,14 @@
 """Fixed-size client sampling (static shapes, so a round compiles once)."""
-from __future__ import annotations
 
-from typing import Optional
+from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 
 
-def sample_clients(key, num_clients: int, clients_per_round: int, weights=None, *,
-                   replace: bool = False):
+def sample_clients(
+  key, num_clients: int, clients_per_round: int, weights=None, *, replace: bool = False
+):
   """Indices ``[clients_per_round]`` of the clients taking part in a round.
 
   Args:
@@ -27,8 +27,9 @@ def sample_clients(key, num_clients: int, clients_per_round: int, weights=None, 
   return jax.random.choice(key, num_clients, (clients_per_round,), replace=replace, p=p)
 
 
-def validate_clients_per_round(clients_per_round, num_clients: int,
-                               name: str = "clients_per_round") -> int:
+def validate_clients_per_round(
+  clients_per_round, num_clients: int, name: str = "clients_per_round"
+) -> int:
   if clients_per_round is None:
     return num_clients
   if not isinstance(clients_per_round, int) or isinstance(clients_per_round, bool):

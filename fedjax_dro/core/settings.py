@@ -1,4 +1,5 @@
 """Validated shape-determining settings shared by the FedAvg family of algorithms."""
+
 from __future__ import annotations
 
 from typing import NamedTuple, Optional
@@ -12,6 +13,7 @@ from fedjax_dro.models.base import num_parameters
 
 class CommonSettings(NamedTuple):
   """Validated shape-determining settings shared by the FedAvg family."""
+
   clients_per_round: Optional[int]
   local_steps: int
   batch_size: Optional[int]
@@ -20,14 +22,27 @@ class CommonSettings(NamedTuple):
   weighting: str
 
 
-def common_settings(*, clients_per_round=None, local_steps=1, batch_size=None, backend="auto",
-                    chunk_size=None, weighting="num_examples") -> CommonSettings:
-  if clients_per_round is not None and (not isinstance(clients_per_round, int) or clients_per_round < 1):
-    raise ValueError(f"clients_per_round must be a positive integer or None (all), got {clients_per_round!r}")
+def common_settings(
+  *,
+  clients_per_round=None,
+  local_steps=1,
+  batch_size=None,
+  backend="auto",
+  chunk_size=None,
+  weighting="num_examples",
+) -> CommonSettings:
+  if clients_per_round is not None and (
+    not isinstance(clients_per_round, int) or clients_per_round < 1
+  ):
+    raise ValueError(
+      f"clients_per_round must be a positive integer or None (all), got {clients_per_round!r}"
+    )
   if not isinstance(local_steps, int) or isinstance(local_steps, bool) or local_steps < 1:
     raise ValueError(f"local_steps must be a positive integer, got {local_steps!r}")
   if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
-    raise ValueError(f"batch_size must be a positive integer or None (full batch), got {batch_size!r}")
+    raise ValueError(
+      f"batch_size must be a positive integer or None (full batch), got {batch_size!r}"
+    )
   validate_backend(backend, chunk_size)
   if weighting not in ("num_examples", "uniform"):
     raise ValueError(f"weighting must be 'num_examples' or 'uniform', got {weighting!r}")

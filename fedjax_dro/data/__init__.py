@@ -1,11 +1,30 @@
 """Federated data: padded stacked arrays, constructors, partitioners, synthetic tasks."""
-from fedjax_dro.data.federated import (FederatedData, FederatedDataset, from_arrays,
-                                       from_client_arrays, train_test_split, validate_data)
-from fedjax_dro.data.partition import dirichlet_partition
-from fedjax_dro.data.synthetic import synthetic_classification, synthetic_ridge, synthetic_shift
-from fedjax_dro.data.registry import DatasetEntry, get_dataset, list_datasets, register_dataset
 
-__all__ = ["FederatedData", "FederatedDataset", "from_arrays", "from_client_arrays",
-           "train_test_split", "validate_data", "dirichlet_partition", "synthetic_classification",
-           "synthetic_ridge", "synthetic_shift", "DatasetEntry", "get_dataset", "list_datasets",
-           "register_dataset"]
+from fedjax_dro.data.federated import (
+  FederatedData,
+  FederatedDataset,
+  from_arrays,
+  from_client_arrays,
+  train_test_split,
+  validate_data,
+)
+from fedjax_dro.data.partition import dirichlet_partition
+from fedjax_dro.data.registry import DatasetEntry, get_dataset, list_datasets, register_dataset
+from fedjax_dro.data.synthetic import synthetic_classification, synthetic_ridge, synthetic_shift
+
+__all__ = [
+  "FederatedData",
+  "FederatedDataset",
+  "from_arrays",
+  "from_client_arrays",
+  "train_test_split",
+  "validate_data",
+  "dirichlet_partition",
+  "synthetic_classification",
+  "synthetic_ridge",
+  "synthetic_shift",
+  "DatasetEntry",
+  "get_dataset",
+  "list_datasets",
+  "register_dataset",
+]

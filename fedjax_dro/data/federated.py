@@ -5,6 +5,7 @@ with a leading client axis. Valid rows always come first (``mask[i, :num_example
 the rest False): this *prefix* layout lets minibatch sampling draw only valid rows with one
 ``randint`` and makes padding invisible to every loss, gradient and metric.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -28,6 +29,7 @@ class FederatedData:
     mask: ``[n_clients, max_examples]`` bool, True on valid rows (a prefix of each row).
     num_examples: ``[n_clients]`` int32, number of valid rows per client.
   """
+
   x: Array
   y: Array
   mask: Array
@@ -53,9 +55,13 @@ class FederatedData:
     """The same data padded with extra masked rows (zeros) up to ``max_examples``."""
     extra = int(max_examples) - self.max_examples
     if extra < 0:
-      raise ValueError(f"max_examples={max_examples} is smaller than the current {self.max_examples}")
+      raise ValueError(
+        f"max_examples={max_examples} is smaller than the current {self.max_examples}"
+      )
     pad = lambda a: jnp.pad(a, [(0, 0), (0, extra)] + [(0, 0)] * (a.ndim - 2))
-    return FederatedData(x=pad(self.x), y=pad(self.y), mask=pad(self.mask), num_examples=self.num_examples)
+    return FederatedData(
+      x=pad(self.x), y=pad(self.y), mask=pad(self.mask), num_examples=self.num_examples
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +77,7 @@ class FederatedDataset:
     true_params: optional ``[n_clients, dim]`` ground-truth parameters (synthetic tasks).
     description: one line.
   """
+
   train: FederatedData
   test: Optional[FederatedData] = None
   task: str = "regression"
@@ -92,11 +99,38 @@ def _as_array(value, name: str) -> np.ndarray:
     raise TypeError(f"{name} must be array-like, got {type(value).__name__}") from e
   if arr.dtype == object:
     raise TypeError(f"{name} must be a numeric array, got an object array (ragged input?)")
+  if arr.dtype.kind == "c":
+    raise TypeError(
+      f"{name} is complex-valued (dtype {arr.dtype}); the simulator needs real numbers (pass "
+      f"the real and imaginary parts as separate features if both matter)"
+    )
+  if arr.dtype.kind in "USV":
+    raise TypeError(
+      f"{name} must be numeric, got dtype {arr.dtype} (encode string labels as integers, e.g. "
+      f"np.unique(y, return_inverse=True)[1])"
+    )
+  if arr.dtype.kind not in "biuf":
+    raise TypeError(f"{name} must hold real numbers (bool, int or float), got dtype {arr.dtype}")
   return arr
 
 
-def from_client_arrays(xs: Sequence, ys: Sequence, *, max_examples: Optional[int] = None,
-                       seed: int = 0, dtype=None) -> FederatedData:
+def _check_values(arr: np.ndarray, dtype, name: str) -> None:
+  """``arr`` is finite and fits ``dtype`` (before the cast, so the error names the input)."""
+  if arr.dtype.kind == "f" and not np.all(np.isfinite(arr)):
+    raise ValueError(f"{name} has NaN or infinite values")
+  if np.dtype(dtype).kind == "f" and arr.size:
+    limit = float(np.finfo(dtype).max)
+    big = np.abs(arr.astype(np.float64)) > limit
+    if np.any(big):
+      raise ValueError(
+        f"{name} has values beyond the {np.dtype(dtype)} range (largest {limit:.3g}), e.g. "
+        f"{arr[big].reshape(-1)[0].item()!r}: they would become inf; rescale the data"
+      )
+
+
+def from_client_arrays(
+  xs: Sequence, ys: Sequence, *, max_examples: Optional[int] = None, seed: int = 0, dtype=None
+) -> FederatedData:
   """Builds :class:`FederatedData` from per-client lists of arrays.
 
   Args:
@@ -109,8 +143,10 @@ def from_client_arrays(xs: Sequence, ys: Sequence, *, max_examples: Optional[int
       and the input is float64).
   """
   if not isinstance(xs, (list, tuple)) or not isinstance(ys, (list, tuple)):
-    raise TypeError(f"xs and ys must be lists of per-client arrays, got {type(xs).__name__} and "
-                    f"{type(ys).__name__}")
+    raise TypeError(
+      f"xs and ys must be lists of per-client arrays, got {type(xs).__name__} and "
+      f"{type(ys).__name__}"
+    )
   if len(xs) != len(ys):
     raise ValueError(f"xs and ys must have one entry per client: got {len(xs)} and {len(ys)}")
   if len(xs) == 0:
@@ -120,14 +156,24 @@ def from_client_arrays(xs: Sequence, ys: Sequence, *, max_examples: Optional[int
   feature_shape, label_shape = xs[0].shape[1:], ys[0].shape[1:]
   for i, (x, y) in enumerate(zip(xs, ys)):
     if x.ndim < 1 or x.shape[0] == 0:
-      raise ValueError(f"client {i} is empty: xs[{i}] has shape {x.shape}; every client needs >= 1 row")
+      raise ValueError(
+        f"client {i} is empty: xs[{i}] has shape {x.shape}; every client needs >= 1 row"
+      )
     if y.shape[:1] != x.shape[:1]:
       raise ValueError(f"client {i}: xs[{i}] has {x.shape[0]} rows but ys[{i}] has {y.shape[:1]}")
     if x.shape[1:] != feature_shape:
-      raise ValueError(f"client {i}: feature shape {x.shape[1:]} differs from client 0's {feature_shape}")
+      raise ValueError(
+        f"client {i}: xs[{i}] has feature shape {x.shape[1:]}, which differs from client 0's "
+        f"{feature_shape}"
+      )
     if y.shape[1:] != label_shape:
-      raise ValueError(f"client {i}: label shape {y.shape[1:]} differs from client 0's {label_shape}")
-  if max_examples is not None and (not isinstance(max_examples, (int, np.integer)) or max_examples < 1):
+      raise ValueError(
+        f"client {i}: ys[{i}] has label shape {y.shape[1:]}, which differs from client 0's "
+        f"{label_shape}"
+      )
+  if max_examples is not None and (
+    not isinstance(max_examples, (int, np.integer)) or max_examples < 1
+  ):
     raise ValueError(f"max_examples must be a positive integer, got {max_examples!r}")
   rng = np.random.default_rng(seed)
   sizes = []
@@ -138,23 +184,51 @@ def from_client_arrays(xs: Sequence, ys: Sequence, *, max_examples: Optional[int
     sizes.append(xs[i].shape[0])
   m = max(sizes)
   n = len(xs)
-  x_dtype = dtype or (np.float64 if xs[0].dtype == np.float64 and jax.config.jax_enable_x64 else np.float32)
+  if dtype is not None:
+    try:
+      dtype = np.dtype(dtype)
+    except TypeError:
+      raise TypeError(f"dtype must be a float dtype such as np.float32, got {dtype!r}") from None
+    if dtype.kind != "f":
+      raise TypeError(f"dtype must be a float dtype such as np.float32, got {dtype}")
+  x_dtype = dtype or (
+    np.float64 if xs[0].dtype == np.float64 and jax.config.jax_enable_x64 else np.float32
+  )
   y_dtype = ys[0].dtype if np.issubdtype(ys[0].dtype, np.integer) else x_dtype
+  for i in range(n):
+    _check_values(xs[i], x_dtype, f"xs[{i}]")
+    _check_values(ys[i], y_dtype, f"ys[{i}]")
+    if np.issubdtype(y_dtype, np.integer) and not np.issubdtype(ys[i].dtype, np.integer):
+      raise TypeError(
+        f"ys[{i}] has dtype {ys[i].dtype} but ys[0] has {ys[0].dtype}: labels would be cast to "
+        f"{ys[0].dtype} (0.5 -> 0); give every client labels of one kind"
+      )
   x = np.zeros((n, m) + feature_shape, x_dtype)
   y = np.zeros((n, m) + label_shape, y_dtype)
   mask = np.zeros((n, m), bool)
   for i in range(n):
-    x[i, :sizes[i]] = xs[i]
-    y[i, :sizes[i]] = ys[i]
-    mask[i, :sizes[i]] = True
-  data = FederatedData(x=jnp.asarray(x), y=jnp.asarray(y), mask=jnp.asarray(mask),
-                       num_examples=jnp.asarray(np.array(sizes, np.int32)))
+    x[i, : sizes[i]] = xs[i]
+    y[i, : sizes[i]] = ys[i]
+    mask[i, : sizes[i]] = True
+  data = FederatedData(
+    x=jnp.asarray(x),
+    y=jnp.asarray(y),
+    mask=jnp.asarray(mask),
+    num_examples=jnp.asarray(np.array(sizes, np.int32)),
+  )
   validate_data(data)
   return data
 
 
-def from_arrays(x, y, client_id, *, num_clients: Optional[int] = None,
-                max_examples: Optional[int] = None, seed: int = 0) -> FederatedData:
+def from_arrays(
+  x,
+  y,
+  client_id,
+  *,
+  num_clients: Optional[int] = None,
+  max_examples: Optional[int] = None,
+  seed: int = 0,
+) -> FederatedData:
   """Builds :class:`FederatedData` from pooled ``(x, y, client_id)`` arrays.
 
   ``client_id[k]`` in ``[0, num_clients)`` says which client owns row ``k``; rows keep their order
@@ -162,10 +236,14 @@ def from_arrays(x, y, client_id, *, num_clients: Optional[int] = None,
   """
   x, y, cid = _as_array(x, "x"), _as_array(y, "y"), _as_array(client_id, "client_id")
   if cid.ndim != 1 or not np.issubdtype(cid.dtype, np.integer):
-    raise TypeError(f"client_id must be a 1-D integer array, got shape {cid.shape} dtype {cid.dtype}")
+    raise TypeError(
+      f"client_id must be a 1-D integer array, got shape {cid.shape} dtype {cid.dtype}"
+    )
   if x.shape[0] != cid.shape[0] or y.shape[0] != cid.shape[0]:
-    raise ValueError(f"x, y and client_id must have the same number of rows: got {x.shape[0]}, "
-                     f"{y.shape[0]}, {cid.shape[0]}")
+    raise ValueError(
+      f"x, y and client_id must have the same number of rows: got {x.shape[0]}, "
+      f"{y.shape[0]}, {cid.shape[0]}"
+    )
   if cid.size and cid.min() < 0:
     raise ValueError(f"client_id must be >= 0, got min {cid.min()}")
   n = int(num_clients) if num_clients is not None else int(cid.max()) + 1
@@ -180,7 +258,8 @@ def from_arrays(x, y, client_id, *, num_clients: Optional[int] = None,
 
 
 def validate_data(data: FederatedData, name: str = "data") -> None:
-  """Checks shapes, the prefix-mask layout, non-empty clients and finiteness (host-side)."""
+  """Checks shapes, dtypes, the prefix-mask layout, non-empty clients and finiteness of every
+  row, padding included (host-side)."""
   if not isinstance(data, FederatedData):
     raise TypeError(f"{name} must be a FederatedData, got {type(data).__name__}")
   x, y, mask, nex = (np.asarray(a) for a in (data.x, data.y, data.mask, data.num_examples))
@@ -190,28 +269,53 @@ def validate_data(data: FederatedData, name: str = "data") -> None:
   if y.shape[:2] != (n, m):
     raise ValueError(f"{name}.y must start with [n_clients, max_examples]={(n, m)}, got {y.shape}")
   if mask.shape != (n, m) or mask.dtype != bool:
-    raise ValueError(f"{name}.mask must be a bool array of shape {(n, m)}, got {mask.shape} {mask.dtype}")
+    raise ValueError(
+      f"{name}.mask must be a bool array of shape {(n, m)}, got {mask.shape} {mask.dtype}"
+    )
   if nex.shape != (n,):
     raise ValueError(f"{name}.num_examples must have shape {(n,)}, got {nex.shape}")
+  if nex.dtype.kind not in "iu":
+    raise TypeError(f"{name}.num_examples must be an integer array, got dtype {nex.dtype}")
+  for field, arr in (("x", x), ("y", y)):
+    if arr.dtype.kind not in "biuf":
+      raise TypeError(
+        f"{name}.{field} must hold real numbers (bool, int or float), got dtype {arr.dtype}"
+      )
   if n == 0:
     raise ValueError(f"{name} has no clients")
   if np.any(nex < 1):
     bad = np.flatnonzero(nex < 1).tolist()
     raise ValueError(f"{name}: clients {bad} are empty; every client needs >= 1 example")
   if not np.array_equal(mask.sum(1), nex):
-    raise ValueError(f"{name}.num_examples does not equal the number of True entries of {name}.mask")
+    raise ValueError(
+      f"{name}.num_examples does not equal the number of True entries of {name}.mask"
+    )
   if not np.array_equal(mask, np.arange(m)[None, :] < nex[:, None]):
     raise ValueError(f"{name}.mask must be a prefix mask (valid rows first in every client)")
   for field, arr in (("x", x), ("y", y)):
     if np.issubdtype(arr.dtype, np.floating):
       valid = arr[mask]
       if not np.all(np.isfinite(valid)):
-        bad = sorted(set(np.argwhere(~np.isfinite(arr) & mask.reshape(mask.shape + (1,) * (arr.ndim - 2)))[:, 0].tolist()))
+        bad = sorted(
+          set(
+            np.argwhere(~np.isfinite(arr) & mask.reshape(mask.shape + (1,) * (arr.ndim - 2)))[
+              :, 0
+            ].tolist()
+          )
+        )
         raise ValueError(f"{name}.{field} has NaN or infinite values in clients {bad[:10]}")
+      if not np.all(np.isfinite(arr)):
+        # Masks multiply (0 * NaN = NaN): non-finite padding would poison full-batch losses.
+        bad = sorted(set(np.argwhere(~np.isfinite(arr))[:, 0].tolist()))
+        raise ValueError(
+          f"{name}.{field} has NaN or infinite values in padded rows (mask False) of clients "
+          f"{bad[:10]}: padding must be finite (from_client_arrays pads with zeros)"
+        )
 
 
-def train_test_split(data: FederatedData, test_fraction: float, *, seed: int = 0,
-                     stratify: bool = False) -> tuple[FederatedData, FederatedData]:
+def train_test_split(
+  data: FederatedData, test_fraction: float, *, seed: int = 0, stratify: bool = False
+) -> tuple[FederatedData, FederatedData]:
   """Per-client random split of every client's valid rows (each split keeps >= 1 row per client).
 
   With ``stratify=True`` (integer labels) the split is stratified per client by label.
@@ -225,7 +329,7 @@ def train_test_split(data: FederatedData, test_fraction: float, *, seed: int = 0
   for i in range(data.num_clients):
     if nex[i] < 2:
       raise ValueError(f"client {i} has {nex[i]} example(s): cannot split it into train and test")
-    xi, yi = x[i, :nex[i]], y[i, :nex[i]]
+    xi, yi = x[i, : nex[i]], y[i, : nex[i]]
     if stratify:
       test_idx = []
       for label in np.unique(yi):
@@ -241,6 +345,11 @@ def train_test_split(data: FederatedData, test_fraction: float, *, seed: int = 0
       test_idx = np.sort(rng.choice(nex[i], min(max(k, 1), nex[i] - 1), replace=False))
     is_test = np.zeros(nex[i], bool)
     is_test[test_idx] = True
-    tr_x.append(xi[~is_test]); tr_y.append(yi[~is_test])
-    te_x.append(xi[is_test]); te_y.append(yi[is_test])
-  return (from_client_arrays(tr_x, tr_y, dtype=x.dtype), from_client_arrays(te_x, te_y, dtype=x.dtype))
+    tr_x.append(xi[~is_test])
+    tr_y.append(yi[~is_test])
+    te_x.append(xi[is_test])
+    te_y.append(yi[is_test])
+  return (
+    from_client_arrays(tr_x, tr_y, dtype=x.dtype),
+    from_client_arrays(te_x, te_y, dtype=x.dtype),
+  )

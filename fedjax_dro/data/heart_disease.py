@@ -1,5 +1,6 @@
 """UCI heart disease, four hospitals as four clients (ships with the package; see
 ``heart_disease/ATTRIBUTION.md``). Preprocessing as FLamby's Fed-Heart-Disease."""
+
 from __future__ import annotations
 
 import os
@@ -20,9 +21,9 @@ def _read_center(path: str) -> np.ndarray:
       fields = line.strip().split(",")
       if len(fields) != 14:
         continue
-      fields = fields[:10] + fields[13:]          # drop columns 10-12 (slope, ca, thal)
+      fields = fields[:10] + fields[13:]  # drop columns 10-12 (slope, ca, thal)
       if "?" in fields:
-        continue                                   # drop rows with missing values
+        continue  # drop rows with missing values
       rows.append([float(v) for v in fields])
   return np.array(rows)
 
@@ -40,8 +41,13 @@ def _encode(raw: np.ndarray):
   return x, y
 
 
-def heart_disease(seed: int = 0, *, data_dir: Optional[str] = None, test_fraction: float = 0.34,
-                  standardize: bool = True) -> FederatedDataset:
+def heart_disease(
+  seed: int = 0,
+  *,
+  data_dir: Optional[str] = None,
+  test_fraction: float = 0.34,
+  standardize: bool = True,
+) -> FederatedDataset:
   """The four-hospital heart disease task (binary classification, 13 features, 740 rows).
 
   Args:
@@ -62,7 +68,8 @@ def heart_disease(seed: int = 0, *, data_dir: Optional[str] = None, test_fractio
       rows = np.flatnonzero(y == label)
       test[rng.choice(rows, int(round(test_fraction * len(rows))), replace=False)] = True
     for name, sel in (("train", ~test), ("test", test)):
-      splits[name][0].append(x[sel]); splits[name][1].append(y[sel])
+      splits[name][0].append(x[sel])
+      splits[name][1].append(y[sel])
   if standardize:
     pooled = np.concatenate(splits["train"][0])
     mean, std = pooled.mean(0), pooled.std(0)
@@ -70,6 +77,11 @@ def heart_disease(seed: int = 0, *, data_dir: Optional[str] = None, test_fractio
     for name in splits:
       splits[name] = ([(x - mean) / std for x in splits[name][0]], splits[name][1])
   return FederatedDataset(
-      train=from_client_arrays(*splits["train"]), test=from_client_arrays(*splits["test"]),
-      task="classification", num_classes=2, name="heart-disease", client_names=list(CENTERS),
-      description="UCI heart disease, 4 hospitals (FLamby preprocessing), logistic regression")
+    train=from_client_arrays(*splits["train"]),
+    test=from_client_arrays(*splits["test"]),
+    task="classification",
+    num_classes=2,
+    name="heart-disease",
+    client_names=list(CENTERS),
+    description="UCI heart disease, 4 hospitals (FLamby preprocessing), logistic regression",
+  )

@@ -1,16 +1,17 @@
 """Named datasets with their default models (``fedjax-dro list``)."""
+
 from __future__ import annotations
 
 from typing import Callable, Dict, NamedTuple
 
-from fedjax_dro.data import synthetic
-from fedjax_dro.data.heart_disease import heart_disease
-from fedjax_dro.data.federated import FederatedDataset
 from fedjax_dro import models
+from fedjax_dro.data import synthetic
+from fedjax_dro.data.federated import FederatedDataset
+from fedjax_dro.data.heart_disease import heart_disease
 
 
 class DatasetEntry(NamedTuple):
-  load: Callable[..., FederatedDataset]     # (seed, **kwargs) -> FederatedDataset
+  load: Callable[..., FederatedDataset]  # (seed, **kwargs) -> FederatedDataset
   default_model: Callable[[FederatedDataset], models.Model]
   description: str
 
@@ -24,14 +25,26 @@ def _softmax(ds):
 
 
 _DATASETS: Dict[str, DatasetEntry] = {
-    "synthetic-ridge": DatasetEntry(synthetic.synthetic_ridge, _linear(1e-6),
-                                    "Karula Sec. 5.1 ridge regression: 30 clients, d=50, 3 parameter groups"),
-    "synthetic-shift": DatasetEntry(synthetic.synthetic_shift, _linear(0.0),
-                                    "SCAFF-PD Sec. 6.1 regression with concept shift: N=5, d=10, m=100"),
-    "heart-disease": DatasetEntry(heart_disease, lambda ds: models.logistic_regression(13),
-                                  "UCI heart disease, 4 hospitals, 13 features, 740 rows (ships with the package)"),
-    "synthetic-classification": DatasetEntry(synthetic.synthetic_classification, _softmax,
-                                             "Gaussian-mixture classification, Dirichlet(0.5) label skew, 20 clients"),
+  "synthetic-ridge": DatasetEntry(
+    synthetic.synthetic_ridge,
+    _linear(1e-6),
+    "Karula Sec. 5.1 ridge regression: 30 clients, d=50, 3 parameter groups",
+  ),
+  "synthetic-shift": DatasetEntry(
+    synthetic.synthetic_shift,
+    _linear(0.0),
+    "SCAFF-PD Sec. 6.1 regression with concept shift: N=5, d=10, m=100",
+  ),
+  "heart-disease": DatasetEntry(
+    heart_disease,
+    lambda ds: models.logistic_regression(13),
+    "UCI heart disease, 4 hospitals, 13 features, 740 rows (ships with the package)",
+  ),
+  "synthetic-classification": DatasetEntry(
+    synthetic.synthetic_classification,
+    _softmax,
+    "Gaussian-mixture classification, Dirichlet(0.5) label skew, 20 clients",
+  ),
 }
 
 

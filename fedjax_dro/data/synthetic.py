@@ -4,6 +4,7 @@
 * :func:`synthetic_shift` — the SCAFF-PD paper's robust regression with concept shift (Sec. 6.1).
 * :func:`synthetic_classification` — Gaussian-mixture classification with Dirichlet label skew.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -17,11 +18,20 @@ def _check_int(value, name, minimum=1):
     raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
 
 
-def synthetic_ridge(seed: int = 0, *, num_clients: int = 30, dim: int = 50,
-                    group_means=(1.0, 1.5, 2.0), param_std: float = 0.1,
-                    feature_means=(0.0, 0.0, 0.0), feature_stds=(1.0, 1.5, 0.75),
-                    min_examples: int = 10, max_examples: int = 100, test_examples: int = 100,
-                    noise_std: float = 1.0) -> FederatedDataset:
+def synthetic_ridge(
+  seed: int = 0,
+  *,
+  num_clients: int = 30,
+  dim: int = 50,
+  group_means=(1.0, 1.5, 2.0),
+  param_std: float = 0.1,
+  feature_means=(0.0, 0.0, 0.0),
+  feature_stds=(1.0, 1.5, 0.75),
+  min_examples: int = 10,
+  max_examples: int = 100,
+  test_examples: int = 100,
+  noise_std: float = 1.0,
+) -> FederatedDataset:
   """The Karula synthetic ridge task (Karula paper, Sec. 5.1).
 
   n clients in three equal groups; the true parameters of group g are drawn from
@@ -34,8 +44,10 @@ def synthetic_ridge(seed: int = 0, *, num_clients: int = 30, dim: int = 50,
   ~0.65 for the exact local solutions (paper: FedAvg 7.5 / 0.846, Local 35.3), checked in the
   tests. The model is linear regression without intercept and ``l2 = 1e-6``.
   """
-  _check_int(num_clients, "num_clients", 3); _check_int(dim, "dim")
-  _check_int(min_examples, "min_examples"); _check_int(test_examples, "test_examples")
+  _check_int(num_clients, "num_clients", 3)
+  _check_int(dim, "dim")
+  _check_int(min_examples, "min_examples")
+  _check_int(test_examples, "test_examples")
   if max_examples < min_examples:
     raise ValueError(f"max_examples={max_examples} must be >= min_examples={min_examples}")
   if noise_std < 0 or param_std < 0:
@@ -51,14 +63,26 @@ def synthetic_ridge(seed: int = 0, *, num_clients: int = 30, dim: int = 50,
       xl.append(x)
       yl.append(x @ theta[i] + noise_std * rng.normal(size=count))
   return FederatedDataset(
-      train=from_client_arrays(xs, ys), test=from_client_arrays(txs, tys), task="regression",
-      name="synthetic-ridge", client_names=[f"client{i}(group{g})" for i, g in enumerate(groups)],
-      true_params=theta, description="Karula Sec. 5.1: ridge regression, 3 groups of true parameters")
+    train=from_client_arrays(xs, ys),
+    test=from_client_arrays(txs, tys),
+    task="regression",
+    name="synthetic-ridge",
+    client_names=[f"client{i}(group{g})" for i, g in enumerate(groups)],
+    true_params=theta,
+    description="Karula Sec. 5.1: ridge regression, 3 groups of true parameters",
+  )
 
 
-def synthetic_shift(seed: int = 0, *, num_clients: int = 5, dim: int = 10, num_examples: int = 100,
-                    scale: float = 1.0, shift_std: float = 0.5,
-                    test_examples: int = 100) -> FederatedDataset:
+def synthetic_shift(
+  seed: int = 0,
+  *,
+  num_clients: int = 5,
+  dim: int = 10,
+  num_examples: int = 100,
+  scale: float = 1.0,
+  shift_std: float = 0.5,
+  test_examples: int = 100,
+) -> FederatedDataset:
   """The SCAFF-PD robust regression task with concept shift (SCAFF-PD paper, Sec. 6.1).
 
   ``a ~ N(0, I_d)``, ``x_hat ~ N(0, scale^2 I_d)`` shared, ``delta_i ~ N(0, shift_std^2 I_d)`` per
@@ -66,35 +90,59 @@ def synthetic_shift(seed: int = 0, *, num_clients: int = 5, dim: int = 10, num_e
   defaults; ``c`` and ``sigma`` are not given there, ``scale = 1`` and ``shift_std = 0.5`` are our
   choice. ``true_params`` holds ``x_hat + delta_i``.
   """
-  _check_int(num_clients, "num_clients"); _check_int(dim, "dim"); _check_int(num_examples, "num_examples")
+  _check_int(num_clients, "num_clients")
+  _check_int(dim, "dim")
+  _check_int(num_examples, "num_examples")
   rng = np.random.default_rng(seed)
   x_hat = rng.normal(0.0, scale, dim)
   shifts = rng.normal(0.0, shift_std, (num_clients, dim))
   truth = x_hat[None] + shifts
+
   def draw(count):
     a = rng.normal(size=(num_clients, count, dim))
     return list(a), list(np.einsum("ncd,nd->nc", a, truth))
+
   xs, ys = draw(num_examples)
   txs, tys = draw(test_examples)
-  return FederatedDataset(train=from_client_arrays(xs, ys), test=from_client_arrays(txs, tys),
-                          task="regression", name="synthetic-shift", true_params=truth,
-                          description="SCAFF-PD Sec. 6.1: regression with per-client concept shift")
+  return FederatedDataset(
+    train=from_client_arrays(xs, ys),
+    test=from_client_arrays(txs, tys),
+    task="regression",
+    name="synthetic-shift",
+    true_params=truth,
+    description="SCAFF-PD Sec. 6.1: regression with per-client concept shift",
+  )
 
 
-def synthetic_classification(seed: int = 0, *, num_clients: int = 20, num_classes: int = 5,
-                             dim: int = 10, examples_per_class: int = 400, alpha: float = 0.5,
-                             class_sep: float = 2.0, test_fraction: float = 0.25) -> FederatedDataset:
+def synthetic_classification(
+  seed: int = 0,
+  *,
+  num_clients: int = 20,
+  num_classes: int = 5,
+  dim: int = 10,
+  examples_per_class: int = 400,
+  alpha: float = 0.5,
+  class_sep: float = 2.0,
+  test_fraction: float = 0.25,
+) -> FederatedDataset:
   """Gaussian-mixture classification (one Gaussian per class) partitioned with Dirichlet(alpha)
   label skew over clients; each client's rows are split into train and test."""
-  _check_int(num_clients, "num_clients"); _check_int(num_classes, "num_classes", 2)
+  _check_int(num_clients, "num_clients")
+  _check_int(num_classes, "num_classes", 2)
   rng = np.random.default_rng(seed)
   means = rng.normal(0.0, class_sep / np.sqrt(dim), (num_classes, dim)) * np.sqrt(dim)
   labels = np.repeat(np.arange(num_classes), examples_per_class)
   x = means[labels] + rng.normal(size=(labels.size, dim))
   parts = dirichlet_partition(labels, num_clients, alpha, seed=seed, min_examples=4)
   from fedjax_dro.data.federated import train_test_split
+
   data = from_client_arrays([x[p] for p in parts], [labels[p] for p in parts])
   train, test = train_test_split(data, test_fraction, seed=seed)
-  return FederatedDataset(train=train, test=test, task="classification", num_classes=num_classes,
-                          name="synthetic-classification",
-                          description=f"Gaussian mixture, {num_classes} classes, Dirichlet({alpha}) label skew")
+  return FederatedDataset(
+    train=train,
+    test=test,
+    task="classification",
+    num_classes=num_classes,
+    name="synthetic-classification",
+    description=f"Gaussian mixture, {num_classes} classes, Dirichlet({alpha}) label skew",
+  )

@@ -1,9 +1,31 @@
 """Models: the :class:`Model` protocol, built-in models and a flax adapter."""
-from fedjax_dro.models.base import (Model, client_loss, client_loss_and_grad, per_client_eval,
-                                    num_parameters)
-from fedjax_dro.models.builtin import (linear_regression, logistic_regression, softmax_regression,
-                                       mlp, cnn, from_flax)
 
-__all__ = ["Model", "client_loss", "client_loss_and_grad", "per_client_eval", "num_parameters",
-           "linear_regression", "logistic_regression", "softmax_regression", "mlp", "cnn",
-           "from_flax"]
+from fedjax_dro.models.base import (
+  Model,
+  client_loss,
+  client_loss_and_grad,
+  num_parameters,
+  per_client_eval,
+)
+from fedjax_dro.models.builtin import (
+  cnn,
+  from_flax,
+  linear_regression,
+  logistic_regression,
+  mlp,
+  softmax_regression,
+)
+
+__all__ = [
+  "Model",
+  "client_loss",
+  "client_loss_and_grad",
+  "per_client_eval",
+  "num_parameters",
+  "linear_regression",
+  "logistic_regression",
+  "softmax_regression",
+  "mlp",
+  "cnn",
+  "from_flax",
+]

@@ -3,6 +3,7 @@
 A client's objective is the masked mean of the per-example loss over its valid rows plus an
 optional ridge penalty: ``f_i(w) = (1/N_i) sum_{k valid} loss(apply(w, x_k), y_k) + l2/2 ||w||^2``.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, NamedTuple, Optional
@@ -26,6 +27,7 @@ class Model(NamedTuple):
     l2: ridge penalty ``l2/2 ||w||^2`` added to every client objective.
     name: short description.
   """
+
   init: Callable[[Array], Params]
   apply: Callable[[Params, Array], Array]
   loss: Callable[[Array, Array], Array]
@@ -66,8 +68,15 @@ def sample_batch(key: Array, x: Array, y: Array, num_examples: Array, batch_size
   return x[rows], y[rows], jnp.ones((batch_size,), bool)
 
 
-def client_loss_and_grad(model: Model, params: Params, x: Array, y: Array, num_examples: Array,
-                         key: Array, batch_size: Optional[int]):
+def client_loss_and_grad(
+  model: Model,
+  params: Params,
+  x: Array,
+  y: Array,
+  num_examples: Array,
+  key: Array,
+  batch_size: Optional[int],
+):
   """``(loss, grad)`` of one client's objective on a sampled minibatch (or the full data)."""
   bx, by, bmask = sample_batch(key, x, y, num_examples, batch_size)
   return jax.value_and_grad(lambda p: client_loss(model, p, bx, by, bmask))(params)

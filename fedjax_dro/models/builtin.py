@@ -1,5 +1,6 @@
 """Built-in models: ridge / linear regression, logistic and softmax regression, MLP, small CNN,
 and an adapter for any user flax (linen) module."""
+
 from __future__ import annotations
 
 from typing import Callable, Optional, Sequence, Union
@@ -7,6 +8,7 @@ from typing import Callable, Optional, Sequence, Union
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from fedjax_dro.models.base import Model
@@ -17,9 +19,24 @@ def _check_positive_int(value, name):
     raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
+def _check_shape(shape, name, ndims=None):
+  if isinstance(shape, (int, np.integer)) and not isinstance(shape, bool):
+    shape = (int(shape),)
+  try:
+    shape = tuple(shape)
+  except TypeError:
+    raise TypeError(f"{name} must be a tuple of positive integers, got {shape!r}") from None
+  for d in shape:
+    if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1:
+      raise ValueError(f"{name} must be a tuple of positive integers, got {shape!r}")
+  if ndims is not None and len(shape) not in ndims:
+    raise ValueError(f"{name} must have {' or '.join(map(str, ndims))} dimensions, got {shape!r}")
+  return tuple(int(d) for d in shape)
+
+
 def _check_l2(l2):
-  if not isinstance(l2, (int, float)) or l2 < 0:
-    raise ValueError(f"l2 must be a non-negative float, got {l2!r}")
+  if isinstance(l2, bool) or not isinstance(l2, (int, float)) or not l2 >= 0 or l2 == float("inf"):
+    raise ValueError(f"l2 must be a finite non-negative float, got {l2!r}")
 
 
 def _dtype():
@@ -34,13 +51,30 @@ def _regression_metrics(out, y):
   return {"mse": 2.0 * _squared_error(out, y)}
 
 
-def linear_regression(num_features: int, *, l2: float = 0.0, fit_intercept: bool = True,
-                      num_outputs: Optional[int] = None, init_scale: float = 0.0) -> Model:
+def linear_regression(
+  num_features: int,
+  *,
+  l2: float = 0.0,
+  fit_intercept: bool = True,
+  num_outputs: Optional[int] = None,
+  init_scale: float = 0.0,
+) -> Model:
   """Linear regression with squared loss ``0.5 (x.w + b - y)^2`` (ridge when ``l2 > 0``).
 
   ``num_outputs=None`` gives a scalar output with ``params = {"w": [d], "b": []}``.
   """
-  _check_positive_int(num_features, "num_features"); _check_l2(l2)
+  _check_positive_int(num_features, "num_features")
+  _check_l2(l2)
+  if num_outputs is not None:
+    _check_positive_int(num_outputs, "num_outputs")
+  if not isinstance(fit_intercept, bool):
+    raise TypeError(f"fit_intercept must be a bool, got {fit_intercept!r}")
+  if (
+    isinstance(init_scale, bool)
+    or not isinstance(init_scale, (int, float))
+    or not (0 <= init_scale < float("inf"))
+  ):
+    raise ValueError(f"init_scale must be a finite non-negative float, got {init_scale!r}")
 
   def init(key):
     shape = (num_features,) if num_outputs is None else (num_features, num_outputs)
@@ -53,8 +87,15 @@ def linear_regression(num_features: int, *, l2: float = 0.0, fit_intercept: bool
     out = x.reshape(x.shape[0], -1) @ params["w"]
     return out + params["b"] if fit_intercept else out
 
-  return Model(init, apply, _squared_error, _regression_metrics, task="regression", l2=float(l2),
-               name=f"linear_regression(d={num_features}, l2={l2})")
+  return Model(
+    init,
+    apply,
+    _squared_error,
+    _regression_metrics,
+    task="regression",
+    l2=float(l2),
+    name=f"linear_regression(d={num_features}, l2={l2})",
+  )
 
 
 def _binary_loss(logits, y):
@@ -67,7 +108,8 @@ def _binary_metrics(logits, y):
 
 def logistic_regression(num_features: int, *, l2: float = 0.0) -> Model:
   """Binary logistic regression; labels in {0, 1}."""
-  _check_positive_int(num_features, "num_features"); _check_l2(l2)
+  _check_positive_int(num_features, "num_features")
+  _check_l2(l2)
 
   def init(key):
     del key
@@ -76,8 +118,15 @@ def logistic_regression(num_features: int, *, l2: float = 0.0) -> Model:
   def apply(params, x):
     return x.reshape(x.shape[0], -1) @ params["w"] + params["b"]
 
-  return Model(init, apply, _binary_loss, _binary_metrics, task="classification", l2=float(l2),
-               name=f"logistic_regression(d={num_features}, l2={l2})")
+  return Model(
+    init,
+    apply,
+    _binary_loss,
+    _binary_metrics,
+    task="classification",
+    l2=float(l2),
+    name=f"logistic_regression(d={num_features}, l2={l2})",
+  )
 
 
 def _softmax_loss(logits, y):
@@ -90,19 +139,29 @@ def _softmax_metrics(logits, y):
 
 def softmax_regression(num_features: int, num_classes: int, *, l2: float = 0.0) -> Model:
   """Multinomial logistic regression; integer labels in ``[0, num_classes)``."""
-  _check_positive_int(num_features, "num_features"); _check_positive_int(num_classes, "num_classes")
+  _check_positive_int(num_features, "num_features")
+  _check_positive_int(num_classes, "num_classes")
   _check_l2(l2)
 
   def init(key):
     del key
-    return {"w": jnp.zeros((num_features, num_classes), _dtype()),
-            "b": jnp.zeros((num_classes,), _dtype())}
+    return {
+      "w": jnp.zeros((num_features, num_classes), _dtype()),
+      "b": jnp.zeros((num_classes,), _dtype()),
+    }
 
   def apply(params, x):
     return x.reshape(x.shape[0], -1) @ params["w"] + params["b"]
 
-  return Model(init, apply, _softmax_loss, _softmax_metrics, task="classification", l2=float(l2),
-               name=f"softmax_regression(d={num_features}, k={num_classes})")
+  return Model(
+    init,
+    apply,
+    _softmax_loss,
+    _softmax_metrics,
+    task="classification",
+    l2=float(l2),
+    name=f"softmax_regression(d={num_features}, k={num_classes})",
+  )
 
 
 class _MLP(nn.Module):
@@ -135,15 +194,22 @@ class _CNN(nn.Module):
 
 
 _LOSSES = {
-    "softmax_cross_entropy": (_softmax_loss, _softmax_metrics, "classification"),
-    "sigmoid_cross_entropy": (_binary_loss, _binary_metrics, "classification"),
-    "squared_error": (_squared_error, _regression_metrics, "regression"),
+  "softmax_cross_entropy": (_softmax_loss, _softmax_metrics, "classification"),
+  "sigmoid_cross_entropy": (_binary_loss, _binary_metrics, "classification"),
+  "squared_error": (_squared_error, _regression_metrics, "regression"),
 }
 
 
-def from_flax(module: nn.Module, sample_input, *, loss: Union[str, Callable] = "softmax_cross_entropy",
-              metrics: Optional[Callable] = None, task: Optional[str] = None, l2: float = 0.0,
-              name: Optional[str] = None) -> Model:
+def from_flax(
+  module: nn.Module,
+  sample_input,
+  *,
+  loss: Union[str, Callable] = "softmax_cross_entropy",
+  metrics: Optional[Callable] = None,
+  task: Optional[str] = None,
+  l2: float = 0.0,
+  name: Optional[str] = None,
+) -> Model:
   """Adapts a flax.linen module to a :class:`Model`.
 
   Args:
@@ -168,6 +234,11 @@ def from_flax(module: nn.Module, sample_input, *, loss: Union[str, Callable] = "
   if task not in ("classification", "regression"):
     raise ValueError(f"task must be 'classification' or 'regression', got {task!r}")
   _check_l2(l2)
+  sample = np.asarray(sample_input)
+  if sample.dtype.kind not in "biuf":
+    raise TypeError(f"sample_input must be a real numeric array, got dtype {sample.dtype}")
+  if sample.ndim < 1 or sample.shape[0] < 1:
+    raise ValueError(f"sample_input must be a batch [m >= 1, *feature_shape], got {sample.shape}")
   sample_input = jnp.asarray(sample_input)
 
   def init(key):
@@ -176,22 +247,61 @@ def from_flax(module: nn.Module, sample_input, *, loss: Union[str, Callable] = "
   def apply(params, x):
     return module.apply({"params": params}, x)
 
-  return Model(init, apply, loss_fn, metrics or default_metrics, task=task, l2=float(l2),
-               name=name or type(module).__name__)
+  return Model(
+    init,
+    apply,
+    loss_fn,
+    metrics or default_metrics,
+    task=task,
+    l2=float(l2),
+    name=name or type(module).__name__,
+  )
 
 
-def mlp(input_shape: Sequence[int], num_classes: int, hidden: Sequence[int] = (200, 200), *,
-        l2: float = 0.0) -> Model:
+def mlp(
+  input_shape: Sequence[int],
+  num_classes: int,
+  hidden: Sequence[int] = (200, 200),
+  *,
+  l2: float = 0.0,
+) -> Model:
   """Fully connected ReLU network (e.g. the EMNIST-sized 784-200-200-62)."""
   _check_positive_int(num_classes, "num_classes")
-  return from_flax(_MLP(tuple(hidden), num_classes), jnp.zeros((1,) + tuple(input_shape), _dtype()),
-                   l2=l2, name=f"mlp({tuple(input_shape)}-{'-'.join(map(str, hidden))}-{num_classes})")
+  input_shape = _check_shape(input_shape, "input_shape")
+  hidden = _check_shape(hidden, "hidden")
+  return from_flax(
+    _MLP(tuple(hidden), num_classes),
+    jnp.zeros((1,) + tuple(input_shape), _dtype()),
+    l2=l2,
+    name=f"mlp({tuple(input_shape)}-{'-'.join(map(str, hidden))}-{num_classes})",
+  )
 
 
-def cnn(input_shape: Sequence[int], num_classes: int, *, features: Sequence[int] = (32, 64),
-        dense: int = 128, l2: float = 0.0) -> Model:
-  """Small CNN: two 3x3 conv + max-pool blocks and a dense layer (LeNet/FedAvg-CNN style)."""
+def cnn(
+  input_shape: Sequence[int],
+  num_classes: int,
+  *,
+  features: Sequence[int] = (32, 64),
+  dense: int = 128,
+  l2: float = 0.0,
+) -> Model:
+  """Small CNN: two 3x3 conv + max-pool blocks and a dense layer (LeNet/FedAvg-CNN style).
+
+  ``input_shape`` is ``(height, width)`` or ``(height, width, channels)``.
+  """
   _check_positive_int(num_classes, "num_classes")
-  return from_flax(_CNN(num_classes, tuple(features), dense),
-                   jnp.zeros((1,) + tuple(input_shape), _dtype()), l2=l2,
-                   name=f"cnn({tuple(input_shape)}, k={num_classes})")
+  input_shape = _check_shape(input_shape, "input_shape", ndims=(2, 3))
+  features = _check_shape(features, "features")
+  smallest = 2 ** len(features)
+  if min(input_shape[:2]) < smallest:
+    raise ValueError(
+      f"input_shape {input_shape} is too small for {len(features)} conv + 2x2 max-pool blocks "
+      f"(each halves height and width): height and width must be >= {smallest}"
+    )
+  _check_positive_int(dense, "dense")
+  return from_flax(
+    _CNN(num_classes, tuple(features), dense),
+    jnp.zeros((1,) + tuple(input_shape), _dtype()),
+    l2=l2,
+    name=f"cnn({tuple(input_shape)}, k={num_classes})",
+  )

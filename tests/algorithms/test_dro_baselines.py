@@ -1,6 +1,7 @@
 """AFL, DRFA, q-FFL and AgnosticFedAvg against plain numpy per-client reference loops (float64,
 the same keys, minibatches and sampled clients), q-FFL's q = 0 limit (FedAvg), bad inputs, and
 ``fedjax-dro run`` for every DRO algorithm (mean / worst-20% / per-client metrics)."""
+
 import json
 import os
 
@@ -9,11 +10,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_dro import algorithms as A
-from fedjax_dro import cli, run
+from fedjax_dro import algorithms as A, cli, run
 from fedjax_dro.core.sampling import sample_clients
-from tests.algorithms.test_scaff_pd import (L2, np_batch, np_dual_prox, np_loss_grad,
-                                            np_proj_simplex, run_keys)
+from tests.algorithms.test_scaff_pd import (
+  L2,
+  np_batch,
+  np_dual_prox,
+  np_loss_grad,
+  np_proj_simplex,
+  run_keys,
+)
 from tests.helpers import dataset, linreg, regression_clients
 
 N, D = 6, 3
@@ -70,10 +76,10 @@ def ref_fedavg_family(name, data, rounds, seed, s, J, B, hp):
       q, L = hp["q"], hp["L"]
       f = F + 1e-10
       dw, db = L * (w - ws), L * (b - bs)
-      h = q * f ** (q - 1) * (np.sum(dw ** 2, 1) + db ** 2) + L * f ** q
-      w, b = w - (f ** q) @ dw / h.sum(), b - (f ** q) @ db / h.sum()
+      h = q * f ** (q - 1) * (np.sum(dw**2, 1) + db**2) + L * f**q
+      w, b = w - (f**q) @ dw / h.sum(), b - (f**q) @ db / h.sum()
       lam = np.zeros(n)
-      lam[idx] = f ** q / np.sum(f ** q)
+      lam[idx] = f**q / np.sum(f**q)
     elif name == "agnostic_fedavg":
       a = lam[idx] / lam[idx].sum()
       w, b = w + hp["server_lr"] * a @ (ws - w), b + hp["server_lr"] * a @ (bs - b)
@@ -81,7 +87,7 @@ def ref_fedavg_family(name, data, rounds, seed, s, J, B, hp):
       loss[idx] = F
       lam = lam * np.exp(hp["domain_lr"] * loss)
       lam = lam / lam.sum()
-    else:   # uniform FedAvg
+    else:  # uniform FedAvg
       w, b = w + np.mean(ws - w, 0), b + np.mean(bs - b)
   return w, b, lam
 
@@ -127,16 +133,23 @@ def ref_drfa(data, rounds, seed, m, tau, B, hp, prox, sampling):
 
 
 CASES = {
-    "afl": (dict(clients_per_round=4, batch_size=4),
-            {"lr_w": 0.1, "lr_lambda": 0.5, "rho": 0.1}),
-    "qffl": (dict(clients_per_round=4, local_steps=3, batch_size=4),
-             {"client_lr": 0.05, "q": 2.0, "L": 15.0}),
-    "agnostic_fedavg": (dict(clients_per_round=4, local_steps=3, batch_size=4),
-                        {"client_lr": 0.05, "server_lr": 0.8, "domain_lr": 2.0}),
-    "drfa": (dict(clients_per_round=4, local_steps=5, batch_size=4, prox=False),
-             {"client_lr": 0.05, "gamma": 0.2, "rho": 0.1}),
-    "drfa_prox_full": (dict(local_steps=5, batch_size=None, prox=True, sampling="full"),
-                       {"client_lr": 0.05, "gamma": 0.2, "rho": 0.1}),
+  "afl": (dict(clients_per_round=4, batch_size=4), {"lr_w": 0.1, "lr_lambda": 0.5, "rho": 0.1}),
+  "qffl": (
+    dict(clients_per_round=4, local_steps=3, batch_size=4),
+    {"client_lr": 0.05, "q": 2.0, "L": 15.0},
+  ),
+  "agnostic_fedavg": (
+    dict(clients_per_round=4, local_steps=3, batch_size=4),
+    {"client_lr": 0.05, "server_lr": 0.8, "domain_lr": 2.0},
+  ),
+  "drfa": (
+    dict(clients_per_round=4, local_steps=5, batch_size=4, prox=False),
+    {"client_lr": 0.05, "gamma": 0.2, "rho": 0.1},
+  ),
+  "drfa_prox_full": (
+    dict(local_steps=5, batch_size=None, prox=True, sampling="full"),
+    {"client_lr": 0.05, "gamma": 0.2, "rho": 0.1},
+  ),
 }
 
 
@@ -151,9 +164,17 @@ def test_matches_numpy_reference(case):
   if name == "afl":
     w, b, lam = ref_afl(data, rounds, seed, 4, 4, hp)
   elif name == "drfa":
-    w, b, lam = ref_drfa(data, rounds, seed, options.get("clients_per_round") or N,
-                         options["local_steps"], options["batch_size"], hp, options["prox"],
-                         options.get("sampling", "lambda"))
+    w, b, lam = ref_drfa(
+      data,
+      rounds,
+      seed,
+      options.get("clients_per_round") or N,
+      options["local_steps"],
+      options["batch_size"],
+      hp,
+      options["prox"],
+      options.get("sampling", "lambda"),
+    )
   else:
     w, b, lam = ref_fedavg_family(name, data, rounds, seed, 4, 3, 4, hp)
   st = hist.final_state
@@ -169,8 +190,14 @@ def test_qffl_with_q_zero_is_uniform_fedavg():
   data = _data()
   model = linreg(D, l2=L2)
   common = dict(clients_per_round=4, local_steps=3, batch_size=4, backend="vmap")
-  hq = run(A.qffl(model, **common), dataset(data), rounds=3, seed=2,
-           hparams={"client_lr": 0.05, "q": 0.0, "L": 20.0}, eval_every=3)
+  hq = run(
+    A.qffl(model, **common),
+    dataset(data),
+    rounds=3,
+    seed=2,
+    hparams={"client_lr": 0.05, "q": 0.0, "L": 20.0},
+    eval_every=3,
+  )
   w, b, _ = ref_fedavg_family("fedavg", data, 3, 2, 4, 3, 4, {"client_lr": 0.05})
   np.testing.assert_allclose(np.asarray(hq.final_state.params["w"]), w, atol=1e-10)
   np.testing.assert_allclose(float(hq.final_state.params["b"]), b, atol=1e-10)
@@ -197,12 +224,18 @@ def test_bad_inputs():
     A.qffl(model, clients_per_round=N + 1).init(params, data, key)
   with pytest.raises(ValueError, match="local_steps"):
     A.agnostic_fedavg(model, local_steps=0)
-  checks = [(A.afl(model), {"lr_w": -0.1}), (A.afl(model), {"lr_lambda": 0.0}),
-            (A.afl(model, psi="cvar"), {"alpha": 2.0}), (A.drfa(model), {"gamma": -1.0}),
-            (A.drfa(model), {"rho": -0.5}), (A.drfa(model, psi="cvar"), {"alpha": 0.0}),
-            (A.qffl(model), {"q": -1.0}), (A.qffl(model), {"L": 0.0}),
-            (A.agnostic_fedavg(model), {"domain_lr": -0.1}),
-            (A.agnostic_fedavg(model), {"server_lr": float("inf")})]
+  checks = [
+    (A.afl(model), {"lr_w": -0.1}),
+    (A.afl(model), {"lr_lambda": 0.0}),
+    (A.afl(model, psi="cvar"), {"alpha": 2.0}),
+    (A.drfa(model), {"gamma": -1.0}),
+    (A.drfa(model), {"rho": -0.5}),
+    (A.drfa(model, psi="cvar"), {"alpha": 0.0}),
+    (A.qffl(model), {"q": -1.0}),
+    (A.qffl(model), {"L": 0.0}),
+    (A.agnostic_fedavg(model), {"domain_lr": -0.1}),
+    (A.agnostic_fedavg(model), {"server_lr": float("inf")}),
+  ]
   for alg, bad in checks:
     with pytest.raises(ValueError, match=list(bad)[0]):
       A.make_hparams(alg, bad)
@@ -215,8 +248,23 @@ def _cli_run(tmp_path, algorithm, dataset_name):
   out = os.path.join(tmp_path, f"{algorithm}-{dataset_name}")
   # AFL takes one gradient step per round: it has no local_steps option
   local = [] if algorithm == "afl" else ["--local-steps", "2"]
-  rc = cli.main(["run", "--algorithm", algorithm, "--dataset", dataset_name, "--rounds", "3",
-                 "--eval-every", "3", "--no-progress", "--out", out, *local])
+  rc = cli.main(
+    [
+      "run",
+      "--algorithm",
+      algorithm,
+      "--dataset",
+      dataset_name,
+      "--rounds",
+      "3",
+      "--eval-every",
+      "3",
+      "--no-progress",
+      "--out",
+      out,
+      *local,
+    ]
+  )
   assert rc == 0
   with open(os.path.join(out, "summary.json")) as f:
     final = json.load(f)["final"]
@@ -245,8 +293,38 @@ def test_cli_run_synthetic_classification(tmp_path, algorithm):
 
 
 def test_cli_option_and_unknown_option_errors(tmp_path, capsys):
-  assert cli.main(["run", "--algorithm", "drfa", "--dataset", "synthetic-shift", "--rounds", "2",
-                   "--option", "psi=qffl", "--no-progress"]) == 2
+  assert (
+    cli.main(
+      [
+        "run",
+        "--algorithm",
+        "drfa",
+        "--dataset",
+        "synthetic-shift",
+        "--rounds",
+        "2",
+        "--option",
+        "psi=qffl",
+        "--no-progress",
+      ]
+    )
+    == 2
+  )
   assert "psi" in capsys.readouterr().err
-  assert cli.main(["run", "--algorithm", "afl", "--dataset", "synthetic-shift", "--rounds", "2",
-                   "--local-steps", "3", "--no-progress"]) == 2
+  assert (
+    cli.main(
+      [
+        "run",
+        "--algorithm",
+        "afl",
+        "--dataset",
+        "synthetic-shift",
+        "--rounds",
+        "2",
+        "--local-steps",
+        "3",
+        "--no-progress",
+      ]
+    )
+    == 2
+  )

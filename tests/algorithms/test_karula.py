@@ -1,6 +1,7 @@
 """Karula (Algorithm 1): unbiasedness of the SAGA estimator (Monte Carlo), convergence to the
 CVXPY solution of the constrained problem (full and partial participation), the t = 0 / t large
 limits in closed form, the CLI, and bad input."""
+
 import warnings
 
 import jax
@@ -42,7 +43,7 @@ def _random_dissimilarity(n=N, seed=1):
 
 def _client_arrays(data):
   x, y, nex = np.asarray(data.x), np.asarray(data.y), np.asarray(data.num_examples)
-  return [(x[i, :nex[i]], y[i, :nex[i]]) for i in range(data.num_clients)], nex
+  return [(x[i, : nex[i]], y[i, : nex[i]]) for i in range(data.num_clients)], nex
 
 
 def _alpha(nex):
@@ -52,14 +53,16 @@ def _alpha(nex):
 def _local_ridge(data, l2=L2):
   clients, _ = _client_arrays(data)
   d = clients[0][0].shape[1]
-  return np.stack([np.linalg.solve(x.T @ x / len(y) + l2 * np.eye(d), x.T @ y / len(y))
-                   for x, y in clients])
+  return np.stack(
+    [np.linalg.solve(x.T @ x / len(y) + l2 * np.eye(d), x.T @ y / len(y)) for x, y in clients]
+  )
 
 
 def _pooled_ridge(data, l2=L2):
   """argmin sum_i alpha_i f_i(theta), alpha_i = n N_i / sum N  <=>  (X^T X + l2 sum N I) th = X^T y."""
   clients, nex = _client_arrays(data)
-  X = np.concatenate([c[0] for c in clients]); y = np.concatenate([c[1] for c in clients])
+  X = np.concatenate([c[0] for c in clients])
+  y = np.concatenate([c[1] for c in clients])
   return np.linalg.solve(X.T @ X + l2 * nex.sum() * np.eye(X.shape[1]), X.T @ y)
 
 
@@ -75,19 +78,27 @@ def _cvxpy_solution(data, D, t, l2=L2):
   """
   import cvxpy as cp
   from scipy import optimize
+
   clients, nex = _client_arrays(data)
   n, d = len(clients), clients[0][0].shape[1]
   alpha = _alpha(nex)
   T = cp.Variable((n, d))
-  obj = sum(alpha[i] / n * (0.5 / nex[i] * cp.sum_squares(x @ T[i] - y) + l2 / 2 * cp.sum_squares(T[i]))
-            for i, (x, y) in enumerate(clients))
+  obj = sum(
+    alpha[i] / n * (0.5 / nex[i] * cp.sum_squares(x @ T[i] - y) + l2 / 2 * cp.sum_squares(T[i]))
+    for i, (x, y) in enumerate(clients)
+  )
   edges = [(i, j) for i in range(n) for j in range(i + 1, n)]
   cons = [cp.sum_squares(T[i] - T[j]) <= t * D[i, j] for i, j in edges]
-  with warnings.catch_warnings():   # "solution may be inaccurate": polished below
+  with warnings.catch_warnings():  # "solution may be inaccurate": polished below
     warnings.simplefilter("ignore", UserWarning)
-    cp.Problem(cp.Minimize(obj), cons).solve(solver="CLARABEL", tol_gap_abs=1e-10,
-                                             tol_gap_rel=1e-10, tol_feas=1e-10, tol_ktratio=1e-10,
-                                             max_iter=500)
+    cp.Problem(cp.Minimize(obj), cons).solve(
+      solver="CLARABEL",
+      tol_gap_abs=1e-10,
+      tol_gap_rel=1e-10,
+      tol_feas=1e-10,
+      tol_ktratio=1e-10,
+      max_iter=500,
+    )
   raw = T.value
   mu = np.array([float(np.ravel(c.dual_value)[0]) for c in cons])
   active = [e for e, m in zip(edges, mu) if m > 1e-6 * max(mu.max(), 1e-300)]
@@ -95,18 +106,20 @@ def _cvxpy_solution(data, D, t, l2=L2):
   b = [(alpha[i] / n) * x.T @ y / nex[i] for i, (x, y) in enumerate(clients)]
 
   def kkt(z, edges_, mus=None):
-    th = z[:n * d].reshape(n, d)
-    m = z[n * d:] if mus is None else mus
+    th = z[: n * d].reshape(n, d)
+    m = z[n * d :] if mus is None else mus
     station = np.stack([H[i] @ th[i] - b[i] for i in range(n)])
     for (i, j), mij in zip(edges_, m):
-      station[i] += 2 * mij * (th[i] - th[j]); station[j] -= 2 * mij * (th[i] - th[j])
+      station[i] += 2 * mij * (th[i] - th[j])
+      station[j] -= 2 * mij * (th[i] - th[j])
     feas = [np.sum((th[i] - th[j]) ** 2) - t * D[i, j] for i, j in edges_]
     return np.concatenate([station.ravel(), feas])
 
   mu_a = np.array([m for e, m in zip(edges, mu) if e in active])
-  sol = optimize.root(kkt, np.concatenate([raw.ravel(), mu_a]), args=(active,), method="hybr",
-                      options={"xtol": 1e-15})
-  theta, mu_a = sol.x[:n * d].reshape(n, d), sol.x[n * d:]
+  sol = optimize.root(
+    kkt, np.concatenate([raw.ravel(), mu_a]), args=(active,), method="hybr", options={"xtol": 1e-15}
+  )
+  theta, mu_a = sol.x[: n * d].reshape(n, d), sol.x[n * d :]
   assert np.all(mu_a > 0)
   assert np.max(np.abs(kkt(sol.x, active))) < 1e-12
   d2 = ((theta[:, None] - theta[None]) ** 2).sum(-1)
@@ -123,11 +136,12 @@ def _model(intercept=False):
 # (1) Unbiasedness of the estimator nu (Monte Carlo over client samplings and minibatches)
 # ----------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("batch_size", [None, 3])
 def test_estimator_is_unbiased_for_grad_F(batch_size):
   data = _ridge_clients(seed=3)
   if batch_size is not None:
-    data = data.pad_to(data.max_examples + 7)   # padded rows must never be drawn
+    data = data.pad_to(data.max_examples + 7)  # padded rows must never be drawn
   model = _model(intercept=True)
   rng = np.random.default_rng(0)
   n, s, K = N, 3, 40_000
@@ -137,13 +151,23 @@ def test_estimator_is_unbiased_for_grad_F(batch_size):
   clients, nex = _client_arrays(data)
   alpha = _alpha(nex)
   per_client = lambda w, b: np.concatenate([np.asarray(w), np.asarray(b)[..., None]], axis=-1)
-  exact = np.concatenate([
-      alpha[i] / n * np.append(*numpy_linreg_grad(np.asarray(theta["w"][i]), float(theta["b"][i]),
-                                                   x, y, L2))
-      for i, (x, y) in enumerate(clients)])
-  est = jax.jit(jax.vmap(lambda k: estimate_gradient(
-      model, theta, table, data, k, clients_per_round=s, batch_size=batch_size,
-      backend="vmap").nu))(jax.random.split(jax.random.PRNGKey(42), K))
+  exact = np.concatenate(
+    [
+      alpha[i]
+      / n
+      * np.append(*numpy_linreg_grad(np.asarray(theta["w"][i]), float(theta["b"][i]), x, y, L2))
+      for i, (x, y) in enumerate(clients)
+    ]
+  )
+  est = jax.jit(
+    jax.vmap(
+      lambda k: (
+        estimate_gradient(
+          model, theta, table, data, k, clients_per_round=s, batch_size=batch_size, backend="vmap"
+        ).nu
+      )
+    )
+  )(jax.random.split(jax.random.PRNGKey(42), K))
   flat = per_client(est["w"], est["b"]).reshape(K, -1)
   stored = per_client(table["w"], table["b"]).reshape(-1)
   mean, se = flat.mean(0), flat.std(0, ddof=1) / np.sqrt(K)
@@ -152,7 +176,7 @@ def test_estimator_is_unbiased_for_grad_F(batch_size):
   # every coordinate within 5.5 standard errors (family-wise false alarm ~ 30 * 4e-8), and the
   # chi-square statistic of all coordinates below its 1 - 1e-6 quantile
   assert np.max(np.abs(z)) < 5.5, np.max(np.abs(z))
-  assert np.sum(z ** 2) < stats.chi2.ppf(1 - 1e-6, z.size)
+  assert np.sum(z**2) < stats.chi2.ppf(1 - 1e-6, z.size)
   # the test has power: the paper's 1/s applied to the 1/n-scaled table (correction (n/s) -> 1/s)
   wrong = stored + (flat - stored) / n
   z_wrong = (wrong.mean(0) - exact) / (wrong.std(0, ddof=1) / np.sqrt(K))
@@ -166,11 +190,16 @@ def test_full_participation_estimator_is_the_exact_gradient():
   theta = {"w": jnp.asarray(rng.normal(size=(N, DIM)))}
   table = {"w": jnp.asarray(rng.normal(size=(N, DIM)))}
   est = jax.jit(lambda k: estimate_gradient(model, theta, table, data, k, clients_per_round=N))(
-      jax.random.PRNGKey(0))
+    jax.random.PRNGKey(0)
+  )
   clients, nex = _client_arrays(data)
   alpha = _alpha(nex)
-  exact = np.stack([alpha[i] / N * numpy_linreg_grad(np.asarray(theta["w"][i]), 0.0, x, y, L2)[0]
-                    for i, (x, y) in enumerate(clients)])
+  exact = np.stack(
+    [
+      alpha[i] / N * numpy_linreg_grad(np.asarray(theta["w"][i]), 0.0, x, y, L2)[0]
+      for i, (x, y) in enumerate(clients)
+    ]
+  )
   np.testing.assert_allclose(np.asarray(est.nu["w"]), exact, rtol=1e-12, atol=1e-13)
   np.testing.assert_allclose(np.asarray(est.grad_table["w"]), exact, rtol=1e-12, atol=1e-13)
   np.testing.assert_allclose(np.asarray(loss_weights(data.num_examples)), alpha, rtol=1e-14)
@@ -180,6 +209,7 @@ def test_full_participation_estimator_is_the_exact_gradient():
 # (2) + (3) full gradients, s = n: the CVXPY solution, t = 0 (global) and t large (local)
 # ----------------------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def problem():
   data = _ridge_clients(seed=0)
@@ -187,9 +217,9 @@ def problem():
   loc = _local_ridge(data)
   d2 = ((loc[:, None] - loc[None]) ** 2).sum(-1)
   iu = np.triu_indices(N, 1)
-  t_free = float(np.max(d2[iu] / D[iu]))   # every constraint is inactive for t >= t_free
+  t_free = float(np.max(d2[iu] / D[iu]))  # every constraint is inactive for t >= t_free
   model = _model()
-  L = smoothness_constant(model, model.init(jax.random.PRNGKey(0)), data)   # max_i alpha_i L_i
+  L = smoothness_constant(model, model.init(jax.random.PRNGKey(0)), data)  # max_i alpha_i L_i
   return dict(data=data, D=D, t_free=t_free, L=L, model=model)
 
 
@@ -197,15 +227,22 @@ def problem():
 def full_gradient_sweep(problem):
   ts = [0.0, 0.05 * problem["t_free"], 0.3 * problem["t_free"], 1e6]
   alg = karula(problem["model"], dissimilarity=problem["D"], projection_tol=1e-12)
-  res = sweep(alg, dataset(problem["data"]), rounds=600, grid={"t": ts},
-              hparams={"eta": N / problem["L"]}, eval_every=300)   # F is (L/n)-smooth
+  res = sweep(
+    alg,
+    dataset(problem["data"]),
+    rounds=600,
+    grid={"t": ts},
+    hparams={"eta": N / problem["L"]},
+    eval_every=300,
+  )  # F is (L/n)-smooth
   return ts, res
 
 
 def test_smoothness_constant_is_max_alpha_L(problem):
   clients, nex = _client_arrays(problem["data"])
-  L = max(a * (np.linalg.eigvalsh(x.T @ x / len(y)).max() + L2)
-          for a, (x, y) in zip(_alpha(nex), clients))
+  L = max(
+    a * (np.linalg.eigvalsh(x.T @ x / len(y)).max() + L2) for a, (x, y) in zip(_alpha(nex), clients)
+  )
   np.testing.assert_allclose(problem["L"], L, rtol=1e-6)
 
 
@@ -227,11 +264,14 @@ def test_full_gradient_karula_matches_cvxpy(problem, full_gradient_sweep):
   assert np.all(m["gradient_mapping_sq"][:, -1] < 1e-14)
 
 
-def test_t_zero_is_the_pooled_global_model_and_t_large_is_local_training(problem, full_gradient_sweep):
+def test_t_zero_is_the_pooled_global_model_and_t_large_is_local_training(
+  problem, full_gradient_sweep
+):
   ts, res = full_gradient_sweep
   theta_global = np.asarray(res.final_state.params["w"][0])
-  np.testing.assert_allclose(theta_global, np.broadcast_to(_pooled_ridge(problem["data"]), (N, DIM)),
-                             atol=1e-8, rtol=0)
+  np.testing.assert_allclose(
+    theta_global, np.broadcast_to(_pooled_ridge(problem["data"]), (N, DIM)), atol=1e-8, rtol=0
+  )
   theta_local = np.asarray(res.final_state.params["w"][3])
   np.testing.assert_allclose(theta_local, _local_ridge(problem["data"]), atol=1e-8, rtol=0)
 
@@ -239,9 +279,16 @@ def test_t_zero_is_the_pooled_global_model_and_t_large_is_local_training(problem
 @pytest.mark.parametrize("method", ["admm", "dykstra"])
 def test_other_projection_methods_reach_the_same_solution(problem, method):
   t = 0.3 * problem["t_free"]
-  alg = karula(problem["model"], dissimilarity=problem["D"], projection=method, projection_tol=1e-10)
-  hist = run(alg, dataset(problem["data"]), rounds=600, eval_every=600,
-             hparams={"eta": N / problem["L"], "t": t})
+  alg = karula(
+    problem["model"], dissimilarity=problem["D"], projection=method, projection_tol=1e-10
+  )
+  hist = run(
+    alg,
+    dataset(problem["data"]),
+    rounds=600,
+    eval_every=600,
+    hparams={"eta": N / problem["L"], "t": t},
+  )
   ref = _cvxpy_solution(problem["data"], problem["D"], t)
   np.testing.assert_allclose(np.asarray(hist.final_state.params["w"]), ref, atol=1e-8, rtol=0)
   assert hist.train_metrics["projection_converged"][-1] == 1
@@ -252,16 +299,24 @@ def test_other_projection_methods_reach_the_same_solution(problem, method):
 # (4) partial participation (SAGA), s < n
 # ----------------------------------------------------------------------------------------------
 
+
 def test_partial_participation_converges_to_cvxpy_solution(problem):
   """With exact (full-batch) client gradients the SAGA estimator's variance vanishes at the
   solution (the table converges to grad F(theta*)), so with the theory step 3/(8L) the iterates
   converge linearly to theta* itself (Theorem 4.5 with sigma = 0, delta ~ 0): the tolerance is
   only a rounds budget (measured: error 1e-2 after 1000 rounds, 1e-4 after 2000)."""
   t = 0.3 * problem["t_free"]
-  alg = karula(problem["model"], dissimilarity=problem["D"], clients_per_round=3,
-               projection_tol=1e-12)
-  hist = run(alg, dataset(problem["data"]), rounds=5000, seed=7, eval_every=2500,
-             hparams={"eta": 3.0 / (8.0 * problem["L"]), "t": t})
+  alg = karula(
+    problem["model"], dissimilarity=problem["D"], clients_per_round=3, projection_tol=1e-12
+  )
+  hist = run(
+    alg,
+    dataset(problem["data"]),
+    rounds=5000,
+    seed=7,
+    eval_every=2500,
+    hparams={"eta": 3.0 / (8.0 * problem["L"]), "t": t},
+  )
   ref = _cvxpy_solution(problem["data"], problem["D"], t)
   err = np.abs(np.asarray(hist.final_state.params["w"]) - ref).max()
   assert err < 1e-8, err
@@ -272,11 +327,23 @@ def test_partial_participation_converges_to_cvxpy_solution(problem):
 # (5) the CLI
 # ----------------------------------------------------------------------------------------------
 
+
 def test_cli_runs_karula_on_synthetic_ridge_with_ot_dissimilarities(capsys):
   from fedjax_dro.cli import main
+
   # default: D from the OT embeddings of the training data, full participation, eta = 1
-  rc = main(["run", "--algorithm", "karula", "--dataset", "synthetic-ridge", "--rounds", "50",
-             "--no-progress"])
+  rc = main(
+    [
+      "run",
+      "--algorithm",
+      "karula",
+      "--dataset",
+      "synthetic-ridge",
+      "--rounds",
+      "50",
+      "--no-progress",
+    ]
+  )
   out = capsys.readouterr().out
   assert rc == 0, out
   assert "karula on synthetic-ridge" in out
@@ -290,16 +357,19 @@ def test_cli_runs_karula_on_synthetic_ridge_with_ot_dissimilarities(capsys):
 # (6) bad input
 # ----------------------------------------------------------------------------------------------
 
+
 def test_bad_input_raises_clear_errors_naming_the_argument(problem):
   model, D, data = problem["model"], problem["D"], problem["data"]
   with pytest.raises(ValueError, match="hyper-parameter 't'"):
     run(karula(model, dissimilarity=D), dataset(data), rounds=1, hparams={"t": -0.1})
   with pytest.raises(ValueError, match="hyper-parameter 'eta'"):
     run(karula(model, dissimilarity=D), dataset(data), rounds=1, hparams={"eta": 0.0})
-  asym = D.copy(); asym[0, 1] += 0.5
+  asym = D.copy()
+  asym[0, 1] += 0.5
   with pytest.raises(ValueError, match="dissimilarity.*symmetric"):
     karula(model, dissimilarity=asym)
-  neg = D.copy(); neg[0, 1] = neg[1, 0] = -1.0
+  neg = D.copy()
+  neg[0, 1] = neg[1, 0] = -1.0
   with pytest.raises(ValueError, match="dissimilarity.*nonnegative"):
     karula(model, dissimilarity=neg)
   with pytest.raises(ValueError, match="dissimilarity.*square"):

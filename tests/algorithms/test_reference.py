@@ -1,11 +1,11 @@
 """FedAvg / FedProx / SCAFFOLD / FedSGD against plain per-client Python reference loops (numpy
 gradients, float64, the same sampled clients and minibatch rows)."""
+
 import jax
 import numpy as np
 import pytest
 
-from fedjax_dro import algorithms as A
-from fedjax_dro import run
+from fedjax_dro import algorithms as A, run
 from fedjax_dro.core.sampling import sample_clients
 from tests.helpers import dataset, linreg, numpy_linreg_grad, regression_clients
 
@@ -30,7 +30,7 @@ def _reference(name, data, rounds, seed, s, J, B, hp):
       uw, ub = w.copy(), b
       for step_key in jax.random.split(client_keys[k], J):
         if B is None:
-          bx, by = x[i, :nex[i]], y[i, :nex[i]]
+          bx, by = x[i, : nex[i]], y[i, : nex[i]]
         else:
           rows = np.asarray(jax.random.randint(step_key, (B,), 0, nex[i]))
           bx, by = x[i, rows], y[i, rows]
@@ -40,11 +40,16 @@ def _reference(name, data, rounds, seed, s, J, B, hp):
         if name == "scaffold":
           gw, gb = gw - ci_w[i] + c_w, gb - ci_b[i] + c_b
         uw, ub = uw - hp["client_lr"] * gw, ub - hp["client_lr"] * gb
-      dws.append(uw - w); dbs.append(ub - b)
+      dws.append(uw - w)
+      dbs.append(ub - b)
       weights.append(1.0 if name == "scaffold" else float(nex[i]))
       if name == "scaffold":
-        new_c.append((ci_w[i] - c_w - (uw - w) / (J * hp["client_lr"]),
-                      ci_b[i] - c_b - (ub - b) / (J * hp["client_lr"])))
+        new_c.append(
+          (
+            ci_w[i] - c_w - (uw - w) / (J * hp["client_lr"]),
+            ci_b[i] - c_b - (ub - b) / (J * hp["client_lr"]),
+          )
+        )
     wts = np.array(weights) / np.sum(weights)
     w = w + hp["server_lr"] * np.tensordot(wts, np.array(dws), 1)
     b = b + hp["server_lr"] * float(np.dot(wts, dbs))
@@ -57,13 +62,16 @@ def _reference(name, data, rounds, seed, s, J, B, hp):
   return w, b
 
 
-@pytest.mark.parametrize("name,batch_size", [("fedavg", 4), ("fedavg", None), ("fedprox", 4),
-                                             ("scaffold", 4), ("scaffold", None)])
+@pytest.mark.parametrize(
+  "name,batch_size",
+  [("fedavg", 4), ("fedavg", None), ("fedprox", 4), ("scaffold", 4), ("scaffold", None)],
+)
 def test_matches_reference_loop(name, batch_size):
   data = regression_clients(n=7, d=3, seed=1)
   model = linreg(3, l2=L2)
-  alg = A.get_algorithm(name).factory(model, clients_per_round=3, local_steps=4,
-                                      batch_size=batch_size, backend="vmap")
+  alg = A.get_algorithm(name).factory(
+    model, clients_per_round=3, local_steps=4, batch_size=batch_size, backend="vmap"
+  )
   hp = {"client_lr": 0.05, "server_lr": 0.9}
   if name == "fedprox":
     hp["mu"] = 0.3
@@ -79,8 +87,12 @@ def test_fedsgd_full_participation_is_centralized_gradient_descent():
   model = linreg(4, l2=L2)
   alg = A.fedsgd(model, backend="vmap")
   hist = run(alg, dataset(data), rounds=15, hparams={"lr": 0.1}, eval_every=5)
-  x = np.concatenate([np.asarray(data.x[i, :k]) for i, k in enumerate(np.asarray(data.num_examples))])
-  y = np.concatenate([np.asarray(data.y[i, :k]) for i, k in enumerate(np.asarray(data.num_examples))])
+  x = np.concatenate(
+    [np.asarray(data.x[i, :k]) for i, k in enumerate(np.asarray(data.num_examples))]
+  )
+  y = np.concatenate(
+    [np.asarray(data.y[i, :k]) for i, k in enumerate(np.asarray(data.num_examples))]
+  )
   w, b = np.zeros(4), 0.0
   for _ in range(15):
     gw, gb = numpy_linreg_grad(w, b, x, y, L2)
@@ -107,10 +119,15 @@ def test_scaffold_reaches_global_minimizer_while_fedavg_is_biased():
   common = dict(local_steps=50, backend="vmap")
   hp = {"client_lr": 0.02, "server_lr": 1.0}
   h_s = run(A.scaffold(model, **common), dataset(data), rounds=600, hparams=hp, eval_every=600)
-  h_f = run(A.fedavg(model, weighting="uniform", **common), dataset(data), rounds=600, hparams=hp,
-            eval_every=600)
+  h_f = run(
+    A.fedavg(model, weighting="uniform", **common),
+    dataset(data),
+    rounds=600,
+    hparams=hp,
+    eval_every=600,
+  )
   flat = lambda p: np.append(np.asarray(p["w"]), float(p["b"]))
   err_s = np.linalg.norm(flat(h_s.final_state.params) - opt)
   err_f = np.linalg.norm(flat(h_f.final_state.params) - opt)
   assert err_s < 1e-8, err_s
-  assert err_f > 1e-2, err_f   # FedAvg's fixed point with 50 local steps is not the minimizer
+  assert err_f > 1e-2, err_f  # FedAvg's fixed point with 50 local steps is not the minimizer

@@ -1,18 +1,18 @@
 """SCAFF-PD: a plain numpy per-client reference loop (float64, same keys), the parameter rules,
-linear convergence to the saddle point of ``core.saddle.solve_saddle`` (and DRFA's failure to get
+linear convergence to the saddle point of ``solvers.saddle.solve_saddle`` (and DRFA's failure to get
 there), the rho -> infinity (ERM) and rho = 0 (AFL, min-max) limits, and bad inputs."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_dro import algorithms as A
-from fedjax_dro import models, run, sweep
+from fedjax_dro import algorithms as A, models, run, sweep
 from fedjax_dro.algorithms.scaff_pd import next_step_ratio, parameter_schedule
-from fedjax_dro.core.saddle import solve_saddle
 from fedjax_dro.data.synthetic import synthetic_shift
 from fedjax_dro.models.base import client_loss
 from fedjax_dro.reproduce import with_distances
+from fedjax_dro.solvers.saddle import solve_saddle
 from tests.helpers import dataset, linreg, numpy_linreg_grad, regression_clients
 
 L2 = 0.01
@@ -21,6 +21,7 @@ L2 = 0.01
 # ----------------------------------------------------------------------------------------------
 # numpy references (also used by test_dro_baselines.py)
 # ----------------------------------------------------------------------------------------------
+
 
 def np_proj_simplex(v):
   u = np.sort(v)[::-1]
@@ -77,7 +78,7 @@ def np_batch(data, i, key, batch_size):
 
 def np_loss_grad(w, b, x, y, l2):
   r = x @ w + b - y
-  loss = 0.5 * np.mean(r ** 2) + 0.5 * l2 * (w @ w + b * b)
+  loss = 0.5 * np.mean(r**2) + 0.5 * l2 * (w @ w + b * b)
   gw, gb = numpy_linreg_grad(w, b, x, y, l2)
   return loss, gw, gb
 
@@ -123,16 +124,34 @@ def ref_scaff_pd(data, rounds, seed, J, B, hp, psi, rule):
   return w, b, lam
 
 
-@pytest.mark.parametrize("psi,rule,batch_size", [("chi2", "condition_5_1", 4), ("cvar", "user", None),
-                                                 ("qffl", "user", None),
-                                                 ("chi2", "condition_5_2", None)])
+@pytest.mark.parametrize(
+  "psi,rule,batch_size",
+  [
+    ("chi2", "condition_5_1", 4),
+    ("cvar", "user", None),
+    ("qffl", "user", None),
+    ("chi2", "condition_5_2", None),
+  ],
+)
 def test_matches_numpy_reference(psi, rule, batch_size):
   data = regression_clients(n=5, d=3, seed=1, shift=0.2)
   model = linreg(3, l2=L2)
-  alg = A.scaff_pd(model, psi=psi, parameter_rule=rule, local_steps=3, batch_size=batch_size,
-                   backend="vmap")
-  hp = {"client_lr": 0.02, "rho": 0.05, "alpha": 0.5, "q": 2.0, "tau": 0.3, "sigma": 0.3,
-        "theta": 0.6, "mu": 0.4, "L": 20.0, "L_lx": 30.0, "safety": 0.5}
+  alg = A.scaff_pd(
+    model, psi=psi, parameter_rule=rule, local_steps=3, batch_size=batch_size, backend="vmap"
+  )
+  hp = {
+    "client_lr": 0.02,
+    "rho": 0.05,
+    "alpha": 0.5,
+    "q": 2.0,
+    "tau": 0.3,
+    "sigma": 0.3,
+    "theta": 0.6,
+    "mu": 0.4,
+    "L": 20.0,
+    "L_lx": 30.0,
+    "safety": 0.5,
+  }
   hp = {k: v for k, v in hp.items() if k in alg.hparams}
   hist = run(alg, dataset(data), rounds=4, seed=3, hparams=hp, eval_every=4)
   w, b, lam = ref_scaff_pd(data, 4, 3, 3, batch_size, hp, psi, rule)
@@ -150,6 +169,7 @@ def test_matches_numpy_reference(psi, rule, batch_size):
 # parameter rules
 # ----------------------------------------------------------------------------------------------
 
+
 def test_condition_5_1_schedule_follows_the_recurrence():
   """sigma_r = gamma_r tau_r, theta_r = sigma_{r-1}/sigma_r, gamma_{r+1} = gamma_r (1 + mu tau_r),
   sigma_{-1} = gamma_0 tau_0, and tau_r sigma_r constant (tau_{r+1} = tau_r sqrt(gamma_r/gamma_{r+1}))."""
@@ -160,13 +180,16 @@ def test_condition_5_1_schedule_follows_the_recurrence():
   for _ in range(30):
     tau, sigma, theta = parameter_schedule("condition_5_1", hp, t, t_prev, 5)
     sigma_ref = gamma * tau_ref
-    np.testing.assert_allclose([float(tau), float(sigma), float(theta)],
-                               [tau_ref, sigma_ref, sigma_prev / sigma_ref], rtol=1e-12)
+    np.testing.assert_allclose(
+      [float(tau), float(sigma), float(theta)],
+      [tau_ref, sigma_ref, sigma_prev / sigma_ref],
+      rtol=1e-12,
+    )
     np.testing.assert_allclose(float(tau * sigma), 0.6, rtol=1e-12)
     gamma_next = gamma * (1 + 0.5 * tau_ref)
     tau_ref, gamma, sigma_prev = tau_ref * np.sqrt(gamma / gamma_next), gamma_next, sigma_ref
     t, t_prev = next_step_ratio("condition_5_1", hp, t), t
-  assert float(theta) < 1.0 and float(tau) < 0.3 / 3   # accelerated: tau_r ~ 2 / (mu r)
+  assert float(theta) < 1.0 and float(tau) < 0.3 / 3  # accelerated: tau_r ~ 2 / (mu r)
 
 
 def test_condition_5_2_parameters():
@@ -183,6 +206,7 @@ def test_condition_5_2_parameters():
 # convergence to the saddle point of the centralized solver
 # ----------------------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def shift_problem():
   ds = synthetic_shift(1, num_clients=4, dim=4, num_examples=30)
@@ -195,14 +219,17 @@ def shift_problem():
 def test_linear_convergence_deterministic_and_drfa_stays_far(shift_problem):
   ds, model, losses = shift_problem
   rho = 0.05
-  sol = solve_saddle(losses, model.init(jax.random.PRNGKey(0)), psi="chi2",
-                     psi_params={"rho": rho})
+  sol = solve_saddle(losses, model.init(jax.random.PRNGKey(0)), psi="chi2", psi_params={"rho": rho})
   assert sol.converged
   R = 60
-  alg = with_distances(A.scaff_pd(model, psi="chi2", local_steps=20, backend="vmap"),
-                       [sol.x_star])
-  hist = run(alg, ds, rounds=R, hparams={"rho": rho, "tau": 1.0, "sigma": 1.0, "theta": 1.0,
-                                         "client_lr": 0.01}, eval_every=R)
+  alg = with_distances(A.scaff_pd(model, psi="chi2", local_steps=20, backend="vmap"), [sol.x_star])
+  hist = run(
+    alg,
+    ds,
+    rounds=R,
+    hparams={"rho": rho, "tau": 1.0, "sigma": 1.0, "theta": 1.0, "client_lr": 0.01},
+    eval_every=R,
+  )
   dist = hist.train_metrics["dist_to_opt_0"]
   assert dist[-1] < 1e-10, dist[-1]
   # a straight line on the log plot until round-off: constant contraction factor
@@ -213,10 +240,17 @@ def test_linear_convergence_deterministic_and_drfa_stays_far(shift_problem):
   assert slope < -0.2
   assert np.max(np.abs(logd[mid] - (slope * mid + icpt))) < 1.5
   # DRFA-Prox (lambda-sampled clients, as in the paper) over a small step-size grid
-  drfa = with_distances(A.drfa(model, psi="chi2", prox=True, local_steps=20, backend="vmap"),
-                        [sol.x_star])
-  res = sweep(drfa, ds, rounds=R, grid={"client_lr": [0.003, 0.01, 0.03], "gamma": [1e-3, 1e-2]},
-              hparams={"rho": rho}, eval_every=R)
+  drfa = with_distances(
+    A.drfa(model, psi="chi2", prox=True, local_steps=20, backend="vmap"), [sol.x_star]
+  )
+  res = sweep(
+    drfa,
+    ds,
+    rounds=R,
+    grid={"client_lr": [0.003, 0.01, 0.03], "gamma": [1e-3, 1e-2]},
+    hparams={"rho": rho},
+    eval_every=R,
+  )
   best_drfa = np.nanmin(res.train_metrics["dist_to_opt_0"][:, -1])
   assert best_drfa > 1e4 * max(dist[-1], 1e-20) and best_drfa > 1e-6, best_drfa
 
@@ -240,38 +274,50 @@ def test_large_rho_approaches_erm(shift_problem):
   for rho in (1.0, 100.0):
     sol = solve_saddle(losses, x0, psi="chi2", psi_params={"rho": rho})
     gaps.append(np.linalg.norm(np.asarray(sol.x_star["w"]) - erm))
-  assert 0.005 < gaps[1] / gaps[0] < 0.02 and gaps[1] < 1e-4, gaps   # ||x*_rho - x_ERM|| ~ 1/rho
+  assert 0.005 < gaps[1] / gaps[0] < 0.02 and gaps[1] < 1e-4, gaps  # ||x*_rho - x_ERM|| ~ 1/rho
   np.testing.assert_allclose(np.asarray(sol.lambda_star), 0.25, atol=1e-3)
   alg = A.scaff_pd(model, psi="chi2", local_steps=20, backend="vmap")
-  hist = run(alg, ds, rounds=60, hparams={"rho": 100.0, "tau": 1.0, "sigma": 0.3,
-                                          "client_lr": 0.02}, eval_every=60)
-  np.testing.assert_allclose(np.asarray(hist.final_state.params["w"]),
-                             np.asarray(sol.x_star["w"]), atol=1e-9)
+  hist = run(
+    alg,
+    ds,
+    rounds=60,
+    hparams={"rho": 100.0, "tau": 1.0, "sigma": 0.3, "client_lr": 0.02},
+    eval_every=60,
+  )
+  np.testing.assert_allclose(
+    np.asarray(hist.final_state.params["w"]), np.asarray(sol.x_star["w"]), atol=1e-9
+  )
 
 
 def test_rho_zero_minimizes_worst_client_loss(shift_problem):
   """rho = 0 is AFL: x* minimizes max_i f_i; SCAFF-PD (Condition 5.1) gets there."""
   ds, model, losses = shift_problem
-  sol = solve_saddle(losses, model.init(jax.random.PRNGKey(0)), psi="chi2",
-                     psi_params={"rho": 0.0})
+  sol = solve_saddle(losses, model.init(jax.random.PRNGKey(0)), psi="chi2", psi_params={"rho": 0.0})
   assert sol.converged
   worst_star = float(jnp.max(losses(sol.x_star)))
   np.testing.assert_allclose(worst_star, float(sol.objective), rtol=1e-9)
   erm = {"w": jnp.asarray(_uniform_erm(ds, L2))}
   assert float(jnp.max(losses(erm))) > worst_star + 1e-3
-  alg = A.scaff_pd(model, psi="chi2", parameter_rule="condition_5_1", local_steps=20,
-                   backend="vmap")
-  hist = run(alg, ds, rounds=80, hparams={"rho": 0.0, "tau": 3.0, "sigma": 1.0, "mu": 0.3,
-                                          "client_lr": 0.03}, eval_every=80)
+  alg = A.scaff_pd(
+    model, psi="chi2", parameter_rule="condition_5_1", local_steps=20, backend="vmap"
+  )
+  hist = run(
+    alg,
+    ds,
+    rounds=80,
+    hparams={"rho": 0.0, "tau": 3.0, "sigma": 1.0, "mu": 0.3, "client_lr": 0.03},
+    eval_every=80,
+  )
   x = hist.final_state.params
   assert float(jnp.sum((x["w"] - sol.x_star["w"]) ** 2)) < 1e-12
   np.testing.assert_allclose(float(jnp.max(losses(x))), worst_star, rtol=1e-6)
-  assert hist.train_metrics["theta"][-1] < 1.0   # accelerated schedule is active
+  assert hist.train_metrics["theta"][-1] < 1.0  # accelerated schedule is active
 
 
 # ----------------------------------------------------------------------------------------------
 # bad inputs
 # ----------------------------------------------------------------------------------------------
+
 
 def test_bad_inputs():
   model = linreg(3)
@@ -286,8 +332,15 @@ def test_bad_inputs():
   with pytest.raises(ValueError, match="batch_size"):
     A.scaff_pd(model, batch_size=0)
   alg = A.scaff_pd(model)
-  for bad in ({"sigma": -0.1}, {"tau": -1.0}, {"tau": 0.0}, {"client_lr": 0.0}, {"theta": 1.5},
-              {"rho": -1.0}, {"sigma": float("nan")}):
+  for bad in (
+    {"sigma": -0.1},
+    {"tau": -1.0},
+    {"tau": 0.0},
+    {"client_lr": 0.0},
+    {"theta": 1.5},
+    {"rho": -1.0},
+    {"sigma": float("nan")},
+  ):
     with pytest.raises(ValueError, match=list(bad)[0]):
       A.make_hparams(alg, bad)
   with pytest.raises(ValueError, match="alpha"):
@@ -296,7 +349,7 @@ def test_bad_inputs():
     A.make_hparams(A.scaff_pd(model, psi="cvar"), {"alpha": 0.0})
   with pytest.raises(ValueError, match="q"):
     A.make_hparams(A.scaff_pd(model, psi="qffl"), {"q": -1.0})
-  with pytest.raises(ValueError, match="rho"):   # Condition 5.2 needs strong concavity
+  with pytest.raises(ValueError, match="rho"):  # Condition 5.2 needs strong concavity
     A.make_hparams(A.scaff_pd(model, parameter_rule="condition_5_2"), {"rho": 0.0})
   with pytest.raises(ValueError, match="unknown hyper-parameter"):
-    A.make_hparams(alg, {"mu": 0.1})   # mu belongs to the Condition 5.x rules
+    A.make_hparams(alg, {"mu": 0.1})  # mu belongs to the Condition 5.x rules

@@ -1,8 +1,14 @@
 import numpy as np
-import pytest
 
-from fedjax_dro.data import (dirichlet_partition, from_arrays, from_client_arrays,
-                             synthetic_classification, synthetic_ridge, synthetic_shift, train_test_split)
+from fedjax_dro.data import (
+  dirichlet_partition,
+  from_arrays,
+  from_client_arrays,
+  synthetic_classification,
+  synthetic_ridge,
+  synthetic_shift,
+  train_test_split,
+)
 
 
 def test_from_client_arrays_pads_with_prefix_masks():
@@ -31,12 +37,15 @@ def test_max_examples_cap_subsamples():
 
 
 def test_train_test_split_keeps_all_rows_once():
-  data = from_client_arrays([np.arange(20.0).reshape(10, 2), np.arange(8.0).reshape(4, 2)],
-                            [np.arange(10), np.arange(4)])
+  data = from_client_arrays(
+    [np.arange(20.0).reshape(10, 2), np.arange(8.0).reshape(4, 2)], [np.arange(10), np.arange(4)]
+  )
   tr, te = train_test_split(data, 0.3, seed=1)
   for i, n in enumerate([10, 4]):
-    rows = sorted(np.asarray(tr.y[i, :int(tr.num_examples[i])]).tolist() +
-                  np.asarray(te.y[i, :int(te.num_examples[i])]).tolist())
+    rows = sorted(
+      np.asarray(tr.y[i, : int(tr.num_examples[i])]).tolist()
+      + np.asarray(te.y[i, : int(te.num_examples[i])]).tolist()
+    )
     assert rows == list(range(n))
   assert te.num_examples.tolist() == [3, 1]
 
@@ -58,7 +67,7 @@ def test_synthetic_ridge_matches_the_paper_setting():
   assert ds.num_clients == 30 and ds.train.x.shape[-1] == 50
   nex = np.asarray(ds.train.num_examples)
   assert nex.min() >= 10 and nex.max() <= 100
-  group_means = [ds.true_params[g * 10:(g + 1) * 10].mean() for g in range(3)]
+  group_means = [ds.true_params[g * 10 : (g + 1) * 10].mean() for g in range(3)]
   np.testing.assert_allclose(group_means, [1.0, 1.5, 2.0], atol=0.02)
   again = synthetic_ridge(3)
   np.testing.assert_array_equal(np.asarray(ds.train.x), np.asarray(again.train.x))
@@ -70,7 +79,7 @@ def test_synthetic_shift_is_noise_free_linear_with_client_shifts():
   x, y = np.asarray(ds.train.x), np.asarray(ds.train.y)
   for i in range(5):
     np.testing.assert_allclose(x[i] @ ds.true_params[i], y[i], atol=1e-4)
-  assert np.std(ds.true_params, axis=0).mean() > 0.1   # concept shift between clients
+  assert np.std(ds.true_params, axis=0).mean() > 0.1  # concept shift between clients
 
 
 def test_synthetic_classification_labels_and_split():
@@ -81,10 +90,13 @@ def test_synthetic_classification_labels_and_split():
 
 def test_heart_disease_matches_flamby_preprocessing():
   from fedjax_dro.data.heart_disease import heart_disease
+
   ds = heart_disease(0)
   tr, te = np.asarray(ds.train.num_examples), np.asarray(ds.test.num_examples)
-  assert tr.sum() + te.sum() == 740                        # FLamby: 740 rows
-  np.testing.assert_array_equal(tr + te, [303, 261, 46, 130])  # per-center sizes after dropping NaN rows
+  assert tr.sum() + te.sum() == 740  # FLamby: 740 rows
+  np.testing.assert_array_equal(
+    tr + te, [303, 261, 46, 130]
+  )  # per-center sizes after dropping NaN rows
   assert ds.train.x.shape[-1] == 13
   np.testing.assert_allclose(te / (tr + te), 0.34, atol=0.02)
   pooled = np.asarray(ds.train.x)[np.asarray(ds.train.mask)]

@@ -1,0 +1,258 @@
+"""One compatibility check before anything compiles: model x data x hyper-parameters x paths.
+
+:func:`check_run_inputs` is called by :func:`fedjax_dro.run`, :func:`fedjax_dro.sweep` and
+:func:`fedjax_dro.compile_rounds` (hence by the CLI) right after the data is split, before the
+model is initialised or any program is traced. It checks, in this order:
+
+1. ``init_params`` (if given) against ``jax.eval_shape(model.init, key)``: same tree, shapes and
+   float dtypes;
+2. the model applied *abstractly* (``jax.eval_shape``) to one client's batch of ``data.x``: a
+   model built for other features (7 features on data with 5, a CNN on 1-D features) fails here
+   with a ``ValueError`` that names the data's feature shape / dtype and the model, instead of a
+   ``dot_general`` trace from XLA;
+3. the labels against the model's task and output: classification needs integer (or bool, or
+   integral float) labels in ``[0, k)`` for a ``k``-way output and in ``{0, 1}`` for a single
+   logit; regression needs real-valued responses whose shape matches the output (checked on the
+   valid rows only);
+4. the per-example loss applied abstractly to (outputs, labels).
+
+Every failure is a ``ValueError`` / ``TypeError`` naming the argument (``data.x``, ``data.y``,
+``init_params``, ``hparams[...]``, ``out_dir``...), what was given and what was expected.
+:func:`check_writable_dir` checks result and checkpoint paths up front.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_dro.models.builtin import _squared_error
+
+
+def _short(e: BaseException, limit: int = 300) -> str:
+  text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+  text = text.rstrip(". ")
+  return text if len(text) <= limit else text[:limit] + "..."
+
+
+def check_writable_dir(path, name: str) -> None:
+  """``path`` is (or can be created as) a directory this process can write into."""
+  if path is None:
+    return
+  if not isinstance(path, (str, os.PathLike)):
+    raise TypeError(f"{name} must be a directory path, got {type(path).__name__}")
+  path = os.fspath(path)
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise ValueError(f"{name} {path!r} exists and is not a directory")
+  try:
+    os.makedirs(path, exist_ok=True)
+    fd, probe = tempfile.mkstemp(dir=path, prefix=".tmp-write-probe-")
+    os.close(fd)
+    os.remove(probe)
+  except OSError as e:
+    raise ValueError(
+      f"{name} {path!r} is not a writable directory ({e.strerror or e}); choose another path"
+    ) from None
+
+
+def _host_arrays(data):
+  """``(x, y, mask)`` as host arrays (HostFederatedData: its store; mask from num_examples)."""
+  if getattr(data, "host_resident", False):
+    store = data.store
+    mask = np.arange(store.x.shape[1])[None, :] < store.num_examples[:, None]
+    return store.x, store.y, mask
+  return data.x, data.y, data.mask
+
+
+def _check_params(model, init_params, key):
+  expected = jax.eval_shape(model.init, key)
+  exp_leaves, exp_tree = jax.tree.flatten(expected)
+  try:
+    got_leaves, got_tree = jax.tree.flatten(init_params)
+  except Exception as e:  # pragma: no cover - defensive
+    raise TypeError(
+      f"init_params must be a pytree of arrays, got {type(init_params).__name__}"
+    ) from e
+  if got_tree != exp_tree:
+    raise ValueError(
+      f"init_params has the tree structure {got_tree}, but {model.name} expects {exp_tree} "
+      f"(use model.init(key) as a template)"
+    )
+  for path_leaf, exp, got in zip(
+    jax.tree_util.tree_leaves_with_path(expected), exp_leaves, got_leaves
+  ):
+    where = jax.tree_util.keystr(path_leaf[0])
+    shape = np.shape(got)
+    if tuple(shape) != tuple(exp.shape):
+      raise ValueError(
+        f"init_params{where} has shape {tuple(shape)}, but {model.name} expects {tuple(exp.shape)}"
+      )
+    dtype = np.asarray(got).dtype if not hasattr(got, "dtype") else got.dtype
+    if not jnp.issubdtype(dtype, jnp.floating):
+      raise TypeError(f"init_params{where} must be a real floating-point array, got dtype {dtype}")
+    if not np.all(np.isfinite(np.asarray(got))):
+      raise ValueError(f"init_params{where} contains NaN or infinite values")
+
+
+def check_model_data(model, data, *, name: str = "data", init_params=None) -> None:
+  """Checks ``model`` against ``data`` abstractly (see the module docstring)."""
+  key = jax.random.PRNGKey(0)
+  if init_params is not None:
+    _check_params(model, init_params, key)
+  params = jax.eval_shape(model.init, key)
+  x, y, mask = _host_arrays(data)
+  feature_shape, x_dtype = tuple(x.shape[2:]), x.dtype
+  batch = jax.ShapeDtypeStruct((min(int(x.shape[1]), 8),) + feature_shape, x_dtype)
+  try:
+    out = jax.eval_shape(model.apply, params, batch)
+  except Exception as e:
+    raise ValueError(
+      f"the model {model.name!r} cannot be applied to {name}.x with feature shape "
+      f"{feature_shape} and dtype {x_dtype}: {_short(e)}. Build the model for these features "
+      f"(e.g. models.mlp({feature_shape}, ...)) or reshape the data"
+    ) from None
+  if not hasattr(out, "shape") or out.shape[:1] != batch.shape[:1]:
+    raise ValueError(
+      f"the model {model.name!r} maps a batch of {batch.shape[0]} examples of {name}.x to an "
+      f"output of shape {getattr(out, 'shape', None)}; expected one output row per example"
+    )
+  label_shape, y_dtype = tuple(y.shape[2:]), np.dtype(y.dtype)
+  if y_dtype.kind not in "biuf":
+    raise TypeError(
+      f"{name}.y must hold numeric labels / responses, got dtype {y_dtype} (encode string "
+      f"labels as integers, e.g. np.unique(y, return_inverse=True)[1])"
+    )
+  valid = np.asarray(y)[np.asarray(mask)]
+  if model.task == "classification":
+    k = int(out.shape[-1]) if len(out.shape) == 2 else 1
+    if len(out.shape) > 2 or label_shape not in ((), (1,)):
+      raise ValueError(
+        f"classification expects one integer label per example; {name}.y has label shape "
+        f"{label_shape} and the model outputs {tuple(out.shape[1:])} per example"
+      )
+    if (
+      y_dtype.kind == "f"
+      and valid.size
+      and not np.all(np.isfinite(valid) & (valid == np.round(valid)))
+    ):
+      bad = valid[~(np.isfinite(valid) & (valid == np.round(valid)))][:3].tolist()
+      raise ValueError(
+        f"{name}.y holds non-integer values {bad} but the model {model.name!r} is a classifier: "
+        f"labels must be class indices (use a regression model for real-valued targets)"
+      )
+    lo, hi = (float(valid.min()), float(valid.max())) if valid.size else (0.0, 0.0)
+    upper = 2 if k == 1 else k
+    if lo < 0 or hi >= upper:
+      what = (
+        "{0, 1} (a single logit: binary classification)" if k == 1 else f"[0, {k}) ({k} classes)"
+      )
+      raise ValueError(
+        f"{name}.y has labels in [{lo:g}, {hi:g}] but the model {model.name!r} expects labels in "
+        f"{what}; build the model with num_classes={int(hi) + 1} or fix the labels"
+      )
+  else:
+    if y_dtype.kind == "b":
+      raise TypeError(f"{name}.y is boolean but the model {model.name!r} is a regression model")
+    outputs = int(np.prod(out.shape[1:], dtype=int))
+    if model.loss is _squared_error and outputs != int(np.prod(label_shape, dtype=int)):
+      raise ValueError(
+        f"{name}.y has label shape {label_shape} per example but the model {model.name!r} "
+        f"returns {tuple(out.shape[1:])} outputs per example: the squared error needs one label "
+        f"per output (it would broadcast them)"
+      )
+  y_batch = jax.ShapeDtypeStruct((batch.shape[0],) + label_shape, y.dtype)
+  try:
+    loss = jax.eval_shape(model.loss, out, y_batch)
+  except Exception as e:
+    raise ValueError(
+      f"the loss of {model.name!r} cannot take the model's outputs {tuple(out.shape)} and "
+      f"{name}.y of label shape {label_shape}: {_short(e)}"
+    ) from None
+  if tuple(loss.shape) != (batch.shape[0],):
+    raise ValueError(
+      f"the loss of {model.name!r} returns shape {tuple(loss.shape)} for a batch of "
+      f"{batch.shape[0]}: expected one loss per example (outputs {tuple(out.shape)}, "
+      f"{name}.y label shape {label_shape})"
+    )
+
+
+def check_hparams(
+  alg, hp, *, batched: bool = False, num_rows: Optional[int] = None, init_params=None
+) -> None:
+  """Validated hyper-parameters (:func:`~fedjax_dro.algorithms.base.make_hparams`) against the
+  run: one scalar each for ``run`` (``[num_rows]`` or scalars for ``sweep``), and inside the
+  range of the float dtype of the model's parameters (``client_lr=1e308`` overflows a float32
+  model to inf even when the simulator computes in float64; ``1e-60`` underflows it to 0)."""
+  params = init_params
+  if params is None:
+    params = jax.eval_shape(alg.model.init, jax.random.PRNGKey(0))
+  dtypes = [np.dtype(jnp.result_type(leaf)) for leaf in jax.tree.leaves(params)]
+  dtypes = [d for d in dtypes if jnp.issubdtype(d, jnp.floating)]
+  finfo = jnp.finfo(min(dtypes, key=lambda d: d.itemsize) if dtypes else jnp.float32)
+  for name, value in hp.items():
+    arr = np.asarray(value, np.float64)
+    if not batched and arr.ndim != 0:
+      raise ValueError(
+        f"hparams[{name!r}] must be a scalar for run, got an array of shape {arr.shape} (use "
+        f"fedjax_dro.sweep with grid={{{name!r}: [...]}} to run several values)"
+      )
+    if batched and arr.shape not in ((), (num_rows,)):
+      raise ValueError(
+        f"hparams[{name!r}] must be a scalar shared by every sweep row, got shape {arr.shape} "
+        f"(put several values in grid[{name!r}])"
+      )
+    big = np.abs(arr) > float(finfo.max)
+    if np.any(big):
+      raise ValueError(
+        f"hparams[{name!r}] = {arr[big].reshape(-1)[0].item()!r} overflows {finfo.dtype}, the "
+        f"dtype of the model's parameters (largest {float(finfo.max):.3g})"
+      )
+    tiny = (arr != 0) & (arr.astype(finfo.dtype) == 0)
+    if np.any(tiny):
+      raise ValueError(
+        f"hparams[{name!r}] = {arr[tiny].reshape(-1)[0].item()!r} underflows to 0 in "
+        f"{finfo.dtype}, the dtype of the model's parameters"
+      )
+
+
+class DeviceMemoryError(MemoryError):
+  """The accelerator (or host) ran out of memory compiling or running the rounds."""
+
+
+MEMORY_ADVICE = (
+  "lower the memory of one round: --backend chunked with a smaller --chunk-size (Python: "
+  "backend='chunked', chunk_size=...), or --backend map, or fewer --clients-per-round, a smaller "
+  "--batch-size, fewer sweep configurations; or keep the client data on the host (--host-data)"
+)
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+  text = str(error)
+  return "RESOURCE_EXHAUSTED" in text or "Out of memory" in text or "out of memory" in text
+
+
+def memory_error(error: BaseException, what: str) -> DeviceMemoryError:
+  first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+  return DeviceMemoryError(f"{what} ran out of device memory ({first[:200]}); {MEMORY_ADVICE}")
+
+
+def check_run_inputs(
+  alg,
+  train,
+  eval_data,
+  *,
+  init_params=None,
+  out_dir: Optional[str] = None,
+  checkpoint_dir: Optional[str] = None,
+) -> None:
+  """The compatibility check of ``run`` / ``sweep`` / ``compile_rounds`` (module docstring)."""
+  check_model_data(alg.model, train, name="data", init_params=init_params)
+  if eval_data is not None and eval_data is not train:
+    check_model_data(alg.model, eval_data, name="eval_data")
+  check_writable_dir(out_dir, "out_dir")
+  check_writable_dir(checkpoint_dir, "checkpoint_dir")
