@@ -18,6 +18,11 @@ def weighted_mean(tree, weights, mask=None):
   return weighted_sum(tree, w)
 
 
+def tree_mean(tree):
+  """Unweighted mean over the leading (participant) axis of every leaf, keeping dtypes."""
+  return jax.tree.map(lambda a: jnp.mean(a, axis=0).astype(a.dtype), tree)
+
+
 def tree_add(a, b, scale=1.0):
   """``a + scale * b`` leafwise, keeping the dtypes of ``a``."""
   return jax.tree.map(lambda x, y: (x + scale * y).astype(jnp.result_type(x)), a, b)

@@ -167,6 +167,86 @@ def local_round(
   return LocalRound(idx, deltas, weights, losses, clients.num_examples)
 
 
+class StatefulRound(NamedTuple):
+  """What the participants of a round with per-step local state send back.
+
+  Attributes:
+    idx: ``[s]`` participating client indices.
+    carries: ``[s, ...]`` the participants' final local carries (model and estimators).
+    losses: ``[s]`` minibatch loss of the first local step (at the received model).
+    num_examples: ``[s]`` sample counts of the participants.
+  """
+
+  idx: Any
+  carries: Any
+  losses: Any
+  num_examples: Any
+
+
+def stateful_local_round(
+  model: Model,
+  settings,
+  data,
+  key,
+  *,
+  start: Callable,
+  step: Callable,
+  client_state=None,
+  num_steps: Optional[int] = None,
+) -> StatefulRound:
+  """Samples participants and runs local steps that carry more than the model.
+
+  The skeleton of algorithms whose local step updates estimators next to the model (the moving
+  averages of FGDRO, the moments of local Adam). The key schedule (participant sampling,
+  per-client and per-step keys, minibatch rows) is that of :func:`local_round`, so algorithms
+  built on either see the same clients and minibatches.
+
+  Args:
+    start: ``start(row) -> carry``: the participant's local carry at the start of the round, a
+      dict with the model under ``"params"``; ``row`` is its row of ``client_state`` (or None).
+    step: ``step(carry, loss, grad) -> carry``: one local step, given the minibatch loss and
+      gradient at ``carry["params"]``.
+    client_state: optional ``[n, ...]`` persistent per-client state passed row-wise to ``start``.
+    num_steps: overrides ``settings.local_steps``.
+  """
+  n = data.num_clients
+  s = participants(settings, n)
+  sample_key, local_key = jax.random.split(key)
+  idx = sample_clients(sample_key, n, s)
+  full = s == n and not getattr(data, "host_resident", False)
+  clients = data if full else data.take_clients(idx)
+  rows = None
+  if client_state is not None:
+    rows = client_state if full else jax.tree.map(lambda a: a[idx], client_state)
+  steps = num_steps or settings.local_steps
+
+  def client_update(x, y, nex, k, row):
+    def one_step(carry, step_key):
+      loss, g = client_loss_and_grad(
+        model, carry["params"], x, y, nex, step_key, settings.batch_size
+      )
+      return step(carry, loss, g), loss
+
+    carry, losses = jax.lax.scan(one_step, start(row), jax.random.split(k, steps))
+    return carry, losses[0]
+
+  reference = start(None if rows is None else jax.tree.map(lambda a: a[0], rows))["params"]
+  carries, losses = run_clients(
+    client_update,
+    clients,
+    jax.random.split(local_key, s),
+    rows,
+    backend=backend_for(settings, reference),
+    chunk_size=settings.chunk_size,
+  )
+  return StatefulRound(idx, carries, losses, clients.num_examples)
+
+
+def stateful_round_metrics(update: StatefulRound) -> dict:
+  """Uniform mean and max of the participants' first-step losses (scan-able)."""
+  return {"train_loss": jnp.mean(update.losses), "train_loss_max": jnp.max(update.losses)}
+
+
 def participant_losses(model: Model, settings, params, data, idx):
   """``[s]`` full-data losses ``f_k(params)`` of the clients ``idx`` at the model ``params``.
 

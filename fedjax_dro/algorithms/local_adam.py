@@ -1,0 +1,102 @@
+"""LocalAdam: Adam-type steps on the clients, moments averaged with the model.
+
+Guo and Yang, "Communication-Efficient Federated Group Distributionally Robust Optimization",
+NeurIPS 2024 (``shared/papers/fgdro.txt``), Appendix D, Algorithm 4 (an ERM baseline used to
+isolate the effect of local adaptive steps; FedAdam adapts only at the server). Round ``r`` on
+every participant ``i``, from ``w_{i,0} = w_bar``, ``m_{i,0} = m_bar``, ``q_{i,0} = q_bar``, for
+``t = 1..I`` (``I = local_steps``):
+
+    h_{i,t} = grad l(w_{i,t-1}; z_{i,t})
+    m_{i,t} = (1 - beta3) m_{i,t-1} + beta3 h_{i,t}
+    q_{i,t} = (1 - beta4) q_{i,t-1} + beta4 h_{i,t}^2
+    w_{i,t} = w_{i,t-1} - eta m_{i,t} / (sqrt(q_{i,t}) + tau)
+
+then ``w_bar``, ``m_bar`` and ``q_bar`` are the averages over the participants.
+
+Readings: there is no bias correction (the paper has none); ``m_bar = q_bar = 0`` initially;
+``beta3, beta4`` weight the *new* term (``beta3 = 0.1, beta4 = 0.001`` are Adam's usual
+``0.9, 0.999``). On identical clients with full batches this is exactly centralised
+(uncorrected) Adam on the pooled objective (tested).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from fedjax_dro.algorithms.base import Algorithm, HParam, common_settings, participants, register
+from fedjax_dro.core.aggregation import tree_mean, tree_zeros_like
+from fedjax_dro.core.local import stateful_local_round, stateful_round_metrics
+
+
+class LocalAdamState(NamedTuple):
+  params: Any  # w_bar, the global model
+  momentum: Any  # m_bar, params-shaped first moment
+  second_moment: Any  # q_bar, params-shaped second moment
+  round: jnp.ndarray  # [] int32
+
+
+HPARAMS = {
+  "client_lr": HParam(0.001, "local Adam step size eta"),
+  "beta3": HParam(0.1, "first-moment weight of the new gradient (1 - Adam beta1)", maximum=1.0),
+  "beta4": HParam(0.001, "second-moment weight of the new gradient (1 - Adam beta2)", maximum=1.0),
+  "tau": HParam(1e-8, "adaptivity tau added to sqrt(q)"),
+}
+
+
+def adam_step(carry, h, hparams):
+  """Lines 7-8 of Algorithm 4 (lines 8-9 of Algorithm 3): moments and the adaptive step."""
+  lr, beta3, beta4, tau = (hparams[k] for k in ("client_lr", "beta3", "beta4", "tau"))
+  m = jax.tree.map(lambda a, b: ((1 - beta3) * a + beta3 * b).astype(a.dtype), carry["m"], h)
+  q = jax.tree.map(lambda a, b: ((1 - beta4) * a + beta4 * b * b).astype(a.dtype), carry["q"], h)
+  w = jax.tree.map(
+    lambda p, a, b: (p - lr * a / (jnp.sqrt(b) + tau)).astype(p.dtype), carry["params"], m, q
+  )
+  return w, m, q
+
+
+@register(
+  "local_adam",
+  "LocalAdam (Guo 2024, Alg. 4): Adam steps on the clients, model and moments averaged",
+)
+def local_adam(
+  model, *, clients_per_round=None, local_steps=32, batch_size=32, backend="auto", chunk_size=None
+) -> Algorithm:
+  """LocalAdam; ``local_steps`` is the communication interval ``I`` of the paper."""
+  settings = common_settings(
+    clients_per_round=clients_per_round,
+    local_steps=local_steps,
+    batch_size=batch_size,
+    backend=backend,
+    chunk_size=chunk_size,
+    weighting="uniform",
+  )
+
+  def init(params, data, key):
+    del key
+    participants(settings, data.num_clients)
+    zeros = tree_zeros_like(params)
+    return LocalAdamState(params, zeros, zeros, jnp.zeros((), jnp.int32))
+
+  def round_fn(state, data, key, hparams):
+    def start(row):
+      del row
+      return {"params": state.params, "m": state.momentum, "q": state.second_moment}
+
+    def step(carry, loss, grad):
+      del loss
+      w, m, q = adam_step(carry, grad, hparams)
+      return {"params": w, "m": m, "q": q}
+
+    update = stateful_local_round(model, settings, data, key, start=start, step=step)
+    final = update.carries
+    new_state = LocalAdamState(
+      tree_mean(final["params"]), tree_mean(final["m"]), tree_mean(final["q"]), state.round + 1
+    )
+    return new_state, stateful_round_metrics(update)
+
+  return Algorithm(
+    "local_adam", model, init, round_fn, lambda s: s.params, HPARAMS, False, settings._asdict()
+  )
