@@ -8,6 +8,15 @@ from fedjax_dro.data.federated import (
   train_test_split,
   validate_data,
 )
+from fedjax_dro.data.images import (
+  class_weighted_accuracy,
+  digits_dirichlet,
+  digits_dirichlet_with_extras,
+  label_proportions,
+  load_digits,
+  reduce_classes,
+)
+from fedjax_dro.data.loaders import load_leaf_json, load_npz
 from fedjax_dro.data.partition import dirichlet_partition
 from fedjax_dro.data.registry import DatasetEntry, get_dataset, list_datasets, register_dataset
 from fedjax_dro.data.synthetic import synthetic_classification, synthetic_ridge, synthetic_shift
@@ -27,4 +36,12 @@ __all__ = [
   "get_dataset",
   "list_datasets",
   "register_dataset",
+  "load_digits",
+  "reduce_classes",
+  "label_proportions",
+  "class_weighted_accuracy",
+  "digits_dirichlet",
+  "digits_dirichlet_with_extras",
+  "load_npz",
+  "load_leaf_json",
 ]
