@@ -21,7 +21,7 @@ import numpy as np
 from fedjax_dro.algorithms.base import Algorithm, make_hparams
 from fedjax_dro.core.metrics import estimation_error, evaluate_clients, summarize_all
 from fedjax_dro.data.federated import FederatedData, FederatedDataset, validate_data
-from fedjax_dro.validation import check_run_inputs
+from fedjax_dro.validation import check_hparams, check_run_inputs
 
 
 def _all_finite(tree) -> jnp.ndarray:
@@ -271,6 +271,21 @@ class CompiledRounds:
     """The compiled (optimized) HLO of the program, e.g. to check its collectives."""
     return self._program.as_text()
 
+  def memory_analysis(self) -> Dict[str, int]:
+    """XLA's memory plan of the program in bytes: ``argument``, ``output``, ``temp`` (the
+    working memory of the rounds), ``alias`` and ``total`` (``argument + output + temp -
+    alias``, the device memory the program needs at its peak); empty where the platform does
+    not report it."""
+    stats = self._program.memory_analysis()
+    if stats is None:
+      return {}
+    out = {
+      k: int(getattr(stats, f"{k}_size_in_bytes", 0))
+      for k in ("argument", "output", "temp", "alias")
+    }
+    out["total"] = out["argument"] + out["output"] + out["temp"] - out["alias"]
+    return out
+
   def time(self, repeats: int = 3, warmup: int = 1) -> RoundTiming:
     """Times ``repeats`` calls after ``warmup`` untimed ones (each from the initial state)."""
     if not isinstance(repeats, int) or repeats < 1:
@@ -322,6 +337,7 @@ def compile_rounds(
   train, _, _, _ = _split_data(data, None, None)
   check_run_inputs(alg, train, None, init_params=init_params)
   hp = make_hparams(alg, hparams)
+  check_hparams(alg, hp, init_params=init_params)
   model_key, init_key, run_key = _keys(seed)
   params = alg.model.init(model_key) if init_params is None else init_params
   state = jax.tree.map(jnp.copy, alg.init(params, train, init_key))

@@ -260,3 +260,7 @@ def test_compile_rounds_runs_what_run_runs_and_times_it():
     program.time(repeats=0)
   with pytest.raises(ValueError, match="rounds"):
     fd.compile_rounds(alg, dataset(data), rounds=0)
+  # the same hyper-parameter checks as run: a step size that overflows the float32 model
+  f32 = jax.tree.map(lambda a: a.astype(np.float32), alg.model.init(jax.random.PRNGKey(0)))
+  with pytest.raises(ValueError, match="client_lr"):
+    fd.compile_rounds(alg, dataset(data), rounds=2, hparams={"client_lr": 1e308}, init_params=f32)

@@ -5,6 +5,7 @@ dict`` registered in :data:`EXPERIMENTS` under its CLI name; it writes JSON (and
 table) to ``out_dir``. One module per paper:
 
 * ``scaffpd-synthetic`` (:mod:`fedjax_dro.reproduce.scaffpd`): SCAFF-PD, Fig. 2.
+* ``fgdro-table7`` (:mod:`fedjax_dro.reproduce.fgdro`): FGDRO, Appendix G, Table 7.
 
 To add one, write ``fedjax_dro/reproduce/<paper>.py`` and add its entry below.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 from typing import Any, Callable, Dict
 
 from fedjax_dro.reproduce.common import with_distances
+from fedjax_dro.reproduce.fgdro import fgdro_table7, plot_fgdro_table7, with_class_weighted_accuracy
 from fedjax_dro.reproduce.scaffpd import (
   plot_scaffpd_synthetic,
   problem_constants,
@@ -23,6 +25,7 @@ from fedjax_dro.reproduce.scaffpd import (
 
 EXPERIMENTS: Dict[str, Callable[..., Dict[str, Any]]] = {
   "scaffpd-synthetic": scaffpd_synthetic,
+  "fgdro-table7": fgdro_table7,
 }
 
 
@@ -41,4 +44,7 @@ __all__ = [
   "shift_problem",
   "problem_constants",
   "plot_scaffpd_synthetic",
+  "fgdro_table7",
+  "plot_fgdro_table7",
+  "with_class_weighted_accuracy",
 ]
