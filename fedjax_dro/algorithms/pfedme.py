@@ -36,16 +36,15 @@ Readings where the paper is silent or ambiguous (each reproduced by the numpy lo
   :func:`fedjax_dro.core.local.local_round`: participants ``sample_clients(sample_key, n, s)``,
   per-client keys ``split(local_key, s)``, one key per local step ``split(client_key, R)``, and the
   minibatch rows of step ``r`` drawn with that step's key (``batch_size=None``: the full local
-  data). The ``K`` inner steps reuse step ``r``'s minibatch, which ``local_round`` and
-  ``stateful_local_round`` cannot express (one gradient per minibatch), hence the short
-  participant loop in :func:`pfedme_local_round`.
+  data). The ``K`` inner steps reuse step ``r``'s minibatch (the ``batch_step`` form of
+  :func:`fedjax_dro.core.local.stateful_local_round`).
 
 Persistent per-client state: ``personal`` ``[n, ...]`` (``theta_i``, params-shaped rows).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -53,19 +52,12 @@ import jax.numpy as jnp
 from fedjax_dro.algorithms.base import (
   Algorithm,
   HParam,
-  backend_for,
   common_settings,
   participants,
   register,
 )
 from fedjax_dro.core.aggregation import scatter_rows, tree_add, tree_mean, tree_stack, tree_sub
-from fedjax_dro.core.local import (
-  StatefulRound,
-  run_clients,
-  stateful_round_metrics,
-)
-from fedjax_dro.core.sampling import sample_clients
-from fedjax_dro.models.base import client_loss, sample_batch
+from fedjax_dro.core.local import stateful_local_round, stateful_round_metrics
 
 
 class PFedMeState(NamedTuple):
@@ -85,37 +77,6 @@ HPARAMS = {
 def _check_steps(value, name):
   if not isinstance(value, int) or isinstance(value, bool) or value < 1:
     raise ValueError(f"{name} must be a positive integer, got {value!r}")
-
-
-def pfedme_local_round(settings, params, data, key, client_update: Callable):
-  """Samples the participants and runs ``client_update(w, x, y, num_examples, step_keys)``.
-
-  The participants, per-client keys and per-step keys are those of
-  :func:`fedjax_dro.core.local.local_round` (``settings.local_steps`` step keys per client), so
-  pFedMe sees the same clients and minibatch rows as the FedAvg family.
-
-  Returns:
-    ``(idx[s], outputs, num_examples[s])`` with ``outputs`` the participants' stacked
-    ``client_update`` results.
-  """
-  n = data.num_clients
-  s = participants(settings, n)
-  sample_key, local_key = jax.random.split(key)
-  idx = sample_clients(sample_key, n, s)
-  full = s == n and not getattr(data, "host_resident", False)
-  clients = data if full else data.take_clients(idx)
-
-  def one_client(x, y, nex, k):
-    return client_update(params, x, y, nex, jax.random.split(k, settings.local_steps))
-
-  outputs = run_clients(
-    one_client,
-    clients,
-    jax.random.split(local_key, s),
-    backend=backend_for(settings, params),
-    chunk_size=settings.chunk_size,
-  )
-  return idx, outputs, clients.num_examples
 
 
 @register(
@@ -154,32 +115,29 @@ def pfedme(
   def round_fn(state, data, key, hparams):
     lam, eta, plr = hparams["lam"], hparams["client_lr"], hparams["personal_lr"]
 
-    def client_update(w0, x, y, nex, step_keys):
-      def local_step(carry, step_key):
-        w, theta = carry
-        bx, by, bmask = sample_batch(step_key, x, y, nex, settings.batch_size)
-        objective = jax.value_and_grad(lambda p: client_loss(model, p, bx, by, bmask))
+    def start(row):
+      del row
+      return {"params": state.params, "theta": state.params}
 
-        def inner(th, _):
-          loss, g = objective(th)
-          th = jax.tree.map(
-            lambda t, gi, wi: (t - plr * (gi + lam * (t - wi))).astype(t.dtype), th, g, w
-          )
-          return th, loss
+    def batch_step(carry, objective):
+      w = carry["params"]
 
-        theta, losses = jax.lax.scan(inner, theta, None, length=personal_steps)
-        w = jax.tree.map(lambda wi, t: (wi - eta * lam * (wi - t)).astype(wi.dtype), w, theta)
-        return (w, theta), losses[0]
+      def inner(th, _):
+        loss, g = objective(th)
+        th = jax.tree.map(
+          lambda t, gi, wi: (t - plr * (gi + lam * (t - wi))).astype(t.dtype), th, g, w
+        )
+        return th, loss
 
-      (w, theta), losses = jax.lax.scan(local_step, (w0, w0), step_keys)
-      # losses[0] = f_i(w^t; D_{i,0}): theta starts the round at the received model
-      return w, theta, losses[0]
+      theta, losses = jax.lax.scan(inner, carry["theta"], None, length=personal_steps)
+      w = jax.tree.map(lambda wi, t: (wi - eta * lam * (wi - t)).astype(wi.dtype), w, theta)
+      # losses[0] at step 0 is f_i(w^t; D_{i,0}): theta starts the round at the received model
+      return {"params": w, "theta": theta}, losses[0]
 
-    idx, (w_final, theta, losses), nex = pfedme_local_round(
-      settings, state.params, data, key, client_update
-    )
+    update = stateful_local_round(model, settings, data, key, start=start, batch_step=batch_step)
+    w_final, theta, idx = update.carries["params"], update.carries["theta"], update.idx
     params = tree_add(state.params, tree_sub(tree_mean(w_final), state.params), hparams["beta"])
-    metrics = stateful_round_metrics(StatefulRound(idx, None, losses, nex))
+    metrics = stateful_round_metrics(update)
     new_state = PFedMeState(params, scatter_rows(state.personal, idx, theta), state.round + 1)
     return new_state, metrics
 

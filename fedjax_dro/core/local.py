@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from fedjax_dro.core.clients import map_clients, map_clients_weighted_sum
 from fedjax_dro.core.sampling import sample_clients
 from fedjax_dro.core.settings import aggregation_weights, backend_for, participants
-from fedjax_dro.models.base import Model, client_loss, client_loss_and_grad
+from fedjax_dro.models.base import Model, client_loss, client_loss_and_grad, sample_batch
 
 
 def local_sgd(
@@ -190,7 +190,8 @@ def stateful_local_round(
   key,
   *,
   start: Callable,
-  step: Callable,
+  step: Optional[Callable] = None,
+  batch_step: Optional[Callable] = None,
   client_state=None,
   num_steps: Optional[int] = None,
 ) -> StatefulRound:
@@ -206,9 +207,14 @@ def stateful_local_round(
       dict with the model under ``"params"``; ``row`` is its row of ``client_state`` (or None).
     step: ``step(carry, loss, grad) -> carry``: one local step, given the minibatch loss and
       gradient at ``carry["params"]``.
+    batch_step: instead of ``step``, ``batch_step(carry, objective) -> (carry, loss)`` where
+      ``objective(p) -> (loss, grad)`` is the client objective on this step's minibatch, for
+      steps that take several gradients on one minibatch (pFedMe's inner Moreau-envelope solve).
     client_state: optional ``[n, ...]`` persistent per-client state passed row-wise to ``start``.
     num_steps: overrides ``settings.local_steps``.
   """
+  if (step is None) == (batch_step is None):
+    raise ValueError("give exactly one of step and batch_step")
   n = data.num_clients
   s = participants(settings, n)
   sample_key, local_key = jax.random.split(key)
@@ -222,9 +228,11 @@ def stateful_local_round(
 
   def client_update(x, y, nex, k, row):
     def one_step(carry, step_key):
-      loss, g = client_loss_and_grad(
-        model, carry["params"], x, y, nex, step_key, settings.batch_size
-      )
+      bx, by, bmask = sample_batch(step_key, x, y, nex, settings.batch_size)
+      objective = jax.value_and_grad(lambda p: client_loss(model, p, bx, by, bmask))
+      if batch_step is not None:
+        return batch_step(carry, objective)
+      loss, g = objective(carry["params"])
       return step(carry, loss, g), loss
 
     carry, losses = jax.lax.scan(one_step, start(row), jax.random.split(k, steps))
