@@ -63,6 +63,13 @@ def _add_common(p: argparse.ArgumentParser) -> None:
   p.add_argument(
     "--chunk-size", type=int, default=None, help="clients per chunk for --backend chunked"
   )
+  p.add_argument(
+    "--precision",
+    default=None,
+    choices=["float32", "tf32", "bf16"],
+    help="compute dtype of the forward and backward passes (default per platform: float32 on "
+    "CPU, tf32 on GPU/TPU; parameters and aggregation stay float32)",
+  )
   p.add_argument("--eval-every", type=int, default=None, help="rounds between evaluations")
   scale = p.add_argument_group("scale-out (see fedjax_dro.sharding)")
   scale.add_argument(
@@ -107,6 +114,8 @@ def _factory_options(args) -> dict:
   opts["backend"] = args.backend
   if args.chunk_size is not None:
     opts["chunk_size"] = args.chunk_size
+  if getattr(args, "precision", None) is not None:
+    opts["precision"] = args.precision
   for item in args.option:
     if "=" not in item:
       raise ValueError(f"--option expects NAME=VALUE, got {item!r}")
@@ -192,14 +201,19 @@ def _scale(args, ds):
   return ds, mesh
 
 
-def _device_line(mesh) -> str:
+def _device_line(mesh, alg=None) -> str:
+  """``"1 x gpu (NVIDIA H100 80GB HBM3); precision tf32"``: where and in which precision."""
   import jax
 
   devices = jax.devices()
-  where = f"{len(devices)} x {devices[0].platform}" + (
+  kind = getattr(devices[0], "device_kind", "") or ""
+  kind = f" ({kind})" if kind and kind.lower() != devices[0].platform else ""
+  where = f"{len(devices)} x {devices[0].platform}{kind}" + (
     f", {jax.process_count()} processes" if jax.process_count() > 1 else ""
   )
-  return where + ("" if mesh is None else f", mesh {dict(mesh.shape)}")
+  where += "" if mesh is None else f", mesh {dict(mesh.shape)}"
+  precision = (alg.config or {}).get("precision") if alg is not None else None
+  return where + ("" if precision is None else f"; precision {precision}")
 
 
 def _check_paths(args) -> None:
@@ -230,7 +244,7 @@ def cmd_run(args) -> int:
   hparams = _parse_kv(args.hparam, "--hparam")
   print(
     f"fedjax-dro run: {alg.name} on {ds.name} ({ds.num_clients} clients), {args.rounds} rounds, "
-    f"model {alg.model.name}; devices: {_device_line(mesh)}"
+    f"model {alg.model.name}; devices: {_device_line(mesh, alg)}"
   )
   if (
     args.cv_folds is not None or args.cv_grid
@@ -296,7 +310,7 @@ def cmd_sweep(args) -> int:
   seeds = _parse_seeds(args.seeds)
   alg, ds = build(args.algorithm, args.dataset, args.seed, _factory_options(args))
   ds, mesh = _scale(args, ds)
-  print(f"fedjax-dro sweep: {alg.name} on {ds.name}; devices: {_device_line(mesh)}")
+  print(f"fedjax-dro sweep: {alg.name} on {ds.name}; devices: {_device_line(mesh, alg)}")
   grid = _parse_kv(args.grid, "--grid", multi=True)
   res = sweep(
     alg,

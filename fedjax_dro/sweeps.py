@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_dro.algorithms.base import Algorithm, make_hparams
+from fedjax_dro.core.clients import memory_shared_by
 from fedjax_dro.core.metrics import HIGHER_IS_BETTER
 from fedjax_dro.data.federated import FederatedData, FederatedDataset
 from fedjax_dro.rounds import (
@@ -77,7 +78,9 @@ def _sweep_programs(alg: Algorithm, rounds: int, chunk: int, check_finite: bool,
   )
   t0 = time.perf_counter()
   try:
-    compiled = vchunk.lower(*args).compile()
+    # the rows run side by side: the auto backend plans each row into its share of the memory
+    with memory_shared_by(int(np.shape(args[1][0])[0])):
+      compiled = vchunk.lower(*args).compile()
   except Exception as e:
     if is_out_of_memory(e):
       raise memory_error(e, f"compiling the {alg.name} sweep") from None

@@ -13,11 +13,15 @@ shape-determining (model, local steps, batch size, clients per round, backend)::
 
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import Any, Callable, Dict, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from fedjax_dro.core.precision import model_precision, validate_precision, with_precision
 
 # Re-exported: the algorithm modules import the shared round settings from here.
 from fedjax_dro.core.settings import (
@@ -143,10 +147,60 @@ class RegistryEntry(NamedTuple):
 _REGISTRY: Dict[str, RegistryEntry] = {}
 
 
+def with_precision_setting(factory: Callable) -> Callable:
+  """``factory`` with one more keyword setting, ``precision=None | "float32" | "tf32" | "bf16"``.
+
+  The returned factory validates ``precision``, wraps the model in the policy
+  (:func:`fedjax_dro.core.precision.with_precision`: compute dtype of the forward and backward
+  passes; parameters, aggregation and optimizer state keep their dtype), calls ``factory`` with the
+  wrapped model and records the resolved policy in ``Algorithm.config["precision"]``.
+  ``precision=None`` is the platform's default (float32 on CPU, tf32 on GPU/TPU).
+  """
+  if "precision" in inspect.signature(factory).parameters:
+    return factory  # the factory handles precision itself
+
+  @functools.wraps(factory)
+  def wrapped(model, *args, precision=None, **kwargs):
+    validate_precision(precision)
+    if not isinstance(model, Model):
+      raise TypeError(
+        f"model must be a fedjax_dro.models.Model (e.g. fedjax_dro.models.mlp(...)), got "
+        f"{type(model).__name__}"
+      )
+    alg = factory(with_precision(model, precision), *args, **kwargs)
+    config = dict(alg.config or {})
+    config["precision"] = model_precision(alg.model)
+    return alg._replace(config=config)
+
+  sig = inspect.signature(factory)
+  extra = inspect.Parameter("precision", inspect.Parameter.KEYWORD_ONLY, default=None)
+  params = list(sig.parameters.values())
+  tail = [p for p in params if p.kind == inspect.Parameter.VAR_KEYWORD]
+  params = [p for p in params if p.kind != inspect.Parameter.VAR_KEYWORD] + [extra] + tail
+  wrapped.__signature__ = sig.replace(parameters=params)
+  doc = (factory.__doc__ or "").rstrip()
+  wrapped.__doc__ = (doc + "\n\n" if doc else "") + PRECISION_DOC
+  return wrapped
+
+
+PRECISION_DOC = (
+  '  precision: ``None`` (per platform: ``"float32"`` on CPU, ``"tf32"`` on GPU/TPU),\n'
+  '    ``"float32"``, ``"tf32"`` or ``"bf16"``: the compute dtype of the forward and backward\n'
+  "    passes (parameters, aggregation and optimizer state keep their dtype; see\n"
+  "    :mod:`fedjax_dro.core.precision`)."
+)
+
+
 def register(name: str, description: str, family: str = "baseline"):
-  """Decorator registering an algorithm factory ``factory(model, **settings) -> Algorithm``."""
+  """Decorator registering an algorithm factory ``factory(model, **settings) -> Algorithm``.
+
+  The registered (and returned) factory also takes ``precision=`` (see
+  :func:`with_precision_setting`), so every algorithm has the precision policy without handling
+  it itself.
+  """
 
   def deco(factory):
+    factory = with_precision_setting(factory)
     _REGISTRY[name] = RegistryEntry(factory, description, family)
     return factory
 

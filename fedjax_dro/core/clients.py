@@ -7,26 +7,45 @@ All backends compute the same thing; they differ in how XLA executes it:
   working set at a time; best for compute-bound models on CPU.
 * ``"chunked"``: ``lax.map`` over chunks of ``chunk_size`` clients with ``vmap`` inside a chunk —
   bounds memory while keeping batching.
-* ``"auto"``: ``vmap`` on GPU/TPU; on CPU ``vmap`` for small models and ``map`` beyond
-  :data:`AUTO_CPU_PARAMS_THRESHOLD` parameters per client. The rule comes from
-  ``benchmarks/round_throughput.py`` on 2 CPU cores: for logistic regression (51 parameters)
-  batching clients is 20-60x faster than a per-client loop, while for the 784-200-200-62 MLP
-  (210k parameters) per-client GEMMs are compute-bound and ``map`` (one client at a time, streaming
-  aggregation) is the fastest backend.
+* ``"auto"``: planned at each call site (:func:`plan_clients`), from the per-client memory of
+  the function being mapped: ``vmap`` over all participants when one round's client work fits in
+  :func:`memory_budget` (half the device's free memory: the allocator's free bytes on GPU/TPU,
+  ``MemAvailable`` on CPU), else ``chunked`` with the largest balanced chunk that fits. The
+  per-client memory is estimated from the per-client program's jaxpr (:func:`jaxpr_peak_bytes`,
+  no compilation) and, only when memory is tight, measured from XLA's memory analysis of one
+  client's compiled update. On CPU chunks are also kept near :data:`AUTO_CPU_CHUNK_BYTES` of
+  working set, which ``benchmarks/speed.py`` measured as the fastest on 2 cores (hundreds of
+  softmax-regression clients per chunk, ~8 MLP clients, one CNN client at a time).
 """
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+import collections
+import contextlib
+import contextvars
+import hashlib
+import math
+import os
+from typing import Callable, NamedTuple, Optional, Tuple
 
 import jax
+import jax.extend as jex
 import jax.numpy as jnp
+import numpy as np
 
 BACKENDS = ("vmap", "map", "chunked", "auto")
-# Parameter count above which batched (vmap) client updates stop paying off on CPU
-# (measured by benchmarks/round_throughput.py: logistic regression -> vmap, MLP 784-200-200-62 -> map).
-AUTO_CPU_PARAMS_THRESHOLD = 20_000
 DEFAULT_CHUNK_SIZE = 8
+# Share of the device's free memory the ``auto`` backend plans one round's client work into.
+AUTO_MEMORY_FRACTION = 0.5
+# CPU: bytes of working set per chunk of clients (``benchmarks/speed.py``, 2 cores).
+AUTO_CPU_CHUNK_BYTES = 24 * 2**20
+# The jaxpr estimate of per-client memory must fit this many times over to skip measuring it
+# (XLA's conv workspaces and layout copies can exceed it: +9% for the built-in CNN).
+JAXPR_MARGIN = 1.5
+
+_BUDGET_OVERRIDE: contextvars.ContextVar = contextvars.ContextVar("budget_override", default=None)
+_MEMORY_SHARE: contextvars.ContextVar = contextvars.ContextVar("memory_share", default=1)
+_MEASURED: dict = {}  # per-client memory measurements, by the per-client program's jaxpr
 
 
 def validate_backend(backend: str, chunk_size: Optional[int]) -> None:
@@ -37,29 +56,298 @@ def validate_backend(backend: str, chunk_size: Optional[int]) -> None:
 
 
 def resolve_backend(backend: str, num_params: int, platform: Optional[str] = None) -> str:
-  """The concrete backend ``"auto"`` stands for on this platform and model size."""
-  if backend != "auto":
-    return backend
+  """The backend passed on to :func:`map_clients`: explicit backends as they are; ``"auto"`` stays
+  ``"auto"`` (planned per call site, where the per-client function and its inputs are known: see
+  :func:`plan_clients`). ``num_params`` and ``platform`` are kept for compatibility."""
+  del num_params, platform
+  return backend
+
+
+# ----------------------------------------------------------------------------------------------
+# Memory planning of the ``auto`` backend
+# ----------------------------------------------------------------------------------------------
+def plan_chunk_size(
+  num_clients: int,
+  bytes_per_client: float,
+  budget_bytes: float,
+  *,
+  shared_bytes: float = 0.0,
+  max_chunk: Optional[int] = None,
+) -> Optional[int]:
+  """Clients per vmapped chunk so that ``chunk * bytes_per_client + shared_bytes <= budget_bytes``.
+
+  ``None`` when all ``num_clients`` fit at once (plain ``vmap``). Otherwise the chunks are
+  balanced: the fewest chunks that fit, of equal size (``ceil(n / chunks)``), so the padding of
+  the last chunk is below one client per chunk. At least one client per chunk, whatever the
+  budget (one client is the least work a backend can do at once). ``max_chunk`` caps the chunk
+  (e.g. to keep a CPU chunk's working set in cache).
+  """
+  if isinstance(num_clients, bool) or not isinstance(num_clients, (int, np.integer)):
+    raise TypeError(f"num_clients must be an int, got {num_clients!r}")
+  if num_clients < 1:
+    raise ValueError(f"num_clients must be >= 1, got {num_clients}")
+  if not bytes_per_client >= 0 or not budget_bytes >= 0 or not shared_bytes >= 0:
+    raise ValueError(
+      f"bytes_per_client, budget_bytes and shared_bytes must be >= 0, got {bytes_per_client}, "
+      f"{budget_bytes}, {shared_bytes}"
+    )
+  fit = num_clients if bytes_per_client == 0 else (budget_bytes - shared_bytes) // bytes_per_client
+  fit = int(max(1, min(fit, num_clients)))
+  if max_chunk is not None:
+    fit = max(1, min(fit, int(max_chunk)))
+  if fit >= num_clients:
+    return None
+  chunks = math.ceil(num_clients / fit)
+  return math.ceil(num_clients / chunks)
+
+
+def _meminfo_available() -> Optional[int]:
+  try:
+    with open("/proc/meminfo") as f:
+      for line in f:
+        if line.startswith("MemAvailable:"):
+          return int(line.split()[1]) * 1024
+  except OSError:
+    pass
+  try:
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+  except (ValueError, OSError, AttributeError):
+    return None
+
+
+def free_memory(device=None) -> Optional[int]:
+  """Free bytes of ``device`` (default: the first device): the allocator's limit minus what is in
+  use on GPU/TPU (``device.memory_stats()``), ``MemAvailable`` of ``/proc/meminfo`` on CPU."""
+  device = device or jax.devices()[0]
+  try:
+    stats = device.memory_stats()
+  except Exception:  # some platforms do not implement it
+    stats = None
+  if stats and "bytes_limit" in stats:
+    return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
+  return _meminfo_available()
+
+
+def memory_budget(device=None) -> Optional[int]:
+  """Bytes the ``auto`` backend may plan one round's client work into: ``AUTO_MEMORY_FRACTION``
+  of the free memory (:func:`free_memory`), divided by the rows of an enclosing sweep; or the
+  value of an enclosing :func:`memory_budget_limit`. ``None`` when unknown (no limit)."""
+  override = _BUDGET_OVERRIDE.get()
+  free = override if override is not None else free_memory(device)
+  if free is None:
+    return None
+  fraction = 1.0 if override is not None else AUTO_MEMORY_FRACTION
+  return int(fraction * free / max(1, _MEMORY_SHARE.get()))
+
+
+@contextlib.contextmanager
+def memory_budget_limit(num_bytes: Optional[int]):
+  """Programs traced inside plan their ``auto`` backends into ``num_bytes`` (``None``: the
+  device's free memory). For tests and for sharing a device with other work."""
+  if num_bytes is not None and (
+    isinstance(num_bytes, bool) or not isinstance(num_bytes, (int, np.integer)) or num_bytes < 0
+  ):
+    raise ValueError(f"num_bytes must be a non-negative integer or None, got {num_bytes!r}")
+  token = _BUDGET_OVERRIDE.set(None if num_bytes is None else int(num_bytes))
+  try:
+    yield
+  finally:
+    _BUDGET_OVERRIDE.reset(token)
+
+
+@contextlib.contextmanager
+def memory_shared_by(rows: int):
+  """Programs traced inside run ``rows`` copies of every round side by side (a vmapped sweep):
+  each gets ``1/rows`` of the budget."""
+  token = _MEMORY_SHARE.set(max(1, int(rows)) * _MEMORY_SHARE.get())
+  try:
+    yield
+  finally:
+    _MEMORY_SHARE.reset(token)
+
+
+def _nbytes(aval) -> int:
+  shape = getattr(aval, "shape", None)
+  dtype = getattr(aval, "dtype", None)
+  if shape is None or dtype is None:
+    return 0
+  itemsize = getattr(dtype, "itemsize", None) or 8
+  return int(np.prod(shape, dtype=np.int64)) * int(itemsize)
+
+
+def _var_bytes(v) -> int:
+  return 0 if isinstance(v, (jex.core.Literal, jex.core.DropVar)) else _nbytes(v.aval)
+
+
+def jaxpr_peak_bytes(jaxpr) -> int:
+  """Peak bytes of an unfused, in-order execution of ``jaxpr`` (inputs included): a value lives
+  from the equation defining it to its last use; a sub-program (a scan or loop body, a call)
+  adds its own peak beyond its inputs. An estimate, not a bound: XLA's fusion removes
+  intermediates, its workspaces and layout copies add some (the built-in CNN's compiled update
+  needs 9% more than this), hence :data:`JAXPR_MARGIN`."""
+  jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
+  eqns = jaxpr.eqns
+  last_use = {}
+  for i, eqn in enumerate(eqns):
+    for v in eqn.invars:
+      if isinstance(v, jex.core.Var) and not isinstance(v, jex.core.Literal):
+        last_use[v] = i
+  for v in jaxpr.outvars:
+    if isinstance(v, jex.core.Var) and not isinstance(v, jex.core.Literal):
+      last_use[v] = len(eqns)
+  inputs = set(jaxpr.invars) | set(jaxpr.constvars)
+  live = sum(_var_bytes(v) for v in inputs)
+  peak = live
+  for i, eqn in enumerate(eqns):
+    inner = 0
+    for sub in jex.core.jaxprs_in_params(eqn.params):
+      sub = getattr(sub, "jaxpr", sub)
+      own = sum(_var_bytes(v) for v in list(sub.invars) + list(sub.constvars))
+      inner = max(inner, jaxpr_peak_bytes(sub) - own)
+    out = sum(_var_bytes(v) for v in eqn.outvars)
+    peak = max(peak, live + inner + out)
+    live += out
+    for v in set(eqn.outvars):
+      if not isinstance(v, jex.core.DropVar) and v not in last_use:
+        live -= _var_bytes(v)  # never used
+    for v in {v for v in eqn.invars if isinstance(v, jex.core.Var)}:
+      if v not in inputs and not isinstance(v, jex.core.Literal) and last_use.get(v) == i:
+        live -= _var_bytes(v)
+  return int(peak)
+
+
+def _compiled_bytes(fn, one) -> int:
+  """Per-client bytes of ``fn`` on one client's inputs ``one``, from XLA's memory analysis of the
+  compiled single-client program: temporaries + outputs + the client's inputs (what ``fn``
+  closes over, e.g. the global model, is shared by the clients and not counted)."""
+  converted, consts = jax.closure_convert(fn, *one)
+  spec = lambda a: jax.ShapeDtypeStruct(jnp.shape(a), jnp.result_type(a))  # noqa: E731
+  compiled = jax.jit(converted).lower(*jax.tree.map(spec, one), *map(spec, consts)).compile()
+  stats = compiled.memory_analysis()
+  if stats is None:
+    raise RuntimeError("no memory analysis on this platform")
+  own = sum(_nbytes(a) for a in jax.tree.leaves(one))
+  return int(stats.temp_size_in_bytes) + int(stats.output_size_in_bytes) + own
+
+
+def client_memory(fn: Callable, args, *, measure: bool = True) -> Tuple[int, int, str]:
+  """``(bytes per client, shared bytes, how)`` of running ``fn`` on one slice of ``args``.
+
+  ``how="jaxpr"``: :func:`jaxpr_peak_bytes` of the per-client program (an estimate, no
+  compilation). ``how="compiled"`` (``measure=True``): XLA's memory analysis of the compiled
+  per-client program (one extra compilation of one client's update, cached by its jaxpr); the
+  jaxpr estimate is the fallback when the platform has no memory analysis.
+  """
+  one = jax.tree.map(lambda a: jax.ShapeDtypeStruct(jnp.shape(a)[1:], jnp.result_type(a)), args)
+  closed = jax.make_jaxpr(fn)(*one)
+  key = hashlib.sha256(str(closed).encode()).hexdigest() if measure else None
+  if key is not None and key in _MEASURED:
+    return _MEASURED[key]
+  shared = sum(_nbytes(c.aval) if hasattr(c, "aval") else _nbytes(c) for c in closed.consts)
+  # the peak counts the program's inputs: the client's own slices and the shared constants
+  result = (max(0, jaxpr_peak_bytes(closed) - shared), shared, "jaxpr")
+  if measure:
+    try:
+      result = (_compiled_bytes(fn, one), shared, "compiled")
+    except Exception:  # keep the estimate
+      pass
+    if len(_MEASURED) >= 256:
+      _MEASURED.clear()
+    _MEASURED[key] = result
+  return result
+
+
+def _num_clients(args) -> int:
+  leaves = jax.tree.leaves(args)
+  if not leaves:
+    raise ValueError("map_clients needs at least one array argument with a client axis")
+  return int(jnp.shape(leaves[0])[0])
+
+
+class ClientPlan(NamedTuple):
+  """One decision of the ``auto`` backend (kept in :data:`recent_plans`, newest last)."""
+
+  num_clients: int
+  backend: str
+  chunk_size: Optional[int]
+  bytes_per_client: int
+  shared_bytes: int
+  budget_bytes: int
+  measured_by: str  # "jaxpr" (estimate) or "compiled" (XLA memory analysis)
+
+
+# The last decisions of the auto backend (at trace time), for reports and benchmarks.
+recent_plans: "collections.deque[ClientPlan]" = collections.deque(maxlen=32)
+
+
+def _one_client(args):
+  return jax.tree.map(lambda a: jax.ShapeDtypeStruct(jnp.shape(a)[1:], jnp.result_type(a)), args)
+
+
+def plan_clients(
+  fn: Callable, args, *, stacked: Optional[Callable] = None, platform: Optional[str] = None
+) -> Tuple[str, Optional[int]]:
+  """``(backend, chunk_size)`` that ``"auto"`` stands for at a :func:`map_clients` call site.
+
+  Memory: ``vmap`` over all clients when they fit in :func:`memory_budget`, else chunks of the
+  largest balanced size that fits (:func:`plan_chunk_size`). The per-client memory is first
+  estimated from the per-client program's jaxpr (free; :data:`JAXPR_MARGIN` times that estimate
+  must fit); only when that does not fit is it measured by compiling one client's program
+  (:func:`client_memory`), so runs with room to spare compile nothing extra.
+
+  CPU: chunks are also capped so that a chunk's working set stays near
+  :data:`AUTO_CPU_CHUNK_BYTES` (measured with ``benchmarks/speed.py`` on 2 cores: the
+  softmax-regression federation runs best in chunks of hundreds of clients, the MLP
+  784-200-200-62 in chunks of ~8, the CNN one client at a time, where ``vmap`` over all clients
+  is 1.5-3x slower for the last two). A chunk of one client is the ``map`` backend.
+
+  ``stacked(outputs)`` selects the outputs kept for every client (default: all, as
+  :func:`map_clients` keeps them); their memory is reserved for all clients at once.
+  """
+  n = _num_clients(args)
   platform = platform or jax.default_backend()
-  if platform != "cpu":
-    return "vmap"
-  return "vmap" if num_params <= AUTO_CPU_PARAMS_THRESHOLD else "map"
+  budget = memory_budget()
+  kept = jax.eval_shape(fn, *_one_client(args))
+  kept = kept if stacked is None else stacked(kept)
+  out_bytes = sum(_nbytes(o) for o in jax.tree.leaves(kept))
+  per_client, shared, how = client_memory(fn, args, measure=False)
+  cap = None
+  if platform == "cpu":  # keep a chunk's working set near the cache
+    cap = plan_chunk_size(n, per_client, AUTO_CPU_CHUNK_BYTES)
+  if budget is not None:
+    reserved = shared + n * out_bytes
+    chunk = plan_chunk_size(n, JAXPR_MARGIN * per_client, budget, shared_bytes=reserved)
+    if chunk is not None and (cap is None or chunk < cap):  # memory decides: measure it
+      per_client, shared, how = client_memory(fn, args, measure=True)
+      reserved = shared + n * out_bytes
+      chunk = plan_chunk_size(n, per_client, budget, shared_bytes=reserved)
+    if chunk is not None and (cap is None or chunk < cap):
+      cap = chunk
+  if cap is None:
+    plan = ("vmap", None)
+  else:
+    plan = ("map", None) if cap == 1 else ("chunked", cap)
+  recent_plans.append(
+    ClientPlan(n, plan[0], plan[1], per_client, shared + n * out_bytes, budget, how)
+  )
+  return plan
 
 
 def map_clients(fn: Callable, *args, backend: str = "vmap", chunk_size: Optional[int] = None):
   """``fn`` applied to each slice along the leading (client) axis of every leaf of ``args``.
 
-  Equivalent to ``jax.vmap(fn)(*args)`` for every backend.
+  Equivalent to ``jax.vmap(fn)(*args)`` for every backend; ``"auto"`` is planned here
+  (:func:`plan_clients`).
   """
+  if backend == "auto":
+    backend, chunk_size = plan_clients(fn, args)
   if backend == "vmap":
     return jax.vmap(fn)(*args)
   if backend == "map":
     return jax.lax.map(lambda a: fn(*a), args)
   if backend == "chunked":
     return jax.lax.map(lambda a: fn(*a), args, batch_size=chunk_size or DEFAULT_CHUNK_SIZE)
-  raise ValueError(
-    f"backend must be resolved to one of ('vmap', 'map', 'chunked'), got {backend!r}"
-  )
+  raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
 
 
 def map_clients_weighted_sum(
@@ -71,37 +359,40 @@ def map_clients_weighted_sum(
   ``fn`` returns ``(tree, aux)``. With ``vmap`` the trees are stacked and reduced; with ``map`` and
   ``chunked`` a ``lax.scan`` over chunks of clients keeps a running weighted sum, so the memory is
   that of one chunk — the right shape for large models and many clients (a per-client delta of an
-  EMNIST MLP times 1000 clients is ~0.8 GB). Clients padded to fill the last chunk get weight 0.
+  EMNIST MLP times 1000 clients is ~0.8 GB). Each chunk's inputs are sliced from the clients'
+  arrays in place (no gathered or padded copy of the data); clients left over after the last full
+  chunk run as one smaller ``vmap``. ``"auto"`` is planned here (:func:`plan_clients`).
   """
+  if backend == "auto":
+    backend, chunk_size = plan_clients(fn, args, stacked=lambda out: out[1])
   if backend == "vmap":
     trees, aux = jax.vmap(fn)(*args)
-    return jax.tree.map(lambda a: jnp.tensordot(weights.astype(a.dtype), a, axes=1), trees), aux
+    return _weighted(weights, trees), aux
   if backend not in ("map", "chunked"):
-    raise ValueError(
-      f"backend must be resolved to one of ('vmap', 'map', 'chunked'), got {backend!r}"
-    )
+    raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
   size = 1 if backend == "map" else (chunk_size or DEFAULT_CHUNK_SIZE)
   s = weights.shape[0]
-  num_chunks = -(-s // size)
-  pad = num_chunks * size - s
-  if pad:  # fill the last chunk with copies of client 0 at weight 0
-    rows = jnp.concatenate([jnp.arange(s), jnp.zeros((pad,), jnp.int32)])
-    args = jax.tree.map(lambda a: a[rows], args)
-    weights = jnp.concatenate([weights, jnp.zeros((pad,), weights.dtype)])
-  chunked = jax.tree.map(lambda a: a.reshape((num_chunks, size) + a.shape[1:]), args)
-  w = weights
-  w = w.reshape(num_chunks, size)
-  template, _ = jax.eval_shape(fn, *jax.tree.map(lambda a: a[0], args))
+  size = min(size, s)
+  full, rest = divmod(s, size)
+  template, _ = jax.eval_shape(fn, *_one_client(args))
   zeros = jax.tree.map(lambda t: jnp.zeros(t.shape, t.dtype), template)
 
-  def body(total, inputs):
-    chunk_args, chunk_w = inputs
+  def body(total, i):
+    start = i * size
+    chunk_args = jax.tree.map(lambda a: jax.lax.dynamic_slice_in_dim(a, start, size), args)
+    chunk_w = jax.lax.dynamic_slice_in_dim(weights, start, size)
     trees, aux = jax.vmap(fn)(*chunk_args)
-    total = jax.tree.map(
-      lambda acc, a: acc + jnp.tensordot(chunk_w.astype(a.dtype), a, axes=1), total, trees
-    )
-    return total, aux
+    return jax.tree.map(jnp.add, total, _weighted(chunk_w, trees)), aux
 
-  total, aux = jax.lax.scan(body, zeros, (chunked, w))
-  aux = jax.tree.map(lambda a: a.reshape((num_chunks * size,) + a.shape[2:])[:s], aux)
+  total, aux = jax.lax.scan(body, zeros, jnp.arange(full))
+  aux = jax.tree.map(lambda a: a.reshape((full * size,) + a.shape[2:]), aux)
+  if rest:
+    tail = jax.tree.map(lambda a: a[full * size :], args)
+    trees, tail_aux = jax.vmap(fn)(*tail)
+    total = jax.tree.map(jnp.add, total, _weighted(weights[full * size :], trees))
+    aux = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), aux, tail_aux)
   return total, aux
+
+
+def _weighted(weights, trees):
+  return jax.tree.map(lambda a: jnp.tensordot(weights.astype(a.dtype), a, axes=1), trees)

@@ -1,0 +1,649 @@
+"""Speed of the simulator on real models, side by side in one process.
+
+Measures, on the device JAX runs on (CPU or one accelerator):
+
+* ``dense``: the device's own dense-matmul rate (square matmuls, each precision): the yardstick
+  every workload's achieved FLOP/s is divided by;
+* ``workloads``: FedAvg client updates per second for softmax / logistic regression
+  (d = 64, 10 classes), the MLP 784-200-200-62 and the built-in CNN (28x28x1, 62 classes) with
+  both convolution forms (``conv="lax"`` and ``"patches"``), ``local_steps`` SGD steps of
+  ``batch_size`` (4 x 32) from 64 examples per client, full participation, n = 10 ... 10,000
+  (100,000 for the tabular models); for every (workload, n): the FedJAX-style per-client jitted
+  loop, every backend (``vmap``, ``map``, ``chunked``, ``auto`` with the plan it chose), compile
+  time, XLA's memory plan of the compiled rounds, and the achieved FLOP/s as a fraction of the
+  dense rate;
+* ``precision``: every precision policy (float32, tf32, bf16) per workload at one n;
+* ``algorithms``: the round time of every registered algorithm relative to FedAvg at equal
+  settings (Karula's pairwise projection timed on its own line);
+* ``run``: :func:`fedjax_dro.run` (the CLI's path) against the compiled chunk it executes, and
+  what its first chunk costs once (compilation of the rounds and of the evaluation, the first
+  call, the evaluation).
+
+FLOPs per client update are XLA's count for one local step's forward and backward pass (a
+program without loops, where the count is exact) times ``local_steps``. Times are medians after a
+warm-up call (compilation excluded and reported separately), through the public API only
+(``fedjax_dro.compile_rounds(...).time()``, ``fedjax_dro.run``).
+
+    python benchmarks/speed.py                      # everything (GPU: all n; CPU: capped)
+    python benchmarks/speed.py --quick              # tiny grid (smoke test, seconds)
+    python benchmarks/speed.py --sections workloads --models mlp --max-clients 1000
+    python benchmarks/speed.py --sections algorithms --merge   # add a section to the results
+
+``--max-gflop-per-round`` skips (and lists) configurations whose round needs more work than that
+(default: 600 GFLOP on CPU, unlimited on accelerators), so a CPU run stays within minutes.
+``--merge`` keeps the sections of an earlier results file that this invocation does not measure
+(each section records the dense rate and device of its own process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import fedjax_dro as fd
+from fedjax_dro import models
+from fedjax_dro.algorithms import fedavg, list_algorithms
+from fedjax_dro.core import clients as client_backends
+from fedjax_dro.core.precision import PRECISIONS, default_precision, with_precision
+from fedjax_dro.data import from_client_arrays
+from fedjax_dro.models import client_loss_and_grad, num_parameters
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SECTIONS = ("workloads", "precision", "algorithms", "run")
+MODELS = ("softmax", "logreg", "mlp", "cnn-lax", "cnn-patches")
+TABULAR = ("softmax", "logreg")
+BACKENDS = ("vmap", "map", "chunked", "auto")
+CLIENTS = {"tabular": (10, 100, 1000, 10_000, 100_000), "deep": (10, 100, 1000, 10_000)}
+LOCAL_STEPS, BATCH, EXAMPLES = 4, 32, 64
+CHUNK = 64  # clients per chunk of the explicit "chunked" backend
+LOOP_CLIENTS = 200  # the per-client loop is timed on at most this many clients (a rate)
+
+
+# ----------------------------------------------------------------------------------------------
+# Workloads
+# ----------------------------------------------------------------------------------------------
+def make_model(kind):
+  if kind == "softmax":
+    return models.softmax_regression(64, 10)
+  if kind == "logreg":
+    return models.logistic_regression(64)
+  if kind == "mlp":
+    return models.mlp((784,), 62, (200, 200))
+  return models.cnn((28, 28), 62, conv=kind.split("-")[1])
+
+
+def make_data(kind, n, seed=0):
+  """``n`` clients of ``EXAMPLES`` rows each (random features and labels: speed only)."""
+  rng = np.random.default_rng(seed)
+  shape = {"softmax": (64,), "logreg": (64,), "mlp": (784,)}.get(kind, (28, 28))
+  classes = {"softmax": 10, "logreg": 2}.get(kind, 62)
+  x = rng.standard_normal((n, EXAMPLES) + shape, dtype=np.float32)
+  y = rng.integers(0, classes, (n, EXAMPLES)).astype(np.int32)
+  return from_client_arrays(list(x), list(y))
+
+
+def float32_params(model):
+  return jax.tree.map(lambda a: a.astype(jnp.float32), model.init(jax.random.PRNGKey(0)))
+
+
+def step_flops(model, params, x, y):
+  """XLA's FLOP count of one local step (forward + backward on one minibatch, no loops)."""
+  nex = jnp.int32(x.shape[0])
+
+  def step(w, key):
+    return client_loss_and_grad(model, w, x, y, nex, key, BATCH)
+
+  cost = jax.jit(step).lower(params, jax.random.PRNGKey(0)).cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  return float((cost or {}).get("flops", float("nan")))
+
+
+def time_calls(fn, repeats):
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn())
+    times.append(time.perf_counter() - t0)
+  return float(np.median(times))
+
+
+def loop_rate(model, data, params, lr, repeats):
+  """FedJAX's pattern: one jitted client update called from a Python loop over clients (deltas
+  summed on device, then the server step); ``(client updates / s, first call s)`` on at most
+  ``LOOP_CLIENTS`` clients."""
+
+  @jax.jit
+  def client_update(w0, x, y, nex, key):
+    def step(w, k):
+      _, g = client_loss_and_grad(model, w, x, y, nex, k, BATCH)
+      return jax.tree.map(lambda a, b: a - lr * b, w, g), None
+
+    w, _ = jax.lax.scan(step, w0, jax.random.split(key, LOCAL_STEPS))
+    return jax.tree.map(jnp.subtract, w, w0)
+
+  @jax.jit
+  def accumulate(total, delta, weight):
+    return jax.tree.map(lambda t, d: t + weight * d, total, delta)
+
+  m = min(LOOP_CLIENTS, data.num_clients)
+  xs = [data.x[i] for i in range(m)]
+  ys = [data.y[i] for i in range(m)]
+  nex = [data.num_examples[i] for i in range(m)]
+  weights = np.asarray(data.num_examples[:m], np.float32) / float(np.sum(data.num_examples[:m]))
+
+  def one_round():
+    keys = jax.random.split(jax.random.PRNGKey(1), m)
+    total = jax.tree.map(jnp.zeros_like, params)
+    for i in range(m):
+      total = accumulate(total, client_update(params, xs[i], ys[i], nex[i], keys[i]), weights[i])
+    return jax.tree.map(jnp.add, params, total)
+
+  t0 = time.perf_counter()
+  jax.block_until_ready(one_round())
+  first = time.perf_counter() - t0
+  return m / time_calls(one_round, repeats), first
+
+
+def rounds_for(seconds_per_round_guess):
+  return max(1, min(10, int(1.0 / max(seconds_per_round_guess, 1e-6))))
+
+
+def backend_row(model, data, params, backend, precision, lr, repeats, rounds=1):
+  kw = {"chunk_size": CHUNK} if backend == "chunked" else {}
+  alg = fedavg(
+    model, local_steps=LOCAL_STEPS, batch_size=BATCH, backend=backend, precision=precision, **kw
+  )
+  client_backends.recent_plans.clear()
+  prog = fd.compile_rounds(alg, data, rounds=rounds, hparams={"client_lr": lr}, init_params=params)
+  plans = [p._asdict() for p in client_backends.recent_plans]
+  timing = prog.time(repeats=repeats)
+  row = {
+    "s_per_round": timing.seconds_per_round,
+    "updates_per_s": data.num_clients / timing.seconds_per_round,
+    "compile_s": prog.compile_time,
+    "memory": prog.memory_analysis(),
+    "rounds_per_call": rounds,
+  }
+  if backend == "auto":
+    row["plans"] = plans
+  return row
+
+
+def plan_label(row):
+  plans = row.get("plans") or []
+  if not plans:
+    return ""
+  p = plans[0]
+  return "vmap" if p["backend"] == "vmap" else f"chunks of {p['chunk_size']}"
+
+
+# ----------------------------------------------------------------------------------------------
+# Sections
+# ----------------------------------------------------------------------------------------------
+def dense_rates(quick):
+  """The device's dense-matmul rate per precision: best over a few square sizes (FLOP/s)."""
+  cpu = jax.default_backend() == "cpu"
+  sizes = (256, 512) if quick else ((1024, 2048) if cpu else (4096, 8192))
+  out = {}
+  for precision in PRECISIONS:
+    dtype = jnp.bfloat16 if precision == "bf16" else jnp.float32
+    mm = {"float32": "highest", "tf32": "tensorfloat32", "bf16": "default"}[precision]
+    best = {"flops_per_s": 0.0}
+    for n in sizes:
+      a = jax.random.normal(jax.random.PRNGKey(0), (n, n), dtype)
+      b = jax.random.normal(jax.random.PRNGKey(1), (n, n), dtype)
+      with jax.default_matmul_precision(mm):
+        f = jax.jit(lambda a, b: a @ b)
+        jax.block_until_ready(f(a, b))
+      t = time_calls(lambda: f(a, b), 3 if quick else 7)  # noqa: B023
+      rate = 2 * n**3 / t
+      if rate > best["flops_per_s"]:
+        best = {"flops_per_s": rate, "size": n, "s": t}
+    out[precision] = best
+    print(f"dense {precision}: {best['flops_per_s'] / 1e9:.1f} GFLOP/s (n={best['size']})")
+  return out
+
+
+def workloads(args, dense):
+  rows, skipped = [], []
+  precision = args.precision or default_precision()
+  rate = dense.get(precision, {}).get("flops_per_s")
+  for kind in args.models:
+    model = make_model(kind)
+    params = float32_params(model)
+    grid = CLIENTS["tabular" if kind in TABULAR else "deep"]
+    grid = [n for n in grid if n <= args.max_clients]
+    flops = None
+    for n in grid:
+      data = make_data(kind, n)
+      if flops is None:
+        flops = LOCAL_STEPS * step_flops(
+          with_precision(model, precision), params, data.x[0], data.y[0]
+        )
+      gflop = n * flops / 1e9
+      if args.max_gflop_per_round is not None and gflop > args.max_gflop_per_round:
+        skipped.append({"model": kind, "num_clients": n, "gflop_per_round": gflop})
+        print(f"skip {kind} n={n}: {gflop:.0f} GFLOP per round > --max-gflop-per-round")
+        continue
+      row = {
+        "model": kind,
+        "num_clients": n,
+        "num_params": num_parameters(params),
+        "flops_per_update": flops,
+        "precision": precision,
+      }
+      repeats = 2 if args.quick else 3
+      ups, first = loop_rate(with_precision(model, precision), data, params, 0.05, repeats)
+      row["loop"] = {"updates_per_s": ups, "first_round_s": first, "clients_timed": min(n, 200)}
+      for backend in args.backends:
+        if backend == "map" and n > args.max_map_clients:
+          continue
+        guess = n / max(ups, 1.0)
+        rounds = 1 if args.quick else rounds_for(guess / 20)
+        r = backend_row(model, data, params, backend, precision, 0.05, repeats, rounds)
+        r["speedup_vs_loop"] = r["updates_per_s"] / ups
+        if rate:
+          r["fraction_of_dense"] = r["updates_per_s"] * flops / rate
+        row[backend] = r
+      rows.append(row)
+      print(json.dumps(_short(row)), flush=True)
+  return {"precision": precision, "rows": rows, "skipped": skipped}
+
+
+def precisions(args, dense):
+  rows = []
+  for kind in args.models:
+    n = min(args.precision_clients, args.max_clients)
+    model = make_model(kind)
+    params = float32_params(model)
+    data = make_data(kind, n)
+    for precision in PRECISIONS:
+      flops = LOCAL_STEPS * step_flops(
+        with_precision(model, precision), params, data.x[0], data.y[0]
+      )
+      if args.max_gflop_per_round is not None and n * flops / 1e9 > args.max_gflop_per_round:
+        continue
+      r = backend_row(model, data, params, "auto", precision, 0.05, 2 if args.quick else 3)
+      r.update(model=kind, num_clients=n, precision=precision, flops_per_update=flops)
+      r["fraction_of_dense"] = r["updates_per_s"] * flops / dense[precision]["flops_per_s"]
+      rows.append(r)
+      print(
+        f"{kind} n={n} {precision}: {r['updates_per_s']:.0f} updates/s, "
+        f"{r['fraction_of_dense']:.2f} of dense {precision}",
+        flush=True,
+      )
+  return {"rows": rows}
+
+
+def _factory_settings(entry, n, backend):
+  """Equal settings for every factory: the ones it accepts of local_steps / batch_size /
+  backend (full participation); Karula with D = ones (no OT preprocessing)."""
+  import inspect
+
+  accepted = inspect.signature(entry.factory).parameters
+  kw = {"local_steps": LOCAL_STEPS, "batch_size": BATCH, "backend": backend}
+  kw = {k: v for k, v in kw.items() if k in accepted}
+  if "dissimilarity" in accepted:
+    kw["dissimilarity"] = "ones"
+  return kw
+
+
+def algorithms(args):
+  """Every registered algorithm's round time relative to FedAvg's (same model, data, settings)."""
+  out = []
+  for kind, n in args.algorithm_workloads:
+    if n > args.max_clients:
+      continue
+    model = make_model(kind)
+    params = float32_params(model)
+    data = make_data(kind, n)
+    rows = []
+    for name, entry in list_algorithms().items():
+      kw = _factory_settings(entry, n, "auto")
+      try:
+        alg = entry.factory(model, **kw)
+        prog = fd.compile_rounds(alg, data, rounds=1 if args.quick else 3, init_params=params)
+        timing = prog.time(repeats=2 if args.quick else 3)
+        rows.append(
+          {
+            "algorithm": name,
+            "s_per_round": timing.seconds_per_round,
+            "compile_s": prog.compile_time,
+            "settings": {k: v for k, v in kw.items()},
+          }
+        )
+      except Exception as e:  # reported, not hidden
+        rows.append({"algorithm": name, "error": f"{type(e).__name__}: {str(e)[:200]}"})
+      print(json.dumps(rows[-1]), flush=True)
+    base = next(r["s_per_round"] for r in rows if r["algorithm"] == "fedavg")
+    for r in rows:
+      if "s_per_round" in r:
+        r["vs_fedavg"] = r["s_per_round"] / base
+    projection = karula_projection(n, params, args.quick) if "karula" in list_algorithms() else None
+    out.append({"model": kind, "num_clients": n, "rows": rows, "karula_projection": projection})
+  return out
+
+
+def karula_projection(n, params, quick):
+  """Karula's per-round pairwise projection alone (dual method, D = ones, t = 1, Karula's
+  default tolerance for float32) on ``n`` copies of the model perturbed apart."""
+  from fedjax_dro.solvers.pairwise import project_pairwise
+
+  key = jax.random.PRNGKey(3)
+  z = jax.tree.map(
+    lambda a: a[None] + 0.1 * jax.random.normal(key, (n,) + a.shape, a.dtype), params
+  )
+  r = 1.0 - jnp.eye(n, dtype=jnp.float32)
+  tol = max(1e-8, 100 * float(jnp.finfo(jnp.float32).eps))
+  proj = jax.jit(lambda z, r: project_pairwise(z, r, method="dual", tol=tol))
+  t0 = time.perf_counter()
+  out = jax.block_until_ready(proj(z, r))
+  first = time.perf_counter() - t0
+  s = time_calls(lambda: proj(z, r), 2 if quick else 3)
+  return {"s": s, "first_call_s": first, "iterations": int(out.iterations)}
+
+
+def run_path(args):
+  """``fd.run`` against its compiled chunk, and its first chunk's one-time costs."""
+  kind, n = args.run_workload
+  n = min(n, args.max_clients)
+  model = make_model(kind)
+  params = float32_params(model)
+  t0 = time.perf_counter()
+  data = make_data(kind, n)
+  jax.block_until_ready(data.x)
+  build_s = time.perf_counter() - t0
+  rounds = 2 if args.quick else 10
+  alg = fedavg(model, local_steps=LOCAL_STEPS, batch_size=BATCH)
+  hp = {"client_lr": 0.05}
+  prog = fd.compile_rounds(alg, data, rounds=rounds, hparams=hp, init_params=params)
+  chunk = prog.time(repeats=2 if args.quick else 3)
+  # one chunk of `rounds` rounds, one evaluation at the end (what the benchmark's chunk runs)
+  t0 = time.perf_counter()
+  hist = fd.run(alg, data, rounds=rounds, eval_every=rounds, hparams=hp, init_params=params)
+  total = time.perf_counter() - t0
+  # a longer run: the steady state of fd.run (chunks of `rounds`, an evaluation after each)
+  t0 = time.perf_counter()
+  long = fd.run(alg, data, rounds=3 * rounds, eval_every=rounds, hparams=hp, init_params=params)
+  long_total = time.perf_counter() - t0
+  out = {
+    "model": kind,
+    "num_clients": n,
+    "rounds": rounds,
+    "data_build_and_transfer_s": build_s,
+    "compiled_chunk_s_per_round": chunk.seconds_per_round,
+    "compiled_chunk_compile_s": prog.compile_time,
+    "run": {
+      "total_s": total,
+      "compile_s": hist.compile_time,
+      "wall_s": hist.wall_time,
+      "s_per_round_incl_eval": hist.wall_time / rounds,
+      "other_s": total - hist.compile_time - hist.wall_time,
+    },
+    "run_3_chunks": {
+      "total_s": long_total,
+      "compile_s": long.compile_time,
+      "wall_s": long.wall_time,
+      "s_per_round_incl_eval": long.wall_time / (3 * rounds),
+    },
+  }
+  out["eval_s_per_chunk_estimate"] = max(
+    0.0, (long.wall_time - 3 * rounds * chunk.seconds_per_round) / 3
+  )
+  print(json.dumps(out), flush=True)
+  return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Report
+# ----------------------------------------------------------------------------------------------
+def _short(row):
+  keep = {k: v for k, v in row.items() if not isinstance(v, dict)}
+  for b in ("loop",) + BACKENDS:
+    if b in row:
+      keep[b] = round(row[b]["updates_per_s"], 1)
+  if "auto" in row:
+    keep["auto_plan"] = plan_label(row["auto"])
+  return keep
+
+
+def _fmt_rate(x):
+  return f"{x / 1e6:.2f} M" if x >= 1e6 else (f"{x / 1e3:.1f} k" if x >= 1e4 else f"{x:.0f}")
+
+
+def markdown(result) -> str:
+  meta = result["meta"]
+  lines = [
+    "# Simulator speed (`benchmarks/speed.py`)",
+    "",
+    f"Device: **{meta['device_kind']}** ({meta['platform']}, {meta['cpu_count']} CPU cores), "
+    f"jax {meta['jax']}; default precision on this platform: `{meta['default_precision']}`. "
+    f"FedAvg, {LOCAL_STEPS} local steps of batch {BATCH}, {EXAMPLES} examples per client, full "
+    "participation. Command: `" + meta["command"] + "`.",
+    "",
+  ]
+  dense = result.get("dense")
+  if dense:
+    lines += ["## Dense matmul rate (the yardstick)", "", "| precision | GFLOP/s | size |"]
+    lines += ["|---|---|---|"]
+    for p, d in dense.items():
+      lines.append(f"| {p} | {d['flops_per_s'] / 1e9:.1f} | {d.get('size')} |")
+    lines.append("")
+  wl = result.get("workloads")
+  if wl:
+    lines += [
+      f"## Client updates per second ({wl['precision']})",
+      "",
+      "x = speed-up over the per-client jitted loop (timed on up to "
+      f"{LOOP_CLIENTS} clients); % = achieved FLOP/s as a share of the dense {wl['precision']} "
+      "rate; auto's plan in brackets.",
+      "",
+      "| model | n | params | MFLOP/update | loop | vmap | map | chunked | auto | compile s "
+      "(auto) | memory MB (auto) |",
+      "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in wl["rows"]:
+
+      def cell(b, r=r):
+        if b not in r:
+          return "-"
+        c = r[b]
+        pct = f", {100 * c['fraction_of_dense']:.0f}%" if "fraction_of_dense" in c else ""
+        return f"{_fmt_rate(c['updates_per_s'])} ({c['speedup_vs_loop']:.1f}x{pct})"
+
+      auto = r.get("auto", {})
+      mem = auto.get("memory", {}).get("total")
+      lines.append(
+        f"| {r['model']} | {r['num_clients']} | {r['num_params']} | "
+        f"{r['flops_per_update'] / 1e6:.1f} | {_fmt_rate(r['loop']['updates_per_s'])} | "
+        f"{cell('vmap')} | {cell('map')} | {cell('chunked')} | {cell('auto')} "
+        f"[{plan_label(auto)}] | {auto.get('compile_s', float('nan')):.1f} | "
+        f"{'-' if mem is None else f'{mem / 2**20:.0f}'} |"
+      )
+    if wl.get("skipped"):
+      s = ", ".join(f"{x['model']} n={x['num_clients']}" for x in wl["skipped"])
+      lines += ["", f"Skipped (over --max-gflop-per-round): {s}."]
+    lines.append("")
+  pr = result.get("precision")
+  if pr and pr.get("rows"):
+    lines += [
+      "## Precision policies (auto backend)",
+      "",
+      "| model | n | precision | updates/s | % of dense (same precision) | compile s |",
+      "|---|---|---|---|---|---|",
+    ]
+    for r in pr["rows"]:
+      lines.append(
+        f"| {r['model']} | {r['num_clients']} | {r['precision']} | "
+        f"{_fmt_rate(r['updates_per_s'])} | {100 * r['fraction_of_dense']:.0f}% | "
+        f"{r['compile_s']:.1f} |"
+      )
+    lines.append("")
+  for block in result.get("algorithms") or []:
+    lines += [
+      f"## Round time relative to FedAvg ({block['model']}, n = {block['num_clients']})",
+      "",
+      "| algorithm | ms / round | x FedAvg | compile s |",
+      "|---|---|---|---|",
+    ]
+    for r in sorted(block["rows"], key=lambda r: r.get("vs_fedavg", math.inf)):
+      if "error" in r:
+        lines.append(f"| {r['algorithm']} | error: {r['error']} | | |")
+        continue
+      lines.append(
+        f"| {r['algorithm']} | {1e3 * r['s_per_round']:.2f} | {r['vs_fedavg']:.2f} | "
+        f"{r['compile_s']:.1f} |"
+      )
+    proj = block.get("karula_projection")
+    if proj:
+      lines += [
+        "",
+        f"Karula's pairwise projection alone (dual, n = {block['num_clients']}, D = ones): "
+        f"{1e3 * proj['s']:.1f} ms per call ({proj['iterations']} iterations).",
+      ]
+    lines.append("")
+  run = result.get("run")
+  if run:
+    r = run["run"]
+    lines += [
+      f"## `fd.run` against its compiled chunk ({run['model']}, n = {run['num_clients']})",
+      "",
+      "| | s |",
+      "|---|---|",
+      f"| compiled chunk, per round (steady) | {run['compiled_chunk_s_per_round']:.4f} |",
+      f"| fd.run, {run['rounds']} rounds: compile (rounds + evaluation) | {r['compile_s']:.2f} |",
+      f"| fd.run, {run['rounds']} rounds: run (incl. one evaluation) | {r['wall_s']:.3f} |",
+      f"| fd.run, per round incl. evaluation | {r['s_per_round_incl_eval']:.4f} |",
+      f"| fd.run, outside compile and run (validation, init, setup) | {r['other_s']:.3f} |",
+      f"| evaluation of all clients, per chunk (estimate) | {run['eval_s_per_chunk_estimate']:.3f} |",
+      f"| data build + transfer (not in fd.run) | {run['data_build_and_transfer_s']:.2f} |",
+      "",
+    ]
+  acc = result.get("acceptance")
+  if acc:
+    lines += ["## Acceptance checks (this run)", ""]
+    lines += [f"- {a}" for a in acc]
+    lines.append("")
+  return "\n".join(lines)
+
+
+def acceptance(result):
+  out = []
+  wl = result.get("workloads") or {}
+  for r in wl.get("rows", []):
+    best = max((r[b] for b in BACKENDS if b in r), key=lambda c: c["updates_per_s"], default=None)
+    if r["model"] == "mlp" and r["num_clients"] == 1000 and "auto" in r:
+      f = r["auto"].get("fraction_of_dense", float("nan"))
+      fb = best.get("fraction_of_dense", float("nan"))
+      out.append(
+        f"MLP n=1000: auto {100 * f:.0f}% of the dense {wl['precision']} rate (best backend "
+        f"{100 * fb:.0f}%; target 60% on CPU, 30% of bf16 on GPU): "
+        f"{'PASS' if f >= 0.6 else 'FAIL'}"
+      )
+    if r["model"] == "softmax" and r["num_clients"] == 1000 and "auto" in r:
+      x = r["auto"]["speedup_vs_loop"]
+      out.append(
+        f"softmax regression n=1000: auto {x:.0f}x the per-client loop (target 60x): "
+        f"{'PASS' if x >= 60 else 'FAIL'}"
+      )
+    if r["model"].startswith("cnn") and r["num_clients"] == 1000 and "auto" in r:
+      x = r["auto"]["speedup_vs_loop"]
+      out.append(f"{r['model']} n=1000: auto {x:.1f}x the per-client loop (GPU target 25x)")
+  for block in result.get("algorithms") or []:
+    worst = [r for r in block["rows"] if r.get("vs_fedavg", 0) > 2]
+    names = ", ".join(f"{r['algorithm']} {r['vs_fedavg']:.1f}x" for r in worst) or "none"
+    out.append(f"algorithms over 2x FedAvg ({block['model']}, n={block['num_clients']}): {names}")
+  return out
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--quick", action="store_true", help="tiny grid for a smoke test")
+  parser.add_argument("--sections", default=",".join(SECTIONS))
+  parser.add_argument("--models", default=",".join(MODELS))
+  parser.add_argument("--backends", default=",".join(BACKENDS))
+  parser.add_argument("--max-clients", type=int, default=None)
+  parser.add_argument("--max-map-clients", type=int, default=1000, help="map backend up to this n")
+  parser.add_argument("--max-gflop-per-round", type=float, default=None)
+  parser.add_argument("--precision", default=None, choices=PRECISIONS)
+  parser.add_argument("--precision-clients", type=int, default=1000)
+  parser.add_argument("--out", default=os.path.join(HERE, "results", "speed.json"))
+  parser.add_argument("--markdown-out", default=None)
+  parser.add_argument("--merge", action="store_true", help="keep other sections of --out")
+  args = parser.parse_args(argv)
+  cpu = jax.default_backend() == "cpu"
+  args.sections = [s for s in args.sections.split(",") if s]
+  args.models = [m for m in args.models.split(",") if m]
+  args.backends = [b for b in args.backends.split(",") if b]
+  for s in args.sections:
+    if s not in SECTIONS:
+      parser.error(f"unknown section {s!r}; choose from {SECTIONS}")
+  for m in args.models:
+    if m not in MODELS:
+      parser.error(f"unknown model {m!r}; choose from {MODELS}")
+  if args.quick:
+    args.max_clients = min(args.max_clients or 20, 20)
+    args.max_map_clients = min(args.max_map_clients, 20)
+    args.precision_clients = min(args.precision_clients, 10)
+    args.max_gflop_per_round = args.max_gflop_per_round or 50.0
+  elif args.max_clients is None:
+    args.max_clients = 10**9
+  if args.max_gflop_per_round is None and cpu:
+    args.max_gflop_per_round = 600.0
+  args.algorithm_workloads = [("softmax", 1000), ("mlp", 100)]
+  if args.quick:
+    args.algorithm_workloads = [("softmax", 10)]
+  args.run_workload = ("mlp", 10 if args.quick else 1000)
+
+  device = jax.devices()[0]
+  result = {}
+  if args.merge and os.path.exists(args.out):
+    with open(args.out) as f:
+      result = json.load(f)
+  result["meta"] = {
+    "platform": jax.default_backend(),
+    "device": str(device),
+    "device_kind": getattr(device, "device_kind", str(device)),
+    "cpu_count": os.cpu_count(),
+    "python": sys.version.split()[0],
+    "jax": jax.__version__,
+    "machine": platform.machine(),
+    "default_precision": default_precision(),
+    "command": "python benchmarks/speed.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+    "local_steps": LOCAL_STEPS,
+    "batch_size": BATCH,
+    "examples_per_client": EXAMPLES,
+  }
+  # measured in every invocation: each section divides by its own process's rate
+  dense = result["dense"] = dense_rates(args.quick)
+  if "workloads" in args.sections:
+    result["workloads"] = workloads(args, dense)
+  if "precision" in args.sections:
+    result["precision"] = precisions(args, dense)
+  if "algorithms" in args.sections:
+    result["algorithms"] = algorithms(args)
+  if "run" in args.sections:
+    result["run"] = run_path(args)
+  result["acceptance"] = acceptance(result)
+  os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+  with open(args.out, "w") as f:
+    json.dump(result, f, indent=2, default=float)
+  md_path = args.markdown_out or os.path.splitext(args.out)[0] + ".md"
+  with open(md_path, "w") as f:
+    f.write(markdown(result))
+  print(markdown(result))
+  print(f"wrote {args.out} and {md_path}")
+  return result
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,112 @@
+"""Precision policies: the dtype of the forward and backward passes, separate from the parameters'.
+
+Every algorithm factory takes ``precision=`` (added by :func:`fedjax_dro.algorithms.register`):
+
+* ``"float32"``: compute in the parameters' own dtype, matrix products and convolutions at full
+  precision (``jax.default_matmul_precision("highest")``; on NVIDIA GPUs JAX's default for float32
+  operands is TF32, so this is the setting that gives true float32 there). Nothing is cast: a
+  float64 model (``jax_enable_x64``) stays float64, and the results are those of the unwrapped
+  model.
+* ``"tf32"``: floating parameters and inputs are computed in float32 (float64 models are cast
+  down) and products run at ``"tensorfloat32"`` precision: TF32 tensor cores on Ampere and newer
+  GPUs, bf16x3 passes on TPUs; CPUs compute float32 exactly as ``"float32"`` does.
+* ``"bf16"``: floating parameters and inputs are cast to bfloat16 for the forward and backward
+  passes (products accumulate in float32 on GPUs and TPUs).
+
+In every policy the *master* copy of the parameters keeps its dtype (float32, or float64 under
+x64): the model's outputs are cast back to it, so the losses, the gradients (the cast's transpose
+returns them in the master dtype), the aggregation and the optimizer state are float32.
+
+``precision=None`` (the default) picks per platform (:func:`default_precision`): ``"float32"``
+on CPU, where lower precision buys nothing (XLA's CPU kernels run float32 products at full
+precision), and ``"tf32"`` on GPU/TPU, the usual accelerator trade (float32 storage, TF32
+products). ``"bf16"`` is never a default: it changes results visibly (see ``tests/test_precision.py``
+for the tolerance measured on a small task) and is asked for explicitly.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+
+from fedjax_dro.models.base import Model
+
+PRECISIONS = ("float32", "tf32", "bf16")
+# jax.default_matmul_precision value of each policy (None: the context's / JAX's default).
+_MATMUL_PRECISION = {"float32": "highest", "tf32": "tensorfloat32", "bf16": None}
+# Compute dtype of the floating parameters and inputs (None: leave them as they are).
+_COMPUTE_DTYPE = {"float32": None, "tf32": jnp.float32, "bf16": jnp.bfloat16}
+_TAG = "__fedjax_precision__"
+
+
+def default_precision(platform: Optional[str] = None) -> str:
+  """``"float32"`` on CPU, ``"tf32"`` on GPU/TPU (``platform`` defaults to JAX's backend)."""
+  platform = platform or jax.default_backend()
+  return "float32" if platform == "cpu" else "tf32"
+
+
+def validate_precision(precision) -> Optional[str]:
+  """``precision`` if it is ``None`` or one of :data:`PRECISIONS`, else a ``ValueError``."""
+  if precision is not None and (not isinstance(precision, str) or precision not in PRECISIONS):
+    raise ValueError(
+      f"precision must be one of {PRECISIONS} or None (per platform: float32 on CPU, tf32 on "
+      f"GPU/TPU), got {precision!r}"
+    )
+  return precision
+
+
+def resolve_precision(precision, platform: Optional[str] = None) -> str:
+  """The concrete policy ``precision`` stands for (``None`` -> :func:`default_precision`)."""
+  validate_precision(precision)
+  return default_precision(platform) if precision is None else precision
+
+
+def model_precision(model: Model) -> Optional[str]:
+  """The policy a model was wrapped with by :func:`with_precision` (``None`` if unwrapped)."""
+  return getattr(model.apply, _TAG, None)
+
+
+def _is_float(x) -> bool:
+  return jnp.issubdtype(jnp.result_type(x), jnp.floating)
+
+
+def _master_dtype(params):
+  leaves = [leaf for leaf in jax.tree.leaves(params) if _is_float(leaf)]
+  return jnp.result_type(leaves[0]) if leaves else None
+
+
+def with_precision(model: Model, precision) -> Model:
+  """``model`` whose ``apply`` runs under the policy ``precision`` (see the module docstring).
+
+  ``init``, ``loss`` and ``metrics`` are unchanged; ``apply(params, x)`` casts the floating leaves
+  of ``params`` and a floating ``x`` to the compute dtype, traces the model under the policy's
+  matmul precision and casts floating outputs back to the parameters' dtype. Wrapping a wrapped
+  model re-wraps the original ``apply`` (policies do not nest).
+  """
+  precision = resolve_precision(precision)
+  apply = (
+    getattr(model.apply, "__wrapped__", model.apply) if model_precision(model) else model.apply
+  )
+  compute = _COMPUTE_DTYPE[precision]
+  matmul = _MATMUL_PRECISION[precision]
+
+  @functools.wraps(apply)
+  def wrapped(params, x):
+    master = _master_dtype(params)
+    if compute is not None:
+      params = jax.tree.map(lambda a: a.astype(compute) if _is_float(a) else a, params)
+      x = x.astype(compute) if _is_float(x) else x
+    if matmul is None:
+      out = apply(params, x)
+    else:
+      with jax.default_matmul_precision(matmul):
+        out = apply(params, x)
+    if compute is None or master is None:
+      return out
+    return jax.tree.map(lambda o: o.astype(master) if _is_float(o) else o, out)
+
+  setattr(wrapped, _TAG, precision)
+  return model._replace(apply=wrapped)
