@@ -5,6 +5,7 @@ dict`` registered in :data:`EXPERIMENTS` under its CLI name; it writes JSON (and
 table) to ``out_dir``. One module per paper:
 
 * ``scaffpd-synthetic`` (:mod:`fedjax_dro.reproduce.scaffpd`): SCAFF-PD, Fig. 2.
+* ``karula-synthetic``, ``karula-heart`` (:mod:`fedjax_dro.reproduce.karula`): Karula, Table 1.
 * ``fgdro-table7`` (:mod:`fedjax_dro.reproduce.fgdro`): FGDRO, Appendix G, Table 7.
 
 To add one, write ``fedjax_dro/reproduce/<paper>.py`` and add its entry below.
@@ -16,6 +17,7 @@ from typing import Any, Callable, Dict
 
 from fedjax_dro.reproduce.common import with_distances
 from fedjax_dro.reproduce.fgdro import fgdro_table7, plot_fgdro_table7, with_class_weighted_accuracy
+from fedjax_dro.reproduce.karula import karula_heart, karula_synthetic
 from fedjax_dro.reproduce.scaffpd import (
   plot_scaffpd_synthetic,
   problem_constants,
@@ -26,6 +28,8 @@ from fedjax_dro.reproduce.scaffpd import (
 EXPERIMENTS: Dict[str, Callable[..., Dict[str, Any]]] = {
   "scaffpd-synthetic": scaffpd_synthetic,
   "fgdro-table7": fgdro_table7,
+  "karula-synthetic": karula_synthetic,
+  "karula-heart": karula_heart,
 }
 
 
@@ -47,4 +51,6 @@ __all__ = [
   "fgdro_table7",
   "plot_fgdro_table7",
   "with_class_weighted_accuracy",
+  "karula_synthetic",
+  "karula_heart",
 ]
