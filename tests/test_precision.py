@@ -112,7 +112,7 @@ def test_matmul_precision_is_traced_into_forward_and_backward():
     assert text.count(f"Precision.{want}") >= 2 * 3, p  # every dot of forward and backward
 
 
-@pytest.mark.parametrize("conv", ["patches", "lax"])
+@pytest.mark.parametrize("conv", ["patches", pytest.param("lax", marks=pytest.mark.slow)])
 def test_bf16_tracks_float32_on_digits(conv):
   """FedAvg, CNN on digits-dirichlet (100 clients), 40 rounds: bf16 vs float32 (float32 master
   parameters and data in both): final accuracy within 0.03, final loss within 10%."""

@@ -14,6 +14,7 @@ from fedjax_dro import algorithms as A, models, reproduce, run
 from fedjax_dro.data.images import digits_dirichlet_with_extras
 
 
+@pytest.mark.slow  # ~90 s; the fgdro_fairness notebook runs the same algorithms by default
 def test_quick_reproduction_writes_the_table_json_and_png(tmp_path):
   out = str(tmp_path / "fgdro")
   labels = ["FedAvg", "FGDRO-CVaR", "FGDRO-KL-Adam"]
