@@ -150,6 +150,16 @@ def _fit(spec, ds, *, rounds, cv_rounds, folds, seed, metric):
   return models, best
 
 
+def _max_covariance_eigenvalue(data) -> float:
+  """``max_i lambda_max(X_i^T X_i / N_i)`` over the clients' valid rows: the largest client
+  smoothness constant of the squared loss (a quarter of it bounds the logistic loss's)."""
+  x, nex = np.asarray(data.x), np.asarray(data.num_examples)
+  return max(
+    float(np.linalg.eigvalsh(x[i, : nex[i]].T @ x[i, : nex[i]] / nex[i]).max())
+    for i in range(len(nex))
+  )
+
+
 def _mean_2se(values):
   v = np.asarray(values, np.float64)
   if v.size < 2:
@@ -202,11 +212,7 @@ def karula_synthetic(
     if model is None:  # the model depends on d only: one model, programs reused across seeds
       model = entry.default_model(ds)
       makes = _factories(model, s)
-    x, nex = np.asarray(ds.train.x), np.asarray(ds.train.num_examples)
-    l_max = max(
-      np.linalg.eigvalsh(x[i, : nex[i]].T @ x[i, : nex[i]] / nex[i]).max() for i in range(n)
-    )
-    lr = 1.0 / (l_max + model.l2)
+    lr = 1.0 / (_max_covariance_eigenvalue(ds.train) + model.l2)
     eta = s / (2.0 * smoothness_constant(model, model.init(jax.random.PRNGKey(0)), ds.train))
     for spec in _strategies(makes, lr, eta, quick):
       t0 = time.perf_counter()
@@ -310,12 +316,8 @@ def karula_heart(
     total = np.asarray(ds.train.num_examples) + np.asarray(ds.test.num_examples)
     counts = [int(c) for c in total]
     n = ds.num_clients
-    x, nex = np.asarray(ds.train.x), np.asarray(ds.train.num_examples)
     # logistic loss: L_i <= lambda_max(X_i^T X_i / N_i) / 4
-    l_max = max(
-      np.linalg.eigvalsh(x[i, : nex[i]].T @ x[i, : nex[i]] / nex[i]).max() / 4 for i in range(n)
-    )
-    lr = 1.0 / (l_max + model.l2)
+    lr = 1.0 / (_max_covariance_eigenvalue(ds.train) / 4 + model.l2)
     eta = n / (2.0 * smoothness_constant(model, model.init(jax.random.PRNGKey(0)), ds.train))
     for spec in _strategies(makes, lr, eta, quick):
       t0 = time.perf_counter()
