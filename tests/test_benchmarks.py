@@ -17,6 +17,13 @@ def _load(name):
   return module
 
 
+def test_projection_convergence_quick(capsys):
+  bench = _load("projection_convergence")
+  assert bench.main(["--quick"]) == 0  # every run converged
+  out = capsys.readouterr().out
+  assert out.count("| separated |") == 2 and out.count("| all_active |") == 2
+
+
 @pytest.mark.slow
 def test_projection_scaling_quick_grid(tmp_path):
   bench = _load("projection_scaling")
