@@ -50,13 +50,6 @@ def objective(theta, z):
   return 0.5 * float(np.sum((np.asarray(theta, np.float64) - z) ** 2))
 
 
-def max_rel_violation(theta, r):
-  d2 = np.asarray(pairwise.pairwise_sq_distances(np.asarray(theta, np.float64)))
-  pos = np.isfinite(r) & (r > 0)
-  np.fill_diagonal(pos, False)
-  return float(max(np.max((d2[pos] - r[pos]) / r[pos]), 0.0))
-
-
 def run_one(z, r, dtype):
   tol = TOLS[dtype]
   zj, rj = jnp.asarray(z, dtype), jnp.asarray(r, dtype)
@@ -74,7 +67,7 @@ def run_one(z, r, dtype):
     "certified_gap": float(out.dual_residual),
     "converged": bool(out.converged),
     "objective": objective(theta, z),
-    "max_rel_violation": max_rel_violation(theta, np.asarray(rj, np.float64)),
+    "max_rel_violation": instances.max_relative_violation(theta, np.asarray(rj, np.float64)),
   }, theta
 
 

@@ -69,6 +69,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from fedjax_dro.solvers import pairwise  # noqa: E402
+from fedjax_dro.solvers.pairwise.instances import max_relative_violation, sq_distances  # noqa: E402
 
 FULL_GRID = {"n": [10, 30, 100, 300, 1000], "d": [50, 10_000]}
 QUICK_GRID = {"n": [10, 20], "d": [50]}
@@ -88,29 +89,12 @@ def karula_instance(n, d, seed=0, groups=3, noise=1.0, t_frac=0.3):
     + 0.3 * rng.normal(size=(n, 4)) @ rng.normal(size=(4, d))
     + noise * rng.normal(size=(n, d))
   )
-  d2 = _sq_dists(z)
+  d2 = sq_distances(z)
   iu = np.triu_indices(n, 1)
   t = t_frac * np.median(d2[iu]) / np.median(dis[iu])
   r = t * dis
   np.fill_diagonal(r, 0.0)
   return z, r
-
-
-def _sq_dists(x):
-  xc = x - x.mean(0)
-  sq = np.einsum("ij,ij->i", xc, xc)
-  d2 = np.maximum(sq[:, None] + sq[None, :] - 2.0 * (xc @ xc.T), 0.0)
-  np.fill_diagonal(d2, 0.0)
-  return d2
-
-
-def max_rel_violation(theta, r):
-  d2 = _sq_dists(np.asarray(theta, np.float64))
-  pos = np.isfinite(r) & (r > 0)
-  np.fill_diagonal(pos, False)
-  if not pos.any():
-    return 0.0
-  return float(max(np.max((d2[pos] - r[pos]) / r[pos]), 0.0))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -181,7 +165,7 @@ def run_method(method, dtype, z_np, r_np, tol, args):
       "max_iterations": max_it,
       "converged": bool(out.converged),
       "objective": 0.5 * float(np.sum((theta - z_np) ** 2)),
-      "violation_returned_rel": max_rel_violation(theta, r_np),
+      "violation_returned_rel": max_relative_violation(theta, r_np),
       "primal_residual_abs": pre,
       "restoration_shrink": 1.0 - float(out.restoration_scale),
       "method_residual": float(out.dual_residual),

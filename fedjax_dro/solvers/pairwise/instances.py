@@ -1,6 +1,7 @@
 """Karula-like projection instances with known hard structure, for tests and benchmarks.
 
-Both generators return NumPy float64 arrays ``(z, r)`` (``z: [n, d]``, ``r: [n, n]`` symmetric,
+``sq_distances`` and ``max_relative_violation`` are the float64 NumPy measures the benchmarks
+report. Both generators return NumPy float64 arrays ``(z, r)`` (``z: [n, d]``, ``r: [n, n]`` symmetric,
 zero diagonal), so that callers cast them to the dtype they test.
 
 * :func:`separated_groups`: three well separated groups of client models (group means of
@@ -25,12 +26,25 @@ from __future__ import annotations
 import numpy as np
 
 
-def _sq_distances(x):
+def sq_distances(x):
+  """``[n, n]`` squared distances between the rows of a NumPy array (centred Gram, float64)."""
+  x = np.asarray(x, np.float64)
   xc = x - x.mean(0)
   sq = np.einsum("ij,ij->i", xc, xc)
   d2 = np.maximum(sq[:, None] + sq[None, :] - 2.0 * (xc @ xc.T), 0.0)
   np.fill_diagonal(d2, 0.0)
   return d2
+
+
+def max_relative_violation(theta, r):
+  """``max((||theta_i - theta_j||^2 - r_ij) / r_ij, 0)`` over pairs with ``0 < r_ij < inf``."""
+  r = np.asarray(r, np.float64)
+  d2 = sq_distances(theta)
+  pos = np.isfinite(r) & (r > 0)
+  np.fill_diagonal(pos, False)
+  if not pos.any():
+    return 0.0
+  return float(max(np.max((d2[pos] - r[pos]) / r[pos]), 0.0))
 
 
 def _groups(rng, n, d, separation):
@@ -48,7 +62,7 @@ def separated_groups(n: int, d: int, *, seed: int = 0, separation: float = 10.0,
   latent = rng.normal(size=(3, 4))[groups] + 0.2 * rng.normal(size=(n, 4))
   dis = np.abs(latent[:, None] - latent[None]).sum(-1)
   iu = np.triu_indices(n, 1)
-  r = t_frac * np.median(_sq_distances(z)[iu]) / np.median(dis[iu]) * dis
+  r = t_frac * np.median(sq_distances(z)[iu]) / np.median(dis[iu]) * dis
   r = np.minimum(r, r.T)
   np.fill_diagonal(r, 0.0)
   return z, r
@@ -60,6 +74,6 @@ def all_active(n: int, d: int, *, seed: int = 0, separation: float = 10.0, scale
     raise ValueError(f"scale must be in (0, 1], got {scale}")
   rng = np.random.default_rng(seed)
   _, z = _groups(rng, n, d, separation)
-  r = scale * _sq_distances(z)
+  r = scale * sq_distances(z)
   mean = z.mean(0, keepdims=True)
   return z, r, mean + np.sqrt(scale) * (z - mean)
