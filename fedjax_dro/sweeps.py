@@ -86,12 +86,26 @@ def _sweep_programs(alg: Algorithm, rounds: int, chunk: int, check_finite: bool,
       raise memory_error(e, f"compiling the {alg.name} sweep") from None
     raise
   compile_time = time.perf_counter() - t0
-  evaluate = jax.jit(jax.vmap(make_eval_fn(alg, true_params), in_axes=(0, None)))
+  evaluate = _shared_memory(
+    jax.jit(jax.vmap(make_eval_fn(alg, true_params), in_axes=(0, None))),
+    int(np.shape(args[1][0])[0]),
+  )
   if true_params is None:  # true_params is closed over: cache only the common case
     _SWEEP_PROGRAMS[key] = (alg, compiled, evaluate)
     while len(_SWEEP_PROGRAMS) > _SWEEP_PROGRAMS_MAX:
       _SWEEP_PROGRAMS.popitem(last=False)
   return compiled, evaluate, compile_time
+
+
+def _shared_memory(fn, rows: int):
+  """``fn`` traced (on its first call) with the ``auto`` backend planning each of the ``rows``
+  evaluations that run side by side into its share of the memory."""
+
+  def call(*args):
+    with memory_shared_by(rows):
+      return fn(*args)
+
+  return call
 
 
 @dataclasses.dataclass

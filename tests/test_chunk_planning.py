@@ -1,6 +1,7 @@
 """The memory-aware ``auto`` backend: the chunk planner as a pure function, the per-client memory
 estimates, and runs where a forced tiny budget makes ``auto`` chunk with the results of ``vmap``."""
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -20,6 +21,7 @@ from fedjax_dro.core.clients import (
   memory_shared_by,
   plan_chunk_size,
 )
+from fedjax_dro.core.metrics import evaluate_clients
 from fedjax_dro.data import from_client_arrays
 
 MB = 2**20
@@ -180,3 +182,42 @@ def test_weighted_sum_remainder_without_padding(chunk):
   )
   out = map_clients(lambda x: x + 1, xs, backend="auto")
   np.testing.assert_array_equal(out, xs + 1)
+
+
+@pytest.mark.parametrize("personalized", [False, True])
+def test_evaluation_chunks_under_a_tiny_budget_with_vmap_results(personalized):
+  """Evaluation runs through the ``auto`` backend: chunks of clients when all do not fit (the
+  result of one ``vmap`` over all clients, computed here as the reference)."""
+  data = _classification(23)
+  model = models.mlp((20,), 5, (16,))
+  params = model.init(jax.random.PRNGKey(0))
+  if personalized:
+    params = jax.tree.map(
+      lambda a: a + 0.1 * jnp.arange(23.0).reshape((23,) + (1,) * a.ndim), params
+    )
+  ref = jax.vmap(
+    lambda p, x, y, m: fd.models.per_client_eval(model, p, x, y, m),
+    in_axes=(0 if personalized else None, 0, 0, 0),
+  )(params, data.x, data.y, data.mask)
+  clients.recent_plans.clear()
+  with memory_budget_limit(60_000):
+    got = jax.jit(lambda p, d: evaluate_clients(model, p, d, personalized))(params, data)
+  plan = clients.recent_plans[-1]
+  assert plan.backend == "chunked" and 1 < plan.chunk_size < 23, plan
+  chex.assert_trees_all_close(got, ref, rtol=1e-12, atol=1e-12)
+
+
+def test_global_evaluation_folds_clients_into_one_matmul():
+  """A global model is shared by a chunk's clients: the first layer is one dot over all the
+  chunk's rows (no per-client batch dimension), not one batched dot per client."""
+  data = _classification(8)
+  model = models.mlp((20,), 5, (16,))
+  params = model.init(jax.random.PRNGKey(0))
+  jaxpr = jax.make_jaxpr(lambda d: evaluate_clients(model, params, d, False, backend="vmap"))(data)
+  dots = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "dot_general"]
+  assert dots and all(not e.params["dimension_numbers"][1][0] for e in dots)  # no batch dims
+  jaxpr = jax.make_jaxpr(
+    lambda p, d: evaluate_clients(model, p, d, True, backend="vmap")
+  )(jax.tree.map(lambda a: jnp.stack([a] * 8), params), data)
+  dots = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "dot_general"]
+  assert dots and all(e.params["dimension_numbers"][1][0] for e in dots)  # per-client weights

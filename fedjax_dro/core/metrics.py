@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_dro.core.clients import map_clients
 from fedjax_dro.models.base import Model, per_client_eval
 
 HIGHER_IS_BETTER = {
@@ -27,14 +28,32 @@ HIGHER_IS_BETTER = {
 QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9)
 
 
-def evaluate_clients(model: Model, params, data, personalized: bool) -> Dict[str, jnp.ndarray]:
+def evaluate_clients(
+  model: Model,
+  params,
+  data,
+  personalized: bool,
+  *,
+  backend: str = "auto",
+  chunk_size: Optional[int] = None,
+) -> Dict[str, jnp.ndarray]:
   """Per-client metrics ``{name: [n]}`` of ``params`` on ``data`` (jit-able).
 
   ``params`` is one global model (``personalized=False``) or ``[n, ...]`` stacked per-client models.
+  The clients run through :func:`~fedjax_dro.core.clients.map_clients` with ``backend``: the
+  default ``"auto"`` evaluates all clients at once when their activations fit in the device's
+  memory budget and in chunks of clients otherwise (10,000 CNN clients' activations do not fit
+  at once). A global model is shared by the clients of a chunk, so JAX's batching folds the
+  client axis into the batch: one matmul (one convolution) over all the chunk's rows, not one
+  per client.
   """
-  fn = lambda p, x, y, m: per_client_eval(model, p, x, y, m)
-  in_axes = (0 if personalized else None, 0, 0, 0)
-  return jax.vmap(fn, in_axes=in_axes)(params, data.x, data.y, data.mask)
+  if personalized:
+    fn = lambda p, x, y, m: per_client_eval(model, p, x, y, m)  # noqa: E731
+    args = (params, data.x, data.y, data.mask)
+  else:
+    fn = lambda x, y, m: per_client_eval(model, params, x, y, m)  # noqa: E731
+    args = (data.x, data.y, data.mask)
+  return map_clients(fn, *args, backend=backend, chunk_size=chunk_size)
 
 
 def estimation_error(params, true_params, personalized: bool) -> Optional[jnp.ndarray]:
