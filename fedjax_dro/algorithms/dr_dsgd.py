@@ -26,7 +26,6 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_dro.algorithms.base import Algorithm, HParam, common_settings, participants, register
-from fedjax_dro.core.aggregation import tree_mean
 from fedjax_dro.core.local import stateful_local_round, stateful_round_metrics
 
 
@@ -73,9 +72,15 @@ def dr_dsgd(
       return {"params": w}
 
     update = stateful_local_round(
-      model, settings, data, key, start=lambda row: {"params": state.params}, step=step
+      model,
+      settings,
+      data,
+      key,
+      start=lambda row: {"params": state.params},
+      step=step,
+      averaged=("params",),
     )
-    new_state = DrDsgdState(tree_mean(update.carries["params"]), state.round + 1)
+    new_state = DrDsgdState(update.carries["params"], state.round + 1)
     return new_state, stateful_round_metrics(update)
 
   return Algorithm(

@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_dro.algorithms.base import Algorithm, HParam, common_settings, participants, register
-from fedjax_dro.core.aggregation import scatter_rows, tree_mean
+from fedjax_dro.core.aggregation import scatter_rows
 from fedjax_dro.core.local import stateful_local_round, stateful_round_metrics
 
 
@@ -99,10 +99,17 @@ def fgdro_cvar(
       return {"params": w, "s": s, "u": u}
 
     update = stateful_local_round(
-      model, settings, data, key, start=start, step=step, client_state=state.loss_estimates
+      model,
+      settings,
+      data,
+      key,
+      start=start,
+      step=step,
+      client_state=state.loss_estimates,
+      averaged=("params",),
     )
     final = update.carries
-    params = tree_mean(final["params"])
+    params = final["params"]
     threshold = jnp.mean(final["s"])
     metrics = stateful_round_metrics(update)
     metrics["threshold"] = threshold

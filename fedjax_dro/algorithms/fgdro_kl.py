@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_dro.algorithms.base import Algorithm, HParam, common_settings, participants, register
-from fedjax_dro.core.aggregation import scatter_rows, tree_mean, tree_zeros_like
+from fedjax_dro.core.aggregation import scatter_rows, tree_zeros_like
 from fedjax_dro.core.local import stateful_local_round, stateful_round_metrics
 
 
@@ -128,15 +128,22 @@ def fgdro_kl(
       return {"params": w, "m": m, "log_v": log_v, "u": u}
 
     update = stateful_local_round(
-      model, settings, data, key, start=start, step=step, client_state=state.loss_estimates
+      model,
+      settings,
+      data,
+      key,
+      start=start,
+      step=step,
+      client_state=state.loss_estimates,
+      averaged=("params", "m"),
     )
     final = update.carries
     log_v = mean_log(final["log_v"])
     metrics = stateful_round_metrics(update)
     metrics["log_v"] = log_v
     new_state = FgdroKlState(
-      tree_mean(final["params"]),
-      tree_mean(final["m"]),
+      final["params"],
+      final["m"],
       log_v,
       scatter_rows(state.loss_estimates, update.idx, final["u"]),
       state.round + 1,

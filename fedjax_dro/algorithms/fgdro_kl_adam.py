@@ -31,7 +31,7 @@ from fedjax_dro.algorithms.fgdro_kl import (
   mean_log,
 )
 from fedjax_dro.algorithms.local_adam import HPARAMS as ADAM_HPARAMS, adam_step
-from fedjax_dro.core.aggregation import scatter_rows, tree_mean
+from fedjax_dro.core.aggregation import scatter_rows
 from fedjax_dro.core.local import stateful_local_round, stateful_round_metrics
 
 
@@ -90,16 +90,23 @@ def fgdro_kl_adam(
       return {"params": w, "m": m, "q": q, "log_v": log_v, "u": u}
 
     update = stateful_local_round(
-      model, settings, data, key, start=start, step=step, client_state=state.loss_estimates
+      model,
+      settings,
+      data,
+      key,
+      start=start,
+      step=step,
+      client_state=state.loss_estimates,
+      averaged=("params", "m", "q"),
     )
     final = update.carries
     log_v = mean_log(final["log_v"])
     metrics = stateful_round_metrics(update)
     metrics["log_v"] = log_v
     new_state = FgdroKlAdamState(
-      tree_mean(final["params"]),
-      tree_mean(final["m"]),
-      tree_mean(final["q"]),
+      final["params"],
+      final["m"],
+      final["q"],
       log_v,
       scatter_rows(state.loss_estimates, update.idx, final["u"]),
       state.round + 1,

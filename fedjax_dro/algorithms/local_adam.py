@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_dro.algorithms.base import Algorithm, HParam, common_settings, participants, register
-from fedjax_dro.core.aggregation import tree_mean, tree_zeros_like
+from fedjax_dro.core.aggregation import tree_zeros_like
 from fedjax_dro.core.local import stateful_local_round, stateful_round_metrics
 
 
@@ -90,11 +90,11 @@ def local_adam(
       w, m, q = adam_step(carry, grad, hparams)
       return {"params": w, "m": m, "q": q}
 
-    update = stateful_local_round(model, settings, data, key, start=start, step=step)
-    final = update.carries
-    new_state = LocalAdamState(
-      tree_mean(final["params"]), tree_mean(final["m"]), tree_mean(final["q"]), state.round + 1
+    update = stateful_local_round(
+      model, settings, data, key, start=start, step=step, averaged=("params", "m", "q")
     )
+    final = update.carries
+    new_state = LocalAdamState(final["params"], final["m"], final["q"], state.round + 1)
     return new_state, stateful_round_metrics(update)
 
   return Algorithm(

@@ -351,7 +351,12 @@ def map_clients(fn: Callable, *args, backend: str = "vmap", chunk_size: Optional
 
 
 def map_clients_weighted_sum(
-  fn: Callable, weights, *args, backend: str = "vmap", chunk_size: Optional[int] = None
+  fn: Callable,
+  weights,
+  *args,
+  backend: str = "vmap",
+  chunk_size: Optional[int] = None,
+  folded: Optional[Callable] = None,
 ):
   """``(sum_k weights[k] * fn(args_k)[0], stacked fn(args_k)[1])`` without materializing the
   stacked first outputs for the ``map`` / ``chunked`` backends.
@@ -362,12 +367,18 @@ def map_clients_weighted_sum(
   EMNIST MLP times 1000 clients is ~0.8 GB). Each chunk's inputs are sliced from the clients'
   arrays in place (no gathered or padded copy of the data); clients left over after the last full
   chunk run as one smaller ``vmap``. ``"auto"`` is planned here (:func:`plan_clients`).
+
+  ``folded(weights, *args) -> (weighted sum tree, stacked aux)`` computes the same thing for a
+  group of clients at once (all of them with ``vmap``, one chunk otherwise) when that is cheaper
+  than summing per-client trees: e.g. the weighted gradient of clients that share one model is
+  the gradient of their weighted loss, one backward pass with the client axis folded into the
+  batch (FedSGD). ``fn`` still defines the per-client memory the ``auto`` backend plans with.
   """
+  group = folded or (lambda w, *a: _vmapped_weighted(fn, w, *a))
   if backend == "auto":
     backend, chunk_size = plan_clients(fn, args, stacked=lambda out: out[1])
   if backend == "vmap":
-    trees, aux = jax.vmap(fn)(*args)
-    return _weighted(weights, trees), aux
+    return group(weights, *args)
   if backend not in ("map", "chunked"):
     raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
   size = 1 if backend == "map" else (chunk_size or DEFAULT_CHUNK_SIZE)
@@ -381,17 +392,22 @@ def map_clients_weighted_sum(
     start = i * size
     chunk_args = jax.tree.map(lambda a: jax.lax.dynamic_slice_in_dim(a, start, size), args)
     chunk_w = jax.lax.dynamic_slice_in_dim(weights, start, size)
-    trees, aux = jax.vmap(fn)(*chunk_args)
-    return jax.tree.map(jnp.add, total, _weighted(chunk_w, trees)), aux
+    tree, aux = group(chunk_w, *chunk_args)
+    return jax.tree.map(jnp.add, total, tree), aux
 
   total, aux = jax.lax.scan(body, zeros, jnp.arange(full))
   aux = jax.tree.map(lambda a: a.reshape((full * size,) + a.shape[2:]), aux)
   if rest:
     tail = jax.tree.map(lambda a: a[full * size :], args)
-    trees, tail_aux = jax.vmap(fn)(*tail)
-    total = jax.tree.map(jnp.add, total, _weighted(weights[full * size :], trees))
+    tree, tail_aux = group(weights[full * size :], *tail)
+    total = jax.tree.map(jnp.add, total, tree)
     aux = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), aux, tail_aux)
   return total, aux
+
+
+def _vmapped_weighted(fn, weights, *args):
+  trees, aux = jax.vmap(fn)(*args)
+  return _weighted(weights, trees), aux
 
 
 def _weighted(weights, trees):

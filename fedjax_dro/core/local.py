@@ -3,7 +3,7 @@ runs it for the participating clients with a chosen backend."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -85,6 +85,21 @@ class LocalRound(NamedTuple):
   num_examples: Any
 
 
+def _draw_participants(settings, data, key, sampling_weights=None):
+  """``(idx, clients, take, local_key)``: the round's participants (the key schedule every
+  FedAvg-style round shares), their gathered data, a function gathering their rows of a
+  per-client pytree, and the key their local work derives from."""
+  n = data.num_clients
+  s = participants(settings, n)
+  sample_key, local_key = jax.random.split(key)
+  idx = sample_clients(sample_key, n, s, sampling_weights)
+  # full participation: idx = arange(n), no gather (host-resident data is always gathered)
+  full = s == n and sampling_weights is None and not getattr(data, "host_resident", False)
+  clients = data if full else data.take_clients(idx)
+  take = (lambda tree: tree) if full else (lambda tree: jax.tree.map(lambda a: a[idx], tree))
+  return idx, clients, take, local_key
+
+
 def local_round(
   model: Model,
   settings,
@@ -115,14 +130,8 @@ def local_round(
       stacked ``[s, ...]`` deltas); with the ``map`` / ``chunked`` backends it is accumulated chunk
       by chunk, so memory stays that of one chunk (FedAvg-type aggregation of large models).
   """
-  n = data.num_clients
-  s = participants(settings, n)
-  sample_key, local_key = jax.random.split(key)
-  idx = sample_clients(sample_key, n, s, sampling_weights)
-  # full participation: idx = arange(n), no gather (host-resident data is always gathered)
-  full = s == n and sampling_weights is None and not getattr(data, "host_resident", False)
-  clients = data if full else data.take_clients(idx)
-  take = (lambda tree: tree) if full else (lambda tree: jax.tree.map(lambda a: a[idx], tree))
+  idx, clients, take, local_key = _draw_participants(settings, data, key, sampling_weights)
+  s = idx.shape[0]
   starts = None if client_params is None else take(client_params)
   rows = None if client_state is None else take(client_state)
   reference = params if client_params is None else jax.tree.map(lambda a: a[0], client_params)
@@ -167,6 +176,58 @@ def local_round(
   return LocalRound(idx, deltas, weights, losses, clients.num_examples)
 
 
+def federated_gradient(model: Model, settings, params, data, key) -> LocalRound:
+  """FedSGD's round: every participant's minibatch gradient at the shared ``params``, averaged.
+
+  Returns the :class:`LocalRound` of ``local_round(..., lr=1.0, num_steps=1, mean_only=True)``
+  (``deltas`` = ``-sum_k w_k g_k`` with normalized weights; the same participants, keys and
+  minibatches), computed differently: the clients share one model, so the weighted mean of
+  their gradients is the gradient of their weighted loss, taken in one backward pass over the
+  minibatches of a whole chunk of clients. JAX's batching folds the client axis into the batch
+  (one matmul or convolution over all the chunk's rows for every layer, not one per client),
+  which is what makes this cheap on accelerators; the chunks are planned from the per-client
+  update's memory like every ``map_clients`` call. Equal to the per-client path up to the order
+  of floating-point sums (tested).
+  """
+  idx, clients, _, local_key = _draw_participants(settings, data, key)
+  s = idx.shape[0]
+  keys = jax.random.split(local_key, s)
+  weights = aggregation_weights(settings, clients.num_examples)
+  weights = weights / jnp.sum(weights)
+
+  def client_loss_at(p, x, y, nex, k):
+    # local_sgd's key schedule for one step: the step key is split(k, 1)[0]
+    bx, by, bmask = sample_batch(jax.random.split(k, 1)[0], x, y, nex, settings.batch_size)
+    return client_loss(model, p, bx, by, bmask)
+
+  def client_update(x, y, nex, k):  # the per-client form (memory planning)
+    loss, g = jax.value_and_grad(client_loss_at)(params, x, y, nex, k)
+    return jax.tree.map(jnp.negative, g), loss
+
+  def folded(w, x, y, nex, k):
+    def weighted_loss(p):
+      losses = jax.vmap(client_loss_at, in_axes=(None, 0, 0, 0, 0))(p, x, y, nex, k)
+      return jnp.sum(w.astype(losses.dtype) * losses), losses
+
+    g, losses = jax.grad(weighted_loss, has_aux=True)(params)
+    return jax.tree.map(lambda a: (-a).astype(a.dtype), g), losses
+
+  deltas, losses = map_clients_weighted_sum(
+    client_update,
+    weights,
+    clients.x,
+    clients.y,
+    clients.num_examples,
+    keys,
+    backend=backend_for(settings, params),
+    chunk_size=settings.chunk_size,
+    folded=folded,
+  )
+  return LocalRound(
+    idx, deltas, aggregation_weights(settings, clients.num_examples), losses, clients.num_examples
+  )
+
+
 class StatefulRound(NamedTuple):
   """What the participants of a round with per-step local state send back.
 
@@ -194,6 +255,7 @@ def stateful_local_round(
   batch_step: Optional[Callable] = None,
   client_state=None,
   num_steps: Optional[int] = None,
+  averaged: Tuple[str, ...] = (),
 ) -> StatefulRound:
   """Samples participants and runs local steps that carry more than the model.
 
@@ -212,6 +274,12 @@ def stateful_local_round(
       steps that take several gradients on one minibatch (pFedMe's inner Moreau-envelope solve).
     client_state: optional ``[n, ...]`` persistent per-client state passed row-wise to ``start``.
     num_steps: overrides ``settings.local_steps``.
+    averaged: keys of the carry of which only the participants' uniform mean is needed (the
+      model and the moments the server averages): ``carries[key]`` is that mean, without the
+      client axis, accumulated chunk by chunk with the ``map`` / ``chunked`` backends as in
+      ``local_round(mean_only=True)``, so a round never holds every participant's copy of a
+      model-sized carry (with the MLP 784-200-200-62 and 100 clients, three such carries
+      stacked are 250 MB written and read back per round). The other keys stay stacked.
   """
   if (step is None) == (batch_step is None):
     raise ValueError("give exactly one of step and batch_step")
@@ -239,15 +307,31 @@ def stateful_local_round(
     return carry, losses[0]
 
   reference = start(None if rows is None else jax.tree.map(lambda a: a[0], rows))["params"]
-  carries, losses = run_clients(
-    client_update,
-    clients,
-    jax.random.split(local_key, s),
+  backend = backend_for(settings, reference)
+  keys = jax.random.split(local_key, s)
+  if not averaged:
+    carries, losses = run_clients(
+      client_update, clients, keys, rows, backend=backend, chunk_size=settings.chunk_size
+    )
+    return StatefulRound(idx, carries, losses, clients.num_examples)
+
+  def split_update(x, y, nex, k, row):
+    carry, loss = client_update(x, y, nex, k, row)
+    kept = {name: value for name, value in carry.items() if name not in averaged}
+    return {name: carry[name] for name in averaged}, (kept, loss)
+
+  means, (kept, losses) = map_clients_weighted_sum(
+    split_update,
+    jnp.full((s,), 1.0 / s),
+    clients.x,
+    clients.y,
+    clients.num_examples,
+    keys,
     rows,
-    backend=backend_for(settings, reference),
+    backend=backend,
     chunk_size=settings.chunk_size,
   )
-  return StatefulRound(idx, carries, losses, clients.num_examples)
+  return StatefulRound(idx, {**kept, **means}, losses, clients.num_examples)
 
 
 def stateful_round_metrics(update: StatefulRound) -> dict:
