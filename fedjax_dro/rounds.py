@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_dro.algorithms.base import Algorithm, make_hparams
+from fedjax_dro.core.clients import client_shards
 from fedjax_dro.core.metrics import estimation_error, evaluate_clients, summarize_all
 from fedjax_dro.data.federated import FederatedData, FederatedDataset, validate_data
 from fedjax_dro.validation import check_hparams, check_run_inputs
@@ -351,6 +352,12 @@ def compile_rounds(
   # every round of a call is active, whatever start_round (no total-rounds cut-off)
   chunk_fn = jax.jit(make_chunk_fn(alg, np.iinfo(np.int32).max, rounds, check_finite))
   t0 = time.perf_counter()
-  program = chunk_fn.lower(state, status, jnp.int32(0), hp, run_key, train).compile()
+  shards = 1
+  if mesh is not None:
+    from fedjax_dro.sharding import axis_size
+
+    shards = axis_size(mesh, "clients")
+  with client_shards(shards):
+    program = chunk_fn.lower(state, status, jnp.int32(0), hp, run_key, train).compile()
   compile_time = time.perf_counter() - t0
   return CompiledRounds(alg, train, rounds, hp, run_key, state, program, compile_time, status)

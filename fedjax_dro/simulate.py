@@ -35,6 +35,7 @@ from fedjax_dro.checkpoint import (
   save_checkpoint,
   scan as scan_checkpoints,
 )
+from fedjax_dro.core.clients import client_shards
 from fedjax_dro.data.federated import FederatedData, FederatedDataset
 from fedjax_dro.export import history_to_csv
 from fedjax_dro.results import (
@@ -61,7 +62,14 @@ from fedjax_dro.rounds import (
   make_eval_fn,
   predicted_participants,
 )
-from fedjax_dro.sharding import check_mesh, fetch, is_writer, place_data, place_replicated
+from fedjax_dro.sharding import (
+  axis_size,
+  check_mesh,
+  fetch,
+  is_writer,
+  place_data,
+  place_replicated,
+)
 from fedjax_dro.sweeps import SweepResult, sweep
 from fedjax_dro.validation import (
   check_hparams,
@@ -202,7 +210,8 @@ def run(
   with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
     try:
-      compiled = chunk_fn.lower(state, status, jnp.int32(0), hp, run_key, train).compile()
+      with client_shards(axis_size(mesh, "clients")):
+        compiled = chunk_fn.lower(state, status, jnp.int32(0), hp, run_key, train).compile()
     except Exception as e:
       if is_out_of_memory(e):
         raise memory_error(e, f"compiling {alg.name}'s rounds") from None
@@ -211,7 +220,9 @@ def run(
     # compile time, not the first chunk's run time (benchmarks/speed.py measures both).
     if not is_host_data(eval_data):
       try:
-        eval_fn = _AheadOfTime(eval_fn, eval_fn.lower(compiled.out_info[0], eval_data).compile())
+        with client_shards(axis_size(mesh, "clients")):
+          lowered = eval_fn.lower(compiled.out_info[0], eval_data)
+        eval_fn = _AheadOfTime(eval_fn, lowered.compile())
       except Exception as e:
         if is_out_of_memory(e):
           raise memory_error(e, f"compiling {alg.name}'s evaluation") from None

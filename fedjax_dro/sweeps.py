@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_dro.algorithms.base import Algorithm, make_hparams
-from fedjax_dro.core.clients import memory_shared_by
+from fedjax_dro.core.clients import client_shards, memory_shared_by
 from fedjax_dro.core.metrics import HIGHER_IS_BETTER
 from fedjax_dro.data.federated import FederatedData, FederatedDataset
 from fedjax_dro.rounds import (
@@ -58,7 +58,9 @@ def _abstract_key(tree):
   )
 
 
-def _sweep_programs(alg: Algorithm, rounds: int, chunk: int, check_finite: bool, args, true_params):
+def _sweep_programs(
+  alg: Algorithm, rounds: int, chunk: int, check_finite: bool, args, true_params, shards: int = 1
+):
   """``(compiled chunk program, vmapped eval function, compile seconds)``, cached."""
   key = (
     id(alg),
@@ -79,7 +81,7 @@ def _sweep_programs(alg: Algorithm, rounds: int, chunk: int, check_finite: bool,
   t0 = time.perf_counter()
   try:
     # the rows run side by side: the auto backend plans each row into its share of the memory
-    with memory_shared_by(int(np.shape(args[1][0])[0])):
+    with memory_shared_by(int(np.shape(args[1][0])[0])), client_shards(shards):
       compiled = vchunk.lower(*args).compile()
   except Exception as e:
     if is_out_of_memory(e):
@@ -263,6 +265,7 @@ def sweep(
     check_finite,
     (state, status, jnp.int32(0), hp, run_keys, train),
     true_params,
+    axis_size(mesh, "clients"),
   )
   t0 = time.perf_counter()
   curves: Dict[str, list] = {}

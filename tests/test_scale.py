@@ -372,3 +372,54 @@ def test_cli_host_data_and_mesh_flags(tmp_path, capsys):
   assert "--devices 3" in capsys.readouterr().err
   assert cli.main(args + ["--coordinator", "127.0.0.1:1"]) == 2
   assert "must be given together" in capsys.readouterr().err
+
+
+CHUNKED_ON_A_MESH = """
+from fedjax_dro.core import clients
+from fedjax_dro.core.clients import memory_budget_limit
+ds, model = problem()   # 20 clients, full participation below
+out = {}
+for name in ("fedavg", "scaffold"):
+  alg = A.get_algorithm(name).factory(model, local_steps=3, batch_size=8, backend="chunked",
+                                      chunk_size=4)
+  base = fd.run(alg, ds, rounds=3, eval_every=3)
+  h = fd.run(alg, ds, rounds=3, eval_every=3, mesh=make_mesh(clients=2))
+  out[name] = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+                  for a, b in zip(jax.tree.leaves(h.final_state), jax.tree.leaves(base.final_state)))
+  text = fd.compile_rounds(alg, ds, rounds=1, mesh=make_mesh(clients=2)).as_text()
+  data_shape = "[" + ",".join(map(str, ds.train.x.shape)) + "]"
+  gathers = [l for l in text.splitlines() if "all-gather(" in l]
+  out[name + " all-gather"] = [l.strip()[:120] for l in gathers if data_shape in l]
+# auto under a tiny budget on the mesh: chunks that split evenly over the 2 devices
+clients.recent_plans.clear()
+with memory_budget_limit(60_000):
+  fd.compile_rounds(A.fedavg(model, local_steps=3, batch_size=8), ds, rounds=1,
+                    mesh=make_mesh(clients=2))
+out["plans"] = [(p.backend, p.chunk_size) for p in clients.recent_plans if p.num_clients == 20]
+print(json.dumps(out))
+"""
+
+
+def test_chunked_rounds_on_a_mesh_keep_the_data_sharded():
+  """Chunks of clients are strided over the client axis, so with the clients split over two
+  devices each device runs its half of every chunk: no all-gather of the data (contiguous chunks
+  made XLA gather all clients onto every device and run every chunk twice), results of one
+  device; ``auto`` plans chunk sizes that are multiples of the device count and divide n."""
+  out = _result(_python(CHUNKED_ON_A_MESH, devices=2))
+  for name in ("fedavg", "scaffold"):
+    assert out[name] <= 1e-6, out
+    assert not out[name + " all-gather"], out  # the clients' data is never gathered
+  assert out["plans"], out
+  for backend, size in out["plans"]:
+    assert backend == "chunked" and size % 2 == 0 and 20 % size == 0, out["plans"]
+
+
+def test_sharded_chunk_size():
+  from fedjax_dro.core.clients import sharded_chunk_size
+
+  assert sharded_chunk_size(1000, 10, 1) == 10
+  assert sharded_chunk_size(1000, 10, 2) == 20  # 50 chunks of 10 per device
+  assert sharded_chunk_size(1000, 1, 2) == 2
+  assert sharded_chunk_size(1000, 600, 2) is None  # all at once
+  assert sharded_chunk_size(24, 3, 4) == 12  # 2 chunks of 12 (3 per device)
+  assert sharded_chunk_size(999, 10, 2) == 10  # odd n: no even split exists

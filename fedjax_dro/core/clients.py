@@ -45,6 +45,7 @@ JAXPR_MARGIN = 1.5
 
 _BUDGET_OVERRIDE: contextvars.ContextVar = contextvars.ContextVar("budget_override", default=None)
 _MEMORY_SHARE: contextvars.ContextVar = contextvars.ContextVar("memory_share", default=1)
+_CLIENT_SHARDS: contextvars.ContextVar = contextvars.ContextVar("client_shards", default=1)
 _MEASURED: dict = {}  # per-client memory measurements, by the per-client program's jaxpr
 
 
@@ -164,6 +165,36 @@ def memory_shared_by(rows: int):
     yield
   finally:
     _MEMORY_SHARE.reset(token)
+
+
+@contextlib.contextmanager
+def client_shards(shards: int):
+  """Programs traced inside run with the client axis split over ``shards`` devices (the
+  ``"clients"`` axis of a :func:`fedjax_dro.sharding.make_mesh` mesh): the ``auto`` backend plans
+  each device's chunk (memory and cache are per device) and lays the chunks out so that every
+  chunk has the same number of clients on every device (:func:`sharded_chunk_size`)."""
+  token = _CLIENT_SHARDS.set(max(1, int(shards)))
+  try:
+    yield
+  finally:
+    _CLIENT_SHARDS.reset(token)
+
+
+def sharded_chunk_size(num_clients: int, per_device: int, shards: int) -> Optional[int]:
+  """Clients per chunk when the client axis is split over ``shards`` devices and each device
+  should run about ``per_device`` clients at a time: the smallest number of chunks (at least
+  ``num_clients / (per_device * shards)``) whose size divides ``num_clients`` and is a multiple
+  of ``shards`` (then every chunk takes ``size / shards`` clients from each device's block and no
+  data moves; see :func:`map_clients_weighted_sum`). ``None``: all clients at once. If no such
+  size exists, ``per_device`` (the chunks then gather their clients across devices)."""
+  if shards <= 1:
+    return per_device
+  fewest = max(1, math.ceil(num_clients / (max(1, per_device) * shards)))
+  for chunks in range(fewest, num_clients + 1):
+    size, rest = divmod(num_clients, chunks)
+    if rest == 0 and size % shards == 0:
+      return None if size >= num_clients else size
+  return per_device
 
 
 def _nbytes(aval) -> int:
@@ -323,6 +354,8 @@ def plan_clients(
       chunk = plan_chunk_size(n, per_client, budget, shared_bytes=reserved)
     if chunk is not None and (cap is None or chunk < cap):
       cap = chunk
+  if cap is not None and _CLIENT_SHARDS.get() > 1:  # cap is per device: lay out sharded chunks
+    cap = sharded_chunk_size(n, cap, _CLIENT_SHARDS.get())
   if cap is None:
     plan = ("vmap", None)
   else:
@@ -346,7 +379,16 @@ def map_clients(fn: Callable, *args, backend: str = "vmap", chunk_size: Optional
   if backend == "map":
     return jax.lax.map(lambda a: fn(*a), args)
   if backend == "chunked":
-    return jax.lax.map(lambda a: fn(*a), args, batch_size=chunk_size or DEFAULT_CHUNK_SIZE)
+    size = min(chunk_size or DEFAULT_CHUNK_SIZE, _num_clients(args))
+    if _num_clients(args) % size == 0 and _num_clients(args) > size:
+      strided = _strided(args, size)
+      _, out = jax.lax.scan(
+        lambda carry, j: (carry, jax.vmap(fn)(*_strided_chunk(strided, j))),
+        None,
+        jnp.arange(_num_clients(args) // size),
+      )
+      return _unstrided(out)
+    return jax.lax.map(lambda a: fn(*a), args, batch_size=size)
   raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
 
 
@@ -387,6 +429,16 @@ def map_clients_weighted_sum(
   full, rest = divmod(s, size)
   template, _ = jax.eval_shape(fn, *_one_client(args))
   zeros = jax.tree.map(lambda t: jnp.zeros(t.shape, t.dtype), template)
+  if rest == 0 and full > 1:  # strided chunks: a sharded client axis stays sharded
+    strided = _strided((weights,) + args, size)
+
+    def strided_body(total, j):
+      chunk_w, *chunk_args = _strided_chunk(strided, j)
+      tree, aux = group(chunk_w, *chunk_args)
+      return jax.tree.map(jnp.add, total, tree), aux
+
+    total, aux = jax.lax.scan(strided_body, zeros, jnp.arange(full))
+    return total, _unstrided(aux)
 
   def body(total, i):
     start = i * size
@@ -403,6 +455,26 @@ def map_clients_weighted_sum(
     total = jax.tree.map(jnp.add, total, tree)
     aux = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), aux, tail_aux)
   return total, aux
+
+
+def _strided(args, size: int):
+  """Every leaf ``[s, ...]`` viewed as ``[size, s // size, ...]`` (a free reshape): chunk ``j``
+  is the clients ``j, j + s/size, j + 2 s/size, ...``, so each chunk takes its clients from every
+  block of the client axis. With the client axis sharded over devices in contiguous blocks
+  (:mod:`fedjax_dro.sharding`) every device runs its own share of every chunk, with no data
+  moved; contiguous chunks would make XLA gather the data and run every chunk on every device."""
+  return jax.tree.map(lambda a: a.reshape((size, a.shape[0] // size) + a.shape[1:]), args)
+
+
+def _strided_chunk(strided, j):
+  return jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, j, 1, keepdims=False), strided)
+
+
+def _unstrided(stacked):
+  """Per-chunk outputs ``[s // size, size, ...]`` back in client order ``[s, ...]``."""
+  return jax.tree.map(
+    lambda a: jnp.swapaxes(a, 0, 1).reshape((a.shape[0] * a.shape[1],) + a.shape[2:]), stacked
+  )
 
 
 def _vmapped_weighted(fn, weights, *args):
