@@ -90,10 +90,11 @@ def scaffold(
       state.control,
       update.deltas,
     )
-    params = tree_add(
-      state.params, weighted_mean(update.deltas, update.weights), hparams["server_lr"]
-    )
-    dc = weighted_mean(jax.tree.map(jnp.subtract, new_ci, old_ci), update.weights)
+    mean_delta = weighted_mean(update.deltas, update.weights)
+    params = tree_add(state.params, mean_delta, hparams["server_lr"])
+    # mean of c_i+ - c_i = -c - delta_i / (J eta_l) over the normalized weights: from the mean
+    # delta, without another pass over the participants' stacked rows
+    dc = jax.tree.map(lambda c, d: -c - d / (settings.local_steps * lr), state.control, mean_delta)
     control = tree_add(state.control, dc, s / n)
     return (
       ScaffoldState(
