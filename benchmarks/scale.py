@@ -17,6 +17,7 @@ Three parts, each measured side by side in one invocation (public API only):
 
     python benchmarks/scale.py                 # all parts (~10 min on 2 CPU cores)
     python benchmarks/scale.py --parts sweep   # one part
+    python benchmarks/scale.py --parts devices --merge   # re-measure one part, keep the others
     python benchmarks/scale.py --quick         # tiny sizes (smoke test)
 
 Writes ``benchmarks/results/scale.json`` and ``scale.md`` and prints the tables.
@@ -301,6 +302,7 @@ def main(argv=None):
   parser.add_argument("--quick", action="store_true")
   parser.add_argument("--parts", default="sweep,devices,host")
   parser.add_argument("--out", default=os.path.join(HERE, "results", "scale.json"))
+  parser.add_argument("--merge", action="store_true", help="keep the other parts of --out")
   parser.add_argument("--child", nargs="+", default=None, help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
   if args.child:
@@ -323,6 +325,10 @@ def main(argv=None):
       "quick": args.quick,
     }
   }
+  if args.merge and os.path.exists(args.out):  # keep the parts this invocation does not measure
+    with open(args.out) as f:
+      kept = json.load(f)
+    result.update({k: v for k, v in kept.items() if k != "meta"})
   parts = args.parts.split(",")
   unknown = set(parts) - {"sweep", "devices", "host"}
   if unknown:

@@ -70,3 +70,32 @@ def test_scale_quick(tmp_path):
   for row in result["host"]:
     assert row["max_abs_diff_host_vs_device"] == 0.0
   assert (tmp_path / "scale.md").exists()
+
+
+def test_speed_quick_workloads_and_folding(tmp_path):
+  """benchmarks/speed.py on its quick grid: every requested section is measured and reported."""
+  bench = _load("speed")
+  out = tmp_path / "speed.json"
+  result = bench.main(
+    [
+      "--quick",
+      "--sections",
+      "workloads,folding",
+      "--models",
+      "softmax",
+      "--backends",
+      "vmap,auto",
+      "--out",
+      str(out),
+    ]
+  )
+  saved = json.loads(out.read_text())
+  rows = saved["workloads"]["rows"]
+  assert [r["num_clients"] for r in rows] == [10]
+  for backend in ("vmap", "auto"):
+    r = rows[0][backend]
+    assert r["updates_per_s"] > 0 and r["speedup_vs_loop"] > 0
+    assert r["s_per_round"] == pytest.approx(10 / r["updates_per_s"])
+  assert {r["model"] for r in saved["folding"]["rows"]} == {"softmax", "mlp"}
+  assert all(r["grad_folded_s"] > 0 for r in result["folding"]["rows"])
+  assert "client axis folded" in (tmp_path / "speed.md").read_text()

@@ -216,8 +216,8 @@ def test_global_evaluation_folds_clients_into_one_matmul():
   jaxpr = jax.make_jaxpr(lambda d: evaluate_clients(model, params, d, False, backend="vmap"))(data)
   dots = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "dot_general"]
   assert dots and all(not e.params["dimension_numbers"][1][0] for e in dots)  # no batch dims
-  jaxpr = jax.make_jaxpr(
-    lambda p, d: evaluate_clients(model, p, d, True, backend="vmap")
-  )(jax.tree.map(lambda a: jnp.stack([a] * 8), params), data)
+  jaxpr = jax.make_jaxpr(lambda p, d: evaluate_clients(model, p, d, True, backend="vmap"))(
+    jax.tree.map(lambda a: jnp.stack([a] * 8), params), data
+  )
   dots = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "dot_general"]
   assert dots and all(e.params["dimension_numbers"][1][0] for e in dots)  # per-client weights
