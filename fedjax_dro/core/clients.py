@@ -6,7 +6,9 @@ All backends compute the same thing; they differ in how XLA executes it:
 * ``"map"``: ``lax.map`` over clients inside the same program — no Python dispatch, one client's
   working set at a time; best for compute-bound models on CPU.
 * ``"chunked"``: ``lax.map`` over chunks of ``chunk_size`` clients with ``vmap`` inside a chunk —
-  bounds memory while keeping batching.
+  bounds memory while keeping batching. When ``chunk_size`` divides the number of clients the
+  chunks are strided over the client axis (chunk ``j`` = clients ``j, j + n/size, ...``), so a
+  client axis sharded over devices stays sharded (:func:`client_shards`).
 * ``"auto"``: planned at each call site (:func:`plan_clients`), from the per-client memory of
   the function being mapped: ``vmap`` over all participants when one round's client work fits in
   :func:`memory_budget` (half the device's free memory: the allocator's free bytes on GPU/TPU,
@@ -407,8 +409,10 @@ def map_clients_weighted_sum(
   ``chunked`` a ``lax.scan`` over chunks of clients keeps a running weighted sum, so the memory is
   that of one chunk — the right shape for large models and many clients (a per-client delta of an
   EMNIST MLP times 1000 clients is ~0.8 GB). Each chunk's inputs are sliced from the clients'
-  arrays in place (no gathered or padded copy of the data); clients left over after the last full
-  chunk run as one smaller ``vmap``. ``"auto"`` is planned here (:func:`plan_clients`).
+  arrays in place (no gathered or padded copy of the data): strided chunks when the chunk size
+  divides the number of clients (see :func:`_strided`: each device of a sharded client axis runs
+  its share of every chunk), else contiguous chunks with the clients left over after the last
+  full chunk run as one smaller ``vmap``. ``"auto"`` is planned here (:func:`plan_clients`).
 
   ``folded(weights, *args) -> (weighted sum tree, stacked aux)`` computes the same thing for a
   group of clients at once (all of them with ``vmap``, one chunk otherwise) when that is cheaper
