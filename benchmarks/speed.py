@@ -106,6 +106,12 @@ def float32_params(model):
   return jax.tree.map(lambda a: a.astype(jnp.float32), model.init(jax.random.PRNGKey(0)))
 
 
+def make_workload(kind, n):
+  """``(model, float32 parameters, data of n clients)`` of a workload."""
+  model = make_model(kind)
+  return model, float32_params(model), make_data(kind, n)
+
+
 def step_flops(model, params, x, y):
   """XLA's FLOP count of one local step (forward + backward on one minibatch, no loops)."""
   nex = jnp.int32(x.shape[0])
@@ -291,9 +297,7 @@ def precisions(args, dense):
   rows = []
   for kind in args.models:
     n = min(args.precision_clients, args.max_clients)
-    model = make_model(kind)
-    params = float32_params(model)
-    data = make_data(kind, n)
+    model, params, data = make_workload(kind, n)
     for precision in PRECISIONS:
       flops = LOCAL_STEPS * step_flops(
         with_precision(model, precision), params, data.x[0], data.y[0]
@@ -331,9 +335,7 @@ def algorithms(args):
   for kind, n in args.algorithm_workloads:
     if n > args.max_clients:
       continue
-    model = make_model(kind)
-    params = float32_params(model)
-    data = make_data(kind, n)
+    model, params, data = make_workload(kind, n)
     rows, progs = [], {}
     for name, entry in list_algorithms().items():
       kw = _factory_settings(entry, n, "auto")
@@ -463,9 +465,7 @@ def folding(args):
   for kind, n in args.folding_workloads:
     if n > args.max_clients:
       continue
-    model = make_model(kind)
-    params = float32_params(model)
-    data = make_data(kind, n)
+    model, params, data = make_workload(kind, n)
     settings = common_settings(
       clients_per_round=None,
       local_steps=1,

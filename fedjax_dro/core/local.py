@@ -193,7 +193,6 @@ def federated_gradient(model: Model, settings, params, data, key) -> LocalRound:
   s = idx.shape[0]
   keys = jax.random.split(local_key, s)
   weights = aggregation_weights(settings, clients.num_examples)
-  weights = weights / jnp.sum(weights)
 
   def client_loss_at(p, x, y, nex, k):
     # local_sgd's key schedule for one step: the step key is split(k, 1)[0]
@@ -214,7 +213,7 @@ def federated_gradient(model: Model, settings, params, data, key) -> LocalRound:
 
   deltas, losses = map_clients_weighted_sum(
     client_update,
-    weights,
+    weights / jnp.sum(weights),
     clients.x,
     clients.y,
     clients.num_examples,
@@ -223,9 +222,7 @@ def federated_gradient(model: Model, settings, params, data, key) -> LocalRound:
     chunk_size=settings.chunk_size,
     folded=folded,
   )
-  return LocalRound(
-    idx, deltas, aggregation_weights(settings, clients.num_examples), losses, clients.num_examples
-  )
+  return LocalRound(idx, deltas, weights, losses, clients.num_examples)
 
 
 class StatefulRound(NamedTuple):
