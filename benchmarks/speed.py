@@ -48,6 +48,7 @@ repeatable rate, and every ratio divides like by like.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -66,10 +67,10 @@ from fedjax_dro.core import clients as client_backends
 from fedjax_dro.core.precision import PRECISIONS, default_precision, with_precision
 from fedjax_dro.data import from_client_arrays
 from fedjax_dro.models import client_loss_and_grad, num_parameters
-from fedjax_dro.sharding import make_mesh
+from fedjax_dro.sharding import local_cpu_cores, make_mesh, request_cpu_devices
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SECTIONS = ("workloads", "precision", "algorithms", "run", "folding")
+SECTIONS = ("workloads", "precision", "algorithms", "run", "folding", "devices")
 MODELS = ("softmax", "logreg", "mlp", "cnn-lax", "cnn-patches")
 TABULAR = ("softmax", "logreg")
 BACKENDS = ("vmap", "map", "chunked", "auto")
@@ -442,6 +443,57 @@ def run_path(args):
   return out
 
 
+def devices_section(args):
+  """``fd.sweep`` of 4 learning rates on one device against the same sweep on a mesh over all
+  devices of the process, with the configurations split (``sweep`` axis) or the clients split
+  (``clients`` axis): seconds per call after a warm-up call (compiled programs are cached), best
+  of several, calls interleaved. The ``run`` counterpart is the workloads' 'auto, mesh' column."""
+  count = len(jax.devices())
+  if count < 2:
+    print("devices: one device in this process, section skipped")
+    return {"skipped": "one device"}
+  grid = {"client_lr": [0.01, 0.02, 0.05, 0.1]}
+  meshes = {
+    "one_device": None,
+    "configs_split": make_mesh(sweep=count, clients=1)
+    if len(grid["client_lr"]) % count == 0
+    else None,
+    "clients_split": make_mesh(clients=count),
+  }
+  rows = []
+  for kind, n in args.devices_workloads:
+    model, params, data = make_workload(kind, n)
+    alg = fedavg(model, local_steps=LOCAL_STEPS, batch_size=BATCH)
+    rounds = 2 if args.quick else (100 if kind in TABULAR else 4)
+    sweep = functools.partial(fd.sweep, alg, data, rounds=rounds, grid=grid, eval_every=rounds)
+    calls = {
+      name: functools.partial(sweep, mesh=mesh)
+      for name, mesh in meshes.items()
+      if name == "one_device" or mesh is not None
+    }
+    times = {name: [] for name in calls}
+    for _ in range(1 if args.quick else 3):
+      for name, call in calls.items():
+        if not times[name]:
+          call()  # warm-up: compiles
+        t0 = time.perf_counter()
+        jax.block_until_ready(call().final_state)
+        times[name].append(time.perf_counter() - t0)
+    best = {name: min(t) for name, t in times.items()}
+    row = {"model": kind, "num_clients": n, "configs": len(grid["client_lr"]), "rounds": rounds}
+    row.update({f"{name}_s": t for name, t in best.items()})
+    row.update(
+      {
+        f"{name}_speedup": best["one_device"] / t
+        for name, t in best.items()
+        if name != "one_device"
+      }
+    )
+    rows.append(row)
+    print(json.dumps(row), flush=True)
+  return {"devices": count, "rows": rows}
+
+
 def _folding_calls(model, settings, data, key):
   from fedjax_dro.core.local import federated_gradient, local_round
   from fedjax_dro.core.metrics import evaluate_clients
@@ -529,8 +581,8 @@ def markdown(result) -> str:
       "x = speed-up over the per-client jitted loop (timed on up to "
       f"{LOOP_CLIENTS} clients); % = achieved FLOP/s as a share of the dense {wl['precision']} "
       "rate; auto's plan in brackets; 'auto, mesh': `fd.run(..., mesh=make_mesh())` with the "
-      "clients split over all devices of the process (on CPU: run with "
-      "`XLA_FLAGS=--xla_force_host_platform_device_count=<cores>`; one device: '-').",
+      "clients split over all devices of the process (on CPU one device per core, "
+      "`--cpu-devices`, as `fedjax-dro run --devices auto`; one device: '-').",
       "",
       "| model | n | params | MFLOP/update | loop | vmap | map | chunked | auto | auto, mesh | "
       "compile s (auto) | memory MB (auto) |",
@@ -633,6 +685,30 @@ def markdown(result) -> str:
         f"{r['eval_vmap_s'] / r['eval_auto_s']:.2f} |"
       )
     lines.append("")
+  dev = result.get("devices")
+  if dev and dev.get("rows"):
+    lines += [
+      f"## A sweep on {dev['devices']} devices",
+      "",
+      "`fd.sweep` of 4 learning rates, seconds per call (best of 3, after a warm-up call): one",
+      "device, then a mesh over all devices with the configurations split (`sweep` axis) or the",
+      "clients split (`clients` axis); in brackets the speed-up over one device.",
+      "",
+      "| model | n | rounds | one device | configurations split | clients split |",
+      "|---|---|---|---|---|---|",
+    ]
+
+    def split(r, name):
+      if f"{name}_s" not in r:
+        return "-"
+      return f"{r[f'{name}_s']:.2f} ({r[f'{name}_speedup']:.2f}x)"
+
+    for r in dev["rows"]:
+      lines.append(
+        f"| {r['model']} | {r['num_clients']} | {r['rounds']} | {r['one_device_s']:.2f} | "
+        f"{split(r, 'configs_split')} | {split(r, 'clients_split')} |"
+      )
+    lines.append("")
   acc = result.get("acceptance")
   if acc:
     lines += ["## Acceptance checks (this run)", ""]
@@ -688,7 +764,17 @@ def main(argv=None):
   parser.add_argument("--out", default=os.path.join(HERE, "results", "speed.json"))
   parser.add_argument("--markdown-out", default=None)
   parser.add_argument("--merge", action="store_true", help="keep other sections of --out")
+  parser.add_argument(
+    "--cpu-devices",
+    default="auto",
+    help="on CPU, split the cores into this many JAX devices before JAX starts ('auto': one per "
+    "core, as `fedjax-dro run --devices auto`), for the 'auto, mesh' column; every other column "
+    "runs on one of them. XLA_FLAGS with a device count takes precedence",
+  )
   args = parser.parse_args(argv)
+  cpu_devices = local_cpu_cores() if args.cpu_devices == "auto" else int(args.cpu_devices)
+  if cpu_devices > 1:
+    request_cpu_devices(cpu_devices)
   cpu = jax.default_backend() == "cpu"
   args.sections = [s for s in args.sections.split(",") if s]
   args.models = [m for m in args.models.split(",") if m]
@@ -712,6 +798,15 @@ def main(argv=None):
   if args.quick:
     args.algorithm_workloads = [("softmax", 10)]
   args.run_workload = ("mlp", 10 if args.quick else 1000)
+  args.devices_workloads = (
+    [("softmax", 10), ("mlp", 10)]
+    if args.quick
+    else [
+      ("softmax", 10),
+      ("softmax", 100),
+      ("mlp", 100),
+    ]
+  )
   args.folding_workloads = [("softmax", 1000), ("mlp", 1000), ("cnn-patches", 100)]
   if args.quick:
     args.folding_workloads = [("softmax", 10), ("mlp", 10)]
@@ -752,6 +847,8 @@ def main(argv=None):
     result["run"] = run_path(args)
   if "folding" in args.sections:
     result["folding"] = folding(args)
+  if "devices" in args.sections:
+    result["devices"] = devices_section(args)
   result["acceptance"] = acceptance(result)
   os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
   with open(args.out, "w") as f:

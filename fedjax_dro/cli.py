@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from typing import Dict, List, Optional
@@ -32,6 +33,17 @@ def _parse_kv(items: List[str], flag: str, multi: bool = False) -> Dict[str, obj
     except ValueError:
       raise ValueError(f"{flag} {k}: {v!r} is not a number{' list' if multi else ''}") from None
   return out
+
+
+def _devices_flag(text: str):
+  if text == "auto":
+    return text
+  try:
+    return int(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(
+      f"expected a positive integer or 'auto', got {text!r}"
+    ) from None
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -73,7 +85,13 @@ def _add_common(p: argparse.ArgumentParser) -> None:
   p.add_argument("--eval-every", type=int, default=None, help="rounds between evaluations")
   scale = p.add_argument_group("scale-out (see fedjax_dro.sharding)")
   scale.add_argument(
-    "--devices", type=int, default=None, help="shard the client axis over the first N devices"
+    "--devices",
+    type=_devices_flag,
+    default=None,
+    metavar="N|auto",
+    help="shard the client axis over the first N devices; auto: as many as divide the clients "
+    "evenly. On CPU the cores become JAX devices (one per core for auto): faster from ~100 "
+    "clients on, slower for small federations (README, 'Scale')",
   )
   scale.add_argument(
     "--mesh",
@@ -185,11 +203,23 @@ def _distributed(args) -> None:
   initialize_distributed(args.coordinator, args.num_processes, args.process_id)
 
 
-def _scale(args, ds):
+def _cpu_devices(args) -> None:
+  """``--devices N|auto`` on a CPU: split the cores into JAX devices before JAX starts (one per
+  core for auto; no effect on accelerators, nor once JAX has started, e.g. in a notebook)."""
+  from fedjax_dro.sharding import local_cpu_cores, request_cpu_devices
+
+  if args.devices is None or getattr(args, "coordinator", None) is not None:
+    return
+  count = local_cpu_cores() if args.devices == "auto" else args.devices
+  if isinstance(count, int) and count > 1:
+    request_cpu_devices(count)
+
+
+def _scale(args, ds, num_configs=None):
   """``(dataset, mesh)`` from the scale-out flags (host-resident data, device mesh)."""
   from fedjax_dro.sharding import parse_mesh
 
-  mesh = parse_mesh(args.mesh, args.devices)
+  mesh = parse_mesh(args.mesh, args.devices, num_clients=ds.num_clients, num_configs=num_configs)
   if args.host_data:
     import dataclasses
 
@@ -238,6 +268,7 @@ def cmd_run(args) -> int:
   from fedjax_dro.simulate import NonFiniteError, run
 
   _distributed(args)
+  _cpu_devices(args)
   _check_paths(args)
   alg, ds = build(args.algorithm, args.dataset, args.seed, _factory_options(args))
   ds, mesh = _scale(args, ds)
@@ -306,12 +337,13 @@ def cmd_sweep(args) -> int:
   from fedjax_dro.simulate import sweep
 
   _distributed(args)
+  _cpu_devices(args)
   _check_paths(args)
   seeds = _parse_seeds(args.seeds)
   alg, ds = build(args.algorithm, args.dataset, args.seed, _factory_options(args))
-  ds, mesh = _scale(args, ds)
-  print(f"fedjax-dro sweep: {alg.name} on {ds.name}; devices: {_device_line(mesh, alg)}")
   grid = _parse_kv(args.grid, "--grid", multi=True)
+  ds, mesh = _scale(args, ds, num_configs=math.prod(len(v) for v in grid.values()) * len(seeds))
+  print(f"fedjax-dro sweep: {alg.name} on {ds.name}; devices: {_device_line(mesh, alg)}")
   res = sweep(
     alg,
     ds,

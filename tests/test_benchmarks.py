@@ -99,3 +99,32 @@ def test_speed_quick_workloads_and_folding(tmp_path):
   assert {r["model"] for r in saved["folding"]["rows"]} == {"softmax", "mlp"}
   assert all(r["grad_folded_s"] > 0 for r in result["folding"]["rows"])
   assert "client axis folded" in (tmp_path / "speed.md").read_text()
+
+
+def test_speed_devices_section_splits_the_cpu(tmp_path):
+  """speed.py's devices section in a fresh process: --cpu-devices 2 makes two CPU devices without
+  XLA_FLAGS, and the sweep is timed on one device, configurations split and clients split."""
+  import os
+  import subprocess
+  import sys
+
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+  out = tmp_path / "speed.json"
+  proc = subprocess.run(
+    [sys.executable, str(ROOT / "benchmarks" / "speed.py"), "--quick", "--sections", "devices"]
+    + ["--cpu-devices", "2", "--out", str(out)],
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  saved = json.loads(out.read_text())
+  assert saved["meta"]["num_devices"] == 2 and saved["devices"]["devices"] == 2
+  rows = saved["devices"]["rows"]
+  assert [(r["model"], r["num_clients"]) for r in rows] == [("softmax", 10), ("mlp", 10)]
+  for r in rows:
+    for name in ("configs_split", "clients_split"):
+      assert r[f"{name}_speedup"] == pytest.approx(r["one_device_s"] / r[f"{name}_s"])
+  assert "## A sweep on 2 devices" in (tmp_path / "speed.md").read_text()

@@ -20,7 +20,13 @@ from fedjax_dro import algorithms as A, cli, models
 from fedjax_dro.data import synthetic_classification
 from fedjax_dro.data.host import HostFederatedData, load_npy_dir, save_npy_dir, to_host
 from fedjax_dro.export import read_csv, read_run
-from fedjax_dro.sharding import make_mesh, parse_mesh
+from fedjax_dro.sharding import (
+  even_devices,
+  local_cpu_cores,
+  make_mesh,
+  parse_mesh,
+  request_cpu_devices,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -359,6 +365,7 @@ def test_run_and_sweep_csv_and_plots(tmp_path):
 
 
 def test_cli_host_data_and_mesh_flags(tmp_path, capsys):
+  jax.devices()  # JAX has started in this process, so --devices cannot add CPU devices here
   out = str(tmp_path / "run")
   args = ["run", "--dataset", "synthetic-classification", "--rounds", "4", "--no-progress"]
   assert cli.main(args + ["--host-data", "--clients-per-round", "5", "--out", out]) == 0
@@ -370,6 +377,12 @@ def test_cli_host_data_and_mesh_flags(tmp_path, capsys):
   assert host_summary["final"]["accuracy"]["mean"] > 0.5
   assert cli.main(args + ["--devices", "3"]) == 2
   assert "--devices 3" in capsys.readouterr().err
+  assert cli.main(args + ["--devices", "auto"]) == 0  # one device: nothing to shard
+  out = capsys.readouterr().out
+  assert "devices: 1 x cpu;" in out and "mesh" not in out
+  with pytest.raises(SystemExit):
+    cli.main(args + ["--devices", "many"])
+  assert "positive integer or 'auto'" in capsys.readouterr().err
   assert cli.main(args + ["--coordinator", "127.0.0.1:1"]) == 2
   assert "must be given together" in capsys.readouterr().err
 
@@ -423,3 +436,93 @@ def test_sharded_chunk_size():
   assert sharded_chunk_size(1000, 600, 2) is None  # all at once
   assert sharded_chunk_size(24, 3, 4) == 12  # 2 chunks of 12 (3 per device)
   assert sharded_chunk_size(999, 10, 2) == 10  # odd n: no even split exists
+
+
+# ----------------------------------------------------------------------------------------------
+# --devices N|auto: one JAX device per CPU core
+# ----------------------------------------------------------------------------------------------
+def test_even_devices_and_auto_mesh():
+  assert [even_devices(n, 4) for n in (1, 2, 3, 4, 6, 9, 20, 30, 7)] == [1, 2, 3, 4, 3, 3, 4, 3, 1]
+  assert even_devices(30, 2) == 2 and even_devices(31, 8) == 1 and even_devices(12, 1) == 1
+  for bad in (0, -1, 2.0, True):
+    with pytest.raises(ValueError, match="size must be a positive integer"):
+      even_devices(bad, 4)
+    with pytest.raises(ValueError, match="available must be a positive integer"):
+      even_devices(4, bad)
+  # this process has one device: auto shards nothing, whatever the sizes
+  assert parse_mesh(None, "auto", num_clients=20, num_configs=8) is None
+  assert local_cpu_cores() >= 1
+
+
+def test_request_cpu_devices_after_start_and_under_xla_flags(monkeypatch):
+  jax.devices()
+  for bad in (0, -2, 1.5, True, "2"):
+    with pytest.raises(ValueError, match="count must be a positive integer"):
+      request_cpu_devices(bad)
+  assert request_cpu_devices(2) is False  # JAX has started: left as it is
+  assert len(jax.devices()) == 1
+  monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=3")
+  assert request_cpu_devices(2) is False  # the user's XLA_FLAGS stay in charge
+
+
+AUTO_MESHES = """
+from fedjax_dro.sharding import parse_mesh
+shape = lambda m: None if m is None else dict(m.shape)
+print(json.dumps({
+  "clients20": shape(parse_mesh(None, "auto", num_clients=20)),
+  "clients30": shape(parse_mesh(None, "auto", num_clients=30)),
+  "prime": shape(parse_mesh(None, "auto", num_clients=7)),
+  "configs8": shape(parse_mesh(None, "auto", num_clients=20, num_configs=8)),
+  "configs6": shape(parse_mesh(None, "auto", num_clients=20, num_configs=6)),
+  "configs6_clients7": shape(parse_mesh(None, "auto", num_clients=7, num_configs=6)),
+  "spec": shape(parse_mesh("sweep=2", "auto")),
+}))
+"""
+
+
+def test_auto_mesh_on_four_devices():
+  out = _result(_python(AUTO_MESHES, devices=4))
+  assert out == {
+    "clients20": {"sweep": 1, "clients": 4},
+    "clients30": {"sweep": 1, "clients": 3},
+    "prime": None,
+    "configs8": {"sweep": 4, "clients": 1},  # configurations split over as many: no reduction
+    "configs6": {"sweep": 1, "clients": 4},  # 6 rows over 3 devices < 20 clients over 4
+    "configs6_clients7": {"sweep": 3, "clients": 1},
+    "spec": {"sweep": 2, "clients": 1},
+  }
+
+
+def _cli(*argv, timeout=240):
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+  proc = subprocess.run(
+    [sys.executable, "-m", "fedjax_dro", *argv],
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return proc.stdout
+
+
+def test_cli_devices_split_the_cpu_without_xla_flags():
+  common = ["--rounds", "2", "--no-progress", "--local-steps", "1"]
+  out = _cli("run", "--devices", "2", *common)  # synthetic-ridge: 30 clients
+  assert "devices: 2 x cpu, mesh {'sweep': 1, 'clients': 2}" in out
+  out = _cli("run", "--devices", "auto", *common)
+  count = even_devices(30, local_cpu_cores())
+  if count > 1:
+    assert f"mesh {{'sweep': 1, 'clients': {count}}}" in out
+  else:
+    assert "devices: 1 x cpu;" in out and "mesh" not in out
+  sweep = ["sweep", "--grid", "client_lr=0.01,0.02", "--seeds", "0", "--rounds", "2"]
+  out = _cli(*sweep, "--devices", "2")
+  assert "devices: 2 x cpu, mesh {'sweep': 1, 'clients': 2}" in out
+  out = _cli(*sweep, "--devices", "auto")  # 2 configurations: split them, not the clients
+  count = even_devices(2, local_cpu_cores())
+  if count > 1:
+    assert f"mesh {{'sweep': {count}, 'clients': 1}}" in out
+  else:
+    assert "devices: 1 x cpu;" in out and "mesh" not in out
