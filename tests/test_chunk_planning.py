@@ -35,7 +35,11 @@ MB = 2**20
     (1000, MB, 999 * MB, 0, 500),  # 2 balanced chunks of 500, not 999 + 1
     (1000, MB, 300 * MB, 0, 250),  # 4 chunks of 250
     (1000, MB, 300 * MB, 100 * MB, 200),  # shared bytes come off the budget
-    (10_000, 24 * MB, 40_000 * MB, 0, 1429),  # 7 chunks: 7 * 1429 >= 10000, 1429 * 24 MB fits
+    (10_000, 24 * MB, 40_000 * MB, 0, 1250),  # 7 chunks fit; 8 divide 10000 (no leftover)
+    (10_007, 24 * MB, 40_000 * MB, 0, 1430),  # prime: 7 balanced chunks of 1430 (the last 1427)
+    (100, MB, 7 * MB, 0, 5),  # 15 fit; 20 chunks of 5 divide 100
+    (97, MB, 7 * MB, 0, 7),  # prime: 14 balanced chunks
+    (100, MB, 30 * MB, 0, 25),  # 4 fit and divide
     (7, MB, MB // 2, 0, 1),  # less than one client: one at a time
     (7, MB, 0, 0, 1),
     (5, 0, 0, 0, None),  # no per-client memory
@@ -48,7 +52,10 @@ def test_plan_chunk_size(n, per_client, budget, shared, want):
   if got is not None:
     chunks = -(-n // got)
     assert got * per_client + shared <= max(budget, per_client + shared)  # fits (or is 1)
-    assert chunks == -(-n // max(1, (budget - shared) // per_client))  # fewest chunks that fit
+    fewest = -(-n // max(1, (budget - shared) // per_client))
+    divisors = [c for c in range(fewest, -(-3 * fewest // 2) + 1) if n % c == 0]
+    # a chunk count that divides n, not over 1.5x the fewest that fit, else the fewest
+    assert chunks == (divisors[0] if divisors else fewest)
 
 
 def test_plan_chunk_size_cap_and_errors():
