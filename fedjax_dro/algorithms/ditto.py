@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_dro.algorithms.base import Algorithm, HParam, common_settings, participants, register
-from fedjax_dro.core.aggregation import scatter_rows, tree_add, tree_stack
+from fedjax_dro.core.aggregation import tree_add, tree_stack
 from fedjax_dro.core.local import local_round, round_metrics
 
 
@@ -115,15 +115,18 @@ def ditto(
       client_params=state.personal,
       grad_transform=prox,
       num_steps=steps,
+      # v_i + delta_i written back inside each participant's update: no stacked deltas
+      client_state=state.personal,
+      state_update=lambda v, d: jax.tree.map(jnp.add, v, d),
+      mean_only=True,
     )
-    rows = jax.tree.map(lambda a, d: a[personal.idx] + d, state.personal, personal.deltas)
     metrics = round_metrics(update)
     personal_metrics = round_metrics(personal)
     metrics["personal_loss"] = personal_metrics["train_loss"]
     metrics["personal_loss_max"] = personal_metrics["train_loss_max"]
     new_state = DittoState(
       tree_add(state.params, update.deltas),
-      scatter_rows(state.personal, personal.idx, rows),
+      personal.client_state,
       state.round + 1,
     )
     return new_state, metrics

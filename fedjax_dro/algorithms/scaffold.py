@@ -21,13 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_dro.algorithms.base import Algorithm, HParam, common_settings, participants, register
-from fedjax_dro.core.aggregation import (
-  scatter_rows,
-  tree_add,
-  tree_stack,
-  tree_zeros_like,
-  weighted_mean,
-)
+from fedjax_dro.core.aggregation import tree_add, tree_stack, tree_zeros_like
 from fedjax_dro.core.local import local_round, round_metrics
 
 
@@ -72,6 +66,11 @@ def scaffold(
     s = participants(settings, n)
     lr = hparams["client_lr"]
     correct = lambda w, g, c_i: jax.tree.map(lambda gi, ci, c: gi - ci + c, g, c_i, state.control)
+    # c_i+ = c_i - c + (x - y_i) / (J eta_l) = c_i - c - delta_i / (J eta_l), computed inside each
+    # participant's update; only the mean delta leaves the round (no stacked deltas)
+    new_control = lambda c_i, d: jax.tree.map(
+      lambda ci, c, di: ci - c - di / (settings.local_steps * lr), c_i, state.control, d
+    )
     update = local_round(
       model,
       settings,
@@ -81,25 +80,16 @@ def scaffold(
       lr,
       client_state=state.client_controls,
       grad_transform=correct,
+      state_update=new_control,
+      mean_only=True,
     )
-    old_ci = jax.tree.map(lambda a: a[update.idx], state.client_controls)
-    # c_i+ = c_i - c + (x - y_i) / (J eta_l) = c_i - c - delta_i / (J eta_l)
-    new_ci = jax.tree.map(
-      lambda ci, c, d: ci - c - d / (settings.local_steps * lr),
-      old_ci,
-      state.control,
-      update.deltas,
-    )
-    mean_delta = weighted_mean(update.deltas, update.weights)
+    mean_delta = update.deltas  # uniform weighting: the participants' mean delta
     params = tree_add(state.params, mean_delta, hparams["server_lr"])
-    # mean of c_i+ - c_i = -c - delta_i / (J eta_l) over the normalized weights: from the mean
-    # delta, without another pass over the participants' stacked rows
+    # mean of c_i+ - c_i = -c - delta_i / (J eta_l) over the participants: from the mean delta
     dc = jax.tree.map(lambda c, d: -c - d / (settings.local_steps * lr), state.control, mean_delta)
     control = tree_add(state.control, dc, s / n)
     return (
-      ScaffoldState(
-        params, control, scatter_rows(state.client_controls, update.idx, new_ci), state.round + 1
-      ),
+      ScaffoldState(params, control, update.client_state, state.round + 1),
       round_metrics(update),
     )
 

@@ -8,6 +8,7 @@ from typing import Any, Callable, NamedTuple, Optional, Tuple
 import jax
 import jax.numpy as jnp
 
+from fedjax_dro.core.aggregation import scatter_rows
 from fedjax_dro.core.clients import map_clients, map_clients_weighted_sum
 from fedjax_dro.core.sampling import sample_clients
 from fedjax_dro.core.settings import aggregation_weights, backend_for, participants
@@ -76,6 +77,8 @@ class LocalRound(NamedTuple):
     weights: ``[s]`` aggregation weights (sample counts or ones).
     losses: ``[s]`` loss at the received model (first local minibatch).
     num_examples: ``[s]`` sample counts of the participants.
+    client_state: with ``local_round(..., state_update=...)``, the ``[n, ...]`` per-client state
+      with the participants' rows replaced by their updated rows; else None.
   """
 
   idx: Any
@@ -83,21 +86,24 @@ class LocalRound(NamedTuple):
   weights: Any
   losses: Any
   num_examples: Any
+  client_state: Any = None
 
 
 def _draw_participants(settings, data, key, sampling_weights=None):
-  """``(idx, clients, take, local_key)``: the round's participants (the key schedule every
-  FedAvg-style round shares), their gathered data, a function gathering their rows of a
-  per-client pytree, and the key their local work derives from."""
+  """``(idx, clients, take, put, local_key)``: the round's participants (the key schedule every
+  FedAvg-style round shares), their gathered data, functions gathering their rows of a
+  per-client pytree and writing them back, and the key their local work derives from."""
   n = data.num_clients
   s = participants(settings, n)
   sample_key, local_key = jax.random.split(key)
   idx = sample_clients(sample_key, n, s, sampling_weights)
-  # full participation: idx = arange(n), no gather (host-resident data is always gathered)
-  full = s == n and sampling_weights is None and not getattr(data, "host_resident", False)
-  clients = data if full else data.take_clients(idx)
+  # full participation: idx = arange(n), no gather or scatter (host-resident data is always
+  # gathered; its per-client state is on the device like any other)
+  full = s == n and sampling_weights is None
+  clients = data if full and not getattr(data, "host_resident", False) else data.take_clients(idx)
   take = (lambda tree: tree) if full else (lambda tree: jax.tree.map(lambda a: a[idx], tree))
-  return idx, clients, take, local_key
+  put = (lambda tree, rows: rows) if full else (lambda tree, rows: scatter_rows(tree, idx, rows))
+  return idx, clients, take, put, local_key
 
 
 def local_round(
@@ -114,6 +120,7 @@ def local_round(
   num_steps: Optional[int] = None,
   sampling_weights=None,
   mean_only: bool = False,
+  state_update: Optional[Callable] = None,
 ) -> LocalRound:
   """Samples participants and runs local SGD on each of them (the FedAvg skeleton, steps 1-3).
 
@@ -129,8 +136,14 @@ def local_round(
     mean_only: return in ``deltas`` only the weighted mean of the participants' deltas (not the
       stacked ``[s, ...]`` deltas); with the ``map`` / ``chunked`` backends it is accumulated chunk
       by chunk, so memory stays that of one chunk (FedAvg-type aggregation of large models).
+    state_update: ``(state_row, delta) -> new_row``: the participant's new row of
+      ``client_state``, computed inside its local update, where its delta is at hand (SCAFFOLD's
+      control variate), and returned as ``LocalRound.client_state`` (all ``n`` rows, the others
+      unchanged). With ``mean_only`` no participant's delta is ever stacked.
   """
-  idx, clients, take, local_key = _draw_participants(settings, data, key, sampling_weights)
+  if state_update is not None and client_state is None:
+    raise ValueError("state_update needs the client_state it updates")
+  idx, clients, take, put, local_key = _draw_participants(settings, data, key, sampling_weights)
   s = idx.shape[0]
   starts = None if client_params is None else take(client_params)
   rows = None if client_state is None else take(client_state)
@@ -152,7 +165,10 @@ def local_round(
       lr=lr,
       grad_transform=transform,
     )
-    return jax.tree.map(jnp.subtract, w, w0), losses[0]
+    delta = jax.tree.map(jnp.subtract, w, w0)
+    if state_update is None:
+      return delta, losses[0]
+    return delta, (losses[0], state_update(row, delta))
 
   keys = jax.random.split(local_key, s)
   weights = aggregation_weights(settings, clients.num_examples)
@@ -173,7 +189,10 @@ def local_round(
     deltas, losses = run_clients(
       client_update, clients, keys, starts, rows, backend=backend, chunk_size=settings.chunk_size
     )
-  return LocalRound(idx, deltas, weights, losses, clients.num_examples)
+  if state_update is None:
+    return LocalRound(idx, deltas, weights, losses, clients.num_examples)
+  losses, new_rows = losses
+  return LocalRound(idx, deltas, weights, losses, clients.num_examples, put(client_state, new_rows))
 
 
 def federated_gradient(model: Model, settings, params, data, key) -> LocalRound:
@@ -189,7 +208,7 @@ def federated_gradient(model: Model, settings, params, data, key) -> LocalRound:
   update's memory like every ``map_clients`` call. Equal to the per-client path up to the order
   of floating-point sums (tested).
   """
-  idx, clients, _, local_key = _draw_participants(settings, data, key)
+  idx, clients, _, _, local_key = _draw_participants(settings, data, key)
   s = idx.shape[0]
   keys = jax.random.split(local_key, s)
   weights = aggregation_weights(settings, clients.num_examples)
