@@ -67,7 +67,7 @@ from fedjax_dro.algorithms.base import (
   register,
 )
 from fedjax_dro.core.aggregation import tree_add, weighted_sum
-from fedjax_dro.core.clients import map_clients
+from fedjax_dro.core.clients import map_clients, map_clients_weighted_sum
 from fedjax_dro.core.local import local_sgd
 from fedjax_dro.models.base import client_loss_and_grad
 from fedjax_dro.solvers.simplex import PSI_NAMES, dual_prox
@@ -289,10 +289,12 @@ def scaff_pd(
         lr=lr,
         grad_transform=correct,
       )
-      return jax.tree.map(lambda a, b: (a - b) / (lr * J), x, u)
+      return jax.tree.map(lambda a, b: (a - b) / (lr * J), x, u), ()
 
-    du = map_clients(
+    # sum_i lam_i du_i accumulated chunk by chunk: the clients' du are never stacked
+    lam_du, _ = map_clients_weighted_sum(
       local_update,
+      lam,
       data.x,
       data.y,
       data.num_examples,
@@ -301,7 +303,7 @@ def scaff_pd(
       backend=backend,
       chunk_size=settings.chunk_size,
     )
-    params = tree_add(x, weighted_sum(du, lam), -tau)
+    params = tree_add(x, lam_du, -tau)
 
     new_state = ScaffPDState(
       params,
