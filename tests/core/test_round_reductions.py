@@ -123,3 +123,61 @@ def test_averaged_carries_equal_the_mean_of_stacked_carries(clients_per_round, b
   chex.assert_trees_all_close(got.carries["u"], ref.carries["u"], rtol=1e-14)  # stays stacked
   assert got.carries["u"].shape == ref.idx.shape
   chex.assert_trees_all_close(got.losses, ref.losses, rtol=1e-14)
+
+
+@pytest.mark.parametrize(
+  "clients_per_round, backend, chunk_size",
+  [(None, "vmap", None), (5, "chunked", 2), (None, "chunked", 3), (6, "map", None)],
+)
+def test_state_update_equals_the_scatter_of_stacked_deltas(clients_per_round, backend, chunk_size):
+  """local_round(state_update=f): every participant's new state row f(row, delta) written back
+  (others unchanged), equal to the stacked deltas' path it replaces; mean_only's mean delta too."""
+  model, data = models.mlp((6,), 3, (8,)), _data(9, (6,), 3, seed=2)
+  settings = common_settings(
+    clients_per_round=clients_per_round,
+    local_steps=3,
+    batch_size=4,
+    backend=backend,
+    chunk_size=chunk_size,
+    weighting="num_examples",
+  )
+  params = model.init(jax.random.PRNGKey(4))
+  rng = np.random.default_rng(5)
+  state = jax.tree.map(lambda a: jnp.asarray(rng.normal(size=(9,) + a.shape)), params)
+  key = jax.random.PRNGKey(8)
+  # the row enters the local steps too (a SCAFFOLD-like correction), so a wrong row shows
+  correct = lambda w, g, row: jax.tree.map(lambda gi, ri: gi - 0.1 * ri, g, row)
+  update = lambda row, d: jax.tree.map(lambda r, di: 0.5 * r - di, row, d)
+
+  def both(p):
+    ref = local_round(
+      model, settings, p, data, key, 0.2, client_state=state, grad_transform=correct
+    )
+    got = local_round(
+      model,
+      settings,
+      p,
+      data,
+      key,
+      0.2,
+      client_state=state,
+      grad_transform=correct,
+      state_update=update,
+      mean_only=True,
+    )
+    return ref, got
+
+  ref, got = jax.jit(both)(params)
+  rows = update(jax.tree.map(lambda a: a[ref.idx], state), ref.deltas)
+  want = jax.tree.map(lambda a, r: a.at[ref.idx].set(r), state, rows)
+  chex.assert_trees_all_close(got.client_state, want, rtol=0, atol=1e-13)
+  untouched = np.setdiff1d(np.arange(9), np.asarray(ref.idx))
+  assert len(untouched) == 9 - (clients_per_round or 9)
+  for a, b in zip(jax.tree.leaves(got.client_state), jax.tree.leaves(state)):
+    np.testing.assert_array_equal(np.asarray(a)[untouched], np.asarray(b)[untouched])
+  w = ref.weights / jnp.sum(ref.weights)
+  mean = jax.tree.map(lambda d: jnp.tensordot(w, d, axes=1), ref.deltas)
+  chex.assert_trees_all_close(got.deltas, mean, rtol=0, atol=1e-13)
+  chex.assert_trees_all_close(got.losses, ref.losses, rtol=1e-13, atol=0)
+  with pytest.raises(ValueError, match="state_update needs the client_state"):
+    local_round(model, settings, params, data, key, 0.2, state_update=update)
