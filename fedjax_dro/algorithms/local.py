@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_dro.algorithms.base import Algorithm, HParam, common_settings, participants, register
-from fedjax_dro.core.aggregation import scatter_rows, tree_stack
+from fedjax_dro.core.aggregation import tree_stack
 from fedjax_dro.core.local import local_round, round_metrics
 
 
@@ -44,13 +44,19 @@ def local(
 
   def round_fn(state, data, key, hparams):
     update = local_round(
-      model, settings, None, data, key, hparams["client_lr"], client_params=state.client_params
+      model,
+      settings,
+      None,
+      data,
+      key,
+      hparams["client_lr"],
+      client_params=state.client_params,
+      # w_i + delta_i written back inside each participant's update: no stacked deltas
+      client_state=state.client_params,
+      state_update=lambda w, d: jax.tree.map(jnp.add, w, d),
+      mean_only=True,
     )
-    rows = jax.tree.map(lambda a, d: a[update.idx] + d, state.client_params, update.deltas)
-    return (
-      LocalState(scatter_rows(state.client_params, update.idx, rows), state.round + 1),
-      round_metrics(update),
-    )
+    return LocalState(update.client_state, state.round + 1), round_metrics(update)
 
   return Algorithm(
     "local", model, init, round_fn, lambda s: s.client_params, HPARAMS, True, settings._asdict()
