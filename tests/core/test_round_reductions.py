@@ -23,6 +23,19 @@ def _data(n, shape, k, seed=0):
   return from_client_arrays(xs, ys)
 
 
+def _mlp_round(clients_per_round, backend, chunk_size, weighting, seed):
+  """An MLP, 9 clients' data and round settings of 3 local steps of batch 4."""
+  settings = common_settings(
+    clients_per_round=clients_per_round,
+    local_steps=3,
+    batch_size=4,
+    backend=backend,
+    chunk_size=chunk_size,
+    weighting=weighting,
+  )
+  return models.mlp((6,), 3, (8,)), _data(9, (6,), 3, seed=seed), settings
+
+
 @pytest.mark.parametrize(
   "kind, clients_per_round, batch_size, backend, chunk_size",
   [
@@ -82,15 +95,7 @@ def test_folded_and_per_client_sums_agree_for_every_backend():
   [(None, "vmap", None), (7, "chunked", 3), (None, "map", None), (None, "auto", None)],
 )
 def test_averaged_carries_equal_the_mean_of_stacked_carries(clients_per_round, backend, chunk_size):
-  model, data = models.mlp((6,), 3, (8,)), _data(9, (6,), 3)
-  settings = common_settings(
-    clients_per_round=clients_per_round,
-    local_steps=3,
-    batch_size=4,
-    backend=backend,
-    chunk_size=chunk_size,
-    weighting="uniform",
-  )
+  model, data, settings = _mlp_round(clients_per_round, backend, chunk_size, "uniform", seed=0)
   params = model.init(jax.random.PRNGKey(3))
   estimates = jnp.arange(9.0) / 9.0
 
@@ -132,15 +137,7 @@ def test_averaged_carries_equal_the_mean_of_stacked_carries(clients_per_round, b
 def test_state_update_equals_the_scatter_of_stacked_deltas(clients_per_round, backend, chunk_size):
   """local_round(state_update=f): every participant's new state row f(row, delta) written back
   (others unchanged), equal to the stacked deltas' path it replaces; mean_only's mean delta too."""
-  model, data = models.mlp((6,), 3, (8,)), _data(9, (6,), 3, seed=2)
-  settings = common_settings(
-    clients_per_round=clients_per_round,
-    local_steps=3,
-    batch_size=4,
-    backend=backend,
-    chunk_size=chunk_size,
-    weighting="num_examples",
-  )
+  model, data, settings = _mlp_round(clients_per_round, backend, chunk_size, "num_examples", seed=2)
   params = model.init(jax.random.PRNGKey(4))
   rng = np.random.default_rng(5)
   state = jax.tree.map(lambda a: jnp.asarray(rng.normal(size=(9,) + a.shape)), params)
