@@ -219,7 +219,10 @@ def _scale(args, ds, num_configs=None):
   """``(dataset, mesh)`` from the scale-out flags (host-resident data, device mesh)."""
   from fedjax_dro.sharding import parse_mesh
 
-  mesh = parse_mesh(args.mesh, args.devices, num_clients=ds.num_clients, num_configs=num_configs)
+  if args.host_data and args.devices == "auto" and args.mesh is None:
+    mesh = None  # host-resident data runs on one device: nothing for auto to shard
+  else:
+    mesh = parse_mesh(args.mesh, args.devices, num_clients=ds.num_clients, num_configs=num_configs)
   if args.host_data:
     import dataclasses
 

@@ -511,6 +511,8 @@ def test_cli_devices_split_the_cpu_without_xla_flags():
   common = ["--rounds", "2", "--no-progress", "--local-steps", "1"]
   out = _cli("run", "--devices", "2", *common)  # synthetic-ridge: 30 clients
   assert "devices: 2 x cpu, mesh {'sweep': 1, 'clients': 2}" in out
+  out = _cli("run", "--devices", "auto", "--host-data", *common)  # host data runs on one device
+  assert "mesh" not in out.splitlines()[0]
   out = _cli("run", "--devices", "auto", *common)
   count = even_devices(30, local_cpu_cores())
   if count > 1:
