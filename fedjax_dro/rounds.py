@@ -9,6 +9,7 @@ non-finite one are inactive (the state is left unchanged).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import time
@@ -19,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_dro.algorithms.base import Algorithm, make_hparams
-from fedjax_dro.core.clients import client_shards
+from fedjax_dro.core.clients import budget_override, client_shards
 from fedjax_dro.core.metrics import estimation_error, evaluate_clients, summarize_all
 from fedjax_dro.data.federated import FederatedData, FederatedDataset, validate_data
 from fedjax_dro.validation import check_hparams, check_run_inputs
@@ -32,6 +33,57 @@ def _all_finite(tree) -> jnp.ndarray:
     if jnp.issubdtype(jnp.result_type(x), jnp.inexact)
   ]
   return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
+
+
+def abstract_key(tree) -> tuple:
+  """A hashable description of ``tree``'s structure, shapes and dtypes (for program caches)."""
+  leaves, treedef = jax.tree.flatten(tree)
+  return treedef, tuple(
+    (tuple(np.shape(x)), str(jnp.result_type(x)), bool(getattr(x, "weak_type", False)))
+    for x in leaves
+  )
+
+
+class ProgramCache:
+  """Compiled programs of an algorithm, reused by later calls with the same settings.
+
+  ``fedjax_dro.run`` and ``fedjax_dro.sweep`` compile their rounds ahead of time; a notebook that
+  calls them again with the same algorithm object and data shapes (another seed, other
+  hyper-parameters: both are arguments of the program, not constants in it; K-fold
+  cross-validation on folds padded to one shape) reuses the compiled program instead of paying
+  the compilation again. Keys hold what the program depends on besides its arguments' values:
+  the algorithm object (entries keep a reference to it, so the ``id`` of a collected algorithm is
+  never confused with a newer object's), the argument shapes, dtypes and shardings, the caller's
+  static settings, and an enclosing :func:`~fedjax_dro.core.clients.memory_budget_limit`. Least
+  recently used entries are dropped beyond ``max_entries``.
+  """
+
+  def __init__(self, max_entries: int = 8):
+    self.max_entries = max_entries
+    self._entries: "collections.OrderedDict[tuple, tuple]" = collections.OrderedDict()
+
+  def _key(self, alg, key):
+    return (id(alg), budget_override()) + tuple(key)
+
+  def get(self, alg, key):
+    """The cached value for ``(alg, key)``, or None."""
+    full = self._key(alg, key)
+    hit = self._entries.get(full)
+    if hit is None or hit[0] is not alg:
+      return None
+    self._entries.move_to_end(full)
+    return hit[1]
+
+  def put(self, alg, key, value) -> None:
+    self._entries[self._key(alg, key)] = (alg, value)
+    while len(self._entries) > self.max_entries:
+      self._entries.popitem(last=False)
+
+  def clear(self) -> None:
+    self._entries.clear()
+
+  def __len__(self) -> int:
+    return len(self._entries)
 
 
 def make_chunk_fn(alg: Algorithm, rounds: int, chunk: int, check_finite: bool):

@@ -49,12 +49,14 @@ from fedjax_dro.results import (
 )
 from fedjax_dro.rounds import (
   CompiledRounds,
+  ProgramCache,
   RoundTiming,
   _check_run_args,
   _keys,
   _main_metric,
   _split_data,
   _summaries,
+  abstract_key,
   compile_rounds,
   evaluate_host,
   is_host_data,
@@ -69,6 +71,7 @@ from fedjax_dro.sharding import (
   is_writer,
   place_data,
   place_replicated,
+  sharding_key,
 )
 from fedjax_dro.sweeps import SweepResult, sweep
 from fedjax_dro.validation import (
@@ -106,6 +109,40 @@ class NonFiniteError(FloatingPointError):
 # ----------------------------------------------------------------------------------------------
 # run
 # ----------------------------------------------------------------------------------------------
+
+
+# Compiled programs of fd.run (the rounds and the evaluation), reused by a later call with the
+# same algorithm object, settings and data shapes: a notebook's loop over seeds or
+# hyper-parameters compiles once.
+_RUN_PROGRAMS = ProgramCache(max_entries=8)
+
+
+def _compile_run(alg, rounds, chunk, check_finite, true_params, args, eval_data, shards):
+  """``(compiled chunk program, evaluation function, compile seconds)`` of a run."""
+  chunk_fn = jax.jit(make_chunk_fn(alg, rounds, chunk, check_finite), donate_argnums=(0,))
+  eval_fn = jax.jit(make_eval_fn(alg, true_params))
+  t0 = time.perf_counter()
+  with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+    try:
+      with client_shards(shards):
+        compiled = chunk_fn.lower(*args).compile()
+    except Exception as e:
+      if is_out_of_memory(e):
+        raise memory_error(e, f"compiling {alg.name}'s rounds") from None
+      raise
+    # The evaluation is compiled here too, for the state the chunk returns: its compilation is
+    # compile time, not the first chunk's run time (benchmarks/speed.py measures both).
+    if not is_host_data(eval_data):
+      try:
+        with client_shards(shards):
+          lowered = eval_fn.lower(compiled.out_info[0], eval_data)
+        eval_fn = _AheadOfTime(eval_fn, lowered.compile())
+      except Exception as e:
+        if is_out_of_memory(e):
+          raise memory_error(e, f"compiling {alg.name}'s evaluation") from None
+        raise
+  return compiled, eval_fn, time.perf_counter() - t0
 
 
 def run(
@@ -204,30 +241,20 @@ def run(
   out_dir = out_dir if writer else None
   checkpoint_dir_write = checkpoint_dir if writer else None
 
-  chunk_fn = jax.jit(make_chunk_fn(alg, rounds, chunk, check_finite), donate_argnums=(0,))
-  eval_fn = jax.jit(make_eval_fn(alg, true_params))
-  t0 = time.perf_counter()
-  with warnings.catch_warnings():
-    warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-    try:
-      with client_shards(axis_size(mesh, "clients")):
-        compiled = chunk_fn.lower(state, status, jnp.int32(0), hp, run_key, train).compile()
-    except Exception as e:
-      if is_out_of_memory(e):
-        raise memory_error(e, f"compiling {alg.name}'s rounds") from None
-      raise
-    # The evaluation is compiled here too, for the state the chunk returns: its compilation is
-    # compile time, not the first chunk's run time (benchmarks/speed.py measures both).
-    if not is_host_data(eval_data):
-      try:
-        with client_shards(axis_size(mesh, "clients")):
-          lowered = eval_fn.lower(compiled.out_info[0], eval_data)
-        eval_fn = _AheadOfTime(eval_fn, lowered.compile())
-      except Exception as e:
-        if is_out_of_memory(e):
-          raise memory_error(e, f"compiling {alg.name}'s evaluation") from None
-        raise
-  compile_time = time.perf_counter() - t0
+  args = (state, status, jnp.int32(0), hp, run_key, train)
+  shards = axis_size(mesh, "clients")
+  key = (rounds, chunk, check_finite, abstract_key(args), sharding_key(args), shards)
+  key += (abstract_key(eval_data), sharding_key(eval_data))
+  cached = _RUN_PROGRAMS.get(alg, key) if true_params is None else None
+  if cached is not None:  # same algorithm, settings and shapes: another seed or hparams
+    compiled, eval_fn = cached
+    compile_time = 0.0
+  else:
+    compiled, eval_fn, compile_time = _compile_run(
+      alg, rounds, chunk, check_finite, true_params, args, eval_data, shards
+    )
+    if true_params is None:  # true_params is closed over: cache only the common case
+      _RUN_PROGRAMS.put(alg, key, (compiled, eval_fn))
 
   config = {
     "algorithm": alg.name,

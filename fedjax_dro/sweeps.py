@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import itertools
 import math
@@ -18,10 +17,12 @@ from fedjax_dro.core.clients import client_shards, memory_shared_by
 from fedjax_dro.core.metrics import HIGHER_IS_BETTER
 from fedjax_dro.data.federated import FederatedData, FederatedDataset
 from fedjax_dro.rounds import (
+  ProgramCache,
   _check_run_args,
   _keys,
   _split_data,
   _summaries,
+  abstract_key,
   evaluate_host,
   is_host_data,
   make_chunk_fn,
@@ -44,37 +45,18 @@ from fedjax_dro.validation import (
 
 # Compiled sweep programs, reused across calls with the same algorithm object, settings and
 # argument shapes (K-fold cross-validation calls ``sweep`` once per fold on folds padded to one
-# shape: one compilation instead of K). Entries hold a reference to the algorithm, so an ``id``
-# is never confused with that of a newer object.
-_SWEEP_PROGRAMS: "collections.OrderedDict[tuple, tuple]" = collections.OrderedDict()
-_SWEEP_PROGRAMS_MAX = 8
-
-
-def _abstract_key(tree):
-  leaves, treedef = jax.tree.flatten(tree)
-  return treedef, tuple(
-    (tuple(np.shape(x)), str(jnp.result_type(x)), bool(getattr(x, "weak_type", False)))
-    for x in leaves
-  )
+# shape: one compilation instead of K).
+_SWEEP_PROGRAMS = ProgramCache(max_entries=8)
 
 
 def _sweep_programs(
   alg: Algorithm, rounds: int, chunk: int, check_finite: bool, args, true_params, shards: int = 1
 ):
   """``(compiled chunk program, vmapped eval function, compile seconds)``, cached."""
-  key = (
-    id(alg),
-    rounds,
-    chunk,
-    check_finite,
-    _abstract_key(args),
-    sharding_key(args),
-    true_params is None,
-  )
-  hit = _SWEEP_PROGRAMS.get(key)
-  if hit is not None and hit[0] is alg and true_params is None:
-    _SWEEP_PROGRAMS.move_to_end(key)
-    return hit[1], hit[2], 0.0
+  key = (rounds, chunk, check_finite, abstract_key(args), sharding_key(args), shards)
+  hit = _SWEEP_PROGRAMS.get(alg, key) if true_params is None else None
+  if hit is not None:
+    return hit[0], hit[1], 0.0
   vchunk = jax.jit(
     jax.vmap(make_chunk_fn(alg, rounds, chunk, check_finite), in_axes=(0, 0, None, 0, 0, None))
   )
@@ -93,9 +75,7 @@ def _sweep_programs(
     int(np.shape(args[1][0])[0]),
   )
   if true_params is None:  # true_params is closed over: cache only the common case
-    _SWEEP_PROGRAMS[key] = (alg, compiled, evaluate)
-    while len(_SWEEP_PROGRAMS) > _SWEEP_PROGRAMS_MAX:
-      _SWEEP_PROGRAMS.popitem(last=False)
+    _SWEEP_PROGRAMS.put(alg, key, (compiled, evaluate))
   return compiled, evaluate, compile_time
 
 

@@ -96,6 +96,48 @@ def test_fifty_rounds_trace_the_round_function_once():
   chex.clear_trace_counter()
 
 
+def test_run_reuses_its_compiled_program_for_other_seeds_and_hparams():
+  """fd.run caches its compiled rounds and evaluation per algorithm object, settings and shapes:
+  another seed or other hyper-parameters run the cached program (traced once, compile time 0),
+  with the results of a fresh compilation; what the program depends on compiles anew."""
+  data = regression_clients(n=6, d=3, seed=9)
+  ds = dataset(data)
+  kw = dict(clients_per_round=3, local_steps=2, batch_size=3)
+  counted = A.fedavg(linreg(3), **kw)
+  counted = counted._replace(round=chex.assert_max_traces(counted.round, n=1))
+  first = run(counted, ds, rounds=6, seed=1, eval_every=3, hparams={"client_lr": 0.1})
+  again = run(counted, ds, rounds=6, seed=2, eval_every=3, hparams={"client_lr": 0.05})
+  assert first.compile_time > 0 and again.compile_time == 0.0
+  fresh = run(
+    A.fedavg(linreg(3), **kw), ds, rounds=6, seed=2, eval_every=3, hparams={"client_lr": 0.05}
+  )
+  assert fresh.compile_time > 0  # another algorithm object: its own program
+  _leaves_close(again.final_state, fresh.final_state, 0.0)
+  for k, v in fresh.evaluations[-1]["per_client"].items():
+    np.testing.assert_array_equal(again.evaluations[-1]["per_client"][k], v)
+  chex.clear_trace_counter()
+
+  from fedjax_dro.core.clients import memory_budget_limit
+
+  alg = A.fedavg(linreg(3), **kw)
+  assert run(alg, ds, rounds=6, eval_every=3).compile_time > 0
+  assert run(alg, ds, rounds=6, eval_every=3, seed=5).compile_time == 0.0
+  changed = {
+    "rounds": dict(rounds=7, eval_every=3),
+    "eval_every": dict(rounds=6, eval_every=2),
+    "check_finite": dict(rounds=6, eval_every=3, check_finite=False),
+    "data shape": dict(rounds=6, eval_every=3, data=dataset(data.pad_to(data.max_examples + 2))),
+    "eval data": dict(rounds=6, eval_every=3, eval_data=data.pad_to(data.max_examples + 1)),
+    "true_params": dict(rounds=6, eval_every=3, true_params=np.zeros((6, 4))),
+  }
+  for what, kwargs in changed.items():
+    assert run(alg, kwargs.pop("data", ds), **kwargs).compile_time > 0, what
+  with memory_budget_limit(10_000):  # the auto backend plans into another budget
+    assert run(alg, ds, rounds=6, eval_every=3).compile_time > 0
+    assert run(alg, ds, rounds=6, eval_every=3, seed=3).compile_time == 0.0
+  assert run(alg, ds, rounds=6, eval_every=3, seed=4).compile_time == 0.0
+
+
 @pytest.mark.parametrize("name", grid(ALL, fast=("fedadam", "scaffold")))
 def test_same_seed_same_result_and_different_seed_differs(name):
   data = regression_clients(n=6, d=3, seed=7)

@@ -149,6 +149,12 @@ def memory_budget(device=None) -> Optional[int]:
   return int(fraction * free / max(1, _MEMORY_SHARE.get()))
 
 
+def budget_override() -> Optional[int]:
+  """The bytes of an enclosing :func:`memory_budget_limit` (None outside one): part of what a
+  traced program's ``auto`` plans depend on, so program caches key on it."""
+  return _BUDGET_OVERRIDE.get()
+
+
 @contextlib.contextmanager
 def memory_budget_limit(num_bytes: Optional[int]):
   """Programs traced inside plan their ``auto`` backends into ``num_bytes`` (``None``: the
