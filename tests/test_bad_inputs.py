@@ -27,6 +27,12 @@ DATA = regression_clients(n=4, d=2, seed=0)
 RNG = np.random.default_rng(0)
 
 
+def _with_nan(x, index):
+  x = np.array(x)  # a writable copy
+  x[index] = np.nan
+  return x
+
+
 def _clients(d=2, n=3, m=6, labels=None, x_dtype=np.float64):
   xs = [RNG.normal(size=(m, d)).astype(x_dtype) for _ in range(n)]
   ys = [labels(m) if labels else RNG.normal(size=m) for _ in range(n)]
@@ -168,6 +174,16 @@ CASES = {
     lambda: validate_data(DATA.replace(x=DATA.x.at[3, -1].set(np.nan))),
     ValueError,
     "data.x",
+  ),
+  "inf in a valid row (checked on the device)": (
+    lambda: validate_data(DATA.replace(x=DATA.x.at[1, 0].set(np.inf))),
+    ValueError,
+    "data.x has NaN or infinite values in clients [1]",
+  ),
+  "NaN in a valid row of NumPy data": (
+    lambda: validate_data(DATA.replace(x=_with_nan(np.asarray(DATA.x), (2, 0)))),
+    ValueError,
+    "data.x has NaN or infinite values in clients [2]",
   ),
   "FederatedData with complex x": (
     lambda: _run(data=DATA.replace(x=DATA.x.astype(np.complex64))),
@@ -434,6 +450,7 @@ CLI_CASES = {
     "checkpoint_every",
   ),
   "--rounds zero": (["run", "--rounds", "0"], "rounds"),
+  "--devices zero": (["run", "--devices", "0", "--rounds", "1"], "--devices"),
   "--algorithm unknown": (["run", "--algorithm", "nope", "--rounds", "1"], "algorithm"),
   "--dataset unknown": (["run", "--dataset", "nope", "--rounds", "1"], "dataset"),
   "--clients-per-round too many": (

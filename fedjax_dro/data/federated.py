@@ -257,12 +257,28 @@ def from_arrays(
   return from_client_arrays(xs, ys, max_examples=max_examples, seed=seed)
 
 
+@jax.jit
+def _all_finite_on_device(a):
+  return jnp.all(jnp.isfinite(a))
+
+
+def _all_finite(a) -> bool:
+  if isinstance(a, jax.Array):
+    return bool(_all_finite_on_device(a))
+  return bool(np.all(np.isfinite(a)))
+
+
 def validate_data(data: FederatedData, name: str = "data") -> None:
   """Checks shapes, dtypes, the prefix-mask layout, non-empty clients and finiteness of every
-  row, padding included (host-side)."""
+  row, padding included (the masks on the host; the finiteness of JAX arrays on their device)."""
   if not isinstance(data, FederatedData):
     raise TypeError(f"{name} must be a FederatedData, got {type(data).__name__}")
-  x, y, mask, nex = (np.asarray(a) for a in (data.x, data.y, data.mask, data.num_examples))
+  # x and y stay where they are: shapes and dtypes are metadata, and their finiteness is one
+  # reduction on the device (a 200 MB federation: ~10 ms, where copying it to the host and
+  # scanning it there took 0.25 s per call of fd.run); the host copy is made only to name the
+  # offending clients
+  x, y = (a if isinstance(a, (jax.Array, np.ndarray)) else np.asarray(a) for a in (data.x, data.y))
+  mask, nex = (np.asarray(a) for a in (data.mask, data.num_examples))
   if x.ndim < 2:
     raise ValueError(f"{name}.x must be [n_clients, max_examples, ...], got shape {x.shape}")
   n, m = x.shape[:2]
@@ -293,7 +309,8 @@ def validate_data(data: FederatedData, name: str = "data") -> None:
   if not np.array_equal(mask, np.arange(m)[None, :] < nex[:, None]):
     raise ValueError(f"{name}.mask must be a prefix mask (valid rows first in every client)")
   for field, arr in (("x", x), ("y", y)):
-    if np.issubdtype(arr.dtype, np.floating):
+    if jnp.issubdtype(arr.dtype, jnp.floating) and not _all_finite(arr):
+      arr = np.asarray(arr)
       valid = arr[mask]
       if not np.all(np.isfinite(valid)):
         bad = sorted(
