@@ -166,6 +166,10 @@ def run(
 ) -> History:
   """Runs ``rounds`` communication rounds of ``alg`` on ``data``.
 
+  The rounds and the evaluation are compiled ahead of time (``History.compile_time``) and cached:
+  a later call with the same algorithm object, settings and data shapes (another ``seed``, other
+  ``hparams``, other data of the same shapes) reuses them and reports a compile time of 0.
+
   Args:
     alg: an :class:`~fedjax_dro.algorithms.base.Algorithm`.
     data: a :class:`FederatedDataset` (its ``test`` split is used for evaluation) or training
