@@ -46,6 +46,31 @@ def _devices_flag(text: str):
     ) from None
 
 
+def _add_compile_cache(p: argparse.ArgumentParser) -> None:
+  p.add_argument(
+    "--compile-cache",
+    default=None,
+    metavar="DIR",
+    help="keep XLA's compiled programs in DIR, so that running the same command again skips "
+    "compilation (JAX's persistent compilation cache, for every program size)",
+  )
+
+
+def _compile_cache(args) -> None:
+  """``--compile-cache DIR``: JAX's persistent compilation cache in DIR, before anything
+  compiles (JAX_COMPILATION_CACHE_DIR does the same for programs compiling in over 1 s)."""
+  path = getattr(args, "compile_cache", None)
+  if path is None:
+    return
+  import jax
+
+  from fedjax_dro.validation import check_writable_dir
+
+  check_writable_dir(path, "--compile-cache")
+  jax.config.update("jax_compilation_cache_dir", os.path.abspath(path))
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+
+
 def _add_common(p: argparse.ArgumentParser) -> None:
   p.add_argument(
     "--algorithm", default=DEFAULT_ALGORITHM, help="algorithm name (see `fedjax-dro list`)"
@@ -83,6 +108,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     "CPU, tf32 on GPU/TPU; parameters and aggregation stay float32)",
   )
   p.add_argument("--eval-every", type=int, default=None, help="rounds between evaluations")
+  _add_compile_cache(p)
   scale = p.add_argument_group("scale-out (see fedjax_dro.sharding)")
   scale.add_argument(
     "--devices",
@@ -273,6 +299,7 @@ def cmd_run(args) -> int:
   _distributed(args)
   _cpu_devices(args)
   _check_paths(args)
+  _compile_cache(args)
   alg, ds = build(args.algorithm, args.dataset, args.seed, _factory_options(args))
   ds, mesh = _scale(args, ds)
   hparams = _parse_kv(args.hparam, "--hparam")
@@ -342,6 +369,7 @@ def cmd_sweep(args) -> int:
   _distributed(args)
   _cpu_devices(args)
   _check_paths(args)
+  _compile_cache(args)
   seeds = _parse_seeds(args.seeds)
   alg, ds = build(args.algorithm, args.dataset, args.seed, _factory_options(args))
   grid = _parse_kv(args.grid, "--grid", multi=True)
@@ -403,6 +431,7 @@ def cmd_plot(args) -> int:
 def cmd_reproduce(args) -> int:
   from fedjax_dro.reproduce import reproduce
 
+  _compile_cache(args)
   reproduce(args.experiment, out_dir=args.out, rounds=args.rounds, quick=args.quick, seed=args.seed)
   return 0
 
@@ -463,6 +492,7 @@ def main(argv: Optional[List[str]] = None) -> int:
   p_rep.add_argument("--rounds", type=int, default=None, help="communication rounds")
   p_rep.add_argument("--quick", action="store_true", help="tiny grids, few rounds (smoke test)")
   p_rep.add_argument("--seed", type=int, default=0, help="data seed")
+  _add_compile_cache(p_rep)
   p_plot = sub.add_parser("plot", help="PNG plots of run / sweep output directories")
   p_plot.add_argument("dirs", nargs="+", help="run directories (seeds) and/or sweep directories")
   p_plot.add_argument("--out", default=None, help="output directory (default: the first dir)")

@@ -437,6 +437,7 @@ CASES = {
 CLI_CASES = {
   "--out under /proc": (["run", "--out", "/proc/x"], "--out"),
   "--checkpoint-dir is a file": (["run", "--checkpoint-dir", _FILE], "--checkpoint-dir"),
+  "--compile-cache is a file": (["run", "--compile-cache", _FILE], "--compile-cache"),
   "--seeds not integers": (["sweep", "--seeds", "0,a"], "--seeds"),
   "--seeds negative": (["sweep", "--seeds", "-1", "--rounds", "1"], "seeds"),
   "--hparam not a number": (["run", "--hparam", "client_lr=abc"], "--hparam"),

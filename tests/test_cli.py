@@ -77,3 +77,38 @@ def test_sweep_and_list(tmp_path, capsys):
     "synthetic-shift",
   ]:
     assert name in listing
+
+
+def test_compile_cache_keeps_compiled_programs_between_commands(tmp_path):
+  """--compile-cache DIR: the first command writes XLA's programs into DIR (JAX's persistent
+  cache, every program size); the same command again reads them and gives the same result."""
+  import os
+  import subprocess
+  import sys
+
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+  env.pop("JAX_COMPILATION_CACHE_DIR", None)
+  env["JAX_LOGGING_LEVEL"] = "DEBUG"  # JAX logs every persistent-cache hit and miss
+  cache = tmp_path / "xla"
+  outs, logs = [], []
+  for i in range(2):
+    out = tmp_path / f"run{i}"
+    argv = ["run", "--rounds", "3", "--no-progress", "--compile-cache", str(cache)]
+    proc = subprocess.run(
+      [sys.executable, "-m", "fedjax_dro", *argv, "--out", str(out)],
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    logs.append(proc.stderr)
+    with open(out / "summary.json") as f:
+      outs.append(json.load(f)["final"])
+  assert os.listdir(cache), "nothing was written to the compile cache"
+  rounds = "'jit_chunk_fn'"
+  assert f"PERSISTENT COMPILATION CACHE MISS for {rounds}" in logs[0]
+  assert f"Persistent compilation cache hit for {rounds}" in logs[1]
+  assert f"MISS for {rounds}" not in logs[1]
+  assert outs[0] == outs[1]
