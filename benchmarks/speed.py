@@ -397,6 +397,10 @@ def run_path(args):
   kind, n = args.run_workload
   n = min(n, args.max_clients)
   model = make_model(kind)
+  # what fd.run without init_params pays once per model: its init program's compilation
+  t0 = time.perf_counter()
+  jax.block_until_ready(model.init(jax.random.PRNGKey(0)))
+  init_first_s = time.perf_counter() - t0
   params = float32_params(model)
   t0 = time.perf_counter()
   data = make_data(kind, n)
@@ -426,6 +430,7 @@ def run_path(args):
     "num_clients": n,
     "rounds": rounds,
     "data_build_and_transfer_s": build_s,
+    "model_init_first_call_s": init_first_s,
     "compiled_chunk_s_per_round": chunk.seconds_per_round,
     "compiled_chunk_compile_s": prog.compile_time,
     "run": {
@@ -675,6 +680,11 @@ def markdown(result) -> str:
       f"| evaluation of all clients, per chunk (estimate) | {run['eval_s_per_chunk_estimate']:.3f} |",
       f"| data build + transfer (not in fd.run) | {run['data_build_and_transfer_s']:.2f} |",
     ]
+    if "model_init_first_call_s" in run:
+      lines.append(
+        f"| model.init, first call (in fd.run without init_params; compiles) | "
+        f"{run['model_init_first_call_s']:.2f} |"
+      )
     again = run.get("run_again_other_seed")
     if again:
       lines += [

