@@ -286,6 +286,14 @@ def _check_paths(args) -> None:
     check_writable_dir(ckpt, "--checkpoint-dir")
 
 
+def _check_counts(args):
+  """--rounds and --eval-every checked before anything is built or printed."""
+  for flag in ("rounds", "eval_every"):
+    value = getattr(args, flag, None)
+    if value is not None and value < 1:
+      raise ValueError(f"--{flag.replace('_', '-')} must be a positive integer, got {value}")
+
+
 def _parse_seeds(text: str) -> List[int]:
   try:
     return [int(s) for s in text.split(",")]
@@ -299,6 +307,7 @@ def cmd_run(args) -> int:
   _distributed(args)
   _cpu_devices(args)
   _check_paths(args)
+  _check_counts(args)
   _compile_cache(args)
   alg, ds = build(args.algorithm, args.dataset, args.seed, _factory_options(args))
   ds, mesh = _scale(args, ds)
@@ -369,6 +378,7 @@ def cmd_sweep(args) -> int:
   _distributed(args)
   _cpu_devices(args)
   _check_paths(args)
+  _check_counts(args)
   _compile_cache(args)
   seeds = _parse_seeds(args.seeds)
   alg, ds = build(args.algorithm, args.dataset, args.seed, _factory_options(args))

@@ -442,7 +442,7 @@ CLI_CASES = {
   "--seeds negative": (["sweep", "--seeds", "-1", "--rounds", "1"], "seeds"),
   "--hparam not a number": (["run", "--hparam", "client_lr=abc"], "--hparam"),
   "--hparam without =": (["run", "--hparam", "client_lr"], "--hparam"),
-  "--eval-every zero": (["run", "--eval-every", "0", "--rounds", "1"], "eval_every"),
+  "--eval-every zero": (["run", "--eval-every", "0", "--rounds", "1"], "--eval-every"),
   "--grid empty value": (["sweep", "--grid", "client_lr="], "--grid"),
   "--option without =": (["run", "--option", "clients_per_round"], "--option"),
   "--option unknown": (["run", "--option", "momentum=0.9", "--rounds", "1"], "momentum"),
@@ -450,7 +450,8 @@ CLI_CASES = {
     ["run", "--checkpoint-every", "5"],
     "checkpoint_every",
   ),
-  "--rounds zero": (["run", "--rounds", "0"], "rounds"),
+  "--rounds zero": (["run", "--rounds", "0"], "--rounds"),
+  "--rounds negative (sweep)": (["sweep", "--rounds", "-1"], "--rounds"),
   "--devices zero": (["run", "--devices", "0", "--rounds", "1"], "--devices"),
   "--algorithm unknown": (["run", "--algorithm", "nope", "--rounds", "1"], "algorithm"),
   "--dataset unknown": (["run", "--dataset", "nope", "--rounds", "1"], "dataset"),
@@ -477,10 +478,13 @@ def test_bad_input_raises_clear_error(case):
 def test_cli_bad_input_is_one_clear_line(case, capsys):
   argv, flag = CLI_CASES[case]
   rc = cli.main(argv + (["--no-progress"] if argv[0] == "run" else []))
-  err = capsys.readouterr().err.strip()
+  captured = capsys.readouterr()
+  err = captured.err.strip()
   assert rc == 2, err
   assert err.startswith("error: ") and "\n" not in err, err
   assert flag in err, err
+  if flag in ("--rounds", "--eval-every"):  # refused before the run's header line is printed
+    assert captured.out == "", captured.out
 
 
 def test_table_has_at_least_60_distinct_cases_and_the_docs_list_them():
