@@ -70,7 +70,7 @@ from fedjax_dro.models import client_loss_and_grad, num_parameters
 from fedjax_dro.sharding import local_cpu_cores, make_mesh, request_cpu_devices
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SECTIONS = ("workloads", "precision", "algorithms", "run", "folding", "devices")
+SECTIONS = ("workloads", "precision", "algorithms", "run", "folding", "devices", "sweep_cache")
 MODELS = ("softmax", "logreg", "mlp", "cnn-lax", "cnn-patches")
 TABULAR = ("softmax", "logreg")
 BACKENDS = ("vmap", "map", "chunked", "auto")
@@ -510,6 +510,64 @@ def devices_section(args):
   return {"devices": count, "rows": rows}
 
 
+def _sweep_with_cache_target(alg, data, rounds, grid, cache_bytes):
+  """``fd.sweep`` with ``AUTO_CPU_CHUNK_BYTES`` set to ``cache_bytes`` (read when the sweep's
+  program is traced, i.e. on the first call with ``alg``), restored afterwards."""
+  whole = client_backends.AUTO_CPU_CHUNK_BYTES
+  client_backends.AUTO_CPU_CHUNK_BYTES = cache_bytes
+  try:
+    return fd.sweep(alg, data, rounds=rounds, grid=grid, eval_every=rounds)
+  finally:
+    client_backends.AUTO_CPU_CHUNK_BYTES = whole
+
+
+def sweep_cache_section(args):
+  """CPU: ``fd.sweep`` of 4 learning rates on one device with the ``auto`` backend's cache target
+  shared by the rows that run side by side (the default: each row's chunk is planned into
+  ``AUTO_CPU_CHUNK_BYTES / rows``) against the same sweep planned with one run's whole target
+  per row (as before the rows shared it): seconds per call after a warm-up call, best of
+  several, calls interleaved, with the chunk size each planned."""
+  if jax.default_backend() != "cpu":
+    print("sweep_cache: the cache target is CPU-only, section skipped")
+    return {"skipped": "not CPU"}
+  grid = {"client_lr": [0.01, 0.02, 0.05, 0.1]}
+  configs = len(grid["client_lr"])
+  whole = client_backends.AUTO_CPU_CHUNK_BYTES
+  rows = []
+  for kind, n in args.sweep_cache_workloads:
+    model, params, data = make_workload(kind, n)
+    rounds = 2 if args.quick else (20 if kind in TABULAR else 4)
+    variants = {"row_shared": whole, "whole_per_row": whole * configs}
+    algs = {name: fedavg(model, local_steps=LOCAL_STEPS, batch_size=BATCH) for name in variants}
+    times = {name: [] for name in variants}
+    plans = {}
+
+    for _ in range(1 if args.quick else 3):
+      for name in variants:
+        if not times[name]:
+          client_backends.recent_plans.clear()
+          _sweep_with_cache_target(algs[name], data, rounds, grid, variants[name])  # compiles
+          plans[name] = sorted(
+            {
+              p.chunk_size or (1 if p.backend == "map" else n)
+              for p in client_backends.recent_plans
+              if p.num_clients == n
+            }
+          )
+        t0 = time.perf_counter()
+        res = _sweep_with_cache_target(algs[name], data, rounds, grid, variants[name])
+        jax.block_until_ready(res.final_state)
+        times[name].append(time.perf_counter() - t0)
+    best = {name: min(t) for name, t in times.items()}
+    row = {"model": kind, "num_clients": n, "configs": configs, "rounds": rounds}
+    row.update({f"{name}_s": t for name, t in best.items()})
+    row.update({f"{name}_chunks": plans[name] for name in variants})
+    row["speedup"] = best["whole_per_row"] / best["row_shared"]
+    rows.append(row)
+    print(json.dumps(row), flush=True)
+  return {"rows": rows}
+
+
 def _folding_calls(model, settings, data, key):
   from fedjax_dro.core.local import federated_gradient, local_round
   from fedjax_dro.core.metrics import evaluate_clients
@@ -737,6 +795,26 @@ def markdown(result) -> str:
         f"{split(r, 'configs_split')} | {split(r, 'clients_split')} |"
       )
     lines.append("")
+  cache = result.get("sweep_cache")
+  if cache and cache.get("rows"):
+    lines += [
+      "## A sweep's rows share the CPU cache target",
+      "",
+      "`fd.sweep` of 4 learning rates on one device, seconds per call (best of 3, after a warm-up",
+      "call): each row's client chunks planned into its share of `AUTO_CPU_CHUNK_BYTES` (the",
+      "default) vs into the whole target, as one run (clients per chunk in brackets).",
+      "",
+      "| model | n | rounds | rows share the target | whole target per row | speed-up |",
+      "|---|---|---|---|---|---|",
+    ]
+    for r in cache["rows"]:
+      chunks = {k: ",".join(map(str, r[f"{k}_chunks"])) for k in ("row_shared", "whole_per_row")}
+      lines.append(
+        f"| {r['model']} | {r['num_clients']} | {r['rounds']} | {r['row_shared_s']:.3f} "
+        f"({chunks['row_shared']}) | {r['whole_per_row_s']:.3f} ({chunks['whole_per_row']}) | "
+        f"{r['speedup']:.2f}x |"
+      )
+    lines.append("")
   acc = result.get("acceptance")
   if acc:
     lines += ["## Acceptance checks (this run)", ""]
@@ -835,6 +913,11 @@ def main(argv=None):
       ("mlp", 100),
     ]
   )
+  args.sweep_cache_workloads = (
+    [("softmax", 10), ("mlp", 10)]
+    if args.quick
+    else [("softmax", 1000), ("mlp", 100), ("mlp", 400)]
+  )
   args.folding_workloads = [("softmax", 1000), ("mlp", 1000), ("cnn-patches", 100)]
   if args.quick:
     args.folding_workloads = [("softmax", 10), ("mlp", 10)]
@@ -877,6 +960,8 @@ def main(argv=None):
     result["folding"] = folding(args)
   if "devices" in args.sections:
     result["devices"] = devices_section(args)
+  if "sweep_cache" in args.sections:
+    result["sweep_cache"] = sweep_cache_section(args)
   result["acceptance"] = acceptance(result)
   os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
   with open(args.out, "w") as f:

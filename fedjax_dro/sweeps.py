@@ -50,10 +50,20 @@ _SWEEP_PROGRAMS = ProgramCache(max_entries=8)
 
 
 def _sweep_programs(
-  alg: Algorithm, rounds: int, chunk: int, check_finite: bool, args, true_params, shards: int = 1
+  alg: Algorithm,
+  rounds: int,
+  chunk: int,
+  check_finite: bool,
+  args,
+  true_params,
+  shards: int = 1,
+  sweep_shards: int = 1,
 ):
-  """``(compiled chunk program, vmapped eval function, compile seconds)``, cached."""
-  key = (rounds, chunk, check_finite, abstract_key(args), sharding_key(args), shards)
+  """``(compiled chunk program, vmapped eval function, compile seconds)``, cached. ``shards`` /
+  ``sweep_shards``: devices the client axis / the rows are split over."""
+  key = (rounds, chunk, check_finite, abstract_key(args), sharding_key(args), shards, sweep_shards)
+  # the rows of one device run side by side: the auto backend plans each into its share
+  rows_per_device = math.ceil(int(np.shape(args[1][0])[0]) / max(1, sweep_shards))
   hit = _SWEEP_PROGRAMS.get(alg, key) if true_params is None else None
   if hit is not None:
     return hit[0], hit[1], 0.0
@@ -62,8 +72,7 @@ def _sweep_programs(
   )
   t0 = time.perf_counter()
   try:
-    # the rows run side by side: the auto backend plans each row into its share of the memory
-    with memory_shared_by(int(np.shape(args[1][0])[0])), client_shards(shards):
+    with memory_shared_by(rows_per_device), client_shards(shards):
       compiled = vchunk.lower(*args).compile()
   except Exception as e:
     if is_out_of_memory(e):
@@ -71,8 +80,7 @@ def _sweep_programs(
     raise
   compile_time = time.perf_counter() - t0
   evaluate = _shared_memory(
-    jax.jit(jax.vmap(make_eval_fn(alg, true_params), in_axes=(0, None))),
-    int(np.shape(args[1][0])[0]),
+    jax.jit(jax.vmap(make_eval_fn(alg, true_params), in_axes=(0, None))), rows_per_device
   )
   if true_params is None:  # true_params is closed over: cache only the common case
     _SWEEP_PROGRAMS.put(alg, key, (compiled, evaluate))
@@ -246,6 +254,7 @@ def sweep(
     (state, status, jnp.int32(0), hp, run_keys, train),
     true_params,
     axis_size(mesh, "clients"),
+    axis_size(mesh, "sweep"),
   )
   t0 = time.perf_counter()
   curves: Dict[str, list] = {}

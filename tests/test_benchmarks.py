@@ -72,7 +72,7 @@ def test_scale_quick(tmp_path):
   assert (tmp_path / "scale.md").exists()
 
 
-def test_speed_quick_workloads_and_folding(tmp_path):
+def test_speed_quick_workloads_folding_and_sweep_cache(tmp_path):
   """benchmarks/speed.py on its quick grid: every requested section is measured and reported."""
   bench = _load("speed")
   out = tmp_path / "speed.json"
@@ -80,7 +80,7 @@ def test_speed_quick_workloads_and_folding(tmp_path):
     [
       "--quick",
       "--sections",
-      "workloads,folding",
+      "workloads,folding,sweep_cache",
       "--models",
       "softmax",
       "--backends",
@@ -99,6 +99,15 @@ def test_speed_quick_workloads_and_folding(tmp_path):
   assert {r["model"] for r in saved["folding"]["rows"]} == {"softmax", "mlp"}
   assert all(r["grad_folded_s"] > 0 for r in result["folding"]["rows"])
   assert "client axis folded" in (tmp_path / "speed.md").read_text()
+  cache = {r["model"]: r for r in saved["sweep_cache"]["rows"]}
+  assert set(cache) == {"softmax", "mlp"}
+  for r in cache.values():
+    assert r["speedup"] == pytest.approx(r["whole_per_row_s"] / r["row_shared_s"])
+  # the MLP's rows share the target: smaller chunks than one run's, and the constant restored
+  assert max(cache["mlp"]["row_shared_chunks"]) <= max(cache["mlp"]["whole_per_row_chunks"])
+  assert min(cache["mlp"]["row_shared_chunks"]) < max(cache["mlp"]["whole_per_row_chunks"])
+  assert bench.client_backends.AUTO_CPU_CHUNK_BYTES == 24 * 2**20
+  assert "rows share the CPU cache target" in (tmp_path / "speed.md").read_text()
 
 
 def test_speed_devices_section_splits_the_cpu(tmp_path):

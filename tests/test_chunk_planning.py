@@ -130,6 +130,11 @@ def test_cpu_caps_chunks_near_the_cache_accelerators_do_not():
   per_client = clients.recent_plans[-1].bytes_per_client
   assert backend == "chunked" and chunk * per_client <= clients.AUTO_CPU_CHUNK_BYTES
   assert (chunk + 1) * per_client > clients.AUTO_CPU_CHUNK_BYTES * 0.5
+  # a sweep's rows share the cache target as they share the memory: 4 rows side by side
+  with memory_budget_limit(10**12), memory_shared_by(4):
+    backend4, chunk4 = clients.plan_clients(update, args, platform="cpu")
+  assert backend4 in ("chunked", "map") and (chunk4 or 1) < chunk
+  assert (chunk4 or 1) * per_client <= clients.AUTO_CPU_CHUNK_BYTES / 4
 
 
 def _classification(n, m=24, d=20, k=5, seed=0):

@@ -98,6 +98,15 @@ def _max_diff(a, b):
 # Sharding on 4 forced CPU devices
 # ----------------------------------------------------------------------------------------------
 SHARDED_EQUALS_SINGLE = """
+import fedjax_dro.sweeps as sweeps_module
+shares, rows_per_device = [], {}
+share = sweeps_module.memory_shared_by
+
+def recording_share(rows):  # the rows each device runs side by side, as the planner is told
+  shares.append(rows)
+  return share(rows)
+
+sweeps_module.memory_shared_by = recording_share
 ds, model = problem()
 diffs = {}
 for name in NAMES:
@@ -114,7 +123,9 @@ for name in NAMES:
   grid = {"client_lr": [0.05, 0.1, 0.2]}
   ref = fd.sweep(alg, ds, rounds=4, grid=grid, seeds=[0, 1])
   for c, s in [(1, 4), (2, 2), (4, 1)]:
+    shares.clear()
     res = fd.sweep(alg, ds, rounds=4, grid=grid, seeds=[0, 1], mesh=make_mesh(clients=c, sweep=s))
+    rows_per_device[f"{name} clients={c} sweep={s}"] = sorted(set(shares))
     d = max(np.max(np.abs(np.asarray(a) - np.asarray(b)))
             for a, b in zip(jax.tree.leaves(res.final_state), jax.tree.leaves(ref.final_state)))
     e = max(np.max(np.abs(res.final_per_client[k] - ref.final_per_client[k]))
@@ -123,7 +134,7 @@ for name in NAMES:
     diffs[f"sweep {name} clients={c} sweep={s}"] = float(max(d, e))
 prog = fd.compile_rounds(make("fedavg", model), ds, rounds=2, mesh=make_mesh(clients=4))
 text = prog.as_text()
-print(json.dumps({"diffs": diffs, "all_reduce": "all-reduce" in text}))
+print(json.dumps({"diffs": diffs, "all_reduce": "all-reduce" in text, "rows": rows_per_device}))
 """
 
 
@@ -138,6 +149,11 @@ def test_sharded_runs_and_sweeps_equal_single_device(names):
   out = _result(_python(f"NAMES = {names!r}\n" + SHARDED_EQUALS_SINGLE, devices=4))
   assert out["all_reduce"]  # aggregation over sharded clients is a cross-device reduction
   assert len(out["diffs"]) == 5 * len(names)
+  # 6 sweep rows (padded to 8 over 4 sweep shards): each device plans for its own rows only
+  expected = {"clients=1 sweep=4": [2], "clients=2 sweep=2": [3], "clients=4 sweep=1": [6]}
+  assert len(out["rows"]) == 3 * len(names)
+  for what, rows in out["rows"].items():
+    assert rows == expected[what.split(" ", 1)[1]], (what, rows)
   for what, diff in out["diffs"].items():
     assert diff <= 1e-6, what
 

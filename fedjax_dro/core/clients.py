@@ -17,7 +17,9 @@ All backends compute the same thing; they differ in how XLA executes it:
   no compilation) and, only when memory is tight, measured from XLA's memory analysis of one
   client's compiled update. On CPU chunks are also kept near :data:`AUTO_CPU_CHUNK_BYTES` of
   working set, which ``benchmarks/speed.py`` measured as the fastest on 2 cores (hundreds of
-  softmax-regression clients per chunk, ~8 MLP clients, one CNN client at a time).
+  softmax-regression clients per chunk, ~8 MLP clients, one CNN client at a time). Inside a
+  vmapped sweep (:func:`memory_shared_by`) a chunk runs once per row side by side, so both the
+  memory budget and this cache target are shared by the rows.
 """
 
 from __future__ import annotations
@@ -172,8 +174,10 @@ def memory_budget_limit(num_bytes: Optional[int]):
 
 @contextlib.contextmanager
 def memory_shared_by(rows: int):
-  """Programs traced inside run ``rows`` copies of every round side by side (a vmapped sweep):
-  each gets ``1/rows`` of the budget."""
+  """Programs traced inside run ``rows`` copies of every round side by side on each device (a
+  vmapped sweep): each gets ``1/rows`` of the memory budget and, on CPU, of the cache target
+  :data:`AUTO_CPU_CHUNK_BYTES` (a chunk of ``c`` clients then works on ``rows * c`` clients'
+  data at once; ``benchmarks/speed.py``'s ``sweep_cache`` section measures the difference)."""
   token = _MEMORY_SHARE.set(max(1, int(rows)) * _MEMORY_SHARE.get())
   try:
     yield
@@ -340,8 +344,8 @@ def plan_clients(
   must fit); only when that does not fit is it measured by compiling one client's program
   (:func:`client_memory`), so runs with room to spare compile nothing extra.
 
-  CPU: chunks are also capped so that a chunk's working set stays near
-  :data:`AUTO_CPU_CHUNK_BYTES` (measured with ``benchmarks/speed.py`` on 2 cores: the
+  CPU: chunks are also capped so that a chunk's working set, summed over the rows of an
+  enclosing sweep (:func:`memory_shared_by`), stays near :data:`AUTO_CPU_CHUNK_BYTES` (measured with ``benchmarks/speed.py`` on 2 cores: the
   softmax-regression federation runs best in chunks of hundreds of clients, the MLP
   784-200-200-62 in chunks of ~8, the CNN one client at a time, where ``vmap`` over all clients
   is 1.5-3x slower for the last two). A chunk of one client is the ``map`` backend.
@@ -358,7 +362,7 @@ def plan_clients(
   per_client, shared, how = client_memory(fn, args, measure=False)
   cap = None
   if platform == "cpu":  # keep a chunk's working set near the cache
-    cap = plan_chunk_size(n, per_client, AUTO_CPU_CHUNK_BYTES)
+    cap = plan_chunk_size(n, per_client, AUTO_CPU_CHUNK_BYTES / max(1, _MEMORY_SHARE.get()))
   if budget is not None:
     reserved = shared + n * out_bytes
     chunk = plan_chunk_size(n, JAXPR_MARGIN * per_client, budget, shared_bytes=reserved)
