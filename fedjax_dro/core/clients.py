@@ -345,10 +345,11 @@ def plan_clients(
   (:func:`client_memory`), so runs with room to spare compile nothing extra.
 
   CPU: chunks are also capped so that a chunk's working set, summed over the rows of an
-  enclosing sweep (:func:`memory_shared_by`), stays near :data:`AUTO_CPU_CHUNK_BYTES` (measured with ``benchmarks/speed.py`` on 2 cores: the
-  softmax-regression federation runs best in chunks of hundreds of clients, the MLP
-  784-200-200-62 in chunks of ~8, the CNN one client at a time, where ``vmap`` over all clients
-  is 1.5-3x slower for the last two). A chunk of one client is the ``map`` backend.
+  enclosing sweep (:func:`memory_shared_by`), stays near :data:`AUTO_CPU_CHUNK_BYTES` (measured
+  with ``benchmarks/speed.py`` on 2 cores: the softmax-regression federation runs best in chunks
+  of hundreds of clients, the MLP 784-200-200-62 in chunks of ~8, the CNN one client at a time,
+  where ``vmap`` over all clients is 1.5-3x slower for the last two). A chunk of one client is
+  the ``map`` backend.
 
   ``stacked(outputs)`` selects the outputs kept for every client (default: all, as
   :func:`map_clients` keeps them); their memory is reserved for all clients at once.
