@@ -459,6 +459,20 @@ def run_path(args):
   return out
 
 
+def best_interleaved(calls, repeats):
+  """``{name: best seconds}`` of ``calls`` (name -> fn returning a sweep result), each called once
+  to warm up (compile) before its first timed call, the timed calls interleaved."""
+  times = {name: [] for name in calls}
+  for _ in range(repeats):
+    for name, call in calls.items():
+      if not times[name]:
+        call()  # warm-up: compiles
+      t0 = time.perf_counter()
+      jax.block_until_ready(call().final_state)
+      times[name].append(time.perf_counter() - t0)
+  return {name: min(t) for name, t in times.items()}
+
+
 def devices_section(args):
   """``fd.sweep`` of 4 learning rates on one device against the same sweep on a mesh over all
   devices of the process, with the configurations split (``sweep`` axis) or the clients split
@@ -487,15 +501,7 @@ def devices_section(args):
       for name, mesh in meshes.items()
       if name == "one_device" or mesh is not None
     }
-    times = {name: [] for name in calls}
-    for _ in range(1 if args.quick else 3):
-      for name, call in calls.items():
-        if not times[name]:
-          call()  # warm-up: compiles
-        t0 = time.perf_counter()
-        jax.block_until_ready(call().final_state)
-        times[name].append(time.perf_counter() - t0)
-    best = {name: min(t) for name, t in times.items()}
+    best = best_interleaved(calls, 1 if args.quick else 3)
     row = {"model": kind, "num_clients": n, "configs": len(grid["client_lr"]), "rounds": rounds}
     row.update({f"{name}_s": t for name, t in best.items()})
     row.update(
@@ -521,6 +527,23 @@ def _sweep_with_cache_target(alg, data, rounds, grid, cache_bytes):
     client_backends.AUTO_CPU_CHUNK_BYTES = whole
 
 
+def _planned_sweep(alg, n, plans, name, *sweep_args):
+  """:func:`_sweep_with_cache_target`; the first call (the one that plans) records into
+  ``plans[name]`` the clients per chunk of every ``auto`` plan over the ``n`` clients."""
+  if name in plans:
+    return _sweep_with_cache_target(alg, *sweep_args)
+  client_backends.recent_plans.clear()
+  result = _sweep_with_cache_target(alg, *sweep_args)
+  plans[name] = sorted(
+    {
+      p.chunk_size or (1 if p.backend == "map" else n)
+      for p in client_backends.recent_plans
+      if p.num_clients == n
+    }
+  )
+  return result
+
+
 def sweep_cache_section(args):
   """CPU: ``fd.sweep`` of 4 learning rates on one device with the ``auto`` backend's cache target
   shared by the rows that run side by side (the default: each row's chunk is planned into
@@ -539,26 +562,16 @@ def sweep_cache_section(args):
     rounds = 2 if args.quick else (20 if kind in TABULAR else 4)
     variants = {"row_shared": whole, "whole_per_row": whole * configs}
     algs = {name: fedavg(model, local_steps=LOCAL_STEPS, batch_size=BATCH) for name in variants}
-    times = {name: [] for name in variants}
     plans = {}
-
-    for _ in range(1 if args.quick else 3):
-      for name in variants:
-        if not times[name]:
-          client_backends.recent_plans.clear()
-          _sweep_with_cache_target(algs[name], data, rounds, grid, variants[name])  # compiles
-          plans[name] = sorted(
-            {
-              p.chunk_size or (1 if p.backend == "map" else n)
-              for p in client_backends.recent_plans
-              if p.num_clients == n
-            }
-          )
-        t0 = time.perf_counter()
-        res = _sweep_with_cache_target(algs[name], data, rounds, grid, variants[name])
-        jax.block_until_ready(res.final_state)
-        times[name].append(time.perf_counter() - t0)
-    best = {name: min(t) for name, t in times.items()}
+    best = best_interleaved(
+      {
+        name: functools.partial(
+          _planned_sweep, algs[name], n, plans, name, data, rounds, grid, variants[name]
+        )
+        for name in variants
+      },
+      1 if args.quick else 3,
+    )
     row = {"model": kind, "num_clients": n, "configs": configs, "rounds": rounds}
     row.update({f"{name}_s": t for name, t in best.items()})
     row.update({f"{name}_chunks": plans[name] for name in variants})
