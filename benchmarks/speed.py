@@ -38,6 +38,7 @@ repeatable rate, and every ratio divides like by like.
     python benchmarks/speed.py --quick              # tiny grid (smoke test, seconds)
     python benchmarks/speed.py --sections workloads --models mlp --max-clients 1000
     python benchmarks/speed.py --sections algorithms --merge   # add a section to the results
+    python benchmarks/speed.py --render                # rewrite the markdown from the JSON
 
 ``--max-gflop-per-round`` skips (and lists) configurations whose round needs more work than that
 (default: 600 GFLOP on CPU, unlimited on accelerators), so a CPU run stays within minutes.
@@ -836,6 +837,26 @@ def markdown(result) -> str:
   return "\n".join(lines)
 
 
+def loop_ceiling(row, target):
+  """What a speed-up of ``target`` over the per-client loop asks of the hardware.
+
+  A backend's speed-up over the loop divided by its share of the dense matmul rate is the same
+  for every backend of the row (both are its updates/s over a constant: the loop's rate, and the
+  dense rate over the FLOP per update), so it is the speed-up at 100% of the dense rate; the
+  target needs ``target / ceiling`` of that rate.
+  """
+  auto = row.get("auto") or {}
+  x, f = auto.get("speedup_vs_loop"), auto.get("fraction_of_dense")
+  if not x or not f:
+    return ""
+  ceiling = x / f
+  return (
+    f"; the loop runs {row['loop']['updates_per_s'] / 1e3:.1f} k updates/s, so 100% of the "
+    f"dense rate would be {ceiling:.0f}x and {target}x needs {100 * target / ceiling:.0f}% of "
+    f"it, where auto reaches {100 * f:.0f}%"
+  )
+
+
 def acceptance(result):
   out = []
   wl = result.get("workloads") or {}
@@ -848,16 +869,19 @@ def acceptance(result):
       fb = best.get("fraction_of_dense", float("nan"))
       fm = mesh.get("fraction_of_dense", float("nan")) if mesh else float("nan")
       out.append(
-        f"MLP n=1000: auto {100 * f:.0f}% of the dense {wl['precision']} rate on one device, "
-        f"{100 * fm:.0f}% on the mesh{on_mesh} (best single-device backend {100 * fb:.0f}%; "
+        f"MLP n=1000: auto {100 * f:.0f}% of the dense {wl['precision']} rate on one device"
+        + (f", {100 * fm:.0f}% on the mesh{on_mesh}" if mesh else "")
+        + f" (best single-device backend {100 * fb:.0f}%; "
         f"target 60% on CPU, 30% of bf16 on GPU): {'PASS' if max(f, fm) >= 0.6 else 'FAIL'}"
       )
     if r["model"] == "softmax" and r["num_clients"] == 1000 and "auto" in r:
       x = r["auto"]["speedup_vs_loop"]
       xm = mesh["speedup_vs_loop"] if mesh else float("nan")
       out.append(
-        f"softmax regression n=1000: auto {x:.0f}x the per-client loop on one device, "
-        f"{xm:.0f}x on the mesh{on_mesh} (target 60x): {'PASS' if max(x, xm) >= 60 else 'FAIL'}"
+        f"softmax regression n=1000: auto {x:.0f}x the per-client loop on one device"
+        + (f", {xm:.0f}x on the mesh{on_mesh}" if mesh else "")
+        + f" (target 60x{loop_ceiling(r, 60)}): "
+        f"{'PASS' if max(x, xm) >= 60 else 'FAIL'}"
       )
     if r["model"].startswith("cnn") and r["num_clients"] == 1000 and "auto" in r:
       x = r["auto"]["speedup_vs_loop"]
@@ -867,6 +891,29 @@ def acceptance(result):
     names = ", ".join(f"{r['algorithm']} {r['vs_fedavg']:.1f}x" for r in worst) or "none"
     out.append(f"algorithms over 2x FedAvg ({block['model']}, n={block['num_clients']}): {names}")
   return out
+
+
+def render(out, markdown_out=None):
+  """Rewrite the markdown of the results file ``out`` (and its acceptance checks) unmeasured."""
+  with open(out) as f:
+    result = json.load(f)
+  if not isinstance(result, dict) or "meta" not in result:
+    raise ValueError(f"--render: {out} is not a results file of benchmarks/speed.py (no 'meta')")
+  md_path = _write(result, out, markdown_out)
+  print(f"rewrote {md_path} from {out}")
+  return result
+
+
+def _write(result, out, markdown_out=None):
+  """Derive the acceptance checks, save the JSON to ``out`` and its markdown; returns its path."""
+  result["acceptance"] = acceptance(result)
+  os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+  with open(out, "w") as f:
+    json.dump(result, f, indent=2, default=float)
+  md_path = markdown_out or os.path.splitext(out)[0] + ".md"
+  with open(md_path, "w") as f:
+    f.write(markdown(result))
+  return md_path
 
 
 def main(argv=None):
@@ -890,7 +937,14 @@ def main(argv=None):
     "core, as `fedjax-dro run --devices auto`), for the 'auto, mesh' column; every other column "
     "runs on one of them. XLA_FLAGS with a device count takes precedence",
   )
+  parser.add_argument(
+    "--render",
+    action="store_true",
+    help="measure nothing: re-derive the acceptance checks of --out and rewrite its markdown",
+  )
   args = parser.parse_args(argv)
+  if args.render:
+    return render(args.out, args.markdown_out)
   cpu_devices = local_cpu_cores() if args.cpu_devices == "auto" else int(args.cpu_devices)
   if cpu_devices > 1:
     request_cpu_devices(cpu_devices)
@@ -975,13 +1029,7 @@ def main(argv=None):
     result["devices"] = devices_section(args)
   if "sweep_cache" in args.sections:
     result["sweep_cache"] = sweep_cache_section(args)
-  result["acceptance"] = acceptance(result)
-  os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-  with open(args.out, "w") as f:
-    json.dump(result, f, indent=2, default=float)
-  md_path = args.markdown_out or os.path.splitext(args.out)[0] + ".md"
-  with open(md_path, "w") as f:
-    f.write(markdown(result))
+  md_path = _write(result, args.out, args.markdown_out)
   print(markdown(result))
   print(f"wrote {args.out} and {md_path}")
   return result

@@ -137,3 +137,27 @@ def test_speed_devices_section_splits_the_cpu(tmp_path):
     for name in ("configs_split", "clients_split"):
       assert r[f"{name}_speedup"] == pytest.approx(r["one_device_s"] / r[f"{name}_s"])
   assert "## A sweep on 2 devices" in (tmp_path / "speed.md").read_text()
+
+
+def test_speed_render_derives_the_loop_ceiling(tmp_path):
+  """--render rewrites the markdown from the JSON alone, and the softmax check states what 60x
+  asks of the hardware: the speed-up at 100% of the dense rate is speed-up / share of it."""
+  bench = _load("speed")
+  saved = json.loads((ROOT / "benchmarks" / "results" / "speed.json").read_text())
+  (row,) = [
+    r for r in saved["workloads"]["rows"] if (r["model"], r["num_clients"]) == ("softmax", 1000)
+  ]
+  # 50,000 updates/s = 5x the loop, at 4% of the dense rate -> 125x at 100%; 60x needs 48%.
+  loop = 10_000.0
+  row["loop"] = {"updates_per_s": loop}
+  row["auto"] = {"updates_per_s": 5 * loop, "speedup_vs_loop": 5.0, "fraction_of_dense": 0.04}
+  row.pop("auto_mesh", None)
+  out = tmp_path / "speed.json"
+  out.write_text(json.dumps(saved))
+  result = bench.main(["--render", "--out", str(out)])
+  (line,) = [a for a in result["acceptance"] if a.startswith("softmax")]
+  assert "100% of the dense rate would be 125x and 60x needs 48% of it" in line
+  assert "where auto reaches 4%" in line and line.endswith("FAIL")
+  assert "on one device (target 60x" in line  # no mesh measured: no mesh figure
+  assert json.loads(out.read_text())["acceptance"] == result["acceptance"]
+  assert line in (tmp_path / "speed.md").read_text()
