@@ -12,6 +12,10 @@ Measures, on the device JAX runs on (CPU or one accelerator):
   loop, every backend (``vmap``, ``map``, ``chunked``, ``auto`` with the plan it chose), compile
   time, XLA's memory plan of the compiled rounds, and the achieved FLOP/s as a fraction of the
   dense rate;
+* ``ceiling``: what XLA's own matmul kernels allow: the matrix products of one local step of
+  ``c`` clients side by side, each timed alone in its fastest layout, summed (everything else
+  in a round taken as free), best over ``c``, against the loop and ``auto`` measured beside it
+  (softmax regression and the MLP at n = 1000: the CPU targets of issue 10);
 * ``precision``: every precision policy (float32, tf32, bf16) per workload at one n;
 * ``algorithms``: the round time of every registered algorithm relative to FedAvg at equal
   settings (Karula's pairwise projection timed on its own line);
@@ -50,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import json
 import math
 import os
@@ -58,6 +63,7 @@ import sys
 import time
 
 import jax
+import jax.extend as jex
 import jax.numpy as jnp
 import numpy as np
 
@@ -71,7 +77,16 @@ from fedjax_dro.models import client_loss_and_grad, num_parameters
 from fedjax_dro.sharding import local_cpu_cores, make_mesh, request_cpu_devices
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SECTIONS = ("workloads", "precision", "algorithms", "run", "folding", "devices", "sweep_cache")
+SECTIONS = (
+  "workloads",
+  "ceiling",
+  "precision",
+  "algorithms",
+  "run",
+  "folding",
+  "devices",
+  "sweep_cache",
+)
 MODELS = ("softmax", "logreg", "mlp", "cnn-lax", "cnn-patches")
 TABULAR = ("softmax", "logreg")
 BACKENDS = ("vmap", "map", "chunked", "auto")
@@ -79,6 +94,12 @@ CLIENTS = {"tabular": (10, 100, 1000, 10_000, 100_000), "deep": (10, 100, 1000, 
 LOCAL_STEPS, BATCH, EXAMPLES = 4, 32, 64
 CHUNK = 64  # clients per chunk of the explicit "chunked" backend
 LOOP_CLIENTS = 200  # the per-client loop is timed on at most this many clients (a rate)
+# Matmul ceiling: clients side by side it is evaluated at, and the most operand bytes it times.
+CEILING_CHUNKS = (1, 4, 10, 20, 40, 100, 250, 500, 1000, 2000)
+CEILING_MAX_BYTES = 512 * 2**20
+CEILING_LOOP_SECONDS = 2e-3  # a product is repeated in one program for about this long a call
+# jax.default_matmul_precision of each precision policy (as in the dense yardstick).
+MATMUL_PRECISION = {"float32": "highest", "tf32": "tensorfloat32", "bf16": "default"}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -222,7 +243,7 @@ def dense_rates(quick):
   out = {}
   for precision in PRECISIONS:
     dtype = jnp.bfloat16 if precision == "bf16" else jnp.float32
-    mm = {"float32": "highest", "tf32": "tensorfloat32", "bf16": "default"}[precision]
+    mm = MATMUL_PRECISION[precision]
     best = {"flops_per_s": 0.0}
     for n in sizes:
       a = jax.random.normal(jax.random.PRNGKey(0), (n, n), dtype)
@@ -625,6 +646,231 @@ def folding(args):
   return {"rows": rows}
 
 
+def _dot_equations(jaxpr):
+  """Every ``dot_general`` equation of ``jaxpr``, those of its sub-jaxprs included."""
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "dot_general":
+      yield eqn
+    for sub in jex.core.jaxprs_in_params(eqn.params):
+      yield from _dot_equations(sub)
+
+
+def _precision_name(precision):
+  """The name of a ``dot_general``'s explicit precision (``None`` when it has none)."""
+  if precision is None:
+    return None
+  first = precision[0] if isinstance(precision, tuple) else precision
+  return None if first is None else getattr(first, "name", str(first))
+
+
+def step_products(model, params, x, y, clients):
+  """The matrix products of one local step of ``clients`` clients side by side (``vmap``): one
+  record per ``dot_general`` of the traced forward, backward and SGD update (the step of
+  :func:`loop_rate` and of every backend), with its batch size, its ``m x k`` by ``k x n`` shape
+  (several contracting or free dimensions multiplied out), operand and result dtypes, and
+  explicit precision."""
+  nex = jnp.int32(x.shape[0])
+
+  def step(w, key):
+    _, g = client_loss_and_grad(model, w, x, y, nex, key, BATCH)
+    return jax.tree.map(lambda a, b: a - 0.05 * b, w, g)
+
+  def size(shape, dims):
+    return int(np.prod([shape[d] for d in dims], dtype=np.int64))
+
+  def free(shape, *taken):
+    return [d for d in range(len(shape)) if all(d not in t for t in taken)]
+
+  stacked = jax.tree.map(lambda a: jnp.broadcast_to(a, (clients,) + a.shape), params)
+  keys = jax.random.split(jax.random.PRNGKey(0), clients)
+  products = []
+  for eqn in _dot_equations(jax.make_jaxpr(jax.vmap(step))(stacked, keys).jaxpr):
+    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+    lhs, rhs = (v.aval.shape for v in eqn.invars)
+    products.append(
+      {
+        "batch": size(lhs, lb),
+        "m": size(lhs, free(lhs, lc, lb)),
+        "k": size(lhs, lc),
+        "n": size(rhs, free(rhs, rc, rb)),
+        "dtype": str(eqn.invars[0].aval.dtype),
+        "out_dtype": str(eqn.outvars[0].aval.dtype),
+        "precision": _precision_name(eqn.params.get("precision")),
+      }
+    )
+  return products
+
+
+def time_in_loop(fn, lhs, rhs, repeats):
+  """Seconds of one ``fn(lhs, rhs)`` without the cost of a call: ``fn`` repeated in a
+  ``fori_loop`` inside one program (an optimization barrier on the loop's carry keeps XLA from
+  hoisting the loop-invariant product out of it), enough times for ~``CEILING_LOOP_SECONDS`` a
+  call, best of ``repeats`` calls after a warm-up, divided by the repetitions. A call's own cost
+  (dispatch, ~5-20 us on CPU) would otherwise be counted once per product and understate the
+  ceiling where products are small."""
+  single = jax.jit(fn)
+  jax.block_until_ready(single(lhs, rhs))
+  reps = max(1, min(1000, int(CEILING_LOOP_SECONDS / time_calls(lambda: single(lhs, rhs), 2))))
+  f = jax.jit(repeated(fn, reps))
+  jax.block_until_ready(f(lhs, rhs))
+  return time_calls(lambda: f(lhs, rhs), repeats) / reps
+
+
+def repeated(fn, reps):
+  """``(lhs, rhs) -> fn(lhs, rhs)`` computed ``reps`` times in a ``fori_loop``, each time on the
+  operands passed through an optimization barrier, so that XLA cannot tell they are the same
+  every iteration and compute the product once before the loop."""
+
+  def looped(lhs, rhs):
+    def body(_, carry):
+      a, b, _ = jax.lax.optimization_barrier(carry)
+      return a, b, fn(a, b)
+
+    out = jax.eval_shape(fn, lhs, rhs)
+    return jax.lax.fori_loop(0, reps, body, (lhs, rhs, jnp.zeros(out.shape, out.dtype)))[2]
+
+  return looped
+
+
+def time_product(product, matmul_precision, repeats, cache):
+  """``(best seconds, layout)`` of one product over the eight layouts XLA can be handed: the
+  left operand stored ``m x k`` or ``k x m``, the right ``k x n`` or ``n x k``, the result
+  ``m x n`` or ``n x m`` (each compiled alone under ``jax.default_matmul_precision(
+  matmul_precision)``, operands on the device, timed by :func:`time_in_loop`). Cached in
+  ``cache`` by shape: ``m x k @ k x n`` and its transpose are one problem, since the eight
+  layouts of one are those of the other."""
+  b, m, k, n = product["batch"], product["m"], product["k"], product["n"]
+  key = (b, k, min(m, n), max(m, n), product["dtype"], product["out_dtype"])
+  key += (product["precision"], matmul_precision)
+  if key in cache:
+    return cache[key]
+  dims = {"m": m, "k": k, "n": n}
+  dtype = jnp.dtype(product["dtype"])
+  explicit = product["precision"]
+  batch = "z" if b > 1 else ""
+  best = (math.inf, "")
+  for left, right, out in itertools.product(("mk", "km"), ("kn", "nk"), ("mn", "nm")):
+
+    def make(spec, seed):
+      shape = ((b,) if b > 1 else ()) + tuple(dims[c] for c in spec)
+      return jax.random.normal(jax.random.PRNGKey(seed), shape, dtype)
+
+    fn = functools.partial(
+      jnp.einsum,
+      f"{batch}{left},{batch}{right}->{batch}{out}",
+      precision=None if explicit is None else jax.lax.Precision[explicit],
+      preferred_element_type=jnp.dtype(product["out_dtype"]),
+    )
+    with jax.default_matmul_precision(matmul_precision):
+      t = time_in_loop(fn, make(left, 0), make(right, 1), repeats)
+    if t < best[0]:
+      best = (t, f"{left},{right}->{out}")
+  cache[key] = best
+  return best
+
+
+def _ceiling_chunks(n, quick):
+  """Clients side by side at which the ceiling is evaluated (``vmap`` chunk sizes up to ``n``)."""
+  grid = (1, n) if quick else CEILING_CHUNKS
+  return sorted({c for c in grid if c <= n} | ({n} if n <= max(grid) else set()))
+
+
+def matmul_ceiling(args, dense):
+  """The most client updates per second that XLA's own matmul kernels allow on this device.
+
+  For each workload, the matrix products of one local step of ``c`` clients side by side
+  (:func:`step_products`: exactly the ``dot_general`` operations the simulator's step traces
+  to) are timed alone, each in the fastest of its eight operand and result layouts
+  (:func:`time_product`); ``local_steps`` times their sum is the least time ``c`` client
+  updates can take if everything else in a round (minibatch sampling, softmax, the SGD update,
+  aggregation, loop overhead) were free and every product ran at its best layout at once. The
+  best over chunk sizes ``c`` is the ceiling; the section measures, side by side in the same
+  process, the per-client loop and the ``auto`` backend of ``fd.compile_rounds`` on the same
+  data, so a target can be compared with what the hardware and compiler can give at all.
+
+  It is generous to the ceiling: each product runs alone with its operands hot in cache, and
+  no step can store every operand in its own best layout at once. It bounds rounds whose
+  products are those of the traced step; a round that folds clients sharing one model into one
+  larger product (FedSGD's gradient, the evaluation of a global model: the ``folding`` section)
+  is outside it.
+  """
+  precision = args.precision or default_precision()
+  rate = dense.get(precision, {}).get("flops_per_s")
+  repeats = 2 if args.quick else 7
+  cache, rows = {}, []
+  for kind, n in args.ceiling_workloads:
+    n = min(n, args.max_clients)
+    model, params, data = make_workload(kind, n)
+    model = with_precision(model, precision)
+    x0, y0 = data.x[0], data.y[0]
+    flops = LOCAL_STEPS * step_flops(model, params, x0, y0)
+    loop, _ = loop_rate(model, data, params, 0.05, 2 if args.quick else 5)
+    auto = backend_row(
+      make_model(kind),
+      data,
+      params,
+      "auto",
+      precision,
+      0.05,
+      2 if args.quick else 5,
+      1 if args.quick else rounds_for(n / max(loop, 1.0) / 20),
+    )
+    by_chunk, best = [], None
+    for c in _ceiling_chunks(n, args.quick):
+      products = step_products(model, params, x0, y0, c)
+      operand_bytes = sum(
+        p["batch"]
+        * (p["m"] * p["k"] + p["k"] * p["n"] + p["m"] * p["n"])
+        * jnp.dtype(p["dtype"]).itemsize
+        for p in products
+      )
+      if by_chunk and operand_bytes > CEILING_MAX_BYTES:
+        break  # larger chunks only hold more (one client is always timed)
+      timed = [(p, *time_product(p, MATMUL_PRECISION[precision], repeats, cache)) for p in products]
+      seconds = LOCAL_STEPS * sum(t for _, t, _ in timed) / c
+      by_chunk.append({"chunk": c, "updates_per_s": 1.0 / seconds})
+      if best is None or 1.0 / seconds > best["updates_per_s"]:
+        step_s = sum(t for _, t, _ in timed)
+        best = {
+          "chunk": c,
+          "updates_per_s": 1.0 / seconds,
+          "products": [
+            {
+              **p,
+              "layout": layout,
+              "s": t,
+              "gflop_per_s": 2 * p["batch"] * p["m"] * p["k"] * p["n"] / t / 1e9,
+              "share": t / step_s,
+            }
+            for p, t, layout in timed
+          ],
+        }
+    product_flops = sum(2 * p["batch"] * p["m"] * p["k"] * p["n"] for p in best["products"])
+    row = {
+      "model": kind,
+      "num_clients": n,
+      "flops_per_update": flops,
+      "product_flops_per_update": LOCAL_STEPS * product_flops / best["chunk"],
+      "loop_updates_per_s": loop,
+      "auto": {
+        "updates_per_s": auto["updates_per_s"],
+        "speedup_vs_loop": auto["updates_per_s"] / loop,
+        "plan": plan_label(auto),
+      },
+      "ceiling": {**best, "speedup_vs_loop": best["updates_per_s"] / loop},
+      "by_chunk": by_chunk,
+      "auto_of_ceiling": auto["updates_per_s"] / best["updates_per_s"],
+    }
+    if rate:
+      for part in (row["auto"], row["ceiling"]):
+        part["fraction_of_dense"] = part["updates_per_s"] * flops / rate
+    rows.append(row)
+    print(
+      json.dumps({k: v for k, v in row.items() if k not in ("by_chunk",)}, default=str), flush=True
+    )
+  return {"precision": precision, "dense_flops_per_s": rate, "rows": rows}
+
+
 # ----------------------------------------------------------------------------------------------
 # Report
 # ----------------------------------------------------------------------------------------------
@@ -640,6 +886,12 @@ def _short(row):
 
 def _fmt_rate(x):
   return f"{x / 1e6:.2f} M" if x >= 1e6 else (f"{x / 1e3:.1f} k" if x >= 1e4 else f"{x:.0f}")
+
+
+def _rate_cell(part):
+  """``updates/s (x the loop, % of dense)`` of a measured rate."""
+  pct = f", {100 * part['fraction_of_dense']:.0f}%" if "fraction_of_dense" in part else ""
+  return f"{_fmt_rate(part['updates_per_s'])} ({part['speedup_vs_loop']:.1f}x{pct})"
 
 
 def markdown(result) -> str:
@@ -679,11 +931,7 @@ def markdown(result) -> str:
     for r in wl["rows"]:
 
       def cell(b, r=r):
-        if b not in r:
-          return "-"
-        c = r[b]
-        pct = f", {100 * c['fraction_of_dense']:.0f}%" if "fraction_of_dense" in c else ""
-        return f"{_fmt_rate(c['updates_per_s'])} ({c['speedup_vs_loop']:.1f}x{pct})"
+        return _rate_cell(r[b]) if b in r else "-"
 
       auto = r.get("auto", {})
       mem = auto.get("memory", {}).get("total")
@@ -697,6 +945,45 @@ def markdown(result) -> str:
     if wl.get("skipped"):
       s = ", ".join(f"{x['model']} n={x['num_clients']}" for x in wl["skipped"])
       lines += ["", f"Skipped (over --max-gflop-per-round): {s}."]
+    lines.append("")
+  ceiling = result.get("ceiling")
+  if ceiling and ceiling.get("rows"):
+    lines += [
+      f"## Matmul ceiling: what XLA's own kernels allow ({ceiling['precision']})",
+      "",
+      "The matrix products of one local step of c clients side by side (the `dot_general`s the",
+      "step traces to), each timed alone in the fastest of its 8 operand and result layouts;",
+      f"{LOCAL_STEPS} x their sum is the least time c updates can take with everything else",
+      "(sampling, softmax, SGD update, aggregation, loop overhead) free. Best over c; the loop",
+      "and `auto` measured in the same section. x = speed-up over the per-client loop, % = share",
+      "of the dense rate.",
+      "",
+      "| model | n | loop | auto | ceiling | c at the ceiling | auto / ceiling |",
+      "|---|---|---|---|---|---|---|",
+    ]
+
+    for r in ceiling["rows"]:
+      lines.append(
+        f"| {r['model']} | {r['num_clients']} | {_fmt_rate(r['loop_updates_per_s'])} | "
+        f"{_rate_cell(r['auto'])} [{r['auto']['plan']}] | {_rate_cell(r['ceiling'])} | "
+        f"{r['ceiling']['chunk']} | {100 * r['auto_of_ceiling']:.0f}% |"
+      )
+    lines += [
+      "",
+      "The products at the ceiling (batch x m x k x n, the fastest layout, GFLOP/s, share of",
+      "the step's product time); the ceiling at every c:",
+      "",
+      "| model | products | ceiling updates/s by c |",
+      "|---|---|---|",
+    ]
+    for r in ceiling["rows"]:
+      prods = "; ".join(
+        f"{p['batch']}x{p['m']}x{p['k']}x{p['n']} `{p['layout']}` {p['gflop_per_s']:.0f} "
+        f"({100 * p['share']:.0f}%)"
+        for p in r["ceiling"]["products"]
+      )
+      chunks = ", ".join(f"{c['chunk']}: {_fmt_rate(c['updates_per_s'])}" for c in r["by_chunk"])
+      lines.append(f"| {r['model']} | {prods} | {chunks} |")
     lines.append("")
   pr = result.get("precision")
   if pr and pr.get("rows"):
@@ -857,6 +1144,39 @@ def loop_ceiling(row, target):
   )
 
 
+# The CPU acceptance targets of issue 10 the ceiling section is compared with: (model, n) ->
+# (the row's measure, the target, how it is written).
+CEILING_TARGETS = {
+  ("softmax", 1000): ("speedup_vs_loop", 60.0, "60x the loop"),
+  ("mlp", 1000): ("fraction_of_dense", 0.6, "60% of the dense rate"),
+}
+
+
+def ceiling_lines(result):
+  """One acceptance line per row of the ``ceiling`` section: ``auto`` against the ceiling, and
+  where a target is set for the row (:data:`CEILING_TARGETS`), whether it lies above it."""
+  out = []
+  for r in (result.get("ceiling") or {}).get("rows", []):
+    auto, c = r["auto"], r["ceiling"]
+
+    def shown(part):
+      pct = f", {100 * part['fraction_of_dense']:.0f}%" if "fraction_of_dense" in part else ""
+      return f"{part['speedup_vs_loop']:.1f}x the loop{pct}"
+
+    line = (
+      f"ceiling, {r['model']} n={r['num_clients']}: auto {shown(auto)}; XLA's matmul ceiling "
+      f"{shown(c)} ({c['chunk']} clients side by side, every other operation free): auto "
+      f"reaches {100 * r['auto_of_ceiling']:.0f}% of it"
+    )
+    target = CEILING_TARGETS.get((r["model"], r["num_clients"]))
+    if target and target[0] in c:
+      measure, value, text = target
+      where = "above the ceiling" if c[measure] < value else "within the ceiling"
+      line += f" (target {text}: {where})"
+    out.append(line)
+  return out
+
+
 def acceptance(result):
   out = []
   wl = result.get("workloads") or {}
@@ -872,7 +1192,8 @@ def acceptance(result):
         f"MLP n=1000: auto {100 * f:.0f}% of the dense {wl['precision']} rate on one device"
         + (f", {100 * fm:.0f}% on the mesh{on_mesh}" if mesh else "")
         + f" (best single-device backend {100 * fb:.0f}%; "
-        f"target 60% on CPU, 30% of bf16 on GPU): {'PASS' if max(f, fm) >= 0.6 else 'FAIL'}"
+        f"target 60% on CPU, 30% of bf16 on GPU): "
+        f"{'PASS' if max(f, fm) >= 0.6 else 'FAIL'}"
       )
     if r["model"] == "softmax" and r["num_clients"] == 1000 and "auto" in r:
       x = r["auto"]["speedup_vs_loop"]
@@ -886,6 +1207,7 @@ def acceptance(result):
     if r["model"].startswith("cnn") and r["num_clients"] == 1000 and "auto" in r:
       x = r["auto"]["speedup_vs_loop"]
       out.append(f"{r['model']} n=1000: auto {x:.1f}x the per-client loop (GPU target 25x)")
+  out += ceiling_lines(result)
   for block in result.get("algorithms") or []:
     worst = [r for r in block["rows"] if r.get("vs_fedavg", 0) > 2]
     names = ", ".join(f"{r['algorithm']} {r['vs_fedavg']:.1f}x" for r in worst) or "none"
@@ -985,6 +1307,9 @@ def main(argv=None):
     if args.quick
     else [("softmax", 1000), ("mlp", 100), ("mlp", 400)]
   )
+  args.ceiling_workloads = (
+    [("softmax", 10), ("mlp", 10)] if args.quick else [("softmax", 1000), ("mlp", 1000)]
+  )
   args.folding_workloads = [("softmax", 1000), ("mlp", 1000), ("cnn-patches", 100)]
   if args.quick:
     args.folding_workloads = [("softmax", 10), ("mlp", 10)]
@@ -1017,6 +1342,8 @@ def main(argv=None):
   dense = result["dense"] = dense_rates(args.quick)
   if "workloads" in args.sections:
     result["workloads"] = workloads(args, dense)
+  if "ceiling" in args.sections:
+    result["ceiling"] = matmul_ceiling(args, dense)
   if "precision" in args.sections:
     result["precision"] = precisions(args, dense)
   if "algorithms" in args.sections:

@@ -161,3 +161,133 @@ def test_speed_render_derives_the_loop_ceiling(tmp_path):
   assert "on one device (target 60x" in line  # no mesh measured: no mesh figure
   assert json.loads(out.read_text())["acceptance"] == result["acceptance"]
   assert line in (tmp_path / "speed.md").read_text()
+
+
+# Multiply-adds per example of one local step of the MLP 784-200-200-62: the forward products of
+# its three layers, the weight gradients of all three, and the input gradients of the top two
+# (none for the data).
+MLP_STEP_MACS = 2 * 784 * 200 + 3 * 200 * 200 + 3 * 200 * 62
+
+
+def test_step_products_are_the_step_matmuls():
+  """step_products finds every product of a vmapped local step, inside the nested calls JAX
+  traces it to: softmax regression's forward and weight gradient, the MLP's eight, with the
+  closed-form FLOP count of each model's step."""
+  bench = _load("speed")
+  for kind, clients, count, macs in (("softmax", 3, 2, 2 * 64 * 10), ("mlp", 2, 8, MLP_STEP_MACS)):
+    model, params, data = bench.make_workload(kind, 4)
+    products = bench.step_products(model, params, data.x[0], data.y[0], clients)
+    assert len(products) == count
+    assert all(p["batch"] == clients and p["dtype"] == "float32" for p in products)
+    flops = sum(2 * p["batch"] * p["m"] * p["k"] * p["n"] for p in products)
+    assert flops == clients * 2 * bench.BATCH * macs
+  model, params, data = bench.make_workload("softmax", 4)
+  products = bench.step_products(model, params, data.x[0], data.y[0], 3)
+  shapes = sorted((p["k"], tuple(sorted((p["m"], p["n"])))) for p in products)
+  # logits = x [32 x 64] @ W [64 x 10]; dW = x^T [64 x 32] @ dlogits [32 x 10]
+  assert shapes == [(32, (10, 64)), (64, (10, 32))]
+
+
+def _dot_in_loop(compiled_text):
+  """Whether a compiled HLO module computes a ``dot`` inside a while loop's body (in the body or
+  in a computation it calls), rather than once before the loop."""
+  import re
+
+  computations = {}
+  for block in compiled_text.split("\n\n"):
+    head = re.match(r"\s*(?:ENTRY )?%([\w.\-]+) ", block)
+    if head:
+      computations[head.group(1)] = block
+
+  def has_dot(name, seen=()):
+    text = computations.get(name, "")
+    called = re.findall(r"(?:calls|body|to_apply)=%([\w.\-]+)", text)
+    return " dot(" in text or any(has_dot(c, seen + (name,)) for c in called if c not in seen)
+
+  bodies = re.findall(r"while\(.*?body=%([\w.\-]+)", compiled_text)
+  return any(has_dot(b) for b in bodies)
+
+
+def test_repeated_product_stays_in_the_loop():
+  """The ceiling's timing loop computes the product every iteration: with the optimization
+  barrier the product stays in the loop's body; without it XLA computes the product of the
+  unchanged operands once, before the loop or instead of it, which would time nothing."""
+  import functools
+
+  import jax
+  import jax.numpy as jnp
+
+  bench = _load("speed")
+  fn = functools.partial(jnp.einsum, "zmk,zkn->zmn")
+  lhs = jnp.arange(120.0).reshape(3, 8, 5)
+  rhs = jnp.arange(60.0).reshape(3, 5, 4)
+
+  def compiled(f):
+    return jax.jit(f).lower(lhs, rhs).compile().as_text()
+
+  assert _dot_in_loop(compiled(bench.repeated(fn, 5)))
+  np.testing.assert_allclose(jax.jit(bench.repeated(fn, 5))(lhs, rhs), fn(lhs, rhs), rtol=1e-6)
+
+  def no_barrier(a, b):
+    body = lambda _, c: (c[0], c[1], fn(c[0], c[1]))  # noqa: E731
+    return jax.lax.fori_loop(0, 5, body, (a, b, jnp.zeros((3, 8, 4), a.dtype)))[2]
+
+  assert not _dot_in_loop(compiled(no_barrier))
+
+
+def test_speed_ceiling_section_quick(tmp_path):
+  """The ceiling section on its quick grid: the ceiling is the best chunk's rate, its FLOPs
+  those of the step's products, shares of the dense rate and of the ceiling derived from the
+  measured rates, and an acceptance line per workload."""
+  bench = _load("speed")
+  out = tmp_path / "speed.json"
+  result = bench.main(["--quick", "--sections", "ceiling", "--out", str(out)])
+  ceiling = json.loads(out.read_text())["ceiling"]
+  rate = ceiling["dense_flops_per_s"]
+  assert rate == result["dense"]["float32"]["flops_per_s"]
+  rows = {r["model"]: r for r in ceiling["rows"]}
+  assert set(rows) == {"softmax", "mlp"}
+  macs = {"softmax": 2 * 64 * 10, "mlp": MLP_STEP_MACS}
+  for kind, r in rows.items():
+    assert r["num_clients"] == 10 and [c["chunk"] for c in r["by_chunk"]] == [1, 10]
+    c = r["ceiling"]
+    assert c["updates_per_s"] == max(x["updates_per_s"] for x in r["by_chunk"])
+    assert r["product_flops_per_update"] == bench.LOCAL_STEPS * 2 * bench.BATCH * macs[kind]
+    step_s = sum(p["s"] for p in c["products"])
+    assert c["updates_per_s"] == pytest.approx(c["chunk"] / (bench.LOCAL_STEPS * step_s))
+    assert sum(p["share"] for p in c["products"]) == pytest.approx(1.0)
+    for part in (r["auto"], c):
+      assert part["fraction_of_dense"] == pytest.approx(
+        part["updates_per_s"] * r["flops_per_update"] / rate
+      )
+      assert part["speedup_vs_loop"] == pytest.approx(
+        part["updates_per_s"] / r["loop_updates_per_s"]
+      )
+    assert r["auto_of_ceiling"] == pytest.approx(r["auto"]["updates_per_s"] / c["updates_per_s"])
+  lines = [a for a in result["acceptance"] if a.startswith("ceiling, ")]
+  assert [a.split(":")[0] for a in lines] == ["ceiling, softmax n=10", "ceiling, mlp n=10"]
+  assert "## Matmul ceiling" in (tmp_path / "speed.md").read_text()
+
+
+def test_ceiling_lines_compare_the_targets():
+  """A target above the ceiling is said to be, one below it within it (synthetic rows)."""
+  bench = _load("speed")
+
+  def row(model, speedup, fraction):
+    part = {"speedup_vs_loop": speedup, "fraction_of_dense": fraction, "chunk": 100}
+    auto = {"speedup_vs_loop": speedup / 4, "fraction_of_dense": fraction / 4}
+    return {
+      "model": model,
+      "num_clients": 1000,
+      "auto": auto,
+      "ceiling": part,
+      "auto_of_ceiling": 0.25,
+    }
+
+  result = {"ceiling": {"rows": [row("softmax", 54.0, 0.44), row("mlp", 2.5, 0.62)]}}
+  softmax, mlp = bench.ceiling_lines(result)
+  assert softmax.startswith("ceiling, softmax n=1000: auto 13.5x the loop, 11%")
+  assert "ceiling 54.0x the loop, 44% (100 clients side by side" in softmax
+  assert "auto reaches 25% of it" in softmax
+  assert softmax.endswith("(target 60x the loop: above the ceiling)")
+  assert mlp.endswith("(target 60% of the dense rate: within the ceiling)")
