@@ -244,7 +244,7 @@ def test_speed_ceiling_section_quick(tmp_path):
   result = bench.main(["--quick", "--sections", "ceiling", "--out", str(out)])
   ceiling = json.loads(out.read_text())["ceiling"]
   rate = ceiling["dense_flops_per_s"]
-  assert rate == result["dense"]["float32"]["flops_per_s"]
+  assert rate >= result["dense"]["float32"]["flops_per_s"]  # the best of before and after
   rows = {r["model"]: r for r in ceiling["rows"]}
   assert set(rows) == {"softmax", "mlp"}
   macs = {"softmax": 2 * 64 * 10, "mlp": MLP_STEP_MACS}
