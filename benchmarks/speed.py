@@ -973,7 +973,6 @@ def markdown(result) -> str:
       "| model | n | loop | auto | ceiling | c at the ceiling | auto / ceiling |",
       "|---|---|---|---|---|---|---|",
     ]
-
     for r in ceiling["rows"]:
       lines.append(
         f"| {r['model']} | {r['num_clients']} | {_fmt_rate(r['loop_updates_per_s'])} | "
