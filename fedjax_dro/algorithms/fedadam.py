@@ -1,39 +1,81 @@
-"""FedAdam: adaptive server optimizer on the FedAvg pseudo-gradient.
+"""FedAdam: an Adam-type server step on the averaged client update.
 
 Reddi, Charles, Zaheer, Garrett, Rush, Konecny, Kumar, McMahan, "Adaptive Federated
-Optimization", ICLR 2021. The server treats ``-mean(delta)`` as a gradient and applies
-``optax.scale_by_adam`` (beta1, beta2, eps = the paper's tau); the step size ``server_lr`` and the
-Adam constants are hyper-parameters (vmappable).
+Optimization", ICLR 2021 (arXiv:2003.00295), Algorithm 2 (FedAdam).
+
+Round ``t`` (``S_t`` the ``s`` sampled clients, ``K = local_steps`` SGD steps of size
+``eta_l = client_lr`` from ``x_t`` give client ``i`` its model ``x_{i,K}^t``)::
+
+    Delta_i^t = x_{i,K}^t - x_t
+    Delta_t   = sum_{i in S_t} p_i Delta_i^t           (p_i: weights below, summing to 1)
+    m_t       = beta1 m_{t-1} + (1 - beta1) Delta_t
+    v_t       = beta2 v_{t-1} + (1 - beta2) Delta_t^2  (elementwise)
+    x_{t+1}   = x_t + eta m_t / (sqrt(v_t) + tau)      (eta = server_lr)
+
+with ``m_0 = v_0 = 0``. This is the default (``bias_correction=False``): it is Algorithm 2 as
+printed, the form the paper analyses, so a reproduction of the paper runs the paper's method.
+
+``bias_correction=True`` is the Adam form of Kingma and Ba (what ``optax.adam`` does with
+``eps = tau``), which earlier versions of this module used::
+
+    x_{t+1} = x_t + eta (m_t / (1 - beta1^t)) / (sqrt(v_t / (1 - beta2^t)) + tau)
+
+The two forms differ most in the first rounds (with the default ``beta2 = 0.99`` the paper's
+``sqrt(v_1)`` is ``0.1 |Delta_1|``, so ``tau`` weighs ten times more against it) and approach
+each other as ``beta1^t, beta2^t -> 0``; ``tests/algorithms/test_fedadam.py`` checks both against
+plain per-client loops and that they differ. ``Algorithm.config`` records ``bias_correction``
+and ``server_update`` (the formula in words), so a result states which form produced it.
+
+Readings:
+
+* Weights ``p_i``: the paper writes the plain mean ``1/|S_t|``, which is ``weighting="uniform"``;
+  the default ``weighting="num_examples"`` weights by sample counts, as FedAvg and the other
+  algorithms of this library do.
+* ``tau`` ("adaptivity" in the paper, Adam's epsilon) is added outside the square root.
+  Defaults: ``beta1 = 0.9``, ``beta2 = 0.99`` (the paper's experiments), ``tau = 1e-3``.
+* The moments and the step keep the dtype of the parameters (float32 master parameters stay
+  float32). ``beta1 = 1`` or ``beta2 = 1`` with ``bias_correction=True`` divides by zero; the run's
+  non-finite check then stops it at the first round.
 """
 
 from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+import jax
 import jax.numpy as jnp
-import optax
+import numpy as np
 
 from fedjax_dro.algorithms.base import Algorithm, HParam, common_settings, participants, register
-from fedjax_dro.core.aggregation import tree_add, tree_scale
+from fedjax_dro.core.aggregation import tree_zeros_like
 from fedjax_dro.core.local import local_round, round_metrics
+
+SERVER_UPDATES = {
+  False: "Reddi et al. Algorithm 2, no bias correction: x += eta m / (sqrt(v) + tau)",
+  True: "bias-corrected (Adam): x += eta (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + tau)",
+}
 
 
 class FedAdamState(NamedTuple):
-  params: Any  # global model
-  opt_state: Any  # optax.ScaleByAdamState (mu, nu params-shaped, count [])
-  round: jnp.ndarray  # [] int32
+  params: Any  # global model x_t
+  m: Any  # params-shaped first moment m_t of the pseudo-gradient Delta_t
+  v: Any  # params-shaped second moment v_t (elementwise Delta_t^2 average)
+  round: jnp.ndarray  # [] int32 rounds done (t of the next bias correction is round + 1)
 
 
 HPARAMS = {
   "client_lr": HParam(0.1, "local SGD step size"),
-  "server_lr": HParam(0.01, "server Adam step size"),
-  "beta1": HParam(0.9, "Adam first-moment decay", strict=False, maximum=1.0),
-  "beta2": HParam(0.99, "Adam second-moment decay", strict=False, maximum=1.0),
-  "eps": HParam(1e-3, "adaptivity tau (Adam epsilon)"),
+  "server_lr": HParam(0.01, "server step size eta"),
+  "beta1": HParam(0.9, "first-moment decay beta1", strict=False, maximum=1.0),
+  "beta2": HParam(0.99, "second-moment decay beta2", strict=False, maximum=1.0),
+  "tau": HParam(1e-3, "adaptivity tau of Reddi et al. (Adam epsilon)"),
 }
 
 
-@register("fedadam", "FedAdam (Reddi 2021): Adam server optimizer on the averaged update")
+@register(
+  "fedadam",
+  "FedAdam (Reddi 2021, Alg. 2): Adam-type server step on the averaged update, no bias correction",
+)
 def fedadam(
   model,
   *,
@@ -43,7 +85,20 @@ def fedadam(
   backend="auto",
   chunk_size=None,
   weighting="num_examples",
+  bias_correction: bool = False,
 ) -> Algorithm:
+  """FedAdam of Reddi et al. (Algorithm 2); see the module docstring.
+
+  Args:
+    bias_correction: ``False`` (default): the paper's update ``x + eta m / (sqrt(v) + tau)``;
+      ``True``: Adam's bias-corrected moments ``m / (1 - beta1^t)``, ``v / (1 - beta2^t)``.
+  """
+  if not isinstance(bias_correction, (bool, np.bool_)):
+    raise TypeError(
+      f"bias_correction must be a bool (False: Reddi et al. Algorithm 2, True: Adam's "
+      f"bias-corrected moments), got {bias_correction!r}"
+    )
+  bias_correction = bool(bias_correction)
   settings = common_settings(
     clients_per_round=clients_per_round,
     local_steps=local_steps,
@@ -55,19 +110,32 @@ def fedadam(
 
   def init(params, data, key):
     del key
-    participants(settings, data.num_clients)
-    return FedAdamState(params, optax.scale_by_adam().init(params), jnp.zeros((), jnp.int32))
+    participants(settings, data.num_clients)  # validates clients_per_round against n
+    zeros = tree_zeros_like(params)
+    return FedAdamState(params, zeros, zeros, jnp.zeros((), jnp.int32))
 
   def round_fn(state, data, key, hparams):
     update = local_round(
       model, settings, state.params, data, key, hparams["client_lr"], mean_only=True
     )
-    pseudo_grad = tree_scale(update.deltas, -1.0)
-    adam = optax.scale_by_adam(b1=hparams["beta1"], b2=hparams["beta2"], eps=hparams["eps"])
-    direction, opt_state = adam.update(pseudo_grad, state.opt_state)
-    params = tree_add(state.params, direction, -hparams["server_lr"])
-    return FedAdamState(params, opt_state, state.round + 1), round_metrics(update)
+    b1, b2, tau, lr = hparams["beta1"], hparams["beta2"], hparams["tau"], hparams["server_lr"]
+    delta = update.deltas  # Delta_t: the weighted mean of the participants' deltas
+    m = jax.tree.map(lambda m, d: (b1 * m + (1 - b1) * d).astype(m.dtype), state.m, delta)
+    v = jax.tree.map(lambda v, d: (b2 * v + (1 - b2) * d * d).astype(v.dtype), state.v, delta)
+    if bias_correction:
+      t = (state.round + 1).astype(jnp.result_type(b1))
+      c1, c2 = 1 - b1**t, 1 - b2**t
+      step = lambda m, v: (m / c1) / (jnp.sqrt(v / c2) + tau)
+    else:
+      step = lambda m, v: m / (jnp.sqrt(v) + tau)
+    params = jax.tree.map(
+      lambda x, m, v: (x + lr * step(m, v)).astype(x.dtype), state.params, m, v
+    )
+    return FedAdamState(params, m, v, state.round + 1), round_metrics(update)
 
-  return Algorithm(
-    "fedadam", model, init, round_fn, lambda s: s.params, HPARAMS, False, settings._asdict()
+  config = dict(
+    settings._asdict(),
+    bias_correction=bias_correction,
+    server_update=SERVER_UPDATES[bias_correction],
   )
+  return Algorithm("fedadam", model, init, round_fn, lambda s: s.params, HPARAMS, False, config)
