@@ -1,22 +1,43 @@
 """pFedMe: personalized federated learning with Moreau envelopes.
 
 T. Dinh, N. Tran, T. Nguyen, "Personalized Federated Learning with Moreau Envelopes", NeurIPS
-2020, Algorithm 1. Client ``i`` keeps a personalized model ``theta_i`` regularised towards its
-local copy ``w_i`` of the global model by ``lambda/2 ||theta_i - w_i||^2``. Round ``t``, on every
-participant ``i``, from ``w_{i,0} = w^t`` and ``theta = w^t``, for ``r = 0..R-1``
-(``R = local_steps``), on a fresh minibatch ``D_{i,r}``:
+2020 (arXiv:2006.08848), Algorithm 1. Client ``i`` keeps a personalized model ``theta_i``
+regularised towards its local copy ``w_i`` of the global model by ``lambda/2 ||theta_i -
+w_i||^2``. Round ``t``: the server sends ``w^t`` to all clients; every client ``i`` runs, from
+``w_{i,0} = w^t`` and ``theta = w^t``, for ``r = 0..R-1`` (``R = local_steps``), on a fresh
+minibatch ``D_{i,r}``:
 
     theta <- theta - personal_lr (grad f_i(theta; D_{i,r}) + lambda (theta - w_{i,r}))   (K times)
     w_{i,r+1} = w_{i,r} - eta lambda (w_{i,r} - theta)
 
 (the K inner steps approximately solve the Moreau-envelope problem
 ``theta_i(w_{i,r}) = argmin_theta f_i(theta; D_{i,r}) + lambda/2 ||theta - w_{i,r}||^2``;
-``K = personal_steps``). The server then moves
+``K = personal_steps``). The server then samples a subset ``S`` of ``s = clients_per_round``
+clients and moves
 
-    w^{t+1} = (1 - beta) w^t + beta mean_{i in S} w_{i,R}.
+    w^{t+1} = (1 - beta) w^t + beta sum_{i in S} p_i w_{i,R},     sum_{i in S} p_i = 1
+
+with ``p_i = 1/s`` in the paper (``weighting="uniform"``).
 
 Hyper-parameters: ``lam`` (lambda), ``client_lr`` (eta, the step of the local copy ``w_i``; named
 like every other algorithm's local step size), ``personal_lr`` and ``beta``.
+
+Settings beside those of every algorithm:
+
+* ``personal_updates="all"`` (default, the paper's Algorithm 1): every client runs the local loop
+  every round, so every ``theta_i`` is updated every round, and only the sampled ``S`` are
+  aggregated. A round costs ``n`` clients' local loops whatever ``s`` is, and reads every client's
+  data (host-resident data is gathered whole every round).
+  ``personal_updates="participants"``: only the sampled ``S`` run the local loop; the other
+  clients keep their last ``theta_i`` (the cheaper variant: ``s`` local loops per round). The
+  global model is the same in distribution (the non-sampled ``w_{i,R}`` are discarded in both),
+  the personalized models are not. With full participation the two are the same computation
+  (identical results, tested).
+* ``weighting="uniform"`` (default): ``p_i = 1/s``, the paper's server average (the library
+  follows each personalized baseline's paper, as IFCA does; Ditto's global model is FedAvg's and
+  weights by sample counts). ``weighting="num_examples"``: ``p_i = N_i / sum_{j in S} N_j``,
+  proportional to the participants' sample counts and normalised over ``S`` (the aggregation of
+  the authors' code, ``persionalized_aggregate_parameters``).
 
 Readings where the paper is silent or ambiguous (each reproduced by the numpy loop in
 ``tests/algorithms/test_personalized_baselines.py``):
@@ -25,19 +46,23 @@ Readings where the paper is silent or ambiguous (each reproduced by the numpy lo
   ||theta - w_{i,r}||^2``, all on the same minibatch ``D_{i,r}`` (one minibatch per local step
   ``r``), warm-started from the previous ``theta``; ``theta`` starts each round at the received
   ``w^t``. This is the authors' implementation (``pFedMeOptimizer``, ``UserpFedMe.train``).
-* Only the round's participants train. The paper lets every client run the local loop and the
-  server aggregate a sampled subset; the global model is the same in distribution (non-sampled
-  clients' ``w_{i,R}`` are discarded), and non-participants keep their last ``theta_i``.
-* The server average is unweighted over the participants (``sum_{i in S} w_{i,R} / S``), as in
-  the paper.
-* The personalized model of client ``i`` (``client_models``) is its last ``theta_i``; before a
-  client first takes part it is the initial model.
-* Minibatches, participants and per-client keys follow the key schedule of
-  :func:`fedjax_dro.core.local.local_round`: participants ``sample_clients(sample_key, n, s)``,
-  per-client keys ``split(local_key, s)``, one key per local step ``split(client_key, R)``, and the
-  minibatch rows of step ``r`` drawn with that step's key (``batch_size=None``: the full local
-  data). The ``K`` inner steps reuse step ``r``'s minibatch (the ``batch_step`` form of
-  :func:`fedjax_dro.core.local.stateful_local_round`).
+* The personalized model of client ``i`` (``client_models``) is its last ``theta_i``: after every
+  round for ``"all"``; for ``"participants"`` the ``theta_i`` of the last round it took part in
+  (the initial model before that).
+* Key schedule. Round key ``k`` -> ``sample_key, local_key = split(k)``; the participants are
+  ``S = sample_clients(sample_key, n, s)`` in both modes (the same clients as every FedAvg-style
+  algorithm). ``"participants"``: the schedule of :func:`fedjax_dro.core.local.local_round`,
+  participant ``S[j]`` gets ``split(local_key, s)[j]``. ``"all"``: every client ``i`` gets
+  ``split(local_key, n)[i]`` (the same schedule with all ``n`` clients taking part, run by
+  :func:`fedjax_dro.core.local.stateful_local_round`). Each client splits its key into one key
+  per local step, ``split(client_key, R)``, and draws step ``r``'s minibatch rows with it
+  (``batch_size=None``: the full local data); the ``K`` inner steps reuse step ``r``'s minibatch
+  (the ``batch_step`` form of ``stateful_local_round``). With full participation ``S = arange(n)``
+  and the two schedules coincide.
+
+Round metrics: ``train_loss`` / ``train_loss_max``, the unweighted mean and the max over the
+participants ``S`` of the first local minibatch loss ``f_i(w^t; D_{i,0})`` (in both modes: the
+clients outside ``S`` also train under ``"all"`` but are not counted).
 
 Persistent per-client state: ``personal`` ``[n, ...]`` (``theta_i``, params-shaped rows).
 """
@@ -52,12 +77,23 @@ import jax.numpy as jnp
 from fedjax_dro.algorithms.base import (
   Algorithm,
   HParam,
+  aggregation_weights,
   common_settings,
   participants,
   register,
 )
-from fedjax_dro.core.aggregation import scatter_rows, tree_add, tree_mean, tree_stack, tree_sub
-from fedjax_dro.core.local import stateful_local_round, stateful_round_metrics
+from fedjax_dro.core.aggregation import (
+  gather_rows,
+  scatter_rows,
+  tree_add,
+  tree_stack,
+  tree_sub,
+  weighted_mean,
+)
+from fedjax_dro.core.local import StatefulRound, stateful_local_round, stateful_round_metrics
+from fedjax_dro.core.sampling import sample_clients
+
+PERSONAL_UPDATES = ("all", "participants")
 
 
 class PFedMeState(NamedTuple):
@@ -70,13 +106,27 @@ HPARAMS = {
   "lam": HParam(15.0, "Moreau-envelope regularisation lambda (larger = closer to the global)"),
   "client_lr": HParam(0.005, "step size eta of the local copy w_i"),
   "personal_lr": HParam(0.1, "step size of the K inner steps on theta_i"),
-  "beta": HParam(1.0, "server step beta: w <- (1 - beta) w + beta mean_S w_i"),
+  "beta": HParam(1.0, "server step beta: w <- (1 - beta) w + beta sum_S p_i w_i"),
 }
 
 
 def _check_steps(value, name):
   if not isinstance(value, int) or isinstance(value, bool) or value < 1:
     raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _check_personal_updates(value):
+  if not isinstance(value, str):
+    raise TypeError(
+      f"personal_updates must be a string, one of {PERSONAL_UPDATES}, got "
+      f"{type(value).__name__} {value!r}"
+    )
+  if value not in PERSONAL_UPDATES:
+    raise ValueError(
+      f"personal_updates must be 'all' (every client updates its personalized model every "
+      f"round, the paper's Algorithm 1) or 'participants' (only the sampled clients train), "
+      f"got {value!r}"
+    )
 
 
 @register(
@@ -93,19 +143,27 @@ def pfedme(
   batch_size=20,
   backend="auto",
   chunk_size=None,
+  personal_updates="all",
+  weighting="uniform",
 ) -> Algorithm:
   """pFedMe; ``local_steps`` is R (local steps on ``w_i``), ``personal_steps`` is K (inner
   gradient steps on ``theta_i`` per local step); defaults R = 20, K = 5, ``|D| = 20`` as in the
-  paper's experiments."""
+  paper's experiments. ``personal_updates``: ``"all"`` (every client trains and updates its
+  ``theta_i`` every round, only the sampled clients are aggregated: the paper's Algorithm 1) or
+  ``"participants"`` (only the sampled clients train). ``weighting``: ``"uniform"`` (the paper's
+  server average) or ``"num_examples"`` (the participants weighted by their sample counts)."""
   _check_steps(personal_steps, "personal_steps")
+  _check_personal_updates(personal_updates)
   settings = common_settings(
     clients_per_round=clients_per_round,
     local_steps=local_steps,
     batch_size=batch_size,
     backend=backend,
     chunk_size=chunk_size,
-    weighting="uniform",
+    weighting=weighting,
   )
+  # "all": the local loop runs on every client (the same settings with full participation)
+  trained = settings._replace(clients_per_round=None) if personal_updates == "all" else settings
 
   def init(params, data, key):
     del key
@@ -114,6 +172,8 @@ def pfedme(
 
   def round_fn(state, data, key, hparams):
     lam, eta, plr = hparams["lam"], hparams["client_lr"], hparams["personal_lr"]
+    n = data.num_clients
+    s = participants(settings, n)
 
     def start(row):
       del row
@@ -134,12 +194,30 @@ def pfedme(
       # losses[0] at step 0 is f_i(w^t; D_{i,0}): theta starts the round at the received model
       return {"params": w, "theta": theta}, losses[0]
 
-    update = stateful_local_round(model, settings, data, key, start=start, batch_step=batch_step)
-    w_final, theta, idx = update.carries["params"], update.carries["theta"], update.idx
-    params = tree_add(state.params, tree_sub(tree_mean(w_final), state.params), hparams["beta"])
-    metrics = stateful_round_metrics(update)
-    new_state = PFedMeState(params, scatter_rows(state.personal, idx, theta), state.round + 1)
-    return new_state, metrics
+    update = stateful_local_round(model, trained, data, key, start=start, batch_step=batch_step)
+    theta = update.carries["theta"]
+    if personal_updates == "participants" or s == n:
+      # the trained clients are the participants: "participants", or full participation
+      sent = update
+      personal = theta if s == n else scatter_rows(state.personal, update.idx, theta)
+    else:
+      # "all", partial participation: every client trained (rows in client order); the server
+      # aggregates the clients S drawn with the round's sample key (that of local_round)
+      idx = sample_clients(jax.random.split(key)[0], n, s)
+      sent = StatefulRound(
+        idx,
+        {"params": gather_rows(update.carries["params"], idx)},
+        update.losses[idx],
+        update.num_examples[idx],
+      )
+      personal = theta
+    weights = aggregation_weights(settings, sent.num_examples)
+    average = weighted_mean(sent.carries["params"], weights)
+    params = tree_add(state.params, tree_sub(average, state.params), hparams["beta"])
+    new_state = PFedMeState(params, personal, state.round + 1)
+    return new_state, stateful_round_metrics(sent)
 
-  config = dict(settings._asdict(), personal_steps=personal_steps)
+  config = dict(
+    settings._asdict(), personal_steps=personal_steps, personal_updates=personal_updates
+  )
   return Algorithm("pfedme", model, init, round_fn, lambda s: s.personal, HPARAMS, True, config)

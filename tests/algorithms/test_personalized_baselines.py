@@ -48,12 +48,14 @@ def _batch(x, y, nex, i, step_key, B):
   return x[i, rows], y[i, rows]
 
 
-def _rounds(seed, rounds, n, s):
-  """The simulator's key schedule: ``(participants, per-client keys)`` of every round."""
+def _rounds(seed, rounds, n, s, num_keys=None):
+  """The simulator's key schedule: ``(participants, per-client keys)`` of every round; the keys
+  are ``split(local_key, num_keys)`` (default ``s``: one per participant, in sampled order)."""
   _, _, run_key = jax.random.split(jax.random.PRNGKey(seed), 3)
   for r in range(rounds):
     sample_key, local_key = jax.random.split(jax.random.fold_in(run_key, r))
-    yield np.asarray(sample_clients(sample_key, n, s)), jax.random.split(local_key, s)
+    idx = np.asarray(sample_clients(sample_key, n, s))
+    yield idx, jax.random.split(local_key, num_keys or s)
 
 
 def _flat(params):
@@ -66,23 +68,35 @@ def _flat(params):
 # ----------------------------------------------------------------------------------------------
 
 
-def ref_pfedme(data, seed, R, K, B, hp):
+def ref_pfedme(data, seed, R, K, B, hp, personal_updates="all", weighting="uniform", s=S):
+  """pFedMe's Algorithm 1. ``"all"``: every client i runs the local loop with key
+  ``split(local_key, N)[i]`` and the server aggregates the sampled S; ``"participants"``: only S
+  run it, participant ``idx[k]`` with ``split(local_key, s)[k]``. Returns ``(w, theta, losses)``,
+  ``losses[t]`` the mean over S of the first local minibatch loss at ``w^t``."""
   x, y, nex = _arrays(data)
   w, theta = np.zeros(D + 1), np.zeros((N, D + 1))
   lam, eta, plr, beta = hp["lam"], hp["client_lr"], hp["personal_lr"], hp["beta"]
-  for idx, client_keys in _rounds(seed, ROUNDS, N, S):
-    local_models = []
-    for k, i in enumerate(idx):
+  train_losses = []
+  every = personal_updates == "all"
+  for idx, client_keys in _rounds(seed, ROUNDS, N, s, num_keys=N if every else s):
+    local_models, first_losses = {}, {}
+    for k, i in enumerate(range(N) if every else idx):  # the server sends w^t
       wi, th = w.copy(), w.copy()
-      for step_key in jax.random.split(client_keys[k], R):
+      for r, step_key in enumerate(jax.random.split(client_keys[k], R)):
         bx, by = _batch(x, y, nex, i, step_key, B)
+        if r == 0:
+          first_losses[i] = _loss(th, bx, by)
         for _ in range(K):  # approximately solve min f_i(th; D) + lam/2 ||th - w_i||^2
           th = th - plr * (_grad(th, bx, by) + lam * (th - wi))
         wi = wi - eta * lam * (wi - th)
-      local_models.append(wi)
+      local_models[i] = wi
       theta[i] = th
-    w = (1 - beta) * w + beta * np.mean(local_models, axis=0)
-  return w, theta
+    # the server aggregates the sampled clients S only
+    p = np.array([float(nex[i]) if weighting == "num_examples" else 1.0 for i in idx])
+    p = p / p.sum()
+    w = (1 - beta) * w + beta * sum(pj * local_models[i] for pj, i in zip(p, idx))
+    train_losses.append(np.mean([first_losses[i] for i in idx]))
+  return w, theta, np.array(train_losses)
 
 
 def ref_ditto(data, seed, J, B, hp):
@@ -102,7 +116,7 @@ def ref_ditto(data, seed, J, B, hp):
   return w, v
 
 
-def ref_ifca(data, seed, clusters, J, B, hp):
+def ref_ifca(data, seed, clusters, J, B, hp, weighting="uniform"):
   x, y, nex = _arrays(data)
   theta = clusters.copy()
   k = len(theta)
@@ -111,7 +125,7 @@ def ref_ifca(data, seed, clusters, J, B, hp):
     return int(np.argmin([_loss(t, x[i, : nex[i]], y[i, : nex[i]]) for t in theta]))
 
   for idx, client_keys in _rounds(seed, ROUNDS, N, S):
-    chosen, models = [], []
+    chosen, models, sizes = [], [], []
     for c, i in enumerate(idx):
       j = identity(i)
       u = theta[j].copy()
@@ -119,10 +133,12 @@ def ref_ifca(data, seed, clusters, J, B, hp):
         u = u - hp["client_lr"] * _grad(u, *_batch(x, y, nex, i, step_key, B))
       chosen.append(j)
       models.append(u)
+      sizes.append(float(nex[i]) if weighting == "num_examples" else 1.0)
     for j in range(k):  # option II: average the models of each cluster's members
-      members = [m for m, cj in zip(models, chosen) if cj == j]
+      members = [(m, p) for m, p, cj in zip(models, sizes, chosen) if cj == j]
       if members:
-        theta[j] = np.mean(members, axis=0)
+        total = sum(p for _, p in members)
+        theta[j] = sum(p / total * m for m, p in members)
   return theta, np.array([identity(i) for i in range(N)])
 
 
@@ -134,21 +150,106 @@ PFEDME_HP = {"lam": 5.0, "client_lr": 0.03, "personal_lr": 0.05, "beta": 1.5}
 DITTO_HP = {"client_lr": 0.05, "personal_lr": 0.04, "lam": 0.7}
 
 
-@pytest.mark.parametrize("batch_size", [4, None])
-def test_pfedme_matches_reference_loop(batch_size):
-  data, seed = _data(), 3
-  alg = pfedme(
-    linreg(D, l2=L2),
-    clients_per_round=S,
-    local_steps=3,
-    personal_steps=4,
-    batch_size=batch_size,
-    backend="vmap",
-  )
+def _sizes_differ_among_participants(data, seed, s=S):
+  """Some round samples clients of different sizes (so the weightings differ)."""
+  nex = np.asarray(data.num_examples)
+  return any(len(set(nex[idx].tolist())) > 1 for idx, _ in _rounds(seed, ROUNDS, N, s))
+
+
+def _pfedme_run(data, seed, batch_size, **settings):
+  settings = dict(dict(clients_per_round=S, backend="vmap"), **settings)
+  alg = pfedme(linreg(D, l2=L2), local_steps=3, personal_steps=4, batch_size=batch_size, **settings)
   hist = run(alg, dataset(data), rounds=ROUNDS, seed=seed, hparams=PFEDME_HP, eval_every=ROUNDS)
-  w, theta = ref_pfedme(data, seed, 3, 4, batch_size, PFEDME_HP)
+  return alg, hist
+
+
+@pytest.mark.parametrize(
+  "batch_size, personal_updates, weighting",
+  [
+    (4, "all", "uniform"),
+    (4, "all", "num_examples"),
+    (4, "participants", "uniform"),
+    (4, "participants", "num_examples"),
+    (None, "all", "num_examples"),
+    (None, "participants", "uniform"),
+  ],
+)
+def test_pfedme_matches_reference_loop(batch_size, personal_updates, weighting):
+  data, seed = _data(), 3
+  assert _sizes_differ_among_participants(data, seed)
+  alg, hist = _pfedme_run(
+    data, seed, batch_size, personal_updates=personal_updates, weighting=weighting
+  )
+  assert alg.config["personal_updates"] == personal_updates
+  assert alg.config["weighting"] == weighting
+  w, theta, losses = ref_pfedme(
+    data, seed, 3, 4, batch_size, PFEDME_HP, personal_updates, weighting
+  )
   np.testing.assert_allclose(_flat(hist.final_state.params), w, rtol=0, atol=1e-10)
   np.testing.assert_allclose(_flat(alg.client_models(hist.final_state)), theta, rtol=0, atol=1e-10)
+  np.testing.assert_allclose(hist.train_metrics["train_loss"], losses, rtol=0, atol=1e-10)
+
+
+def test_pfedme_defaults_are_the_papers_algorithm():
+  """The default is the paper's Algorithm 1 (every client updates theta_i, uniform average)."""
+  alg = pfedme(linreg(D))
+  assert alg.config["personal_updates"] == "all"
+  assert alg.config["weighting"] == "uniform"
+  data, seed = _data(), 3
+  default, hist = _pfedme_run(data, seed, 4)
+  w, theta, _ = ref_pfedme(data, seed, 3, 4, 4, PFEDME_HP)
+  np.testing.assert_allclose(_flat(hist.final_state.params), w, rtol=0, atol=1e-10)
+  np.testing.assert_allclose(
+    _flat(default.client_models(hist.final_state)), theta, rtol=0, atol=1e-10
+  )
+
+
+@pytest.mark.parametrize("clients_per_round", [None, N])
+def test_pfedme_all_equals_participants_under_full_participation(clients_per_round):
+  data, seed = _data(), 6
+  states, losses = [], []
+  for mode in ("all", "participants"):
+    _, hist = _pfedme_run(data, seed, 4, clients_per_round=clients_per_round, personal_updates=mode)
+    states.append(hist.final_state)
+    losses.append(hist.train_metrics["train_loss"])
+  for a, b in zip(jax.tree.leaves(states[0]), jax.tree.leaves(states[1])):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  np.testing.assert_array_equal(losses[0], losses[1])
+  # and both are the paper's loop with every client sampled
+  w, theta, _ = ref_pfedme(data, seed, 3, 4, 4, PFEDME_HP, "participants", s=N)
+  np.testing.assert_allclose(_flat(states[0].params), w, rtol=0, atol=1e-10)
+  np.testing.assert_allclose(_flat(states[0].personal), theta, rtol=0, atol=1e-10)
+
+
+def test_pfedme_all_updates_every_personal_model_under_partial_participation():
+  """One round, S of N sampled: under "all" every theta_i moves away from the initial model; under
+  "participants" the N - S non-participants keep it, so the two modes differ there."""
+  data, seed = _data(), 3
+  model = linreg(D, l2=L2)
+  out = {}
+  for mode in ("all", "participants"):
+    alg = pfedme(
+      model,
+      clients_per_round=S,
+      local_steps=3,
+      personal_steps=4,
+      batch_size=4,
+      backend="vmap",
+      personal_updates=mode,
+    )
+    hist = run(alg, dataset(data), rounds=1, seed=seed, hparams=PFEDME_HP, eval_every=1)
+    model_key, init_key, _ = jax.random.split(jax.random.PRNGKey(seed), 3)  # as `run` does
+    initial = _flat(alg.init(model.init(model_key), data, init_key).personal)
+    out[mode] = _flat(alg.client_models(hist.final_state)), initial
+  idx, _ = next(_rounds(seed, 1, N, S))
+  others = np.setdiff1d(np.arange(N), idx)
+  assert len(others) == N - S > 0
+  theta_all, initial = out["all"]
+  theta_part, _ = out["participants"]
+  assert np.all(np.abs(theta_all - initial).max(axis=1) > 1e-3)  # every client trained
+  np.testing.assert_array_equal(theta_part[others], initial[others])  # non-participants kept
+  assert np.all(np.abs(theta_part[idx] - initial[idx]).max(axis=1) > 1e-3)
+  assert np.all(np.abs(theta_all[others] - theta_part[others]).max(axis=1) > 1e-3)
 
 
 @pytest.mark.parametrize("batch_size", [4, None])
@@ -163,9 +264,12 @@ def test_ditto_matches_reference_loop(batch_size):
   np.testing.assert_allclose(_flat(alg.client_models(hist.final_state)), v, rtol=0, atol=1e-10)
 
 
-@pytest.mark.parametrize("batch_size", [4, None])
-def test_ifca_matches_reference_loop(batch_size):
+@pytest.mark.parametrize(
+  "batch_size, weighting", [(4, "uniform"), (None, "uniform"), (4, "num_examples")]
+)
+def test_ifca_matches_reference_loop(batch_size, weighting):
   data, seed, hp = _data(), 5, {"client_lr": 0.05}
+  assert _sizes_differ_among_participants(data, seed)
   model = linreg(D, l2=L2)
   alg = ifca(
     model,
@@ -175,12 +279,14 @@ def test_ifca_matches_reference_loop(batch_size):
     local_steps=3,
     batch_size=batch_size,
     backend="vmap",
+    weighting=weighting,
   )
+  assert alg.config["weighting"] == weighting
   hist = run(alg, dataset(data), rounds=ROUNDS, seed=seed, hparams=hp, eval_every=ROUNDS)
   # initial clusters: the state `run` builds (model key, init key, run key = split(seed, 3))
   model_key, init_key, _ = jax.random.split(jax.random.PRNGKey(seed), 3)
   initial = _flat(alg.init(model.init(model_key), data, init_key).clusters)
-  theta, identities = ref_ifca(data, seed, initial, 3, batch_size, hp)
+  theta, identities = ref_ifca(data, seed, initial, 3, batch_size, hp, weighting)
   state = hist.final_state
   np.testing.assert_allclose(_flat(state.clusters), theta, rtol=0, atol=1e-10)
   np.testing.assert_array_equal(np.asarray(state.assignment), identities)
@@ -344,6 +450,12 @@ def test_ifca_initial_clusters():
     (pfedme, {"personal_steps": 0}, "personal_steps"),
     (pfedme, {"personal_steps": 1.5}, "personal_steps"),
     (pfedme, {"batch_size": 0}, "batch_size"),
+    (pfedme, {"personal_updates": "some"}, "personal_updates"),
+    (pfedme, {"personal_updates": "All"}, "personal_updates"),
+    (pfedme, {"personal_updates": ""}, "personal_updates"),
+    (pfedme, {"weighting": "samples"}, "weighting"),
+    (pfedme, {"weighting": None}, "weighting"),
+    (ifca, {"weighting": "examples"}, "weighting"),
     (ditto, {"personal_steps": 0}, "personal_steps"),
     (ditto, {"clients_per_round": 0}, "clients_per_round"),
   ],
@@ -351,6 +463,12 @@ def test_ifca_initial_clusters():
 def test_bad_settings_raise(factory, kwargs, name):
   with pytest.raises(ValueError, match=name):
     factory(linreg(D), **kwargs)
+
+
+@pytest.mark.parametrize("bad", [None, 1, True, ("all",), ["participants"]])
+def test_pfedme_personal_updates_must_be_a_string(bad):
+  with pytest.raises(TypeError, match="personal_updates"):
+    pfedme(linreg(D), personal_updates=bad)
 
 
 @pytest.mark.parametrize(
