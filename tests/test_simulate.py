@@ -225,30 +225,39 @@ def test_run_writes_jsonl_and_summary(tmp_path):
   assert summary["config"]["rounds"] == 10
 
 
-def test_local_and_global_algorithms_converge_on_synthetic_ridge():
-  """Exact local / global optima of synthetic-ridge (paper: global slightly better than local)."""
+def test_global_model_slightly_better_than_local_models_on_synthetic_ridge():
+  """The paper's noise criterion on synthetic-ridge ("the global model performs slightly better
+  than the completely local model"): the exact global ridge solution against local models trained
+  as in the reproduction (600 full-gradient steps of 1 / max_i L_i; exact local solutions
+  interpolate the clients with N_i <= d), and FedSGD on the simulator reaching the exact global
+  solution."""
   from fedjax_dro.data import synthetic_ridge
 
   ds = synthetic_ridge(0)
-  x, y, m = (np.asarray(a) for a in (ds.train.x, ds.train.y, ds.train.mask))
-  d = x.shape[-1]
-  A_ = sum(x[i][m[i]].T @ x[i][m[i]] for i in range(30))
+  x, y, m = (np.asarray(a, np.float64) for a in (ds.train.x, ds.train.y, ds.train.mask))
+  m = m.astype(bool)
+  n, d = x.shape[0], x.shape[-1]
+  A_ = sum(x[i][m[i]].T @ x[i][m[i]] for i in range(n))
   wg = np.linalg.solve(
-    A_ / m.sum() + 1e-6 * np.eye(d), sum(x[i][m[i]].T @ y[i][m[i]] for i in range(30)) / m.sum()
+    A_ / m.sum() + 1e-6 * np.eye(d), sum(x[i][m[i]].T @ y[i][m[i]] for i in range(n)) / m.sum()
   )
   tx, ty = np.asarray(ds.test.x), np.asarray(ds.test.y)
   r2 = lambda w, i: 1 - np.sum((tx[i] @ w - ty[i]) ** 2) / np.sum((ty[i] - ty[i].mean()) ** 2)
-  wl = [np.linalg.lstsq(x[i][m[i]], y[i][m[i]], rcond=None)[0] for i in range(30)]
-  r2_global = np.mean([r2(wg, i) for i in range(30)])
-  r2_local = np.mean([r2(wl[i], i) for i in range(30)])
-  err_global = np.mean([np.sum((wg - ds.true_params[i]) ** 2) for i in range(30)])
-  assert r2_global > r2_local  # "the global model performs slightly better than local models"
+  lmax = max(np.linalg.eigvalsh(x[i][m[i]].T @ x[i][m[i]] / m[i].sum()).max() for i in range(n))
+  model = models.linear_regression(d, l2=1e-6, fit_intercept=False)
+  local = run(A.local(model), ds, rounds=600, hparams={"client_lr": 1.0 / lmax}, eval_every=600)
+  wl = np.asarray(A.local(model).client_models(local.final_state)["w"], np.float64)  # [n, d]
+  r2_global = np.mean([r2(wg, i) for i in range(n)])
+  r2_local = np.mean([r2(wl[i], i) for i in range(n)])
+  err_global = np.mean([np.sum((wg - ds.true_params[i]) ** 2) for i in range(n)])
+  err_local = np.mean([np.sum((wl[i] - ds.true_params[i]) ** 2) for i in range(n)])
+  assert r2_local < r2_global < r2_local + 0.1  # global better, slightly (seeds 0-4: +0.04)
+  assert err_global < err_local
   assert 5 < err_global < 15  # paper: FedAvg 7.5
   # FedSGD on the simulator reaches the exact global ridge solution.
-  model = models.linear_regression(d, l2=1e-6, fit_intercept=False)
   h = run(A.fedsgd(model), ds, rounds=400, hparams={"lr": 0.3}, eval_every=400)
-  np.testing.assert_allclose(np.asarray(h.final_state.params["w"]), wg, atol=1e-6)
-  assert h.final["estimation_error"]["mean"] == pytest.approx(err_global, rel=1e-6)
+  np.testing.assert_allclose(np.asarray(h.final_state.params["w"]), wg, atol=1e-5)
+  assert h.final["estimation_error"]["mean"] == pytest.approx(err_global, rel=1e-5)
 
 
 def test_resume_from_checkpoint_equals_uninterrupted_run(tmp_path, monkeypatch):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, Dict, NamedTuple
 
 from fedjax_dro import models
@@ -36,7 +37,13 @@ _DATASETS: Dict[str, DatasetEntry] = {
   "synthetic-ridge": DatasetEntry(
     synthetic.synthetic_ridge,
     _linear(1e-6),
-    "Karula Sec. 5.1 ridge regression: 30 clients, d=50, 3 parameter groups",
+    "Karula Sec. 5.1 ridge regression: 30 clients, d=50, 3 parameter groups, group feature "
+    "means 0 / 0.2 / 0.4, noise 3",
+  ),
+  "synthetic-ridge-equal-means": DatasetEntry(
+    functools.partial(synthetic.synthetic_ridge, **synthetic.EQUAL_MEANS_SETTING),
+    _linear(1e-6),
+    "synthetic-ridge with zero-mean group features (standard deviations 1 / 1.5 / 0.75), noise 1",
   ),
   "synthetic-shift": DatasetEntry(
     synthetic.synthetic_shift,

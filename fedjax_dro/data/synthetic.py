@@ -18,6 +18,14 @@ def _check_int(value, name, minimum=1):
     raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
 
 
+# The equal-mean reading of the paper's three feature distributions (zero means, standard
+# deviations 1 / 1.5 / 0.75; noise 1 makes the global model the better one there):
+# ``synthetic_ridge(seed, **EQUAL_MEANS_SETTING)``, the dataset ``synthetic-ridge-equal-means``.
+EQUAL_MEANS_SETTING = dict(
+  feature_means=(0.0, 0.0, 0.0), feature_stds=(1.0, 1.5, 0.75), noise_std=1.0
+)
+
+
 def synthetic_ridge(
   seed: int = 0,
   *,
@@ -25,24 +33,39 @@ def synthetic_ridge(
   dim: int = 50,
   group_means=(1.0, 1.5, 2.0),
   param_std: float = 0.1,
-  feature_means=(0.0, 0.0, 0.0),
-  feature_stds=(1.0, 1.5, 0.75),
+  feature_means=(0.0, 0.2, 0.4),
+  feature_stds=(1.0, 1.0, 1.0),
   min_examples: int = 10,
   max_examples: int = 100,
   test_examples: int = 100,
-  noise_std: float = 1.0,
+  noise_std: float = 3.0,
 ) -> FederatedDataset:
-  """The Karula synthetic ridge task (Karula paper, Sec. 5.1).
+  """The Karula synthetic ridge task (Erickson and Johansson, Karula paper, Sec. 5.1).
 
-  n clients in three equal groups; the true parameters of group g are drawn from
-  ``N(group_means[g], param_std^2 I_d)``, the features from ``N(feature_means[g],
-  feature_stds[g]^2)`` entry-wise (per-group covariate distributions), ``N_i ~ U{min_examples..
-  max_examples}`` training rows, ``y = <x, theta_i> + noise_std * eps``. The paper sets the noise
-  "such that the global model performs slightly better than the completely local model"; with the
-  defaults (zero-mean features with standard deviations 1, 1.5, 0.75 per group, ``noise_std = 1``)
-  the exact global ridge solution has mean estimation error ~9 and test R^2 ~0.89 against ~37 and
-  ~0.65 for the exact local solutions (paper: FedAvg 7.5 / 0.846, Local 35.3), checked in the
-  tests. The model is linear regression without intercept and ``l2 = 1e-6``.
+  ``n`` clients in three equal groups (client ``i`` in group ``3 i // n``); the true parameters
+  of group ``g`` are drawn from ``N(group_means[g], param_std^2 I_d)``; ``N_i ~ U{min_examples..
+  max_examples}`` training rows and ``test_examples`` test rows with features drawn entry-wise
+  from ``N(feature_means[g], feature_stds[g]^2)``, and ``y = <x, theta_i> + noise_std * eps``,
+  ``eps ~ N(0, 1)``. The model is linear regression without intercept and ``l2 = 1e-6``.
+
+  Readings of the paper's "we draw feature matrices with entries from three different normal
+  distributions": the three groups' feature distributions differ in their means (0, 0.2, 0.4,
+  standard deviation 1). Under this reading the clients' data distributions follow their
+  parameter groups, which is what Karula's OT dissimilarities are meant to detect: Karula's paper
+  dissimilarities (:data:`fedjax_dro.ot.PRESETS` ``"paper"``) reach a Spearman correlation of 0.86
+  with the true parameter distances and a same-group AUC of 1.00 (seeds 100-102), where the
+  equal-mean reading (zero means, standard deviations 1 / 1.5 / 0.75, kept as
+  :data:`EQUAL_MEANS_SETTING`, dataset ``synthetic-ridge-equal-means``) gives -0.21 / 0.57. The
+  spacing 0.2 is small on purpose: nonzero feature means add ``m_g sum_k (theta_ik - bar
+  theta_k)`` to a global model's residuals, and wider spacings (0.3 and up) make the global model
+  worse than the local ones, against the paper's criterion below.
+
+  The noise: the paper sets it "such that the global model performs slightly better than the
+  completely local model". With ``noise_std = 3`` (seeds 0-4, 600 rounds of full-gradient steps
+  ``1 / max_i L_i``, one third of the clients per round) FedAvg has estimation error 10.5 and
+  test R^2 0.670, the local models 22.9 and 0.633 (paper: FedAvg 7.47 / 0.846, Local 35.3 /
+  0.692); at ``noise_std = 2.5`` the two R^2 tie (0.689 / 0.691), at 2 the local models are
+  better. ``tests/data/test_data.py`` checks the ordering.
   """
   _check_int(num_clients, "num_clients", 3)
   _check_int(dim, "dim")
@@ -52,6 +75,19 @@ def synthetic_ridge(
     raise ValueError(f"max_examples={max_examples} must be >= min_examples={min_examples}")
   if noise_std < 0 or param_std < 0:
     raise ValueError(f"noise_std and param_std must be >= 0, got {noise_std}, {param_std}")
+  for name, value in (
+    ("group_means", group_means),
+    ("feature_means", feature_means),
+    ("feature_stds", feature_stds),
+  ):
+    try:
+      arr = np.asarray(value, dtype=float)
+    except (TypeError, ValueError):
+      arr = None
+    if arr is None or arr.shape != (3,) or not np.all(np.isfinite(arr)):
+      raise ValueError(f"{name} must be 3 finite numbers, one per group, got {value!r}")
+  if min(feature_stds) < 0:
+    raise ValueError(f"feature_stds must be >= 0, got {feature_stds!r}")
   rng = np.random.default_rng(seed)
   groups = np.arange(num_clients) * 3 // num_clients
   theta = np.stack([rng.normal(group_means[g], param_std, dim) for g in groups])

@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 
 from fedjax_dro.data import (
   dirichlet_partition,
@@ -71,6 +72,47 @@ def test_synthetic_ridge_matches_the_paper_setting():
   np.testing.assert_allclose(group_means, [1.0, 1.5, 2.0], atol=0.02)
   again = synthetic_ridge(3)
   np.testing.assert_array_equal(np.asarray(ds.train.x), np.asarray(again.train.x))
+  # group-wise feature distributions N(0 / 0.2 / 0.4, 1), train and test alike
+  for split in (ds.train, ds.test):
+    x, mask = np.asarray(split.x), np.asarray(split.mask).astype(bool)
+    rows = [np.concatenate([x[i][mask[i]] for i in range(g * 10, (g + 1) * 10)]) for g in range(3)]
+    np.testing.assert_allclose([r.mean() for r in rows], [0.0, 0.2, 0.4], atol=0.03)
+    np.testing.assert_allclose([r.std() for r in rows], [1.0, 1.0, 1.0], atol=0.03)
+
+
+def test_synthetic_ridge_equal_means_dataset_keeps_zero_mean_features():
+  from fedjax_dro.data import get_dataset
+  from fedjax_dro.data.synthetic import EQUAL_MEANS_SETTING
+
+  ds = get_dataset("synthetic-ridge-equal-means").load(3)
+  direct = synthetic_ridge(3, **EQUAL_MEANS_SETTING)
+  np.testing.assert_array_equal(np.asarray(ds.train.y), np.asarray(direct.train.y))
+  x, mask = np.asarray(ds.train.x), np.asarray(ds.train.mask).astype(bool)
+  rows = [np.concatenate([x[i][mask[i]] for i in range(g * 10, (g + 1) * 10)]) for g in range(3)]
+  np.testing.assert_allclose([r.mean() for r in rows], [0.0, 0.0, 0.0], atol=0.03)
+  np.testing.assert_allclose([r.std() for r in rows], [1.0, 1.5, 0.75], atol=0.04)
+  # keyword arguments still override the setting
+  noisy = get_dataset("synthetic-ridge-equal-means").load(3, noise_std=0.0)
+  np.testing.assert_allclose(
+    np.asarray(noisy.train.y)[0, :5],
+    np.asarray(noisy.train.x)[0, :5] @ noisy.true_params[0],
+    rtol=1e-4,
+    atol=1e-4,
+  )
+
+
+@pytest.mark.parametrize(
+  "kwargs, match",
+  [
+    ({"feature_means": (0.0, 1.0)}, "feature_means must be 3 finite numbers"),
+    ({"group_means": "abc"}, "group_means must be 3 finite numbers"),
+    ({"feature_stds": (1.0, float("nan"), 1.0)}, "feature_stds must be 3 finite numbers"),
+    ({"feature_stds": (1.0, -1.0, 1.0)}, "feature_stds must be >= 0"),
+  ],
+)
+def test_synthetic_ridge_refuses_bad_group_settings(kwargs, match):
+  with pytest.raises(ValueError, match=match):
+    synthetic_ridge(0, **kwargs)
 
 
 def test_synthetic_shift_is_noise_free_linear_with_client_shifts():
