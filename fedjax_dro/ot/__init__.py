@@ -1,6 +1,8 @@
 """Optimal-transport embeddings and client dissimilarities (ott-jax)."""
 
 from fedjax_dro.ot.dissimilarity import (
+  PRESET_OPTIONS,
+  PRESETS,
   dissimilarities,
   dissimilarity_matrix,
   pairwise_embedding_distances,
@@ -9,6 +11,7 @@ from fedjax_dro.ot.dissimilarity import (
 from fedjax_dro.ot.embeddings import (
   COSTS,
   NORMS,
+  SOLVERS,
   ConvergenceReport,
   DissimilarityOutput,
   SinkhornConvergenceError,
@@ -21,6 +24,9 @@ from fedjax_dro.ot.embeddings import (
 __all__ = [
   "COSTS",
   "NORMS",
+  "PRESETS",
+  "PRESET_OPTIONS",
+  "SOLVERS",
   "ConvergenceReport",
   "DissimilarityOutput",
   "SinkhornConvergenceError",

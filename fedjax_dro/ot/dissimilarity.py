@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import math
 import warnings
-from typing import Literal, Optional
+from typing import Any, Dict, Literal, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -24,6 +24,7 @@ from fedjax_dro.ot.embeddings import (
   DEFAULT_NUM_REFERENCE,
   DEFAULT_THRESHOLD,
   NORMS,
+  SOLVERS,
   ConvergenceReport,
   DissimilarityOutput,
   SinkhornConvergenceError,
@@ -85,6 +86,55 @@ def pairwise_embedding_distances(embeddings, norm: Literal["w1", "l1", "w2"] = "
 
 
 # --------------------------------------------------------------------------------------------
+# Presets.
+# --------------------------------------------------------------------------------------------
+
+#: Values of the preset-controlled arguments when neither a preset nor the argument is given.
+DEFAULT_OPTIONS: Dict[str, Any] = {
+  "include_response": True,
+  "standardize": True,
+  "norm": "w1",
+  "cost": "sqeuclidean",
+  "solver": "sinkhorn",
+}
+
+#: ``preset`` name -> the values it sets (explicit keyword arguments override them).
+PRESET_OPTIONS: Dict[str, Dict[str, Any]] = {
+  # Karula paper, Sec. 3.2: d_X = Euclidean distance on (features, response), exact OT, the raw
+  # (unstandardized) data, entrywise l1 norm of the embedding difference.
+  "paper": {
+    "include_response": True,
+    "standardize": False,
+    "norm": "l1",
+    "cost": "euclidean",
+    "solver": "exact",
+  },
+}
+
+PRESETS: Tuple[str, ...] = tuple(PRESET_OPTIONS)
+
+
+def resolve_options(preset: Optional[str] = None, **given) -> Dict[str, Any]:
+  """The preset-controlled options: defaults, then ``preset``'s values, then ``given`` ones.
+
+  ``given`` maps option names to the caller's values, ``None`` meaning "not given".  Raises
+  ``TypeError`` / ``ValueError`` naming ``preset`` for an unknown preset.
+  """
+  options = dict(DEFAULT_OPTIONS)
+  if preset is not None:
+    if not isinstance(preset, str):
+      raise TypeError(f"`preset` must be None or one of {list(PRESETS)}, got {preset!r}.")
+    if preset not in PRESET_OPTIONS:
+      raise ValueError(f"Unknown `preset`={preset!r}; expected None or one of {list(PRESETS)}.")
+    options.update(PRESET_OPTIONS[preset])
+  unknown = sorted(set(given) - set(DEFAULT_OPTIONS))
+  if unknown:  # pragma: no cover - internal misuse
+    raise TypeError(f"not preset-controlled options: {unknown}")
+  options.update({k: v for k, v in given.items() if v is not None})
+  return options
+
+
+# --------------------------------------------------------------------------------------------
 # High-level API.
 # --------------------------------------------------------------------------------------------
 
@@ -121,17 +171,19 @@ def dissimilarities(
   reference=None,
   num_reference: int = DEFAULT_NUM_REFERENCE,
   reference_method: Literal["gaussian", "pooled"] = "gaussian",
-  include_response: bool = True,
-  standardize: bool = True,
-  norm: Literal["w1", "l1", "w2"] = "w1",
+  include_response: Optional[bool] = None,
+  standardize: Optional[bool] = None,
+  norm: Optional[Literal["w1", "l1", "w2"]] = None,
   epsilon: float = DEFAULT_EPSILON,
   relative_epsilon: bool = True,
   threshold: float = DEFAULT_THRESHOLD,
   max_iterations: int = DEFAULT_MAX_ITERATIONS,
   inner_iterations: int = 10,
-  cost: Literal["sqeuclidean", "euclidean"] = "sqeuclidean",
+  cost: Optional[Literal["sqeuclidean", "euclidean"]] = None,
   chunk_size: Optional[int] = None,
   on_nonconvergence: Literal["raise", "warn"] = "raise",
+  solver: Optional[Literal["sinkhorn", "exact"]] = None,
+  preset: Optional[str] = None,
 ) -> DissimilarityOutput:
   """Karula's OT-embedding dissimilarities with all intermediate results.
 
@@ -146,19 +198,39 @@ def dissimilarities(
     reference: optional ``[N0, p]`` user reference set, in the point-cloud space (after the
       response concatenation and standardization chosen here).
     num_reference, reference_method: see :func:`reference_set`.
-    include_response, standardize: see :func:`client_point_clouds`.
+    include_response, standardize: see :func:`client_point_clouds` (default ``True``, ``True``).
     norm: ``"w1"`` (default), ``"l1"`` (paper's literal) or ``"w2"``; see module doc.
-    epsilon, relative_epsilon, threshold, max_iterations, inner_iterations, cost, chunk_size:
-      see :func:`ot_embeddings`.
+    epsilon, relative_epsilon, threshold, max_iterations, inner_iterations, cost, chunk_size,
+      solver: see :func:`ot_embeddings` (default ``cost="sqeuclidean"``, ``solver="sinkhorn"``).
     on_nonconvergence: ``"raise"`` (default) raises :class:`SinkhornConvergenceError`,
       ``"warn"`` warns with :class:`SinkhornConvergenceWarning`; both name the clients.
+    preset: ``None`` (default) or a name in :data:`PRESETS`, setting ``include_response``,
+      ``standardize``, ``norm``, ``cost`` and ``solver`` (:data:`PRESET_OPTIONS`).
+      ``"paper"``: the Karula paper's own choices -- Euclidean ``d_X`` on (features,
+      response), unstandardized, exact OT (``solver="exact"``), entrywise ``"l1"`` norm.  Those
+      five arguments default to ``None``, meaning "the preset's value, else the default"; any
+      of them given explicitly overrides the preset.
 
   Returns:
     :class:`DissimilarityOutput`.
   """
+  opts = resolve_options(
+    preset,
+    include_response=include_response,
+    standardize=standardize,
+    norm=norm,
+    cost=cost,
+    solver=solver,
+  )
+  include_response, standardize = opts["include_response"], opts["standardize"]
+  norm, cost, solver = opts["norm"], opts["cost"], opts["solver"]
+  for name in ("include_response", "standardize"):
+    if not isinstance(opts[name], (bool, np.bool_)):
+      raise TypeError(f"`{name}` must be a bool, got {opts[name]!r}.")
   _check_choice(norm, "norm", NORMS)
   _check_choice(on_nonconvergence, "on_nonconvergence", _ON_NONCONVERGENCE)
   _check_choice(reference_method, "reference_method", _REFERENCE_METHODS)
+  _check_choice(solver, "solver", SOLVERS)
   _check_solver_args(  # fail fast, before any computation
     epsilon, relative_epsilon, threshold, max_iterations, inner_iterations, cost, chunk_size
   )
@@ -184,6 +256,7 @@ def dissimilarities(
     inner_iterations=inner_iterations,
     cost=cost,
     chunk_size=chunk_size,
+    solver=solver,
   )
   _handle_nonconvergence(report, on_nonconvergence)
   finite = np.asarray(jnp.all(jnp.isfinite(emb), axis=(1, 2)))
@@ -209,16 +282,17 @@ def dissimilarity_matrix(
   key=None,
   reference=None,
   num_reference: int = DEFAULT_NUM_REFERENCE,
-  norm: Literal["w1", "l1", "w2"] = "w1",
+  norm: Optional[Literal["w1", "l1", "w2"]] = None,
   epsilon: float = DEFAULT_EPSILON,
+  preset: Optional[str] = None,
   **kwargs,
 ) -> jax.Array:
   """``D [n_clients, n_clients]``: symmetric, zero diagonal, nonnegative dissimilarities.
 
   Thin wrapper around :func:`dissimilarities` (same keyword arguments, e.g.
   ``include_response``, ``standardize``, ``threshold``, ``max_iterations``, ``cost``,
-  ``reference_method``, ``chunk_size``, ``on_nonconvergence="raise"|"warn"``) returning only the
-  matrix.  Default ``norm="w1"``: mean over the reference points of the Euclidean distance
+  ``reference_method``, ``chunk_size``, ``solver``, ``on_nonconvergence="raise"|"warn"``,
+  ``preset``) returning only the matrix; ``preset="paper"`` gives the Karula paper's choices.  Default ``norm="w1"``: mean over the reference points of the Euclidean distance
   between the two clients' barycentric maps -- a W1 surrogate whose scale does not depend on
   ``N0`` (the paper's literal entrywise ``"l1"`` grows like ``sqrt(N0)``); see module doc.
   """
@@ -231,6 +305,7 @@ def dissimilarity_matrix(
     num_reference=num_reference,
     norm=norm,
     epsilon=epsilon,
+    preset=preset,
     **kwargs,
   ).matrix
 
