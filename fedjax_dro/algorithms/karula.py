@@ -10,7 +10,9 @@ Erickson and Johansson, "Personalized Federated Learning under Model Dissimilari
 ``t -> infinity`` makes every constraint inactive (local training). ``D`` is a symmetric,
 nonnegative, zero-diagonal dissimilarity matrix: Karula's OT-embedding surrogate of the W1
 distances between the clients' data (:func:`fedjax_dro.ot.dissimilarity_matrix`, computed once
-at ``init`` from the training data when ``dissimilarity="ot"``), any precomputed matrix, or
+at ``init`` from the training data when ``dissimilarity="ot"``; by default with the paper's
+settings, ``preset="paper"``: exact OT, Euclidean cost, entrywise l1; ``ot_options={"preset":
+"entropic"}`` gives the earlier Sinkhorn / W1-like defaults), any precomputed matrix, or
 ``"ones"`` (``D_ij = 1`` off the diagonal: the constraint ``||theta_i - theta_j||^2 <= t``).
 
 Algorithm 1 (inexact projected gradient with SAGA-style variance reduction). The server keeps the

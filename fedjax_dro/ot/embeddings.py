@@ -25,16 +25,16 @@ This module implements the dissimilarity parameters ``D_ij`` of Karula
      (entrywise l1 norm of the ``N0 x p`` matrix).  Equals
      ``(1/sqrt(N0)) sum_k ||T_ik - T_jk||_1``: it grows like ``sqrt(N0)`` and is not rotation
      invariant; for two translates by ``delta`` it equals ``sqrt(N0) * ||delta||_1``.
-   * ``"w1"`` (default): ``(1/sqrt(N0)) sum_k ||Phi_ik - Phi_jk||_2``
+   * ``"w1"`` (the ``"entropic"`` preset): ``(1/sqrt(N0)) sum_k ||Phi_ik - Phi_jk||_2``
      ``= (1/N0) sum_k ||T_ik - T_jk||_2``, the average over reference points of the Euclidean
      distance between the two images.  This is
      the transport cost (Euclidean ground metric) of the coupling ``(T_i, T_j)_# mu0`` glued through
      the reference, hence an *upper bound on W1(mu_i, mu_j)* whenever ``T_i``, ``T_j`` push ``mu0``
      exactly onto ``mu_i``, ``mu_j``; it is independent of ``N0`` and of rotations and, for two
-     translates by ``delta``, equals ``||delta|| = W1``.  It is the default because Karula's
-     theory bounds the ideal-model dissimilarity by W1 (the quantity the paper's l1 surrogate is
-     meant to approximate), and unlike ``"l1"`` its scale does not depend on ``N0`` nor on the
-     coordinate system.
+     translates by ``delta``, equals ``||delta|| = W1``.  Karula's theory bounds the
+     ideal-model dissimilarity by W1 (the quantity the paper's l1 surrogate is meant to
+     approximate), and unlike ``"l1"`` its scale does not depend on ``N0`` nor on the coordinate
+     system; it was the default before the paper's settings (see "Default" below).
    * ``"w2"``: ``||Phi_i - Phi_j||_F = sqrt((1/N0) sum_k ||T_ik - T_jk||^2)``, the classical LOT
      approximation of W2 (Kolouri et al.; Liu et al.); an upper bound on W2 for exact maps and
      ``||delta||`` for translates.
@@ -47,8 +47,8 @@ projection ``N0 P_i X_i`` is however only a consistent estimate of a (unique) Mo
 squared Euclidean cost (Brenier), and with that cost the entropic coupling is exactly translation
 equivariant (``||x - y - delta||^2`` differs from ``||x - y||^2`` by terms in ``x`` alone and ``y``
 alone, absorbed by the potentials), so translated clients get exactly translated maps whatever the
-regularization.  The default is therefore ``cost="sqeuclidean"``; ``cost="euclidean"`` (the
-paper's ``d_X``) is available.
+regularization.  Sinkhorn's default is therefore ``cost="sqeuclidean"``; ``cost="euclidean"``
+(the paper's ``d_X``, the default of the high-level functions, solved exactly) is available.
 
 Entropic regularization.  By default (``relative_epsilon=True``) ``epsilon`` is *relative*: the
 absolute regularization is ``epsilon * c_bar`` with ``c_bar`` the mean ground cost between the
@@ -79,8 +79,31 @@ raise :class:`SinkhornConvergenceError` (default, ``on_nonconvergence="raise"``)
 :class:`SinkhornConvergenceWarning` (``"warn"``), naming the clients.  There is no silent mode.
 
 Defaults: ``num_reference = 128``, ``epsilon = 0.01`` (relative), ``threshold = 1e-4`` (l1
-marginal error; weights sum to one), ``max_iterations = 5000``, ``norm = "w1"``,
-``cost = "sqeuclidean"``, Gaussian reference drawn with ``jax.random.key(0)`` unless a key is given.
+marginal error; weights sum to one), ``max_iterations = 5000``, Gaussian reference drawn with
+``jax.random.key(0)`` unless a key is given.  :func:`ot_embeddings` defaults to
+``cost = "sqeuclidean"``, ``solver = "sinkhorn"``; :func:`fedjax_dro.ot.dissimilarities` /
+:func:`fedjax_dro.ot.dissimilarity_matrix` (and so Karula's ``dissimilarity="ot"``) default to the
+paper's settings (``preset="paper"``: ``cost="euclidean"``, ``solver="exact"``,
+``standardize=False``, ``norm="l1"``).
+
+Default (measured).  The default of the high-level functions is the ``"paper"`` preset because it
+separates the clients' parameter groups far better than the previous default (``"entropic"``:
+standardized points, squared Euclidean cost, Sinkhorn at relative epsilon 1e-2, ``"w1"``).  On
+``synthetic_ridge(seed, feature_means=(0, 0.2, 0.4), feature_stds=(1, 1, 1), noise_std=1)``,
+seeds 100..109 (30 clients, d = 50, float64), Spearman correlation of ``D_ij`` (``i < j``) with
+``||theta_i - theta_j||`` and AUC of same-group vs other-group pairs ranked by ``D`` (groups
+``i * 3 // n``), mean (min) over seeds:
+
+============  ===================  ===================
+D             Spearman             AUC
+============  ===================  ===================
+entropic      0.505 (0.386)        0.742 (0.713)
+paper         0.854 (0.802)        0.999 (0.996)
+============  ===================  ===================
+
+With the covariate spreads ``feature_stds=(1, 1.5, 0.75)`` and equal means (the generator's older
+setting), neither tracks the parameters (Spearman -0.21 entropic, -0.20 paper; AUC 0.56, 0.57).
+Cost: 1.6 s per 30-client matrix for the paper preset (exact LPs, 2-core CPU) against 0.5 s.
 The Sinkhorn solves are forward only (``implicit_diff=None``: the dissimilarities are computed once,
 before training, so no gradient through them is needed and compilation is faster).
 

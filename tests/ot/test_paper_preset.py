@@ -16,6 +16,10 @@ solves the LP exactly (``solver="exact"``): error 0 against this oracle on that 
 30-client matrix on a 2-core CPU.
 """
 
+import os
+import subprocess
+import sys
+
 import jax
 import numpy as np
 import pytest
@@ -106,7 +110,7 @@ def test_comparison_can_fail_with_entropic_blur(instance):
 
 
 def test_paper_preset_options_and_matrix():
-  assert PRESETS == ("paper",)
+  assert PRESETS == ("paper", "entropic")
   assert PRESET_OPTIONS["paper"] == {
     "include_response": True,
     "standardize": False,
@@ -130,6 +134,20 @@ def test_paper_preset_options_and_matrix():
   np.testing.assert_array_equal(out.matrix, explicit.matrix)
   D = dissimilarity_matrix(x, y, mask, preset="paper", num_reference=N0)
   np.testing.assert_array_equal(D, out.matrix)
+
+
+def test_default_is_the_paper_preset_and_entropic_the_old_default():
+  x, y, mask = small_instance(6)
+  paper = dissimilarities(x, y, mask, preset="paper", num_reference=N0)
+  default = dissimilarities(x, y, mask, num_reference=N0)
+  np.testing.assert_array_equal(default.matrix, paper.matrix)
+  np.testing.assert_array_equal(default.embeddings, paper.embeddings)
+  np.testing.assert_array_equal(dissimilarity_matrix(x, y, mask, num_reference=N0), paper.matrix)
+  old = dict(include_response=True, standardize=True, norm="w1", cost="sqeuclidean")
+  entropic = dissimilarity_matrix(x, y, mask, preset="entropic", num_reference=N0)
+  explicit = dissimilarity_matrix(x, y, mask, num_reference=N0, solver="sinkhorn", **old)
+  np.testing.assert_array_equal(entropic, explicit)
+  assert PRESET_OPTIONS["entropic"] == dict(old, solver="sinkhorn")
 
 
 @pytest.mark.parametrize(
@@ -200,6 +218,31 @@ def test_karula_accepts_the_preset():
   bad = fd.algorithms.karula(model, ot_options={"preset": "nope"})
   with pytest.raises(ValueError, match="`preset`"):
     bad.init(model.init(jax.random.PRNGKey(0)), ds.train, jax.random.PRNGKey(0))
+
+
+@pytest.mark.slow
+def test_paper_preset_float32():
+  """Without x64 the exact solve still runs in float64 on the host; results are float32."""
+  code = (
+    "import sys, numpy as np\n"
+    f"sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})\n"
+    "from test_paper_preset import small_instance, exact_oracle, relative_errors, N0\n"
+    "from fedjax_dro.ot import dissimilarities\n"
+    "x, y, mask = small_instance(0)\n"
+    "out = dissimilarities(x, y, mask, num_reference=N0)\n"
+    "assert out.matrix.dtype == np.float32 and out.embeddings.dtype == np.float32\n"
+    "emb, d = exact_oracle(x, y, mask, np.asarray(out.reference, np.float64))\n"
+    "per_client, d_rel = relative_errors(out, emb, d)\n"
+    "assert per_client.max() <= 1e-5 and d_rel <= 1e-5, (per_client, d_rel)\n"
+    "print('ok')\n"
+  )
+  env = dict(os.environ, JAX_ENABLE_X64="0")
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+  res = subprocess.run(
+    [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+  )
+  assert res.returncode == 0 and "ok" in res.stdout, res.stderr
 
 
 @pytest.mark.slow
