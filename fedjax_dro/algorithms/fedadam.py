@@ -128,9 +128,7 @@ def fedadam(
       step = lambda m, v: (m / c1) / (jnp.sqrt(v / c2) + tau)
     else:
       step = lambda m, v: m / (jnp.sqrt(v) + tau)
-    params = jax.tree.map(
-      lambda x, m, v: (x + lr * step(m, v)).astype(x.dtype), state.params, m, v
-    )
+    params = jax.tree.map(lambda x, m, v: (x + lr * step(m, v)).astype(x.dtype), state.params, m, v)
     return FedAdamState(params, m, v, state.round + 1), round_metrics(update)
 
   config = dict(
