@@ -51,11 +51,11 @@ def synthetic_ridge(
   Readings of the paper's "we draw feature matrices with entries from three different normal
   distributions": the three groups' feature distributions differ in their means (0, 0.2, 0.4,
   standard deviation 1). Under this reading the clients' data distributions follow their
-  parameter groups, which is what Karula's OT dissimilarities are meant to detect: Karula's paper
-  dissimilarities (:data:`fedjax_dro.ot.PRESETS` ``"paper"``) reach a Spearman correlation of 0.86
-  with the true parameter distances and a same-group AUC of 1.00 (seeds 100-102), where the
-  equal-mean reading (zero means, standard deviations 1 / 1.5 / 0.75, kept as
-  :data:`EQUAL_MEANS_SETTING`, dataset ``synthetic-ridge-equal-means``) gives -0.21 / 0.57. The
+  parameter groups, which is what Karula's OT dissimilarities are meant to detect: the paper's
+  dissimilarities (the defaults of :func:`fedjax_dro.ot.dissimilarity_matrix`) reach a Spearman
+  correlation of 0.85 with the true parameter distances and a same-group AUC of 1.00 (seeds
+  100-109), where the equal-mean reading (zero means, standard deviations 1 / 1.5 / 0.75, kept as
+  :data:`EQUAL_MEANS_SETTING`, dataset ``synthetic-ridge-equal-means``) gives -0.20 / 0.57. The
   spacing 0.2 is small on purpose: nonzero feature means add ``m_g sum_k (theta_ik - bar
   theta_k)`` to a global model's residuals, and wider spacings (0.3 and up) make the global model
   worse than the local ones, against the paper's criterion below.
@@ -65,7 +65,8 @@ def synthetic_ridge(
   ``1 / max_i L_i``, one third of the clients per round) FedAvg has estimation error 10.5 and
   test R^2 0.670, the local models 22.9 and 0.633 (paper: FedAvg 7.47 / 0.846, Local 35.3 /
   0.692); at ``noise_std = 2.5`` the two R^2 tie (0.689 / 0.691), at 2 the local models are
-  better. ``tests/data/test_data.py`` checks the ordering.
+  better. ``tests/test_simulate.py`` checks the ordering, ``tests/ot/test_group_separation.py``
+  the separation.
   """
   _check_int(num_clients, "num_clients", 3)
   _check_int(dim, "dim")
