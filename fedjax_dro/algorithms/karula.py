@@ -588,6 +588,10 @@ def karula(
 
   config = {
     "dissimilarity": dissimilarity if isinstance(dissimilarity, str) else "precomputed",
+    # the OT options D is computed with ({} = the defaults of fedjax_dro.ot.dissimilarity_matrix)
+    "ot_options": dict(ot_options or {})
+    if isinstance(dissimilarity, str) and dissimilarity == "ot"
+    else None,
     "clients_per_round": clients_per_round,
     "batch_size": batch_size,
     "projection": projection,
