@@ -109,3 +109,16 @@ def test_old_solver_paths_warn_and_resolve_to_the_new_modules(old, new, name):
   assert any(issubclass(w.category, DeprecationWarning) and new in str(w.message) for w in caught)
   assert module is importlib.import_module(new)
   assert getattr(module, name) is getattr(importlib.import_module(new), name)
+
+
+def test_users_see_no_development_paths():
+  """The package, README, docs, notebooks and benchmarks cite papers by title, never the
+  development tree's ``shared/`` files."""
+  files = sorted(PACKAGE.rglob("*.py")) + [ROOT / "README.md"] + sorted((ROOT / "docs").rglob("*"))
+  files += sorted((ROOT / "notebooks").glob("*.ipynb")) + sorted((ROOT / "benchmarks").rglob("*"))
+  cited = [
+    str(p.relative_to(ROOT))
+    for p in files
+    if p.is_file() and p.suffix in (".py", ".md", ".ipynb") and "shared/" in p.read_text()
+  ]
+  assert cited == []

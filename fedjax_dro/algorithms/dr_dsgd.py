@@ -2,7 +2,7 @@
 
 Ben Issaid, Elgabli and Bennis, "DR-DSGD: A Distributionally Robust Decentralized Learning
 Algorithm over Graphs", TMLR 2022; the KL-regularised baseline of the FGDRO paper
-(``shared/papers/fgdro.txt``, Table 7). The KL-regularised robust problem
+(Guo and Yang, NeurIPS 2024, Table 7). The KL-regularised robust problem
 ``min_w lambda log((1/N) sum_i exp(l_i(w) / lambda))`` has the same minimisers as
 ``min_w (1/N) sum_i exp(l_i(w) / lambda)`` (log is increasing), and DR-DSGD runs SGD on the latter
 with the stochastic gradient ``(1/lambda) exp(l(w; z) / lambda) grad l(w; z)``.

@@ -1,8 +1,8 @@
 """Linear optimal-transport (LOT) embeddings of client data sets and client dissimilarities.
 
 This module implements the dissimilarity parameters ``D_ij`` of Karula
-(``shared/papers/karula.txt``, section 3.2, "Calculating the dissimilarity parameters";
-``shared/DESIGN.md`` section 4):
+(Erickson & Johansson, "Personalized Federated Learning under Model Dissimilarity Constraints",
+section 3.2, "Calculating the dissimilarity parameters"):
 
 1. Every client's data set is turned into a point cloud: features concatenated with the response,
    standardized with the pooled mean / standard deviation of all *valid* rows of all clients

@@ -1,6 +1,7 @@
 """Euclidean projection onto the pairwise-ball set of Karula.
 
-Karula (Erickson & Johansson, ``shared/papers/karula.txt``, Section 3 and Algorithm 1) trains one
+Karula (Erickson & Johansson, "Personalized Federated Learning under Model Dissimilarity
+Constraints", Section 3 and Algorithm 1) trains one
 model per client under pairwise dissimilarity constraints and, after every (variance-reduced)
 gradient step, projects the stacked models onto
 
