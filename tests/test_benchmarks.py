@@ -291,3 +291,38 @@ def test_ceiling_lines_compare_the_targets():
   assert "auto reaches 25% of it" in softmax
   assert softmax.endswith("(target 60x the loop: above the ceiling)")
   assert mlp.endswith("(target 60% of the dense rate: within the ceiling)")
+
+
+@pytest.mark.slow
+def test_karula_dissimilarity_quick(capsys):
+  """benchmarks/karula_dissimilarity.py --quick: every task and variant row, separation scores in
+  range, the oracle D separating the groups perfectly, one Karula error per t multiple."""
+  bench = _load("karula_dissimilarity")
+  assert bench.main(["--quick"]) == 0
+  out = capsys.readouterr().out
+  for row in (
+    "group means: paper (default)",
+    "group means: entropic",
+    "group means: features only",
+    "group means: response only",
+    "group means: oracle D",
+    "equal means: paper (default)",
+    "equal means: oracle D",
+  ):
+    assert f"| {row} |" in out, row
+  oracle = [line for line in out.splitlines() if line.startswith("| group means: oracle D |")][0]
+  cells = [c.strip() for c in oracle.strip("|").split("|")]
+  assert float(cells[2]) == 1.0  # AUC: every same-group pair below every other-group pair
+  assert len(cells) == 4 + len(bench.T_MULTIPLES) + 1
+
+
+def test_karula_dissimilarity_separation_scores():
+  bench = _load("karula_dissimilarity")
+  theta = np.repeat(np.array([[0.0], [1.0], [3.0]]), 2, axis=0)
+  groups = np.array([0, 0, 1, 1, 2, 2])
+  truth = np.abs(theta - theta.T)
+  perfect = bench.separation(truth, theta, groups)
+  assert perfect["spearman"] == pytest.approx(1.0) and perfect["auc"] == 1.0
+  assert perfect["within_between"] == 0.0
+  reversed_ = bench.separation(truth.max() - truth, theta, groups)
+  assert reversed_["auc"] == 0.0 and reversed_["spearman"] < 0
