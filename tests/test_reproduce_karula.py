@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from fedjax_dro import reproduce
+from fedjax_dro.reproduce import karula as K
 
 STRATEGIES = ["Local", "FedSGD", "FedAvg", "pFedMe", "IFCA", "Ditto", "Karula"]
 
@@ -35,15 +36,41 @@ def test_quick_heart_reproduction_counts_and_layout(tmp_path):
     assert row["accuracy_mean"] == pytest.approx(np.mean(per))
     assert len(row["per_hospital"]) == 4
     assert all(0.0 <= m <= 1.0 for m, _ in row["per_hospital"])
-  for label, rows in saved["per_seed"].items():  # the chosen point lies in the CV grid
+  for label, rows in saved["per_seed"].items():  # the chosen point lies in the (quick) CV grid
     if label == "IFCA":
-      assert all(r["chosen"]["num_clusters"] in (2, 3) for r in rows)
-    if label == "Karula":
-      assert all(r["chosen"]["t"] in (0.01, 0.03) for r in rows)
+      assert all(r["chosen"]["num_clusters"] in (1, 4) for r in rows)
+    if label == "Karula":  # t on multiples of the median dissimilarity
+      quick_grid = K.T_MULTIPLES_HEART[::3]
+      assert all(min(abs(r["t_times_median_D"] / c - 1) for c in quick_grid) < 1e-9 for r in rows)
   table = open(os.path.join(tmp_path, "karula_heart.md")).read()
   assert "| Karula |" in table and "0.705" in table  # the paper's Karula accuracy beside ours
   with open(res["png_path"], "rb") as f:
     assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_every_strategy_weights_clients_by_samples_and_pfedme_runs_its_paper_form():
+  from fedjax_dro import models
+
+  model = models.linear_regression(3, l2=1e-6, fit_intercept=False)
+  makes = K._factories(model, 4)
+  for label, make in makes.items():
+    alg = make()
+    if label != "Local":  # local training has nothing to weight
+      assert alg.config["weighting"] == "num_examples", label
+  assert makes["pFedMe"]().config["personal_updates"] == "all"
+  assert makes["Karula"]().config["ot_options"] == {"preset": "paper"}
+
+
+def test_karula_t_grid_is_relative_to_the_median_dissimilarity():
+  from fedjax_dro import models
+
+  makes = K._factories(models.linear_regression(3, fit_intercept=False), 4)
+  for d_median in (0.5, 800.0):
+    specs = {s["label"]: s for s in K._strategies(makes, 0.1, 0.2, False, d_median)}
+    np.testing.assert_allclose(
+      np.asarray(specs["Karula"]["grid"]["t"]) * d_median, K.T_MULTIPLES, rtol=1e-12
+    )
+  assert K.karula_synthetic.__kwdefaults__["folds"] == 5  # the paper's 5-fold CV
 
 
 def test_bad_inputs():

@@ -75,6 +75,9 @@ models), ``train_loss_max``, ``grad_norm`` (``||nu||``), ``gradient_mapping_sq``
 ``grad F``), ``projection_iterations``, ``projection_residual`` (the method's relative stopping
 residual), ``projection_violation`` (violation before restoration), ``projection_converged``,
 ``restoration_scale`` and ``constraint_violation`` (after the step; 0 up to rounding).
+
+This file is a little over 600 lines: Algorithm 1, its estimator, the projection glue and the
+validation of every argument read as one unit beside the paper.
 """
 
 from __future__ import annotations
@@ -588,7 +591,6 @@ def karula(
 
   config = {
     "dissimilarity": dissimilarity if isinstance(dissimilarity, str) else "precomputed",
-    # the OT options D is computed with ({} = the defaults of fedjax_dro.ot.dissimilarity_matrix)
     "ot_options": dict(ot_options or {})
     if isinstance(dissimilarity, str) and dissimilarity == "ot"
     else None,

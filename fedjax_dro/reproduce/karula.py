@@ -1,12 +1,16 @@
 """Karula (Erickson and Johansson), Table 1: the synthetic ridge task (1a) and the four-hospital
 heart-disease task (1b), every strategy of the paper plus Ditto.
 
-Each strategy's hyper-parameters (step sizes where they matter, its personalization parameter:
-pFedMe / Ditto ``lam``, IFCA's number of clusters, Karula's ``t``) are chosen by K-fold
-cross-validation on the clients' *training* rows (:func:`fedjax_dro.model_selection.cross_validate`,
-hyper-parameters vmapped in one program per fold, as the paper does for pFedMe, IFCA and Karula);
-the selected configuration is then trained on all training rows and scored on the test rows. The
-test rows are never used for selection. Repeated over seeds (synthetic: a new data set per seed;
+The paper's protocol: every strategy weights its clients' losses by their sample counts; pFedMe
+is its paper's Algorithm 1 (every client updates its personalized model every round); Karula's
+dissimilarities are the paper's (exact OT, Euclidean cost on features and response, raw data,
+entrywise l1; :data:`KARULA_OT_OPTIONS`). Each strategy's personalization parameter (pFedMe's
+``lam`` with its inner step, Ditto's ``lam``, IFCA's number of clusters, Karula's ``t`` on
+multiples of ``1 / median(D)``) is chosen by 5-fold cross-validation on the clients' *training*
+rows (:func:`fedjax_dro.model_selection.cross_validate`, hyper-parameters vmapped in one program
+per fold), as the paper does for pFedMe, IFCA and Karula; step sizes are fixed (see
+``_strategies``). The selected configuration is then trained on all training rows and scored on
+the test rows. The test rows are never used for selection. Repeated over seeds (synthetic: a new data set per seed;
 heart disease: a new stratified train/test split per seed); reported as the mean over seeds with
 +-2 standard errors over seeds.
 
@@ -77,44 +81,131 @@ def _memo(make):
   return cached
 
 
+# Karula's dissimilarities in the reproductions: the paper's (Euclidean ground cost on features
+# and response, exact OT, entry-wise l1 norm of the embedding difference, no standardization)
+KARULA_OT_OPTIONS = {"preset": "paper"}
+
+
 def _factories(model, clients_per_round):
-  """Memoized algorithm constructors per strategy (the shape-determining settings)."""
+  """Memoized algorithm constructors per strategy (the shape-determining settings). Every
+  strategy weights its clients' losses by their sample counts, as the paper states for all
+  methods ("we weight the client loss functions by the number of samples"); pFedMe runs its
+  paper's Algorithm 1 (every client updates its personalized model every round)."""
   from fedjax_dro import algorithms as A
 
   s = clients_per_round
+  weighted = dict(weighting="num_examples")
   return {
     "Local": _memo(lambda: A.local(model, clients_per_round=s)),
-    "FedSGD": _memo(lambda: A.fedsgd(model, clients_per_round=s)),
-    "FedAvg": _memo(lambda: A.fedavg(model, clients_per_round=s, local_steps=10)),
-    "pFedMe": _memo(lambda: A.pfedme(model, clients_per_round=s, local_steps=10, batch_size=None)),
-    "IFCA": _memo(
-      lambda num_clusters=2: A.ifca(
-        model, num_clusters=num_clusters, clients_per_round=s, local_steps=10
+    "FedSGD": _memo(lambda: A.fedsgd(model, clients_per_round=s, **weighted)),
+    "FedAvg": _memo(lambda: A.fedavg(model, clients_per_round=s, local_steps=10, **weighted)),
+    "pFedMe": _memo(
+      lambda: A.pfedme(
+        model,
+        clients_per_round=s,
+        local_steps=10,
+        batch_size=None,
+        personal_updates="all",
+        **weighted,
       )
     ),
-    "Ditto": _memo(lambda: A.ditto(model, clients_per_round=s, local_steps=10)),
-    "Karula": _memo(lambda: A.karula(model, clients_per_round=s, projection_tol=1e-6)),
+    "IFCA": _memo(
+      lambda num_clusters=2: A.ifca(
+        model, num_clusters=num_clusters, clients_per_round=s, local_steps=10, **weighted
+      )
+    ),
+    "Ditto": _memo(lambda: A.ditto(model, clients_per_round=s, local_steps=10, **weighted)),
+    "Karula": _memo(
+      lambda: A.karula(
+        model,
+        clients_per_round=s,
+        projection_tol=1e-6,
+        ot_options=KARULA_OT_OPTIONS,
+        **weighted,
+      )
+    ),
   }
 
 
-def _strategies(makes, lr, eta, quick) -> List[Dict[str, Any]]:
+# Karula's t grids, as multiples c of 1 / median(D): t D_ij at the median pair is c. Synthetic
+# ridge: squared parameter distances 1 (same group) to 50 (outer groups); heart disease: a
+# logistic model on standardized features, whose parameters differ by less.
+T_MULTIPLES = (0.3, 1.0, 3.0, 10.0, 30.0, 100.0)
+T_MULTIPLES_HEART = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
+
+
+def _strategies(
+  makes, lr, eta, quick, d_median=1.0, t_multiples=T_MULTIPLES, num_clients=30
+) -> List[Dict[str, Any]]:
   """(label, factory, CV grid, fixed hyper-parameters) per strategy. ``lr`` is the full-gradient
-  step ``1 / max_i L_i``; ``eta`` is Karula's step ``s / (2L)``."""
-  few = (lambda v: v[:2]) if quick else (lambda v: v)
+  step ``1 / max_i L_i``; ``eta`` is Karula's step ``s / (2L)``. Cross-validation chooses the
+  personalization parameters, as in the paper (pFedMe's and Ditto's ``lam``, IFCA's number of
+  clusters, Karula's ``t``); the step sizes are fixed: ``lr`` for the full-gradient steps of
+  Local and FedSGD and the 10 local steps of FedAvg and IFCA (IFCA with one cluster is FedAvg),
+  ``0.3 lr`` for Ditto's (its personal objective is ``L + lam`` smooth, ``lam`` up to 10),
+  ``0.5 lr`` for pFedMe's step on ``w``; pFedMe's inner step goes with ``lam`` (the inner
+  problem is ``L + lam`` smooth): ``0.5 lr`` up to ``lam = 10``, ``0.1 lr`` for 30 and 100,
+  ``0.01 lr`` for 300 and 1000 (where the personalized models are within ``grad f / lam`` of
+  the global one), the best over the three grids kept. (A CV over FedAvg's step picked the smallest one
+  offered on some seeds, 0.03 lr out of 0.03 ... 1 and then 0.01 lr out of 0.01 ... 1: a grid
+  without an interior optimum, while ``lr`` gives FedAvg its lowest estimation error.)
+  Karula's ``t`` grid is
+  ``t_multiples / d_median`` (``d_median``: the median off-diagonal ``D_ij`` of the training
+  data), so that ``t D_ij`` at the median pair is the squared parameter distance ``0.1 ... 100``
+  whatever the scale of ``D``."""
+  few = (lambda v: v[::3]) if quick else (lambda v: v)
   specs = [
     ("Local", {}, {"client_lr": lr}),
-    ("FedSGD", {"lr": few([0.5 * lr, lr])}, {}),
-    ("FedAvg", {"client_lr": few([0.3 * lr, lr])}, {"server_lr": 1.0}),
+    ("FedSGD", {}, {"lr": lr}),
+    ("FedAvg", {}, {"client_lr": lr, "server_lr": 1.0}),
     (
-      "pFedMe",
-      {"lam": few([0.1, 1.0, 15.0, 100.0])},
-      {"client_lr": 0.5 * lr, "personal_lr": 0.5 * lr, "beta": 1.0},
+      "pFedMe",  # the inner step, 1 / (L + lam) at most, decreases with lam: one grid per step
+      [
+        {"lam": few([0.001, 0.01, 0.1, 1.0, 10.0]), "personal_lr": [0.5 * lr]},
+        {"lam": few([30.0, 100.0]), "personal_lr": [0.1 * lr]},
+        {"lam": few([300.0, 1000.0]), "personal_lr": [0.01 * lr]},
+      ],
+      {"client_lr": 0.5 * lr, "beta": 1.0},
     ),
-    ("IFCA", {"num_clusters": few([2, 3])}, {"client_lr": 0.3 * lr}),
-    ("Ditto", {"lam": few([0.01, 0.1, 1.0])}, {"client_lr": 0.3 * lr, "personal_lr": 0.3 * lr}),
-    ("Karula", {"t": few([0.01, 0.03, 0.1, 0.3, 1.0])}, {"eta": eta}),
+    (
+      "IFCA",  # at most one cluster per client
+      {"num_clusters": few([k for k in (1, 2, 3, 4, 6, 8, 10) if k <= num_clients])},
+      {"client_lr": lr},
+    ),
+    (
+      "Ditto",
+      {"lam": few([0.001, 0.01, 0.1, 1.0, 10.0])},
+      {"client_lr": 0.3 * lr, "personal_lr": 0.3 * lr},
+    ),
+    ("Karula", {"t": few([m / d_median for m in t_multiples])}, {"eta": eta}),
   ]
   return [dict(label=k, make=makes[k], grid=g, fixed=f) for k, g, f in specs]
+
+
+PROTOCOL = {
+  "weighting": "every strategy weights its clients' losses by their sample counts",
+  "pfedme": "Algorithm 1 of its paper: every client updates its personalized model every round, "
+  "the sampled clients are aggregated (personal_updates='all')",
+  "karula_dissimilarity": "the paper's: exact OT, Euclidean cost on (x, y), raw data, entrywise "
+  "l1 (fedjax_dro.ot preset 'paper')",
+  "karula_t_grid": "t = c / median_{i != j} D_ij",
+}
+
+
+def paired(per_seed, key, target="Karula", lower_is_better=True):
+  """``{baseline: {difference, difference_2se, wins, seeds}}``: ``target`` minus each other
+  strategy on ``key``, paired over the seeds; ``wins`` counts the seeds where ``target`` is
+  better."""
+  mine = np.array([r[key] for r in per_seed[target]])
+  out = {}
+  for label, rows in per_seed.items():
+    if label == target:
+      continue
+    diff = mine - np.array([r[key] for r in rows])
+    m, se = _mean_2se(diff)
+    wins = int(np.sum(diff < 0 if lower_is_better else diff > 0))
+    out[label] = {"difference": m, "difference_2se": se, "wins": wins, "seeds": len(diff)}
+  return out
 
 
 def _fit(spec, ds, *, rounds, cv_rounds, folds, seed, metric):
@@ -124,12 +215,15 @@ def _fit(spec, ds, *, rounds, cv_rounds, folds, seed, metric):
   from fedjax_dro.model_selection import cross_validate
 
   grid = spec["grid"]
-  options = {k: v for k, v in grid.items() if k == "num_clusters"}
-  if grid:
+  # a list of grids: each searched as a product, the best over all of them kept
+  grids = grid if isinstance(grid, list) else [grid] if grid else []
+  options = {k for g in grids for k in g if k == "num_clusters"}
+  best, best_cv = {}, None
+  for g in grids:
     cv = cross_validate(
       spec["make"] if options else spec["make"](),
       ds,
-      grid,
+      g,
       folds=folds,
       rounds=cv_rounds,
       seed=seed,
@@ -137,9 +231,9 @@ def _fit(spec, ds, *, rounds, cv_rounds, folds, seed, metric):
       stat="weighted_mean",
       hparams=spec["fixed"] or None,
     )
-    best = dict(cv.best)
-  else:
-    best = {}
+    sign = 1.0 if cv.higher_is_better else -1.0
+    if best_cv is None or sign * cv.best_score > sign * best_cv.best_score:
+      best, best_cv = dict(cv.best), cv
   alg = spec["make"](**{k: int(best[k]) for k in options})
   hparams = {**spec["fixed"], **{k: v for k, v in best.items() if k not in options}}
   hist = run(alg, ds, rounds=rounds, seed=seed, hparams=hparams or None)
@@ -160,6 +254,15 @@ def _max_covariance_eigenvalue(data) -> float:
   )
 
 
+def _median_dissimilarity(train) -> float:
+  """The median off-diagonal ``D_ij`` of Karula's dissimilarities (``KARULA_OT_OPTIONS``) on the
+  training rows: the scale of Karula's ``t`` grid."""
+  from fedjax_dro.ot import dissimilarity_matrix
+
+  D = np.asarray(dissimilarity_matrix(train.x, train.y, train.mask, **KARULA_OT_OPTIONS))
+  return float(np.median(D[~np.eye(len(D), dtype=bool)]))
+
+
 def _mean_2se(values):
   v = np.asarray(values, np.float64)
   if v.size < 2:
@@ -175,7 +278,7 @@ def karula_synthetic(
   seed: int = 0,
   num_seeds: int = 10,
   cv_rounds: Optional[int] = None,
-  folds: int = 3,
+  folds: int = 5,
   verbose: bool = True,
 ) -> Dict[str, Any]:
   """Table 1a; writes ``karula_synthetic.{json,md}`` to ``out_dir``.
@@ -183,16 +286,15 @@ def karula_synthetic(
   Args:
     rounds: rounds of every final run (default 600; 20 with ``quick``).
     seed, num_seeds: data sets ``seed, ..., seed + num_seeds - 1`` (quick: 2).
-    cv_rounds: rounds of every CV run (default 150; 10 with ``quick``).
-    folds: CV folds (default 3, the paper 5: Karula's vmapped projection makes a CV round
-      ~0.1 s on 2 CPU cores, and 3 folds keep the 10 seeds within 15 minutes; quick: 2).
+    cv_rounds: rounds of every CV run (default 100; 10 with ``quick``).
+    folds: CV folds (default 5, as in the paper; quick: 2).
   """
   from fedjax_dro.algorithms.karula import smoothness_constant
   from fedjax_dro.core.metrics import estimation_error, evaluate_clients
   from fedjax_dro.data import get_dataset
 
   rounds = (20 if quick else 600) if rounds is None else rounds
-  cv_rounds = (10 if quick else 150) if cv_rounds is None else cv_rounds
+  cv_rounds = (10 if quick else 100) if cv_rounds is None else cv_rounds
   folds = 2 if quick else folds
   seeds = _check(rounds, cv_rounds, folds, range(seed, seed + (2 if quick else num_seeds)))
   if not jax.config.jax_enable_x64:
@@ -214,7 +316,8 @@ def karula_synthetic(
       makes = _factories(model, s)
     lr = 1.0 / (_max_covariance_eigenvalue(ds.train) + model.l2)
     eta = s / (2.0 * smoothness_constant(model, model.init(jax.random.PRNGKey(0)), ds.train))
-    for spec in _strategies(makes, lr, eta, quick):
+    d_median = _median_dissimilarity(ds.train)
+    for spec in _strategies(makes, lr, eta, quick, d_median, T_MULTIPLES, n):
       t0 = time.perf_counter()
       models, best = _fit(
         spec, ds, rounds=rounds, cv_rounds=cv_rounds, folds=folds, seed=data_seed, metric="mse"
@@ -228,6 +331,8 @@ def karula_synthetic(
         "test_r2": float(np.mean(per["r2"])),
         "seconds": time.perf_counter() - t0,
       }
+      if "t" in best:  # Karula: t D_ij at the median pair, the grid's unit
+        row["t_times_median_D"] = float(best["t"]) * d_median
       per_seed.setdefault(spec["label"], []).append(row)
       log(
         f"[karula-synthetic] seed {data_seed} {spec['label']:<7} error {row['estimation_error']:7.2f}"
@@ -249,8 +354,12 @@ def karula_synthetic(
       "quick": quick,
       "selection": "K-fold CV on training rows, held-out example-weighted MSE",
       "spread": "+-2 SE over data seeds of the per-seed mean over clients",
+      **PROTOCOL,
+      "t_multiples": list(T_MULTIPLES),
     },
     "table": table,
+    "paired_estimation_error": paired(per_seed, "estimation_error"),
+    "paired_test_r2": paired(per_seed, "test_r2", lower_is_better=False),
     "per_seed": per_seed,
     "paper_table1a": PAPER_SYNTHETIC,
     "wall_time_s": time.perf_counter() - t_start,
@@ -262,17 +371,22 @@ def karula_synthetic(
 
 
 def synthetic_markdown(result) -> str:
+  pairs = result.get("paired_estimation_error", {})
   lines = [
-    "| strategy | estimation error (+-2SE) | test R^2 (+-2SE) | paper error | paper R^2 |",
-    "|---|---|---|---|---|",
+    "| strategy | estimation error (+-2SE) | test R^2 (+-2SE) | paper error | paper R^2 | "
+    "Karula minus it, error (paired +-2SE) | Karula lower in |",
+    "|---|---|---|---|---|---|---|",
   ]
   for label, r in result["table"].items():
     paper = PAPER_SYNTHETIC.get(label)
     pe = f"{paper[0]:.2f} +- {paper[1]:.2f}" if paper else "-"
     pr = f"{paper[2]:.3f} +- {paper[3]:.3f}" if paper else "-"
+    p = pairs.get(label)
+    pd = f"{p['difference']:+.2f} +- {p['difference_2se']:.2f}" if p else "-"
+    pw = f"{p['wins']} of {p['seeds']}" if p else "-"
     lines.append(
       f"| {label} | {r['estimation_error']:.2f} +- {r['error_2se']:.2f} | "
-      f"{r['test_r2']:.3f} +- {r['r2_2se']:.3f} | {pe} | {pr} |"
+      f"{r['test_r2']:.3f} +- {r['r2_2se']:.3f} | {pe} | {pr} | {pd} | {pw} |"
     )
   return "\n".join(lines) + "\n"
 
@@ -319,7 +433,8 @@ def karula_heart(
     # logistic loss: L_i <= lambda_max(X_i^T X_i / N_i) / 4
     lr = 1.0 / (_max_covariance_eigenvalue(ds.train) / 4 + model.l2)
     eta = n / (2.0 * smoothness_constant(model, model.init(jax.random.PRNGKey(0)), ds.train))
-    for spec in _strategies(makes, lr, eta, quick):
+    d_median = _median_dissimilarity(ds.train)
+    for spec in _strategies(makes, lr, eta, quick, d_median, T_MULTIPLES_HEART, n):
       t0 = time.perf_counter()
       models, best = _fit(
         spec, ds, rounds=rounds, cv_rounds=cv_rounds, folds=folds, seed=split_seed, metric="loss"
@@ -333,6 +448,8 @@ def karula_heart(
         "accuracy_mean": float(np.mean(acc)),
         "seconds": time.perf_counter() - t0,
       }
+      if "t" in best:  # Karula: t D_ij at the median pair, the grid's unit
+        row["t_times_median_D"] = float(best["t"]) * d_median
       per_seed.setdefault(spec["label"], []).append(row)
       log(
         f"[karula-heart] seed {split_seed} {spec['label']:<7} mean accuracy "
@@ -360,8 +477,11 @@ def karula_heart(
       "quick": quick,
       "selection": "K-fold CV on training rows, held-out example-weighted log-loss",
       "spread": "+-2 SE over split seeds",
+      **PROTOCOL,
+      "t_multiples": list(T_MULTIPLES_HEART),
     },
     "table": table,
+    "paired_accuracy_mean": paired(per_seed, "accuracy_mean", lower_is_better=False),
     "per_seed": per_seed,
     "paper_table1b": PAPER_HEART,
     "wall_time_s": time.perf_counter() - t_start,
