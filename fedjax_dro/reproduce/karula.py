@@ -146,13 +146,13 @@ def _strategies(
   ``0.5 lr`` for pFedMe's step on ``w``; pFedMe's inner step goes with ``lam`` (the inner
   problem is ``L + lam`` smooth): ``0.5 lr`` up to ``lam = 10``, ``0.1 lr`` for 30 and 100,
   ``0.01 lr`` for 300 and 1000 (where the personalized models are within ``grad f / lam`` of
-  the global one), the best over the three grids kept. (A CV over FedAvg's step picked the smallest one
-  offered on some seeds, 0.03 lr out of 0.03 ... 1 and then 0.01 lr out of 0.01 ... 1: a grid
-  without an interior optimum, while ``lr`` gives FedAvg its lowest estimation error.)
-  Karula's ``t`` grid is
-  ``t_multiples / d_median`` (``d_median``: the median off-diagonal ``D_ij`` of the training
-  data), so that ``t D_ij`` at the median pair is the squared parameter distance ``0.1 ... 100``
-  whatever the scale of ``D``."""
+  the global one), the best over the three grids kept. (A CV over FedAvg's step picked the
+  smallest one offered on some seeds, 0.03 lr out of 0.03 ... 1 and then 0.01 lr out of
+  0.01 ... 1: a grid without an interior optimum, while ``lr`` gives FedAvg its lowest
+  estimation error.) Karula's ``t`` grid is ``t_multiples / d_median`` (``d_median``: the median
+  off-diagonal ``D_ij`` of the training data), so that ``t D_ij`` at the median pair is the
+  squared parameter distance ``c`` in ``t_multiples`` (:data:`T_MULTIPLES`,
+  :data:`T_MULTIPLES_HEART`) whatever the scale of ``D``."""
   few = (lambda v: v[::3]) if quick else (lambda v: v)
   specs = [
     ("Local", {}, {"client_lr": lr}),
