@@ -1,5 +1,9 @@
 """Small shared builders for tests (float64 data, numpy oracles)."""
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 
 from fedjax_dro import models
@@ -33,3 +37,15 @@ def numpy_linreg_grad(w, b, x, y, l2):
   """Gradient of mean 0.5 (x.w + b - y)^2 + l2/2 (||w||^2 + b^2)."""
   r = x @ w + b - y
   return x.T @ r / len(y) + l2 * w, np.mean(r) + l2 * b
+
+
+def run_float32(code: str) -> None:
+  """Runs ``code`` in a fresh Python with JAX's x64 off (float32 defaults) and the repository on
+  the path; asserts it exits cleanly and prints ``ok``."""
+  env = dict(os.environ, JAX_ENABLE_X64="0")
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+  res = subprocess.run(
+    [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+  )
+  assert res.returncode == 0 and "ok" in res.stdout, res.stderr

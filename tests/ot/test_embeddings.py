@@ -30,9 +30,6 @@ Jensen lower bound is also asserted: averaging T_i over the reference gives the 
 D_w1, D_w2 >= ||xbar_i - xbar_j|| up to the Sinkhorn marginal tolerance.
 """
 
-import os
-import subprocess
-import sys
 import warnings
 
 import jax
@@ -56,6 +53,7 @@ from fedjax_dro.ot import (
   reference_set,
   validate_dissimilarity,
 )
+from tests.helpers import run_float32
 
 N_CLIENTS, M, DIM = 10, 300, 3
 # The tests in this file were written and measured for the settings that were the defaults of
@@ -566,10 +564,4 @@ def test_float32_end_to_end():
     "assert np.median(np.abs(D[iu] - true) / true) < 0.05\n"
     "print('ok')\n"
   )
-  env = dict(os.environ, JAX_ENABLE_X64="0")
-  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-  env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-  res = subprocess.run(
-    [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
-  )
-  assert res.returncode == 0 and "ok" in res.stdout, res.stderr
+  run_float32(code)

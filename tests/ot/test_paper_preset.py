@@ -17,8 +17,6 @@ solves the LP exactly (``solver="exact"``): error 0 against this oracle on that 
 """
 
 import os
-import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -33,6 +31,7 @@ from fedjax_dro.ot import (
   dissimilarity_matrix,
   ot_embeddings,
 )
+from tests.helpers import run_float32
 
 N0 = 16
 
@@ -236,13 +235,7 @@ def test_paper_preset_float32():
     "assert per_client.max() <= 1e-5 and d_rel <= 1e-5, (per_client, d_rel)\n"
     "print('ok')\n"
   )
-  env = dict(os.environ, JAX_ENABLE_X64="0")
-  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-  env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-  res = subprocess.run(
-    [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
-  )
-  assert res.returncode == 0 and "ok" in res.stdout, res.stderr
+  run_float32(code)
 
 
 @pytest.mark.slow
