@@ -112,9 +112,10 @@ def test_old_solver_paths_warn_and_resolve_to_the_new_modules(old, new, name):
 
 
 def test_users_see_no_development_paths():
-  """The package, README, docs, notebooks and benchmarks cite papers by title, never the
+  """The package, README, CONTRIBUTING, docs, notebooks and benchmarks cite papers by title, never the
   development tree's ``shared/`` files."""
-  files = sorted(PACKAGE.rglob("*.py")) + [ROOT / "README.md"] + sorted((ROOT / "docs").rglob("*"))
+  files = sorted(PACKAGE.rglob("*.py")) + [ROOT / "README.md", ROOT / "CONTRIBUTING.md"]
+  files += sorted((ROOT / "docs").rglob("*"))
   files += sorted((ROOT / "notebooks").glob("*.ipynb")) + sorted((ROOT / "benchmarks").rglob("*"))
   cited = [
     str(p.relative_to(ROOT))
