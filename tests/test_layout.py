@@ -6,9 +6,7 @@ import ast
 import importlib
 import json
 import pathlib
-import sys
 import types
-import warnings
 
 import pytest
 
@@ -90,25 +88,6 @@ def test_package_files_under_600_lines_or_say_why():
       if "600 lines" not in doc:
         long.append(f"{path.relative_to(ROOT)} ({lines} lines)")
   assert long == []
-
-
-@pytest.mark.parametrize(
-  "old, new, name",
-  [
-    ("fedjax_dro.core.pairwise", "fedjax_dro.solvers.pairwise", "project_pairwise"),
-    ("fedjax_dro.core.simplex", "fedjax_dro.solvers.simplex", "project_simplex"),
-    ("fedjax_dro.core.saddle", "fedjax_dro.solvers.saddle", "solve_saddle"),
-    ("fedjax_dro.core.validation", "fedjax_dro.solvers.validation", "concrete_or_none"),
-  ],
-)
-def test_old_solver_paths_warn_and_resolve_to_the_new_modules(old, new, name):
-  sys.modules.pop(old, None)
-  with warnings.catch_warnings(record=True) as caught:
-    warnings.simplefilter("always")
-    module = importlib.import_module(old)
-  assert any(issubclass(w.category, DeprecationWarning) and new in str(w.message) for w in caught)
-  assert module is importlib.import_module(new)
-  assert getattr(module, name) is getattr(importlib.import_module(new), name)
 
 
 def test_users_see_no_development_paths():

@@ -3,6 +3,5 @@ the execution backends (``local``, ``clients``), aggregation (``aggregation``), 
 (``metrics``) and the validated round settings (``settings``).
 
 Numerical solvers (projections, prox steps, the saddle-point solver) live in
-:mod:`fedjax_dro.solvers`; ``fedjax_dro.core.pairwise`` / ``saddle`` / ``simplex`` still import,
-with a ``DeprecationWarning``, until 0.3.
+:mod:`fedjax_dro.solvers`.
 """
