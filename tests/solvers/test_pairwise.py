@@ -246,8 +246,8 @@ def test_shrink_to_feasible_scales_all_differences():
 
 
 def _components(r):
-  rs = pw_problem._sanitize_r(jnp.asarray(r))
-  labels = pw_problem._zero_components(rs)
+  rs = pw_problem.sanitize_r(jnp.asarray(r))
+  labels = pw_problem.zero_components(rs)
   counts = jax.ops.segment_sum(jnp.ones(r.shape[0]), labels, num_segments=r.shape[0])
   return labels, counts
 
@@ -470,13 +470,13 @@ def test_row_space_reduction_gives_the_same_iterates():
   """For d > n, Dykstra / ADMM on the QR coordinates Y (Z_c = Y Q^T) mapped back equal the
   solver run on Z itself, iterate for iterate."""
   z, r = make_instance(2, 8, 30)
-  prep = pw_problem._prepare(jnp.asarray(z), jnp.asarray(r))
+  prep = pw_problem.prepare(jnp.asarray(z), jnp.asarray(r))
   for solver in (
-    lambda p: pw_admm._admm(p, 1e-300, 25),
-    lambda p: pw_dykstra._dykstra(p, 1e-300, 25),
+    lambda p: pw_admm.run_admm(p, 1e-300, 25),
+    lambda p: pw_dykstra.run_dykstra(p, 1e-300, 25),
   ):
     full = solver(prep)
-    reduced = pw_problem._solve_reduced(solver, prep)
+    reduced = pw_problem.solve_reduced(solver, prep)
     np.testing.assert_allclose(
       np.asarray(reduced.theta), np.asarray(full.theta), rtol=0, atol=1e-11
     )

@@ -12,14 +12,14 @@ from jax import lax
 
 from fedjax_dro.solvers.pairwise.problem import (
   DEFAULT_MAX_ITERATIONS,
+  Prepared,
   SolverOutput,
-  _as_2d_float,
-  _effective_tol,
-  _prepare,
-  _Prepared,
-  _solve_reduced,
-  _tiny,
-  _validate_common,
+  as_2d_float,
+  effective_tol,
+  finfo_tiny,
+  prepare,
+  solve_reduced,
+  validate_common,
 )
 
 _BALANCE_EVERY = 10
@@ -39,12 +39,12 @@ class AdmmState(NamedTuple):
   dual_rel: jax.Array
 
 
-def _edges(n):
+def edge_list(n):
   i, j = np.triu_indices(n, 1)
   return jnp.asarray(i, jnp.int32), jnp.asarray(j, jnp.int32)
 
 
-def _incidence_t(w, i, j, n):
+def incidence_t(w, i, j, n):
   """``D^T w``: row ``k`` gets ``sum_{e=(k,.)} w_e - sum_{e=(.,k)} w_e``."""
   return jax.ops.segment_sum(w, i, num_segments=n) - jax.ops.segment_sum(w, j, num_segments=n)
 
@@ -55,7 +55,7 @@ def _ball(v, rad):
   return v * scale[:, None]
 
 
-def _admm(prep: _Prepared, tol, max_iterations: int, beta0=None) -> SolverOutput:
+def run_admm(prep: Prepared, tol, max_iterations: int, beta0=None) -> SolverOutput:
   """Scaled ADMM on ``V = D Theta`` with residual balancing of ``beta`` (Boyd et al. 3.4.1).
 
   Only the scaled duals ``u`` are carried between iterations: the edge variables are
@@ -68,10 +68,10 @@ def _admm(prep: _Prepared, tol, max_iterations: int, beta0=None) -> SolverOutput
   z = prep.zavg
   n, d = z.shape
   dtype = z.dtype
-  tol = _effective_tol(tol, dtype)
-  i, j = _edges(n)
+  tol = effective_tol(tol, dtype)
+  i, j = edge_list(n)
   rad = jnp.sqrt(prep.r[i, j])  # +inf: unconstrained copy
-  tiny = jnp.sqrt(jnp.sum(prep.zc**2)) * 1e-14 + _tiny(dtype)
+  tiny = jnp.sqrt(jnp.sum(prep.zc**2)) * 1e-14 + finfo_tiny(dtype)
   beta_init = jnp.asarray(1.0 / n if beta0 is None else beta0, dtype)
 
   def theta_step(dtv, dtu, beta):
@@ -84,7 +84,7 @@ def _admm(prep: _Prepared, tol, max_iterations: int, beta0=None) -> SolverOutput
     jnp.array(0, jnp.int32),
     z,
     jnp.zeros((m, d), dtype),
-    _incidence_t(v0, i, j, n),
+    incidence_t(v0, i, j, n),
     jnp.zeros((n, d), dtype),
     beta_init,
     jnp.asarray(jnp.inf, dtype),
@@ -100,8 +100,8 @@ def _admm(prep: _Prepared, tol, max_iterations: int, beta0=None) -> SolverOutput
     p = dth + s.u
     v = _ball(p, rad)
     u = p - v  # = u_old + D Theta - v
-    dtv = _incidence_t(v, i, j, n)
-    dtu = _incidence_t(u, i, j, n)
+    dtv = incidence_t(v, i, j, n)
+    dtu = incidence_t(u, i, j, n)
     r_pri = jnp.sqrt(jnp.sum((u - s.u) ** 2))  # ||D Theta - v||
     r_dual = s.beta * jnp.sqrt(jnp.sum((dtv - s.dtv) ** 2))
     pri_rel = r_pri / (jnp.maximum(jnp.sqrt(jnp.sum(dth**2)), jnp.sqrt(jnp.sum(v**2))) + tiny)
@@ -126,7 +126,7 @@ def _admm(prep: _Prepared, tol, max_iterations: int, beta0=None) -> SolverOutput
 
 @functools.partial(jax.jit, static_argnames=("max_iterations",))
 def _solve_admm_jit(z, r, tol, max_iterations):
-  return _solve_reduced(lambda p: _admm(p, tol, max_iterations), _prepare(z, r))
+  return solve_reduced(lambda p: run_admm(p, tol, max_iterations), prepare(z, r))
 
 
 def solve_admm(
@@ -134,7 +134,7 @@ def solve_admm(
 ) -> SolverOutput:
   """ADMM solver on an ``[n, d]`` array (memory ``O(n^2 min(n, d))``; see the module
   docstring)."""
-  z = _as_2d_float(z)
+  z = as_2d_float(z)
   r = jnp.asarray(r, z.dtype)
-  _validate_common(z.shape[0], r, tol, max_iterations, None)
+  validate_common(z.shape[0], r, tol, max_iterations, None)
   return _solve_admm_jit(z, r, jnp.asarray(tol, z.dtype), int(max_iterations))

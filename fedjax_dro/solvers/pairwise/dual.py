@@ -13,15 +13,15 @@ from jax.scipy.linalg import cho_solve
 
 from fedjax_dro.solvers.pairwise.problem import (
   DEFAULT_MAX_ITERATIONS,
+  Prepared,
   SolverOutput,
-  _as_2d_float,
-  _effective_tol,
-  _eps,
-  _prepare,
-  _Prepared,
-  _segment_sum_rows,
-  _tiny,
-  _validate_common,
+  as_2d_float,
+  effective_tol,
+  finfo_eps,
+  finfo_tiny,
+  prepare,
+  segment_sum_rows,
+  validate_common,
 )
 
 _LBFGS_MEMORY = 16
@@ -95,14 +95,14 @@ def _gram_factor(b):
   return upper.T
 
 
-def _dual_problem(prep: _Prepared) -> _DualProblem:
+def _dual_problem(prep: Prepared) -> _DualProblem:
   z = prep.zc
   n, d = z.shape
   dtype = z.dtype
   idx = jnp.arange(n)
   rep = prep.labels == idx
   w = jnp.where(rep, prep.counts, 1.0).astype(dtype)
-  b = _segment_sum_rows(z, prep.labels, n)  # zero rows at dummy slots
+  b = segment_sum_rows(z, prep.labels, n)  # zero rows at dummy slots
   # contracted radii: rc[c, c'] = min over members i of c, j of c' of r_ij
   rr = jax.ops.segment_min(prep.r, prep.labels, num_segments=n)
   rc = jax.ops.segment_min(rr.T, prep.labels, num_segments=n).T
@@ -152,7 +152,7 @@ def _dual_gap(prob: _DualProblem, mu, ev: _DualEval):
   restore_cost = (a - 1.0) * (0.5 * (a + 1.0) * ev.sum_wk - ev.tr_xy)
   gap = restore_cost - 0.5 * jnp.sum(mu * ev.grad)  # f(a Theta) - g(mu)
   full = ev.f + restore_cost + prob.c0
-  denom = jnp.maximum(full, 1e3 * _eps(dtype) * prob.scale) + _tiny(dtype)
+  denom = jnp.maximum(full, 1e3 * finfo_eps(dtype) * prob.scale) + finfo_tiny(dtype)
   return jnp.maximum(gap, 0.0) / denom
 
 
@@ -163,9 +163,9 @@ def _dual_hinv(prob: _DualProblem, ev: _DualEval):
   dm = jnp.diag(M)
   p = jnp.maximum(dm[:, None] + dm[None, :] - M - M.T, 0.0)  # a_e^T M a_e
   rmean = jnp.sum(jnp.where(prob.edge, prob.rc, 0.0)) / jnp.maximum(jnp.sum(prob.edge), 1)
-  floor = 1e-12 * rmean + _tiny(ev.d2.dtype)
+  floor = 1e-12 * rmean + finfo_tiny(ev.d2.dtype)
   h = p * jnp.maximum(ev.d2, floor)
-  return jnp.where(prob.edge, 1.0 / jnp.maximum(h, _tiny(h.dtype) * 1e10), 0.0)
+  return jnp.where(prob.edge, 1.0 / jnp.maximum(h, finfo_tiny(h.dtype) * 1e10), 0.0)
 
 
 def _two_loop(q, s_hist, y_hist, norm_hist, n_hist, head, h0, free):
@@ -246,7 +246,7 @@ def _dual_step(prob: _DualProblem, s: DualState) -> DualState:
   """One projected L-BFGS iteration: direction, arc search, memory, certificate, progress."""
   memory = s.s_hist.shape[0]
   dtype = s.mu.dtype
-  eps = _eps(dtype)
+  eps = finfo_eps(dtype)
   mu, ev, hinv = s.mu, s.ev, s.hinv
   grad = ev.grad
   # Bertsekas' epsilon-active set: multipliers (almost) at 0 whose gradient points outside.
@@ -282,7 +282,7 @@ def _dual_step(prob: _DualProblem, s: DualState) -> DualState:
     # kept in [t/10, t/2]
     slope = 0.5 * jnp.sum(grad * (mu_t - mu)) / t
     curv = (ev.value + slope * t - ev_t.value) / (t * t)
-    t_q = slope / jnp.maximum(2.0 * curv, _tiny(dtype))
+    t_q = slope / jnp.maximum(2.0 * curv, finfo_tiny(dtype))
     t_new = jnp.where(jnp.isfinite(t_q) & (curv > 0), jnp.clip(t_q, 0.1 * t, 0.5 * t), 0.5 * t)
     t_new = jnp.where(k == 0, jnp.ones_like(t), t_new)
     mu_t, ev_t = trial(t_new)
@@ -346,7 +346,7 @@ def _dual_loop(prob: _DualProblem, mu0, tol, max_iterations: int, memory: int):
   return lax.while_loop(cond, lambda s: _dual_step(prob, s), _dual_init(prob, mu0, memory))
 
 
-def _expand_multipliers(prep: _Prepared, prob: _DualProblem, mu_c):
+def _expand_multipliers(prep: Prepared, prob: _DualProblem, mu_c):
   """Spread contracted multipliers over the original pairs attaining the contracted radius."""
   n = mu_c.shape[0]
   li, lj = prep.labels[:, None], prep.labels[None, :]
@@ -357,18 +357,18 @@ def _expand_multipliers(prep: _Prepared, prob: _DualProblem, mu_c):
   return jnp.where(hit, mu_c[li, lj] / jnp.maximum(cnt[li, lj], 1.0), 0.0)
 
 
-def _contract_multipliers(prep: _Prepared, prob: _DualProblem, mu):
+def _contract_multipliers(prep: Prepared, prob: _DualProblem, mu):
   n = mu.shape[0]
   mu = jnp.maximum(0.5 * (mu + mu.T), 0.0)
   mc = jax.ops.segment_sum(jax.ops.segment_sum(mu, prep.labels, n).T, prep.labels, n).T
   return jnp.where(prob.edge, mc, 0.0)
 
 
-def _dual(
-  prep: _Prepared, tol, max_iterations: int, mu_init=None, memory: int = _LBFGS_MEMORY
+def run_dual(
+  prep: Prepared, tol, max_iterations: int, mu_init=None, memory: int = _LBFGS_MEMORY
 ) -> SolverOutput:
   n, d = prep.zc.shape
-  tol = _effective_tol(tol, prep.zc.dtype)
+  tol = effective_tol(tol, prep.zc.dtype)
   prob = _dual_problem(prep)
   if mu_init is None:
     mu0 = jnp.zeros((n, n), prep.zc.dtype)
@@ -384,8 +384,8 @@ def _dual(
 
 @functools.partial(jax.jit, static_argnames=("max_iterations", "memory"))
 def _solve_dual_jit(z, r, tol, initial_multipliers, max_iterations, memory):
-  prep = _prepare(z, r)
-  return _dual(prep, tol, max_iterations, initial_multipliers, memory)
+  prep = prepare(z, r)
+  return run_dual(prep, tol, max_iterations, initial_multipliers, memory)
 
 
 def solve_dual(
@@ -402,8 +402,8 @@ def solve_dual(
   ``initial_multipliers`` (``[n, n]``, e.g. the previous round's ``multipliers``) warm-starts
   the dual. Returns the raw :class:`SolverOutput` (no feasibility restoration).
   """
-  z = _as_2d_float(z)
+  z = as_2d_float(z)
   r = jnp.asarray(r, z.dtype)
-  _validate_common(z.shape[0], r, tol, max_iterations, initial_multipliers)
+  validate_common(z.shape[0], r, tol, max_iterations, initial_multipliers)
   mu0 = None if initial_multipliers is None else jnp.asarray(initial_multipliers, z.dtype)
   return _solve_dual_jit(z, r, jnp.asarray(tol, z.dtype), mu0, int(max_iterations), int(memory))

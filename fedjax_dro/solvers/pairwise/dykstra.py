@@ -9,18 +9,18 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from fedjax_dro.solvers.pairwise.admm import _edges, _incidence_t
+from fedjax_dro.solvers.pairwise.admm import edge_list, incidence_t
 from fedjax_dro.solvers.pairwise.problem import (
   DEFAULT_MAX_ITERATIONS,
+  Prepared,
   SolverOutput,
-  _as_2d_float,
-  _effective_tol,
-  _prepare,
-  _Prepared,
-  _segment_sum_rows,
-  _solve_reduced,
-  _tiny,
-  _validate_common,
+  as_2d_float,
+  effective_tol,
+  finfo_tiny,
+  prepare,
+  segment_sum_rows,
+  solve_reduced,
+  validate_common,
 )
 
 
@@ -35,12 +35,12 @@ class DykstraState(NamedTuple):
   violation: jax.Array
 
 
-def _dykstra(prep: _Prepared, tol, max_iterations: int) -> SolverOutput:
+def run_dykstra(prep: Prepared, tol, max_iterations: int) -> SolverOutput:
   z = prep.zavg
   n, d = z.shape
   dtype = z.dtype
-  tol = _effective_tol(tol, dtype)
-  i, j = _edges(n)
+  tol = effective_tol(tol, dtype)
+  i, j = edge_list(n)
   r_e = prep.r[i, j]
   active = jnp.isfinite(r_e)
   pos = active & (r_e > 0)
@@ -50,10 +50,10 @@ def _dykstra(prep: _Prepared, tol, max_iterations: int) -> SolverOutput:
   )
   omega = jnp.where(deg > 0, 1.0 / jnp.maximum(deg, 1.0), 0.0)
   kappa = jnp.where(
-    active, omega[i] * omega[j] / jnp.maximum(omega[i] + omega[j], _tiny(dtype)), 0.0
+    active, omega[i] * omega[j] / jnp.maximum(omega[i] + omega[j], finfo_tiny(dtype)), 0.0
   )
-  znorm = jnp.sqrt(jnp.sum(prep.zc**2)) + _tiny(dtype)
-  spread = 2.0 * jnp.sum(prep.zc**2) / n + _tiny(dtype)
+  znorm = jnp.sqrt(jnp.sum(prep.zc**2)) + finfo_tiny(dtype)
+  spread = 2.0 * jnp.sum(prep.zc**2) / n + finfo_tiny(dtype)
   state = DykstraState(
     jnp.array(0, jnp.int32),
     z,
@@ -67,8 +67,8 @@ def _dykstra(prep: _Prepared, tol, max_iterations: int) -> SolverOutput:
     # kappa_e q_e = mu_e (theta_i - theta_j)); stationarity P_S(Theta - Z + L_mu Theta).
     qn = jnp.sqrt(jnp.sum(q * q, axis=1))
     mu = jnp.where(pos, kappa * qn / jnp.where(pos, rad, 1.0), 0.0)
-    res = theta - z + _incidence_t(mu[:, None] * diff, i, j, n)
-    res = _segment_sum_rows(res, prep.labels, n)  # P_S (component sums)
+    res = theta - z + incidence_t(mu[:, None] * diff, i, j, n)
+    res = segment_sum_rows(res, prep.labels, n)  # P_S (component sums)
     viol = jnp.max(jnp.where(active, jnp.sum(diff * diff, axis=1) - rad**2, 0.0), initial=0.0)
     return jnp.sqrt(jnp.sum(res * res)) / znorm, jnp.maximum(viol, 0.0) / spread, mu
 
@@ -81,7 +81,7 @@ def _dykstra(prep: _Prepared, tol, max_iterations: int) -> SolverOutput:
     nrm = jnp.sqrt(jnp.sum(delta * delta, axis=1))
     shrink = jnp.where(active & (nrm > rad), 1.0 - rad / jnp.where(nrm > 0, nrm, 1.0), 0.0)
     q = shrink[:, None] * delta
-    theta = s.theta - _incidence_t(kappa[:, None] * (q - s.q), i, j, n)
+    theta = s.theta - incidence_t(kappa[:, None] * (q - s.q), i, j, n)
     stat, viol, _ = residuals(theta, q, theta[i] - theta[j])
     return DykstraState(s.iteration + 1, theta, q, stat, viol)
 
@@ -95,7 +95,7 @@ def _dykstra(prep: _Prepared, tol, max_iterations: int) -> SolverOutput:
 
 @functools.partial(jax.jit, static_argnames=("max_iterations",))
 def _solve_dykstra_jit(z, r, tol, max_iterations):
-  return _solve_reduced(lambda p: _dykstra(p, tol, max_iterations), _prepare(z, r))
+  return solve_reduced(lambda p: run_dykstra(p, tol, max_iterations), prepare(z, r))
 
 
 def solve_dykstra(
@@ -103,7 +103,7 @@ def solve_dykstra(
 ) -> SolverOutput:
   """Parallel (product-space) Dykstra solver on an ``[n, d]`` array (memory
   ``O(n^2 min(n, d))``)."""
-  z = _as_2d_float(z)
+  z = as_2d_float(z)
   r = jnp.asarray(r, z.dtype)
-  _validate_common(z.shape[0], r, tol, max_iterations, None)
+  validate_common(z.shape[0], r, tol, max_iterations, None)
   return _solve_dykstra_jit(z, r, jnp.asarray(tol, z.dtype), int(max_iterations))

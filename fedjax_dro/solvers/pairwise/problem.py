@@ -86,28 +86,28 @@ def pairwise_sq_distances(x):
   return jnp.where(jnp.eye(x.shape[0], dtype=bool), 0.0, d2)
 
 
-def _tiny(dtype):
+def finfo_tiny(dtype):
   return jnp.asarray(jnp.finfo(dtype).tiny, dtype)
 
 
-def _eps(dtype):
+def finfo_eps(dtype):
   return jnp.asarray(jnp.finfo(dtype).eps, dtype)
 
 
-def _sanitize_r(r):
+def sanitize_r(r):
   """Symmetric (elementwise min with the transpose), diagonal set to +inf (ignored)."""
   r = jnp.minimum(r, r.T)
   return jnp.where(jnp.eye(r.shape[0], dtype=bool), jnp.inf, r)
 
 
-def _zero_components(r):
+def zero_components(r):
   """Label of every node = smallest index in its component of the graph {r_ij == 0}.
 
   Min-label propagation with pointer jumping in a ``lax.while_loop`` (O(n^2) per sweep, at most
   n sweeps; typically a handful).
   """
   n = r.shape[0]
-  zero = r == 0  # diagonal is +inf after _sanitize_r
+  zero = r == 0  # diagonal is +inf after sanitize_r
   idx = jnp.arange(n)
 
   def body(carry):
@@ -123,11 +123,11 @@ def _zero_components(r):
   return labels
 
 
-def _segment_sum_rows(x, labels, n):
+def segment_sum_rows(x, labels, n):
   return jax.ops.segment_sum(x, labels, num_segments=n)
 
 
-class _Prepared(NamedTuple):
+class Prepared(NamedTuple):
   """Shared preprocessing: centring, zero-radius components and their averages."""
 
   z: jax.Array  # [n, d] the original input
@@ -139,19 +139,19 @@ class _Prepared(NamedTuple):
   counts: jax.Array  # [n] component sizes at the label index (0 elsewhere)
 
 
-def _prepare(z, r):
+def prepare(z, r):
   n = z.shape[0]
-  r = _sanitize_r(r.astype(z.dtype))
-  labels = _zero_components(r)
-  counts = _segment_sum_rows(jnp.ones((n,), z.dtype), labels, n)
+  r = sanitize_r(r.astype(z.dtype))
+  labels = zero_components(r)
+  counts = segment_sum_rows(jnp.ones((n,), z.dtype), labels, n)
   shift = jnp.mean(z, axis=0)
   zc = z - shift
-  sums = _segment_sum_rows(zc, labels, n)
+  sums = segment_sum_rows(zc, labels, n)
   zavg = sums[labels] / counts[labels][:, None]
-  return _Prepared(z, shift, zc, zavg, r, labels, counts)
+  return Prepared(z, shift, zc, zavg, r, labels, counts)
 
 
-def _row_space_reduce(prep: _Prepared):
+def _row_space_reduce(prep: Prepared):
   """Exact reduction of (P) to ``k = n`` coordinates when ``d > n``: ``(prep_k, basis)``.
 
   With the thin QR factorisation ``Z_c^T = Q R`` (``Q``: ``[d, n]`` orthonormal columns),
@@ -165,12 +165,12 @@ def _row_space_reduce(prep: _Prepared):
   n = prep.zc.shape[0]
   basis, upper = jnp.linalg.qr(prep.zc.T)  # [d, n], [n, n]
   y = upper.T
-  yavg = _average_components(y, prep.labels, prep.counts)
+  yavg = average_components(y, prep.labels, prep.counts)
   zero = jnp.zeros((n,), y.dtype)
   return prep._replace(z=y, shift=zero, zc=y, zavg=yavg), basis
 
 
-def _solve_reduced(solver, prep: _Prepared) -> "SolverOutput":
+def solve_reduced(solver, prep: Prepared) -> "SolverOutput":
   """Run an edge-array solver (ADMM / Dykstra) on ``Y`` when ``d > n`` (static), else on Z."""
   n, d = prep.zc.shape
   if d <= n:
@@ -180,17 +180,17 @@ def _solve_reduced(solver, prep: _Prepared) -> "SolverOutput":
   return out._replace(theta=out.theta @ basis.T + prep.shift)
 
 
-def _average_components(x, labels, counts):
+def average_components(x, labels, counts):
   n = x.shape[0]
-  return (_segment_sum_rows(x, labels, n) / jnp.maximum(counts, 1)[:, None])[labels]
+  return (segment_sum_rows(x, labels, n) / jnp.maximum(counts, 1)[:, None])[labels]
 
 
-def _max_violation(d2, r):
+def max_violation(d2, r):
   fin = jnp.isfinite(r)
   return jnp.maximum(jnp.max(jnp.where(fin, d2 - jnp.where(fin, r, 0.0), 0.0)), 0.0)
 
 
-def _as_2d_float(z, name="z"):
+def as_2d_float(z, name="z"):
   z = jnp.asarray(z)
   if z.ndim != 2:
     raise ValueError(f"`{name}` must be a 2-D [n, d] array here, got shape {z.shape}")
@@ -202,7 +202,7 @@ def _as_2d_float(z, name="z"):
 # ----------------------------------------------------------------------------------------------
 # Validation and pytree flattening
 # ----------------------------------------------------------------------------------------------
-def _flatten_clients(z, name="z"):
+def flatten_clients(z, name="z"):
   """``([n, D] array, unflatten)`` with every leaf raveled per client."""
   leaves, treedef = jax.tree.flatten(z)
   if not leaves:
@@ -249,7 +249,7 @@ def _flatten_clients(z, name="z"):
   return flat, unflatten
 
 
-def _as_matrix(r, dtype, name="r"):
+def as_matrix(r, dtype, name="r"):
   try:
     arr = jnp.asarray(r)
   except TypeError as e:
@@ -259,7 +259,7 @@ def _as_matrix(r, dtype, name="r"):
   return arr.astype(dtype)
 
 
-def _validate_common(n, r, tol, max_iterations, mu):
+def validate_common(n, r, tol, max_iterations, mu):
   if r.ndim != 2 or r.shape[0] != r.shape[1]:
     raise ValueError(f"`r` must be a square [n, n] matrix, got shape {tuple(r.shape)}")
   if r.shape[0] != n:
@@ -297,6 +297,6 @@ def _validate_common(n, r, tol, max_iterations, mu):
       raise ValueError("`initial_multipliers` / `mu` must be nonnegative and not NaN")
 
 
-def _effective_tol(tol, dtype):
+def effective_tol(tol, dtype):
   """``tol`` clipped below at 64 ulp of the working precision (float32: ~7.6e-6)."""
-  return jnp.maximum(jnp.asarray(tol, dtype), 64 * _eps(dtype))
+  return jnp.maximum(jnp.asarray(tol, dtype), 64 * finfo_eps(dtype))

@@ -11,45 +11,45 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from fedjax_dro.solvers.pairwise.admm import _admm
-from fedjax_dro.solvers.pairwise.dual import _dual
-from fedjax_dro.solvers.pairwise.dykstra import _dykstra
+from fedjax_dro.solvers.pairwise.admm import run_admm
+from fedjax_dro.solvers.pairwise.dual import run_dual
+from fedjax_dro.solvers.pairwise.dykstra import run_dykstra
 from fedjax_dro.solvers.pairwise.problem import (
   DEFAULT_MAX_ITERATIONS,
   METHODS,
   KKTResiduals,
   PairwiseProjectionOutput,
   SolverOutput,
-  _as_matrix,
-  _average_components,
-  _flatten_clients,
-  _max_violation,
-  _prepare,
-  _sanitize_r,
-  _segment_sum_rows,
-  _solve_reduced,
-  _tiny,
-  _validate_common,
-  _zero_components,
+  as_matrix,
+  average_components,
+  finfo_tiny,
+  flatten_clients,
+  max_violation,
   pairwise_sq_distances,
+  prepare,
+  sanitize_r,
+  segment_sum_rows,
+  solve_reduced,
+  validate_common,
+  zero_components,
 )
-from fedjax_dro.solvers.pairwise.restoration import _input_feasible, _shrink, _shrink_factor
+from fedjax_dro.solvers.pairwise.restoration import input_feasible, shrink_factor, shrink_to_center
 
 # ----------------------------------------------------------------------------------------------
 # The public entry point
 # ----------------------------------------------------------------------------------------------
 _SOLVERS = {
-  "dual": lambda prep, tol, it, mu0: _dual(prep, tol, it, mu0),
-  "admm": lambda prep, tol, it, mu0: _solve_reduced(lambda p: _admm(p, tol, it), prep),
-  "dykstra": lambda prep, tol, it, mu0: _solve_reduced(lambda p: _dykstra(p, tol, it), prep),
+  "dual": lambda prep, tol, it, mu0: run_dual(prep, tol, it, mu0),
+  "admm": lambda prep, tol, it, mu0: solve_reduced(lambda p: run_admm(p, tol, it), prep),
+  "dykstra": lambda prep, tol, it, mu0: solve_reduced(lambda p: run_dykstra(p, tol, it), prep),
 }
 
 
 @functools.partial(jax.jit, static_argnames=("method", "max_iterations", "restore"))
 def _project_2d(z, r, tol, mu0, method: str, max_iterations: int, restore: bool):
   n = z.shape[0]
-  prep = _prepare(z, r)
-  feasible = _input_feasible(prep, pairwise_sq_distances(z))
+  prep = prepare(z, r)
+  feasible = input_feasible(prep, pairwise_sq_distances(z))
 
   def trivial():
     return SolverOutput(
@@ -65,15 +65,15 @@ def _project_2d(z, r, tol, mu0, method: str, max_iterations: int, restore: bool)
 
   out = lax.cond(feasible, trivial, solve)
   d2 = pairwise_sq_distances(out.theta)
-  primal = _max_violation(d2, prep.r)
+  primal = max_violation(d2, prep.r)
   if method == "dual":
     avg, d2_avg = out.theta, d2  # components already coincide
   else:
-    avg = _average_components(out.theta, prep.labels, prep.counts)
+    avg = average_components(out.theta, prep.labels, prep.counts)
     d2_avg = pairwise_sq_distances(avg)
-  a = _shrink_factor(d2_avg, prep.r)
+  a = shrink_factor(d2_avg, prep.r)
   if restore:
-    theta = jnp.where(feasible, z, _shrink(avg, a))
+    theta = jnp.where(feasible, z, shrink_to_center(avg, a))
   else:
     theta = out.theta
   a = jnp.where(feasible, jnp.ones_like(a), a)
@@ -124,10 +124,10 @@ def project_pairwise(
     raise TypeError(f"`restore_feasibility` must be a bool, got {restore_feasibility!r}")
   if initial_multipliers is not None and method != "dual":
     raise ValueError(f"`initial_multipliers` is only used by method='dual', got method={method!r}")
-  flat, unflatten = _flatten_clients(z)
+  flat, unflatten = flatten_clients(z)
   n = flat.shape[0]
-  r = _as_matrix(r, flat.dtype)
-  _validate_common(n, r, tol, max_iterations, initial_multipliers)
+  r = as_matrix(r, flat.dtype)
+  validate_common(n, r, tol, max_iterations, initial_multipliers)
   mu0 = None if initial_multipliers is None else jnp.asarray(initial_multipliers, flat.dtype)
   out = _project_2d(
     flat,
@@ -158,7 +158,7 @@ class CompiledProjection(NamedTuple):
   unflatten: Callable
 
   def __call__(self, z, r, tol=None) -> PairwiseProjectionOutput:
-    flat = z if getattr(z, "ndim", None) == 2 else _flatten_clients(z)[0]
+    flat = z if getattr(z, "ndim", None) == 2 else flatten_clients(z)[0]
     tol = self.tol if tol is None else jnp.asarray(tol, flat.dtype)
     out = self.program(flat, jnp.asarray(r, flat.dtype), tol, None)
     return out if getattr(z, "ndim", None) == 2 else out._replace(theta=self.unflatten(out.theta))
@@ -185,9 +185,9 @@ def compile_projection(
     max_iterations = DEFAULT_MAX_ITERATIONS[method]
   if not isinstance(restore_feasibility, (bool, np.bool_)):
     raise TypeError(f"`restore_feasibility` must be a bool, got {restore_feasibility!r}")
-  flat, unflatten = _flatten_clients(z)
-  r = _as_matrix(r, flat.dtype)
-  _validate_common(flat.shape[0], r, tol, max_iterations, None)
+  flat, unflatten = flatten_clients(z)
+  r = as_matrix(r, flat.dtype)
+  validate_common(flat.shape[0], r, tol, max_iterations, None)
   tol = jnp.asarray(tol, flat.dtype)
   lowered = _project_2d.lower(
     flat,
@@ -218,34 +218,34 @@ def pairwise_kkt_residuals(theta, z, r, mu) -> KKTResiduals:
   stationarity by ``||Z - mean(Z)||_F``, complementarity by the mean squared distance of the
   rows of ``Z`` to their centroid; infeasibilities are absolute.
   """
-  t2, _ = _flatten_clients(theta, "theta")
-  z2, _ = _flatten_clients(z, "z")
+  t2, _ = flatten_clients(theta, "theta")
+  z2, _ = flatten_clients(z, "z")
   if t2.shape != z2.shape:
     raise ValueError(f"`theta` and `z` must have the same shape, got {t2.shape} and {z2.shape}")
   dtype = jnp.result_type(t2.dtype, z2.dtype)
   n = t2.shape[0]
-  r = _as_matrix(r, dtype)
-  mu = _as_matrix(mu, dtype, name="mu")
-  _validate_common(n, r, 1.0, 1, mu)
+  r = as_matrix(r, dtype)
+  mu = as_matrix(mu, dtype, name="mu")
+  validate_common(n, r, 1.0, 1, mu)
   return _kkt_jit(t2.astype(dtype), z2.astype(dtype), r, mu)
 
 
 @jax.jit
 def _kkt_jit(theta, z, r, mu):
   n = theta.shape[0]
-  r = _sanitize_r(r)
-  labels = _zero_components(r)
+  r = sanitize_r(r)
+  labels = zero_components(r)
   pos = jnp.isfinite(r) & (r > 0)
   mu = jnp.where(pos, 0.5 * (mu + mu.T), 0.0)
   d2 = pairwise_sq_distances(theta)
   lap = jnp.diag(jnp.sum(mu, axis=1)) - mu
-  stat = _segment_sum_rows(theta - z + lap @ theta, labels, n)
+  stat = segment_sum_rows(theta - z + lap @ theta, labels, n)
   zc = z - jnp.mean(z, axis=0)
-  znorm = jnp.sqrt(jnp.sum(zc * zc)) + _tiny(z.dtype)
-  spread = jnp.sum(zc * zc) / n + _tiny(z.dtype)
+  znorm = jnp.sqrt(jnp.sum(zc * zc)) + finfo_tiny(z.dtype)
+  spread = jnp.sum(zc * zc) / n + finfo_tiny(z.dtype)
   comp = jnp.max(jnp.abs(mu * jnp.where(pos, d2 - jnp.where(pos, r, 0.0), 0.0)))
   return KKTResiduals(
-    _max_violation(d2, r),
+    max_violation(d2, r),
     jnp.sqrt(jnp.sum(stat * stat)) / znorm,
     comp / spread,
     jnp.maximum(jnp.max(-mu), 0.0),

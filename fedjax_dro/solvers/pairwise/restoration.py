@@ -6,32 +6,32 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_dro.solvers.pairwise.problem import (
-  _as_2d_float,
-  _average_components,
-  _eps,
-  _Prepared,
-  _sanitize_r,
-  _segment_sum_rows,
-  _validate_common,
-  _zero_components,
+  Prepared,
+  as_2d_float,
+  average_components,
+  finfo_eps,
   pairwise_sq_distances,
+  sanitize_r,
+  segment_sum_rows,
+  validate_common,
+  zero_components,
 )
 
 
-def _shrink_factor(d2, r):
+def shrink_factor(d2, r):
   """``min(1, min_{r_ij>0} sqrt(r_ij / d2_ij))`` minus 4 ulp when < 1."""
   pos = jnp.isfinite(r) & (r > 0)
   ratio2 = jnp.where(pos & (d2 > r), jnp.where(pos, r, 1.0) / jnp.where(d2 > 0, d2, 1.0), 1.0)
   a = jnp.sqrt(jnp.min(ratio2, initial=1.0))
-  return jnp.where(a < 1, a * (1 - 4 * _eps(d2.dtype)), jnp.ones_like(a))
+  return jnp.where(a < 1, a * (1 - 4 * finfo_eps(d2.dtype)), jnp.ones_like(a))
 
 
-def _shrink(theta, a):
+def shrink_to_center(theta, a):
   c = jnp.mean(theta, axis=0, keepdims=True)
   return jnp.where(a < 1, c + a * (theta - c), theta)
 
 
-def _input_feasible(prep: _Prepared, d2):
+def input_feasible(prep: Prepared, d2):
   """Exactly feasible input: members of zero components identical, other radii respected."""
   same = jnp.all(prep.z == prep.z[prep.labels])
   pos = jnp.isfinite(prep.r) & (prep.r > 0)
@@ -45,17 +45,17 @@ def shrink_to_feasible(theta, r):
   Averages the rows of every zero-radius component, then shrinks all rows toward their
   centroid by ``a = min(1, min_{r_ij > 0} sqrt(r_ij) / ||theta_i - theta_j||)``.
   """
-  theta = _as_2d_float(theta, "theta")
+  theta = as_2d_float(theta, "theta")
   r = jnp.asarray(r, theta.dtype)
-  _validate_common(theta.shape[0], r, 1.0, 1, None)
+  validate_common(theta.shape[0], r, 1.0, 1, None)
   return _shrink_to_feasible_jit(theta, r)
 
 
 @jax.jit
 def _shrink_to_feasible_jit(theta, r):
-  r = _sanitize_r(r)
-  labels = _zero_components(r)
-  counts = _segment_sum_rows(jnp.ones((theta.shape[0],), theta.dtype), labels, theta.shape[0])
-  avg = _average_components(theta, labels, counts)
-  a = _shrink_factor(pairwise_sq_distances(avg), r)
-  return _shrink(avg, a), a
+  r = sanitize_r(r)
+  labels = zero_components(r)
+  counts = segment_sum_rows(jnp.ones((theta.shape[0],), theta.dtype), labels, theta.shape[0])
+  avg = average_components(theta, labels, counts)
+  a = shrink_factor(pairwise_sq_distances(avg), r)
+  return shrink_to_center(avg, a), a
