@@ -106,7 +106,7 @@ def test_speed_quick_workloads_folding_and_sweep_cache(tmp_path):
   # the MLP's rows share the target: smaller chunks than one run's, and the constant restored
   assert max(cache["mlp"]["row_shared_chunks"]) <= max(cache["mlp"]["whole_per_row_chunks"])
   assert min(cache["mlp"]["row_shared_chunks"]) < max(cache["mlp"]["whole_per_row_chunks"])
-  assert bench.client_backends.AUTO_CPU_CHUNK_BYTES == 24 * 2**20
+  assert bench.speed_sections.client_backends.AUTO_CPU_CHUNK_BYTES == 24 * 2**20
   assert "rows share the CPU cache target" in (tmp_path / "speed.md").read_text()
 
 
@@ -175,14 +175,14 @@ def test_step_products_are_the_step_matmuls():
   closed-form FLOP count of each model's step."""
   bench = _load("speed")
   for kind, clients, count, macs in (("softmax", 3, 2, 2 * 64 * 10), ("mlp", 2, 8, MLP_STEP_MACS)):
-    model, params, data = bench.make_workload(kind, 4)
-    products = bench.step_products(model, params, data.x[0], data.y[0], clients)
+    model, params, data = bench.speed_workloads.make_workload(kind, 4)
+    products = bench.speed_ceiling.step_products(model, params, data.x[0], data.y[0], clients)
     assert len(products) == count
     assert all(p["batch"] == clients and p["dtype"] == "float32" for p in products)
     flops = sum(2 * p["batch"] * p["m"] * p["k"] * p["n"] for p in products)
-    assert flops == clients * 2 * bench.BATCH * macs
-  model, params, data = bench.make_workload("softmax", 4)
-  products = bench.step_products(model, params, data.x[0], data.y[0], 3)
+    assert flops == clients * 2 * bench.speed_workloads.BATCH * macs
+  model, params, data = bench.speed_workloads.make_workload("softmax", 4)
+  products = bench.speed_ceiling.step_products(model, params, data.x[0], data.y[0], 3)
   shapes = sorted((p["k"], tuple(sorted((p["m"], p["n"])))) for p in products)
   # logits = x [32 x 64] @ W [64 x 10]; dW = x^T [64 x 32] @ dlogits [32 x 10]
   assert shapes == [(32, (10, 64)), (64, (10, 32))]
@@ -225,8 +225,10 @@ def test_repeated_product_stays_in_the_loop():
   def compiled(f):
     return jax.jit(f).lower(lhs, rhs).compile().as_text()
 
-  assert _dot_in_loop(compiled(bench.repeated(fn, 5)))
-  np.testing.assert_allclose(jax.jit(bench.repeated(fn, 5))(lhs, rhs), fn(lhs, rhs), rtol=1e-6)
+  assert _dot_in_loop(compiled(bench.speed_ceiling.repeated(fn, 5)))
+  np.testing.assert_allclose(
+    jax.jit(bench.speed_ceiling.repeated(fn, 5))(lhs, rhs), fn(lhs, rhs), rtol=1e-6
+  )
 
   def no_barrier(a, b):
     body = lambda _, c: (c[0], c[1], fn(c[0], c[1]))  # noqa: E731
@@ -252,9 +254,14 @@ def test_speed_ceiling_section_quick(tmp_path):
     assert r["num_clients"] == 10 and [c["chunk"] for c in r["by_chunk"]] == [1, 10]
     c = r["ceiling"]
     assert c["updates_per_s"] == max(x["updates_per_s"] for x in r["by_chunk"])
-    assert r["product_flops_per_update"] == bench.LOCAL_STEPS * 2 * bench.BATCH * macs[kind]
+    assert (
+      r["product_flops_per_update"]
+      == bench.speed_workloads.LOCAL_STEPS * 2 * bench.speed_workloads.BATCH * macs[kind]
+    )
     step_s = sum(p["s"] for p in c["products"])
-    assert c["updates_per_s"] == pytest.approx(c["chunk"] / (bench.LOCAL_STEPS * step_s))
+    assert c["updates_per_s"] == pytest.approx(
+      c["chunk"] / (bench.speed_workloads.LOCAL_STEPS * step_s)
+    )
     assert sum(p["share"] for p in c["products"]) == pytest.approx(1.0)
     for part in (r["auto"], c):
       assert part["fraction_of_dense"] == pytest.approx(
@@ -285,7 +292,7 @@ def test_ceiling_lines_compare_the_targets():
     }
 
   result = {"ceiling": {"rows": [row("softmax", 54.0, 0.44), row("mlp", 2.5, 0.62)]}}
-  softmax, mlp = bench.ceiling_lines(result)
+  softmax, mlp = bench.speed_report.ceiling_lines(result)
   assert softmax.startswith("ceiling, softmax n=1000: auto 13.5x the loop, 11%")
   assert "ceiling 54.0x the loop, 44% (100 clients side by side" in softmax
   assert "auto reaches 25% of it" in softmax

@@ -1,0 +1,183 @@
+"""The workloads of ``benchmarks/speed.py`` and the timing every section shares: the models and
+their random federations, XLA's FLOP count of a local step, the per-client jitted loop (FedJAX's
+pattern), one backend's compiled rounds timed through ``fd.compile_rounds(...).time()``, and the
+device's dense-matmul rate (the yardstick). Times are the best of several calls after a warm-up
+call; why the best and not the median is said in ``speed.py``'s docstring."""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import fedjax_dro as fd
+from fedjax_dro import models
+from fedjax_dro.algorithms import fedavg
+from fedjax_dro.core import clients as client_backends
+from fedjax_dro.core.precision import PRECISIONS
+from fedjax_dro.data import from_client_arrays
+from fedjax_dro.models import client_loss_and_grad
+
+MODELS = ("softmax", "logreg", "mlp", "cnn-lax", "cnn-patches")
+TABULAR = ("softmax", "logreg")
+BACKENDS = ("vmap", "map", "chunked", "auto")
+CLIENTS = {"tabular": (10, 100, 1000, 10_000, 100_000), "deep": (10, 100, 1000, 10_000)}
+LOCAL_STEPS, BATCH, EXAMPLES = 4, 32, 64
+CHUNK = 64  # clients per chunk of the explicit "chunked" backend
+LOOP_CLIENTS = 200  # the per-client loop is timed on at most this many clients (a rate)
+# jax.default_matmul_precision of each precision policy (as in the dense yardstick).
+MATMUL_PRECISION = {"float32": "highest", "tf32": "tensorfloat32", "bf16": "default"}
+
+
+def make_model(kind):
+  if kind == "softmax":
+    return models.softmax_regression(64, 10)
+  if kind == "logreg":
+    return models.logistic_regression(64)
+  if kind == "mlp":
+    return models.mlp((784,), 62, (200, 200))
+  return models.cnn((28, 28), 62, conv=kind.split("-")[1])
+
+
+def make_data(kind, n, seed=0):
+  """``n`` clients of ``EXAMPLES`` rows each (random features and labels: speed only)."""
+  rng = np.random.default_rng(seed)
+  shape = {"softmax": (64,), "logreg": (64,), "mlp": (784,)}.get(kind, (28, 28))
+  classes = {"softmax": 10, "logreg": 2}.get(kind, 62)
+  x = rng.standard_normal((n, EXAMPLES) + shape, dtype=np.float32)
+  y = rng.integers(0, classes, (n, EXAMPLES)).astype(np.int32)
+  return from_client_arrays(list(x), list(y))
+
+
+def float32_params(model):
+  return jax.tree.map(lambda a: a.astype(jnp.float32), model.init(jax.random.PRNGKey(0)))
+
+
+def make_workload(kind, n):
+  """``(model, float32 parameters, data of n clients)`` of a workload."""
+  model = make_model(kind)
+  return model, float32_params(model), make_data(kind, n)
+
+
+def step_flops(model, params, x, y):
+  """XLA's FLOP count of one local step (forward + backward on one minibatch, no loops)."""
+  nex = jnp.int32(x.shape[0])
+
+  def step(w, key):
+    return client_loss_and_grad(model, w, x, y, nex, key, BATCH)
+
+  cost = jax.jit(step).lower(params, jax.random.PRNGKey(0)).cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  return float((cost or {}).get("flops", float("nan")))
+
+
+def time_calls(fn, repeats):
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn())
+    times.append(time.perf_counter() - t0)
+  return float(np.min(times))
+
+
+def loop_rate(model, data, params, lr, repeats):
+  """FedJAX's pattern: one jitted client update called from a Python loop over clients (deltas
+  summed on device, then the server step); ``(client updates / s, first call s)`` on at most
+  ``LOOP_CLIENTS`` clients."""
+
+  @jax.jit
+  def client_update(w0, x, y, nex, key):
+    def step(w, k):
+      _, g = client_loss_and_grad(model, w, x, y, nex, k, BATCH)
+      return jax.tree.map(lambda a, b: a - lr * b, w, g), None
+
+    w, _ = jax.lax.scan(step, w0, jax.random.split(key, LOCAL_STEPS))
+    return jax.tree.map(jnp.subtract, w, w0)
+
+  @jax.jit
+  def accumulate(total, delta, weight):
+    return jax.tree.map(lambda t, d: t + weight * d, total, delta)
+
+  m = min(LOOP_CLIENTS, data.num_clients)
+  xs = [data.x[i] for i in range(m)]
+  ys = [data.y[i] for i in range(m)]
+  nex = [data.num_examples[i] for i in range(m)]
+  weights = np.asarray(data.num_examples[:m], np.float32) / float(np.sum(data.num_examples[:m]))
+
+  def one_round():
+    keys = jax.random.split(jax.random.PRNGKey(1), m)
+    total = jax.tree.map(jnp.zeros_like, params)
+    for i in range(m):
+      total = accumulate(total, client_update(params, xs[i], ys[i], nex[i], keys[i]), weights[i])
+    return jax.tree.map(jnp.add, params, total)
+
+  t0 = time.perf_counter()
+  jax.block_until_ready(one_round())
+  first = time.perf_counter() - t0
+  return m / time_calls(one_round, repeats), first
+
+
+def best_per_round(timing):
+  """Seconds per round of the fastest timed call (see the module docstring)."""
+  return min(timing.call_seconds) / timing.rounds_per_call
+
+
+def rounds_for(seconds_per_round_guess):
+  return max(1, min(10, int(1.0 / max(seconds_per_round_guess, 1e-6))))
+
+
+def backend_row(model, data, params, backend, precision, lr, repeats, rounds=1, mesh=None):
+  kw = {"chunk_size": CHUNK} if backend == "chunked" else {}
+  alg = fedavg(
+    model, local_steps=LOCAL_STEPS, batch_size=BATCH, backend=backend, precision=precision, **kw
+  )
+  client_backends.recent_plans.clear()
+  prog = fd.compile_rounds(
+    alg, data, rounds=rounds, hparams={"client_lr": lr}, init_params=params, mesh=mesh
+  )
+  plans = [p._asdict() for p in client_backends.recent_plans]
+  timing = prog.time(repeats=repeats)
+  row = {
+    "s_per_round": best_per_round(timing),
+    "updates_per_s": data.num_clients / best_per_round(timing),
+    "compile_s": prog.compile_time,
+    "memory": prog.memory_analysis(),
+    "rounds_per_call": rounds,
+  }
+  if backend == "auto":
+    row["plans"] = plans
+  return row
+
+
+def plan_label(row):
+  plans = row.get("plans") or []
+  if not plans:
+    return ""
+  p = plans[0]
+  return "vmap" if p["backend"] == "vmap" else f"chunks of {p['chunk_size']}"
+
+
+def dense_rates(quick):
+  """The device's dense-matmul rate per precision: best over a few square sizes (FLOP/s)."""
+  cpu = jax.default_backend() == "cpu"
+  sizes = (256, 512) if quick else ((1024, 2048) if cpu else (4096, 8192))
+  out = {}
+  for precision in PRECISIONS:
+    dtype = jnp.bfloat16 if precision == "bf16" else jnp.float32
+    mm = MATMUL_PRECISION[precision]
+    best = {"flops_per_s": 0.0}
+    for n in sizes:
+      a = jax.random.normal(jax.random.PRNGKey(0), (n, n), dtype)
+      b = jax.random.normal(jax.random.PRNGKey(1), (n, n), dtype)
+      with jax.default_matmul_precision(mm):
+        f = jax.jit(lambda a, b: a @ b)
+        jax.block_until_ready(f(a, b))
+      t = time_calls(lambda: f(a, b), 3 if quick else 7)  # noqa: B023
+      rate = 2 * n**3 / t
+      if rate > best["flops_per_s"]:
+        best = {"flops_per_s": rate, "size": n, "s": t}
+    out[precision] = best
+    print(f"dense {precision}: {best['flops_per_s'] / 1e9:.1f} GFLOP/s (n={best['size']})")
+  return out
