@@ -17,25 +17,25 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_dro.ot.embeddings import (
-  _ON_NONCONVERGENCE,
-  _REFERENCE_METHODS,
   DEFAULT_EPSILON,
   DEFAULT_MAX_ITERATIONS,
   DEFAULT_NUM_REFERENCE,
   DEFAULT_THRESHOLD,
   NORMS,
+  ON_NONCONVERGENCE,
+  REFERENCE_METHODS,
   SOLVERS,
   ConvergenceReport,
   DissimilarityOutput,
   SinkhornConvergenceError,
   SinkhornConvergenceWarning,
-  _as_float_array,
-  _check_choice,
-  _check_positive,
-  _check_reference,
-  _check_solver_args,
-  _float_dtype,
+  as_float_array,
+  check_choice,
+  check_positive,
+  check_reference,
+  check_solver_args,
   client_point_clouds,
+  default_float_dtype,
   ot_embeddings,
   reference_set,
 )
@@ -76,13 +76,13 @@ def pairwise_embedding_distances(embeddings, norm: Literal["w1", "l1", "w2"] = "
 
   The result is exactly symmetric with an exactly zero diagonal.
   """
-  _check_choice(norm, "norm", NORMS)
-  emb = _as_float_array(embeddings, "embeddings")
+  check_choice(norm, "norm", NORMS)
+  emb = as_float_array(embeddings, "embeddings")
   if emb.ndim != 3 or min(emb.shape) < 1:
     raise ValueError(f"`embeddings` must have shape [n_clients, N0, p], got {emb.shape}.")
   if not np.all(np.isfinite(emb)):
     raise ValueError("`embeddings` contains NaN or infinite values.")
-  return _pairwise(jnp.asarray(emb, dtype=_float_dtype()), norm=norm)
+  return _pairwise(jnp.asarray(emb, dtype=default_float_dtype()), norm=norm)
 
 
 # --------------------------------------------------------------------------------------------
@@ -236,15 +236,15 @@ def dissimilarities(
   for name in ("include_response", "standardize"):
     if not isinstance(opts[name], (bool, np.bool_)):
       raise TypeError(f"`{name}` must be a bool, got {opts[name]!r}.")
-  _check_choice(norm, "norm", NORMS)
-  _check_choice(on_nonconvergence, "on_nonconvergence", _ON_NONCONVERGENCE)
-  _check_choice(reference_method, "reference_method", _REFERENCE_METHODS)
-  _check_choice(solver, "solver", SOLVERS)
-  _check_solver_args(  # fail fast, before any computation
+  check_choice(norm, "norm", NORMS)
+  check_choice(on_nonconvergence, "on_nonconvergence", ON_NONCONVERGENCE)
+  check_choice(reference_method, "reference_method", REFERENCE_METHODS)
+  check_choice(solver, "solver", SOLVERS)
+  check_solver_args(  # fail fast, before any computation
     epsilon, relative_epsilon, threshold, max_iterations, inner_iterations, cost, chunk_size
   )
   if reference is None:
-    _check_positive(num_reference, "num_reference", integer=True)
+    check_positive(num_reference, "num_reference", integer=True)
   points, msk = client_point_clouds(
     x, y, mask, include_response=include_response, standardize=standardize
   )
@@ -253,7 +253,7 @@ def dissimilarities(
       key = jax.random.key(0)
     reference = reference_set(key, points, msk, num_reference, method=reference_method)
   else:
-    reference = jnp.asarray(_check_reference(reference, points.shape[-1]), points.dtype)
+    reference = jnp.asarray(check_reference(reference, points.shape[-1]), points.dtype)
   emb, report = ot_embeddings(
     points,
     msk,
@@ -335,8 +335,8 @@ def validate_dissimilarity(
   Raises ``TypeError`` / ``ValueError`` naming ``name``.  Returns ``(D + D^T) / 2`` with the
   diagonal set to 0 and tiny negatives clipped to 0, in the default float dtype.
   """
-  n_clients = _check_positive(n_clients, "n_clients", integer=True)
-  arr = _as_float_array(D, name)
+  n_clients = check_positive(n_clients, "n_clients", integer=True)
+  arr = as_float_array(D, name)
   if arr.dtype == np.bool_:
     raise TypeError(f"`{name}` must be a real-valued matrix, got dtype bool.")
   arr = arr.astype(np.float64)
@@ -364,4 +364,4 @@ def validate_dissimilarity(
     raise ValueError(f"`{name}` must have a zero diagonal; {name}[{i}, {i}] = {arr[i, i]:g}.")
   cleaned = np.clip(0.5 * (arr + arr.T), 0.0, None)
   np.fill_diagonal(cleaned, 0.0)
-  return jnp.asarray(cleaned, dtype=_float_dtype())
+  return jnp.asarray(cleaned, dtype=default_float_dtype())

@@ -146,8 +146,8 @@ __all__ = [
 NORMS: Tuple[str, ...] = ("w1", "l1", "w2")
 COSTS: Tuple[str, ...] = ("sqeuclidean", "euclidean")
 SOLVERS: Tuple[str, ...] = ("sinkhorn", "exact")
-_REFERENCE_METHODS = ("gaussian", "pooled")
-_ON_NONCONVERGENCE = ("raise", "warn")
+REFERENCE_METHODS = ("gaussian", "pooled")
+ON_NONCONVERGENCE = ("raise", "warn")
 
 DEFAULT_NUM_REFERENCE = 128
 DEFAULT_EPSILON = 1e-2
@@ -208,11 +208,11 @@ class SinkhornConvergenceWarning(RuntimeWarning):
 # --------------------------------------------------------------------------------------------
 
 
-def _float_dtype():
+def default_float_dtype():
   return jnp.result_type(float)  # float64 when jax_enable_x64 is on, else float32
 
 
-def _as_float_array(value, name: str) -> np.ndarray:
+def as_float_array(value, name: str) -> np.ndarray:
   if value is None:
     raise TypeError(f"`{name}` must be an array, got None.")
   try:
@@ -265,7 +265,7 @@ def _expand(mask: np.ndarray, ndim: int) -> np.ndarray:
   return mask.reshape(mask.shape + (1,) * (ndim - mask.ndim))
 
 
-def _check_choice(value, name: str, options: Sequence[str]) -> str:
+def check_choice(value, name: str, options: Sequence[str]) -> str:
   if not isinstance(value, str):
     raise TypeError(f"`{name}` must be one of {list(options)}, got {value!r}.")
   if value not in options:
@@ -273,7 +273,7 @@ def _check_choice(value, name: str, options: Sequence[str]) -> str:
   return value
 
 
-def _check_positive(value, name: str, *, integer: bool = False, allow_zero: bool = False):
+def check_positive(value, name: str, *, integer: bool = False, allow_zero: bool = False):
   if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
     kind = "an integer" if integer else "a number"
     raise TypeError(f"`{name}` must be {kind}, got {value!r}.")
@@ -287,7 +287,7 @@ def _check_positive(value, name: str, *, integer: bool = False, allow_zero: bool
 
 
 def _check_points(points, mask, name: str = "points") -> Tuple[np.ndarray, np.ndarray]:
-  pts = _as_float_array(points, name)
+  pts = as_float_array(points, name)
   if pts.ndim != 3:
     raise ValueError(f"`{name}` must have shape [n_clients, m_max, p], got shape {pts.shape}.")
   n, m_max, p = pts.shape
@@ -298,8 +298,8 @@ def _check_points(points, mask, name: str = "points") -> Tuple[np.ndarray, np.nd
   return pts, msk
 
 
-def _check_reference(reference, p: int, name: str = "reference") -> np.ndarray:
-  ref = _as_float_array(reference, name)
+def check_reference(reference, p: int, name: str = "reference") -> np.ndarray:
+  ref = as_float_array(reference, name)
   if ref.ndim != 2 or ref.shape[1] != p or ref.shape[0] < 1:
     raise ValueError(
       f"`{name}` must have shape [N0, p] with p = {p} (the point-cloud dimension), got "
@@ -342,7 +342,7 @@ def client_point_clouds(
     ``(points, mask)``: ``points`` ``[n_clients, m_max, p]`` (padded rows set to 0) in the
     default float dtype, and ``mask`` as a bool ``jax.Array``.
   """
-  xa = _as_float_array(x, "x")
+  xa = as_float_array(x, "x")
   if xa.ndim < 3:
     raise ValueError(
       f"`x` must have shape [n_clients, m_max, n_features, ...], got shape {xa.shape}."
@@ -361,7 +361,7 @@ def client_point_clouds(
       raise ValueError(
         "`y` is None but include_response=True; pass y or set include_response=False."
       )
-    ya = _as_float_array(y, "y")
+    ya = as_float_array(y, "y")
     if ya.shape[:2] != (n, m_max):
       raise ValueError(
         f"`y` must have shape [n_clients, m_max] or [n_clients, m_max, k] with "
@@ -378,7 +378,7 @@ def client_point_clouds(
     std = valid.std(axis=0)
     scale = np.where(std > 0, std, 1.0)
     pts = np.where(msk[..., None], (pts - mean) / scale, 0.0)
-  return jnp.asarray(pts, dtype=_float_dtype()), jnp.asarray(msk)
+  return jnp.asarray(pts, dtype=default_float_dtype()), jnp.asarray(msk)
 
 
 def _pooled_moments(points: jax.Array, mask: jax.Array) -> Tuple[jax.Array, jax.Array]:
@@ -414,9 +414,9 @@ def reference_set(
   :func:`dissimilarities` instead; it must live in the same (standardized) space.
   """
   pts, msk = _check_points(points, mask)
-  num_reference = _check_positive(num_reference, "num_reference", integer=True)
-  _check_choice(method, "method", _REFERENCE_METHODS)
-  pts = jnp.asarray(np.where(msk[..., None], pts, 0.0), dtype=_float_dtype())
+  num_reference = check_positive(num_reference, "num_reference", integer=True)
+  check_choice(method, "method", REFERENCE_METHODS)
+  pts = jnp.asarray(np.where(msk[..., None], pts, 0.0), dtype=default_float_dtype())
   if method == "gaussian":
     mean, cov = _pooled_moments(pts, jnp.asarray(msk))
     evals, evecs = jnp.linalg.eigh(cov)
@@ -568,7 +568,7 @@ def _exact_embeddings(pts: np.ndarray, msk: np.ndarray, ref: np.ndarray, cost: s
   return phi, ok, errs, iters
 
 
-def _check_solver_args(
+def check_solver_args(
   epsilon,
   relative_epsilon,
   threshold,
@@ -578,14 +578,14 @@ def _check_solver_args(
   chunk_size,
   solver="sinkhorn",
 ):
-  _check_choice(solver, "solver", SOLVERS)
-  epsilon = _check_positive(epsilon, "epsilon")
-  threshold = _check_positive(threshold, "threshold")
-  max_iterations = _check_positive(max_iterations, "max_iterations", integer=True)
-  inner_iterations = _check_positive(inner_iterations, "inner_iterations", integer=True)
-  _check_choice(cost, "cost", COSTS)
+  check_choice(solver, "solver", SOLVERS)
+  epsilon = check_positive(epsilon, "epsilon")
+  threshold = check_positive(threshold, "threshold")
+  max_iterations = check_positive(max_iterations, "max_iterations", integer=True)
+  inner_iterations = check_positive(inner_iterations, "inner_iterations", integer=True)
+  check_choice(cost, "cost", COSTS)
   if chunk_size is not None:
-    chunk_size = _check_positive(chunk_size, "chunk_size", integer=True)
+    chunk_size = check_positive(chunk_size, "chunk_size", integer=True)
   if not isinstance(relative_epsilon, (bool, np.bool_)):
     raise TypeError(f"`relative_epsilon` must be a bool, got {relative_epsilon!r}.")
   return epsilon, threshold, max_iterations, inner_iterations, chunk_size
@@ -639,8 +639,8 @@ def ot_embeddings(
     ``report.converged`` (the higher-level functions do).
   """
   pts, msk = _check_points(points, mask)
-  ref = _check_reference(reference, pts.shape[-1])
-  epsilon, threshold, max_iterations, inner_iterations, chunk_size = _check_solver_args(
+  ref = check_reference(reference, pts.shape[-1])
+  epsilon, threshold, max_iterations, inner_iterations, chunk_size = check_solver_args(
     epsilon,
     relative_epsilon,
     threshold,
@@ -651,7 +651,7 @@ def ot_embeddings(
     solver,
   )
 
-  dtype = _float_dtype()
+  dtype = default_float_dtype()
   if solver == "exact":
     phi, ok, errs, n_iters = _exact_embeddings(pts, msk, ref, cost, threshold)
     report = ConvergenceReport(

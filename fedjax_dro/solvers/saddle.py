@@ -126,14 +126,14 @@ def _validate_psi(psi, params):
     raise ValueError(f"`psi` must be one of {_sx.PSI_NAMES}, got {psi!r}")
   required = {"chi2": {"rho"}, "cvar": {"alpha"}, "qffl": {"q"}}[psi]
   optional = {"norm"} if psi == "qffl" else set()
-  _sx._check_params(psi, params, required, optional)
+  _sx.check_params(psi, params, required, optional)
   if psi == "chi2":
-    _sx._check_scalar(params["rho"], "rho", lambda c: c >= 0, ">= 0")
+    _sx.check_scalar(params["rho"], "rho", lambda c: c >= 0, ">= 0")
   elif psi == "cvar":
-    _sx._check_alpha(params["alpha"])
+    _sx.check_alpha(params["alpha"])
   else:
-    _sx._check_q(params["q"])
-    _sx._check_norm(params.get("norm", "lp"))
+    _sx.check_q(params["q"])
+    _sx.check_norm(params.get("norm", "lp"))
 
 
 def best_response(losses, psi="chi2", **params):
@@ -145,13 +145,13 @@ def best_response(losses, psi="chi2", **params):
   f/||f|| (||f||/p)^q (l2), p = 1 + 1/q; q = 0: sign(f) (lp) or f/||f|| (l2).
   """
   _validate_psi(psi, params)
-  f = _sx._check_vector(losses, "losses")
+  f = _sx.check_vector(losses, "losses")
   n = f.shape[0]
   dtype = f.dtype
   if psi == "chi2":
     rho = jnp.asarray(params["rho"], dtype)
     pos = rho > 0
-    smooth = _sx._project_simplex(
+    smooth = _sx.project_simplex_unchecked(
       f / (jnp.where(pos, rho, 1.0) * n) + 1.0 / n, jnp.asarray(1.0, dtype)
     )
     onehot = jax.nn.one_hot(jnp.argmax(f), n, dtype=dtype)
@@ -493,7 +493,7 @@ def solve_saddle(
   _validate_psi(psi, psi_params)
   if method not in ("auto", "newton", "ipm"):
     raise ValueError(f"`method` must be 'auto', 'newton' or 'ipm', got {method!r}")
-  _sx._check_scalar(tol, "tol", lambda c: c > 0, "> 0")
+  _sx.check_scalar(tol, "tol", lambda c: c > 0, "> 0")
   if int(max_iterations) < 1:
     raise ValueError(f"`max_iterations` must be >= 1, got {max_iterations!r}")
 
@@ -571,8 +571,10 @@ def solve_saddle(
       def to_set(lam):
         # lambda from the IPM is strictly interior; put it exactly on Lambda
         if has_cap:
-          return _sx._project_capped_simplex(lam, jnp.asarray(cap, dtype), jnp.asarray(1.0, dtype))
-        return _sx._project_simplex(lam, jnp.asarray(1.0, dtype))
+          return _sx.project_capped_simplex_unchecked(
+            lam, jnp.asarray(cap, dtype), jnp.asarray(1.0, dtype)
+          )
+        return _sx.project_simplex_unchecked(lam, jnp.asarray(1.0, dtype))
 
       z, lam = state[0], to_set(state[1])
       z_p, lam_p = _polish_active_set(f_flat, state, n, kappa, cap, has_cap)

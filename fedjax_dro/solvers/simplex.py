@@ -99,7 +99,7 @@ _QFFL_BISECTION_STEPS = 96
 # --------------------------------------------------------------------------------------------
 # validation helpers (only act on concrete values; traced values pass through)
 # --------------------------------------------------------------------------------------------
-def _check_scalar(value, name, ok, requirement, allow_inf=False):
+def check_scalar(value, name, ok, requirement, allow_inf=False):
   c = _concrete_or_none(value)
   if c is None:
     return
@@ -111,7 +111,7 @@ def _check_scalar(value, name, ok, requirement, allow_inf=False):
     raise ValueError(f"`{name}` must be {requirement}, got {c.item()!r}")
 
 
-def _check_vector(v, name):
+def check_vector(v, name):
   v = jnp.asarray(v)
   if v.ndim != 1:
     raise ValueError(
@@ -132,7 +132,7 @@ def _check_same_shape(a, b, name_a, name_b):
 
 
 def _check_sigma(sigma):
-  _check_scalar(sigma, "sigma", lambda c: c > 0, "> 0")
+  check_scalar(sigma, "sigma", lambda c: c > 0, "> 0")
 
 
 # --------------------------------------------------------------------------------------------
@@ -150,13 +150,13 @@ def project_simplex(v, total=1.0):
   Returns:
     [n] array on the simplex of the given total.
   """
-  v = _check_vector(v, "v")
-  _check_scalar(total, "total", lambda c: c > 0, "> 0")
-  return _project_simplex(v, jnp.asarray(total, v.dtype))
+  v = check_vector(v, "v")
+  check_scalar(total, "total", lambda c: c > 0, "> 0")
+  return project_simplex_unchecked(v, jnp.asarray(total, v.dtype))
 
 
 @jax.jit
-def _project_simplex(v, total):
+def project_simplex_unchecked(v, total):
   n = v.shape[-1]
   v = v - jnp.max(v)  # shift invariance: centring reduces rounding for large offsets
   u = jnp.sort(v)[::-1]
@@ -184,10 +184,10 @@ def project_capped_simplex(v, cap, total=1.0):
   Returns:
     [n] array in the capped simplex.
   """
-  v = _check_vector(v, "v")
+  v = check_vector(v, "v")
   n = v.shape[0]
-  _check_scalar(total, "total", lambda c: c > 0, "> 0")
-  _check_scalar(cap, "cap", lambda c: c > 0, "> 0", allow_inf=True)
+  check_scalar(total, "total", lambda c: c > 0, "> 0")
+  check_scalar(cap, "cap", lambda c: c > 0, "> 0", allow_inf=True)
   cc, ct = _concrete_or_none(cap), _concrete_or_none(total)
   if cc is not None and ct is not None and cc.ndim == 0 and ct.ndim == 0:
     if cc * n < ct * (1.0 - 1e-12):
@@ -195,11 +195,11 @@ def project_capped_simplex(v, cap, total=1.0):
         f"`cap` must satisfy cap * n >= total (non-empty capped simplex), got cap={cc!r}, "
         f"n={n}, total={ct!r} (cap * n = {cc * n!r}); for CVaR use alpha in (0, 1]"
       )
-  return _project_capped_simplex(v, jnp.asarray(cap, v.dtype), jnp.asarray(total, v.dtype))
+  return project_capped_simplex_unchecked(v, jnp.asarray(cap, v.dtype), jnp.asarray(total, v.dtype))
 
 
 @jax.jit
-def _project_capped_simplex(v, cap, total):
+def project_capped_simplex_unchecked(v, cap, total):
   n = v.shape[-1]
   dtype = v.dtype
   v = v - jnp.max(v)  # shift invariance: centring reduces rounding for large offsets
@@ -238,15 +238,15 @@ def _project_capped_simplex(v, cap, total):
   lam = jnp.clip(v - tau, 0.0, cap_f)
   uniform = jnp.full_like(v, total / n)
   lam = jnp.where(n * cap_f <= total, uniform, lam)
-  return jnp.where(finite_cap, lam, _project_simplex(v, total))
+  return jnp.where(finite_cap, lam, project_simplex_unchecked(v, total))
 
 
 # --------------------------------------------------------------------------------------------
 # dual prox steps
 # --------------------------------------------------------------------------------------------
 def _prox_inputs(lambda_r, s, sigma):
-  lambda_r = _check_vector(lambda_r, "lambda_r")
-  s = _check_vector(s, "s")
+  lambda_r = check_vector(lambda_r, "lambda_r")
+  s = check_vector(s, "s")
   _check_same_shape(lambda_r, s, "lambda_r", "s")
   _check_sigma(sigma)
   dtype = jnp.result_type(lambda_r.dtype, s.dtype)
@@ -263,20 +263,20 @@ def prox_chi2(lambda_r, s, sigma, rho):
   rho = 0 is the AFL (minimax) case: a plain projected ascent step.
   """
   lambda_r, s, sigma = _prox_inputs(lambda_r, s, sigma)
-  _check_scalar(rho, "rho", lambda c: c >= 0, ">= 0")
+  check_scalar(rho, "rho", lambda c: c >= 0, ">= 0")
   return _prox_chi2(lambda_r, s, sigma, jnp.asarray(rho, lambda_r.dtype))
 
 
 @jax.jit
 def _prox_chi2(lambda_r, s, sigma, rho):
   n = lambda_r.shape[-1]
-  return _project_simplex(
+  return project_simplex_unchecked(
     (lambda_r + sigma * s) / (1.0 + sigma * rho * n), jnp.asarray(1.0, lambda_r.dtype)
   )
 
 
-def _check_alpha(alpha):
-  _check_scalar(alpha, "alpha", lambda c: 0 < c <= 1, "in (0, 1]")
+def check_alpha(alpha):
+  check_scalar(alpha, "alpha", lambda c: 0 < c <= 1, "in (0, 1]")
 
 
 def prox_cvar(lambda_r, s, sigma, alpha):
@@ -286,7 +286,7 @@ def prox_cvar(lambda_r, s, sigma, alpha):
   vector (ERM); alpha <= 1/n gives the plain simplex projection (AFL).
   """
   lambda_r, s, sigma = _prox_inputs(lambda_r, s, sigma)
-  _check_alpha(alpha)
+  check_alpha(alpha)
   return _prox_cvar(lambda_r, s, sigma, jnp.asarray(alpha, lambda_r.dtype))
 
 
@@ -294,7 +294,9 @@ def prox_cvar(lambda_r, s, sigma, alpha):
 def _prox_cvar(lambda_r, s, sigma, alpha):
   n = lambda_r.shape[-1]
   cap = 1.0 / (alpha * n)
-  return _project_capped_simplex(lambda_r + sigma * s, cap, jnp.asarray(1.0, lambda_r.dtype))
+  return project_capped_simplex_unchecked(
+    lambda_r + sigma * s, cap, jnp.asarray(1.0, lambda_r.dtype)
+  )
 
 
 def _power_root(a, sigma, q):
@@ -323,11 +325,11 @@ def _power_root(a, sigma, q):
   return jnp.where(a > 0, t, jnp.zeros_like(a))
 
 
-def _check_q(q):
-  _check_scalar(q, "q", lambda c: c >= 0, ">= 0")
+def check_q(q):
+  check_scalar(q, "q", lambda c: c >= 0, ">= 0")
 
 
-def _check_norm(norm):
+def check_norm(norm):
   if norm not in ("lp", "l2"):
     raise ValueError(f"`norm` must be 'lp' or 'l2', got {norm!r}")
 
@@ -341,8 +343,8 @@ def prox_qffl(lambda_r, s, sigma, q, norm="lp"):
   See the module docstring for the derivation.
   """
   lambda_r, s, sigma = _prox_inputs(lambda_r, s, sigma)
-  _check_q(q)
-  _check_norm(norm)
+  check_q(q)
+  check_norm(norm)
   return _prox_qffl(lambda_r, s, sigma, jnp.asarray(q, lambda_r.dtype), norm)
 
 
@@ -380,11 +382,11 @@ def dual_prox(name, lambda_r, s, sigma, **params):
   if name not in fns:
     raise ValueError(f"`name` must be one of {PSI_NAMES}, got {name!r}")
   fn, required, optional = fns[name]
-  _check_params(name, params, required, optional)
+  check_params(name, params, required, optional)
   return fn(lambda_r, s, sigma, **params)
 
 
-def _check_params(name, params, required, optional):
+def check_params(name, params, required, optional):
   missing = required - set(params)
   if missing:
     raise ValueError(f"psi {name!r} requires parameter(s) {sorted(missing)}")
@@ -406,23 +408,23 @@ def psi_value(name, lam, **params):
   """
   if name not in PSI_NAMES:
     raise ValueError(f"`name` must be one of {PSI_NAMES}, got {name!r}")
-  lam = _check_vector(lam, "lam")
+  lam = check_vector(lam, "lam")
   n = lam.shape[0]
   dtype = lam.dtype
   if name == "chi2":
-    _check_params(name, params, {"rho"}, set())
-    _check_scalar(params["rho"], "rho", lambda c: c >= 0, ">= 0")
+    check_params(name, params, {"rho"}, set())
+    check_scalar(params["rho"], "rho", lambda c: c >= 0, ">= 0")
     rho = jnp.asarray(params["rho"], dtype)
     return rho / (2.0 * n) * jnp.sum((n * lam - 1.0) ** 2)
   if name == "cvar":
-    _check_params(name, params, {"alpha"}, set())
-    _check_alpha(params["alpha"])
+    check_params(name, params, {"alpha"}, set())
+    check_alpha(params["alpha"])
     return jnp.zeros((), dtype)
-  _check_params(name, params, {"q"}, {"norm"})
+  check_params(name, params, {"q"}, {"norm"})
   q = params["q"]
   norm = params.get("norm", "lp")
-  _check_q(q)
-  _check_norm(norm)
+  check_q(q)
+  check_norm(norm)
   q = jnp.asarray(q, dtype)
   q_pos = q > 0
   p = 1.0 + 1.0 / jnp.where(q_pos, q, 1.0)
