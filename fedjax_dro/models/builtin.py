@@ -43,12 +43,16 @@ def _dtype():
   return jnp.float64 if jax.config.jax_enable_x64 else jnp.float32
 
 
-def _squared_error(out, y):
+def squared_error(out, y):
+  """Per-example ``0.5 * ||out - y||^2`` (outputs and labels flattened per example)."""
   return 0.5 * jnp.sum((out.reshape(out.shape[0], -1) - y.reshape(y.shape[0], -1)) ** 2, axis=-1)
 
 
+_squared_error = squared_error  # old name, imported by fedjax_dro.engine.prepare
+
+
 def _regression_metrics(out, y):
-  return {"mse": 2.0 * _squared_error(out, y)}
+  return {"mse": 2.0 * squared_error(out, y)}
 
 
 def linear_regression(
@@ -90,7 +94,7 @@ def linear_regression(
   return Model(
     init,
     apply,
-    _squared_error,
+    squared_error,
     _regression_metrics,
     task="regression",
     l2=float(l2),
@@ -236,7 +240,7 @@ class _CNN(nn.Module):
 _LOSSES = {
   "softmax_cross_entropy": (_softmax_loss, _softmax_metrics, "classification"),
   "sigmoid_cross_entropy": (_binary_loss, _binary_metrics, "classification"),
-  "squared_error": (_squared_error, _regression_metrics, "regression"),
+  "squared_error": (squared_error, _regression_metrics, "regression"),
 }
 
 
