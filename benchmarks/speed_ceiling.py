@@ -58,9 +58,9 @@ def _precision_name(precision):
 def step_products(model, params, x, y, clients):
   """The matrix products of one local step of ``clients`` clients side by side (``vmap``): one
   record per ``dot_general`` of the traced forward, backward and SGD update (the step of
-  :func:`loop_rate` and of every backend), with its batch size, its ``m x k`` by ``k x n`` shape
-  (several contracting or free dimensions multiplied out), operand and result dtypes, and
-  explicit precision."""
+  :func:`speed_workloads.loop_rate` and of every backend), with its batch size, its ``m x k`` by
+  ``k x n`` shape (several contracting or free dimensions multiplied out), operand and result
+  dtypes, and explicit precision."""
   nex = jnp.int32(x.shape[0])
 
   def step(w, key):
@@ -190,7 +190,7 @@ def matmul_ceiling(args, dense):
   data, so a target can be compared with what the hardware and compiler can give at all. The
   loop and ``auto`` are timed before and after the products and the dense rate before and after
   the section, the best of each kept: like every best-of-several figure here, this takes each
-  in the machine's fast regime (see the module docstring), so no ratio divides a fast figure by
+  in the machine's fast regime (see speed.py's docstring), so no ratio divides a fast figure by
   a slow one.
 
   It is generous to the ceiling: each product runs alone with its operands hot in cache, and

@@ -120,7 +120,7 @@ def loop_rate(model, data, params, lr, repeats):
 
 
 def best_per_round(timing):
-  """Seconds per round of the fastest timed call (see the module docstring)."""
+  """Seconds per round of the fastest timed call (see speed.py's docstring)."""
   return min(timing.call_seconds) / timing.rounds_per_call
 
 
