@@ -111,7 +111,7 @@ def child_devices(devices: int, quick: bool):
   import fedjax_dro as fd
   from fedjax_dro import algorithms, models
   from fedjax_dro.data import from_client_arrays
-  from fedjax_dro.sharding import make_mesh
+  from fedjax_dro.engine import make_mesh
 
   n = 64 if quick else 512
   rng = np.random.default_rng(0)

@@ -4,21 +4,29 @@ All clients are one stacked pytree, local updates are vmapped, rounds are jit-co
 scanned, and seeds and hyper-parameters are one more vectorized axis.
 """
 
-from fedjax_dro import algorithms, core, data, models, solvers
+from fedjax_dro import algorithms, core, data, engine, models, records, solvers
 from fedjax_dro.algorithms import Algorithm, get_algorithm, list_algorithms, make_hparams
 from fedjax_dro.data import FederatedData, FederatedDataset, from_arrays, from_client_arrays
+from fedjax_dro.engine import (
+  CompiledRounds,
+  NonFiniteError,
+  RoundTiming,
+  SweepResult,
+  compile_rounds,
+  run,
+  sweep,
+)
 from fedjax_dro.models import Model
-from fedjax_dro.results import History
-from fedjax_dro.rounds import CompiledRounds, RoundTiming, compile_rounds
-from fedjax_dro.simulate import NonFiniteError, run
-from fedjax_dro.sweeps import SweepResult, sweep
+from fedjax_dro.records import History
 
 __version__ = "0.1.0"
 __all__ = [
   "algorithms",
   "core",
   "data",
+  "engine",
   "models",
+  "records",
   "solvers",
   "Algorithm",
   "get_algorithm",

@@ -64,7 +64,7 @@ def _compile_cache(args) -> None:
     return
   import jax
 
-  from fedjax_dro.validation import check_writable_dir
+  from fedjax_dro.records import check_writable_dir
 
   check_writable_dir(path, "--compile-cache")
   jax.config.update("jax_compilation_cache_dir", os.path.abspath(path))
@@ -109,7 +109,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
   )
   p.add_argument("--eval-every", type=int, default=None, help="rounds between evaluations")
   _add_compile_cache(p)
-  scale = p.add_argument_group("scale-out (see fedjax_dro.sharding)")
+  scale = p.add_argument_group("scale-out (see fedjax_dro.engine.sharding)")
   scale.add_argument(
     "--devices",
     type=_devices_flag,
@@ -224,7 +224,7 @@ def _distributed(args) -> None:
     return
   if any(f is None for f in flags):
     raise ValueError("--coordinator, --num-processes and --process-id must be given together")
-  from fedjax_dro.sharding import initialize_distributed
+  from fedjax_dro.engine import initialize_distributed
 
   initialize_distributed(args.coordinator, args.num_processes, args.process_id)
 
@@ -232,7 +232,7 @@ def _distributed(args) -> None:
 def _cpu_devices(args) -> None:
   """``--devices N|auto`` on a CPU: split the cores into JAX devices before JAX starts (one per
   core for auto; no effect on accelerators, nor once JAX has started, e.g. in a notebook)."""
-  from fedjax_dro.sharding import local_cpu_cores, request_cpu_devices
+  from fedjax_dro.engine import local_cpu_cores, request_cpu_devices
 
   if args.devices is None or getattr(args, "coordinator", None) is not None:
     return
@@ -243,7 +243,7 @@ def _cpu_devices(args) -> None:
 
 def _scale(args, ds, num_configs=None):
   """``(dataset, mesh)`` from the scale-out flags (host-resident data, device mesh)."""
-  from fedjax_dro.sharding import parse_mesh
+  from fedjax_dro.engine import parse_mesh
 
   if args.host_data and args.devices == "auto" and args.mesh is None:
     mesh = None  # host-resident data runs on one device: nothing for auto to shard
@@ -277,7 +277,7 @@ def _device_line(mesh, alg=None) -> str:
 
 def _check_paths(args) -> None:
   """Output paths are checked before any data loads or compiles, and errors name the flag."""
-  from fedjax_dro.validation import check_writable_dir
+  from fedjax_dro.records import check_writable_dir
 
   if getattr(args, "out", None) is not None:
     check_writable_dir(args.out, "--out")
@@ -302,7 +302,7 @@ def _parse_seeds(text: str) -> List[int]:
 
 
 def cmd_run(args) -> int:
-  from fedjax_dro.simulate import NonFiniteError, run
+  from fedjax_dro.engine import NonFiniteError, run
 
   _distributed(args)
   _cpu_devices(args)
@@ -363,7 +363,7 @@ def cmd_run(args) -> int:
     f"compile {hist.compile_time:.2f}s, run {hist.wall_time:.2f}s "
     f"({args.rounds / max(hist.wall_time, 1e-9):.1f} rounds/s)"
   )
-  from fedjax_dro.sharding import is_writer
+  from fedjax_dro.engine import is_writer
 
   if args.out and is_writer():
     hist.save(args.out)
@@ -372,8 +372,7 @@ def cmd_run(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-  from fedjax_dro.sharding import is_writer
-  from fedjax_dro.simulate import sweep
+  from fedjax_dro.engine import is_writer, sweep
 
   _distributed(args)
   _cpu_devices(args)
@@ -431,7 +430,7 @@ def cmd_list(args) -> int:
 
 
 def cmd_plot(args) -> int:
-  from fedjax_dro.plots import plot
+  from fedjax_dro.records import plot
 
   for path in plot(args.dirs, args.out, metric=args.metric):
     print(f"wrote {path}")

@@ -4,7 +4,7 @@ Every client's valid training rows are split into ``folds`` parts (a per-client 
 then ``numpy.array_split``: part sizes differ by at most one). For fold ``k`` every client trains on
 its other ``folds - 1`` parts and is evaluated on part ``k``; the test split of a
 :class:`~fedjax_dro.data.FederatedDataset` is never touched. Within a fold the whole hyper-parameter
-grid is one vmapped program (:func:`fedjax_dro.simulate.sweep`); grid entries that are factory
+grid is one vmapped program (:func:`fedjax_dro.sweep`); grid entries that are factory
 *options* (``make_alg`` a callable) are looped over, rebuilding the algorithm.
 
 The score of a grid point on a fold is ``summary[metric][stat]`` of the held-out per-client metrics
@@ -262,7 +262,7 @@ def cross_validate(
   ] or [{}]
   index = {_key(p, names): i for i, p in enumerate(points)}
   scores = np.full((len(points), folds), np.nan)
-  from fedjax_dro.simulate import sweep
+  from fedjax_dro.engine import sweep
 
   for opt_combo in opt_combos:
     options = dict(zip(opt_names, opt_combo))
@@ -374,7 +374,7 @@ def select_hparams(
   if out_dir is not None:
     import os
 
-    from fedjax_dro.simulate import atomic_write
+    from fedjax_dro.records import atomic_write
 
     os.makedirs(out_dir, exist_ok=True)
     atomic_write(os.path.join(out_dir, "cv.json"), json.dumps(cv.to_json(), indent=2))

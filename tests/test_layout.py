@@ -71,10 +71,10 @@ def test_only_public_names_outside_package_modules(path):
 
 def test_private_name_detector_can_fail():
   src = (
-    "from fedjax_dro.simulate import _make_chunk_fn\n"
+    "from fedjax_dro.engine.runner import _compile_run\n"
     "from fedjax_dro.solvers import pairwise\n"
     "pairwise._project_2d(1)\n"
-    "import fedjax_dro.rounds as r\nr._keys(0)\n"
+    "import fedjax_dro.engine.programs as p\np._all_finite(0)\n"
   )
   assert len(_private_uses(src)) == 3
 

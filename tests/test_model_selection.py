@@ -6,11 +6,10 @@ import json
 import numpy as np
 import pytest
 
-from fedjax_dro import models
+from fedjax_dro import models, run
 from fedjax_dro.algorithms import fedavg, karula
 from fedjax_dro.data import from_client_arrays
 from fedjax_dro.model_selection import cross_validate, kfold_split
-from fedjax_dro.simulate import run
 from tests.helpers import dataset
 
 D = 3

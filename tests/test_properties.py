@@ -14,9 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import fedjax_dro as fd
-from fedjax_dro import algorithms as A, cli, models
+from fedjax_dro import NonFiniteError, algorithms as A, cli, models
 from fedjax_dro.data import FederatedData, from_client_arrays
-from fedjax_dro.simulate import NonFiniteError
 from tests.helpers import dataset, linreg, regression_clients
 
 FAST = settings(

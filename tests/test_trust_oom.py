@@ -9,7 +9,7 @@ import pytest
 import fedjax_dro as fd
 from fedjax_dro import algorithms as A, cli
 from fedjax_dro.algorithms.base import _REGISTRY, register
-from fedjax_dro.validation import DeviceMemoryError
+from fedjax_dro.engine import DeviceMemoryError
 from tests.helpers import dataset, linreg, regression_clients
 
 SETTINGS = ("--chunk-size", "chunk_size", "--backend", "--clients-per-round")

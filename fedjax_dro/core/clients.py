@@ -188,7 +188,7 @@ def memory_shared_by(rows: int):
 @contextlib.contextmanager
 def client_shards(shards: int):
   """Programs traced inside run with the client axis split over ``shards`` devices (the
-  ``"clients"`` axis of a :func:`fedjax_dro.sharding.make_mesh` mesh): the ``auto`` backend plans
+  ``"clients"`` axis of a :func:`fedjax_dro.engine.make_mesh` mesh): the ``auto`` backend plans
   each device's chunk (memory and cache are per device) and lays the chunks out so that every
   chunk has the same number of clients on every device (:func:`sharded_chunk_size`)."""
   token = _CLIENT_SHARDS.set(max(1, int(shards)))
@@ -482,7 +482,7 @@ def _strided(args, size: int):
   """Every leaf ``[s, ...]`` viewed as ``[size, s // size, ...]`` (a free reshape): chunk ``j``
   is the clients ``j, j + s/size, j + 2 s/size, ...``, so each chunk takes its clients from every
   block of the client axis. With the client axis sharded over devices in contiguous blocks
-  (:mod:`fedjax_dro.sharding`) every device runs its own share of every chunk, with no data
+  (:mod:`fedjax_dro.engine.sharding`) every device runs its own share of every chunk, with no data
   moved; contiguous chunks would make XLA gather the data and run every chunk on every device."""
   return jax.tree.map(lambda a: a.reshape((size, a.shape[0] // size) + a.shape[1:]), args)
 

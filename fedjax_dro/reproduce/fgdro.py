@@ -179,8 +179,8 @@ def fgdro_table7(
   from fedjax_dro import models
   from fedjax_dro.algorithms import get_algorithm
   from fedjax_dro.data.images import digits_dirichlet_with_extras
-  from fedjax_dro.results import atomic_write
-  from fedjax_dro.sweeps import sweep
+  from fedjax_dro.engine import sweep
+  from fedjax_dro.records import atomic_write
 
   if rounds is None:
     rounds = 3 if quick else 40

@@ -546,7 +546,7 @@ def plot_karula(result: Dict[str, Any], path: str) -> str:
 def _write(out_dir, stem, result, md, log):
   if out_dir is None:
     return
-  from fedjax_dro.results import atomic_write
+  from fedjax_dro.records import atomic_write
 
   os.makedirs(out_dir, exist_ok=True)
   path = os.path.join(out_dir, f"{stem}.json")

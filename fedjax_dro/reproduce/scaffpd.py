@@ -176,7 +176,7 @@ def scaffpd_synthetic(
     the JSON-able result dict.
   """
   from fedjax_dro.algorithms import get_algorithm
-  from fedjax_dro.simulate import sweep
+  from fedjax_dro.engine import sweep
   from fedjax_dro.solvers.saddle import solve_saddle
 
   if rounds is None:
@@ -313,7 +313,7 @@ def scaffpd_synthetic(
         f"  rounds to {TARGET:g}: {a['rounds_to_target']}  hparams {a['hparams']}"
       )
   if out_dir is not None:
-    from fedjax_dro.simulate import atomic_write
+    from fedjax_dro.records import atomic_write
 
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, "scaffpd_synthetic.json")

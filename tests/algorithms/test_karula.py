@@ -10,11 +10,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from fedjax_dro import models
+from fedjax_dro import models, run, sweep
 from fedjax_dro.algorithms import karula
 from fedjax_dro.algorithms.karula import estimate_gradient, loss_weights, smoothness_constant
 from fedjax_dro.data import from_client_arrays
-from fedjax_dro.simulate import run, sweep
 from tests.helpers import dataset, numpy_linreg_grad
 
 N, DIM, L2 = 6, 4, 0.1

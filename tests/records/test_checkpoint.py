@@ -17,11 +17,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_dro import algorithms as A, checkpoint, run
-from fedjax_dro.checkpoint import CheckpointError, CheckpointLock
+from fedjax_dro import algorithms as A, run
+from fedjax_dro.records import checkpoint
+from fedjax_dro.records.checkpoint import CheckpointError, CheckpointLock
 from tests.helpers import dataset, linreg, regression_clients
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _problem():
@@ -264,7 +265,7 @@ def test_a_run_stopped_by_a_nonfinite_round_stays_stopped_on_resume(tmp_path, ev
   """Resuming a run whose checkpoint records a non-finite stop raises the same error again,
   without running or evaluating anything more (before the fix, a stop in the last chunk resumed
   into a normal return, and an earlier stop added a duplicate evaluation)."""
-  from fedjax_dro.simulate import NonFiniteError
+  from fedjax_dro import NonFiniteError
 
   data = dataset(regression_clients(n=4, d=3, seed=10, shift=3.0))
   alg = A.fedavg(linreg(3), local_steps=5)

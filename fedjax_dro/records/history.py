@@ -1,7 +1,10 @@
-"""Results as CSV (pandas-readable) and reading saved results back (for :mod:`fedjax_dro.plots`).
+"""What runs and sweeps record, and how it reaches the disk and comes back.
 
-A run's ``out_dir`` holds, besides ``metrics.jsonl`` and ``summary.json``:
+:class:`History` is what :func:`fedjax_dro.run` returns. A run's ``out_dir`` holds:
 
+* ``metrics.jsonl``: one JSON line per round (training metrics) and per evaluation, appended and
+  flushed as the run goes (:class:`JsonlWriter`);
+* ``summary.json``: the configuration and the final evaluation summary;
 * ``metrics.csv``: one row per round: ``round``, the training metrics, and at evaluation rounds
   the summaries of every evaluation metric as ``<metric>_<stat>`` columns (``accuracy_mean``,
   ``accuracy_worst20``, ...; empty between evaluations);
@@ -11,13 +14,16 @@ A run's ``out_dir`` holds, besides ``metrics.jsonl`` and ``summary.json``:
 A sweep's ``out_dir`` holds ``sweep.json`` and ``sweep.csv`` (one row per configuration: the
 hyper-parameters, ``seed``, ``diverged`` and ``<metric>_<stat>`` of the final evaluation).
 
-All files are written atomically. ``pandas.read_csv`` reads them as they are; the readers here
-need only the standard library and NumPy.
+All files are written atomically (:func:`~fedjax_dro.records.files.atomic_write`).
+``pandas.read_csv`` reads them as they are; the readers here (:func:`read_run`,
+:func:`read_sweep`, used by :mod:`fedjax_dro.records.plots`) need only the standard library and
+NumPy.
 """
 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import os
@@ -25,7 +31,145 @@ from typing import Any, Dict, List
 
 import numpy as np
 
-from fedjax_dro.results import atomic_write
+from fedjax_dro.records.files import append_lines, atomic_write
+
+
+@dataclasses.dataclass
+class History:
+  """What a run recorded.
+
+  Attributes:
+    algorithm: name.
+    config: algorithm settings, hyper-parameters, rounds, seed, dataset name.
+    train_metrics: ``{name: [rounds_done]}`` per-round training metrics.
+    evaluations: one dict per evaluation: ``round`` (rounds done), ``per_client`` ``{metric: [n]}``
+      and ``summary`` ``{metric: {mean, weighted_mean, worst20, best20, worst, q10...}}``.
+    final_state: the algorithm state after the last round.
+    wall_time: seconds spent running rounds (compilation excluded).
+    compile_time: seconds spent compiling the chunk program.
+  """
+
+  algorithm: str
+  config: Dict[str, Any]
+  train_metrics: Dict[str, np.ndarray]
+  evaluations: List[Dict[str, Any]]
+  final_state: Any = None
+  wall_time: float = 0.0
+  compile_time: float = 0.0
+
+  @property
+  def final(self) -> Dict[str, Dict[str, float]]:
+    return self.evaluations[-1]["summary"] if self.evaluations else {}
+
+  def summary(self) -> Dict[str, Any]:
+    return {
+      "algorithm": self.algorithm,
+      "config": self.config,
+      "final": self.final,
+      "rounds_done": int(self.evaluations[-1]["round"]) if self.evaluations else 0,
+      "wall_time_s": self.wall_time,
+      "compile_time_s": self.compile_time,
+    }
+
+  def jsonl_records(self):
+    """The records of ``metrics.jsonl`` in the order :func:`fedjax_dro.run` appends them: after
+    every evaluation, the rounds since the previous one (training metrics), then the evaluation.
+    """
+    num_rounds = len(next(iter(self.train_metrics.values()))) if self.train_metrics else 0
+    done = 0
+    for ev in self.evaluations:
+      stop = min(int(ev["round"]), num_rounds)
+      yield from round_records({k: v[done:stop] for k, v in self.train_metrics.items()}, done)
+      done = stop
+      yield evaluation_record(ev)
+    yield from round_records({k: v[done:] for k, v in self.train_metrics.items()}, done)
+
+  def save(self, out_dir: str) -> None:
+    """Writes ``metrics.jsonl``, ``summary.json``, ``metrics.csv`` and ``clients.csv``
+    (:func:`history_to_csv`) atomically into ``out_dir``."""
+    os.makedirs(out_dir, exist_ok=True)
+    atomic_write(
+      os.path.join(out_dir, "metrics.jsonl"), "".join(jsonl_line(r) for r in self.jsonl_records())
+    )
+    atomic_write(
+      os.path.join(out_dir, "summary.json"),
+      json.dumps(self.summary(), indent=2, default=json_default),
+    )
+    history_to_csv(self, out_dir)
+
+
+def round_records(train_metrics, start: int):
+  """One ``{"type": "round", "round": start + r + 1, ...}`` record per row of ``train_metrics``."""
+  num = len(next(iter(train_metrics.values()), [])) if train_metrics else 0
+  for r in range(num):
+    yield {
+      "type": "round",
+      "round": start + r + 1,
+      **{k: float(v[r]) for k, v in train_metrics.items()},
+    }
+
+
+def jsonl_line(record) -> str:
+  return json.dumps(record, default=json_default) + "\n"
+
+
+def evaluation_record(ev):
+  return {
+    "type": "eval",
+    "round": int(ev["round"]),
+    "summary": ev["summary"],
+    "per_client": {k: np.asarray(v).tolist() for k, v in ev["per_client"].items()},
+  }
+
+
+def json_default(obj):
+  if isinstance(obj, (np.generic,)):
+    return obj.item()
+  if isinstance(obj, np.ndarray):
+    return obj.tolist()
+  return str(obj)
+
+
+class JsonlWriter:
+  """``metrics.jsonl`` that never loses a finished evaluation.
+
+  A fresh run starts the file. A resumed run keeps what is on disk when it starts with the
+  checkpoint's records (evaluations a killed run finished after its last checkpoint stay in the
+  file, only a partially written last line is dropped); the resumed run then recomputes those
+  rounds identically and skips every line already present, so the file ends with no duplicates
+  or gaps. Anything else on disk (another run's file) is replaced.
+  """
+
+  def __init__(self, path: str, prefix):
+    self.path = path
+    existing = []
+    if prefix and os.path.exists(path):
+      with open(path) as f:
+        existing = f.read().splitlines(keepends=True)
+      if existing and not existing[-1].endswith("\n"):
+        existing = existing[:-1]  # a line cut by a kill
+    if existing[: len(prefix)] == prefix:
+      self.pending = existing[len(prefix) :]  # finished after the checkpoint: kept on disk
+      atomic_write(path, "".join(existing))
+    else:
+      self.pending = []
+      atomic_write(path, "".join(prefix))
+
+  def write(self, lines) -> None:
+    fresh = []
+    for line in lines:
+      if self.pending and self.pending[0] == line:
+        self.pending.pop(0)  # recomputed identically: already on disk
+        continue
+      if self.pending:  # cannot happen for a deterministic run; keep the file consistent
+        with open(self.path) as f:
+          kept = f.read().splitlines(keepends=True)
+        atomic_write(self.path, "".join(kept[: len(kept) - len(self.pending)]))
+        self.pending = []
+      fresh.append(line)
+    if fresh:
+      append_lines(self.path, fresh)
+
 
 STATS = ("mean", "weighted_mean", "worst20", "best20", "worst")
 

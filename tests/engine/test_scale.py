@@ -19,16 +19,16 @@ import fedjax_dro as fd
 from fedjax_dro import algorithms as A, cli, models
 from fedjax_dro.data import synthetic_classification
 from fedjax_dro.data.host import HostFederatedData, load_npy_dir, save_npy_dir, to_host
-from fedjax_dro.export import read_csv, read_run
-from fedjax_dro.sharding import (
+from fedjax_dro.engine import (
   even_devices,
   local_cpu_cores,
   make_mesh,
   parse_mesh,
   request_cpu_devices,
 )
+from fedjax_dro.records import read_csv, read_run
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 PRELUDE = """
 import json, os, sys
@@ -38,7 +38,7 @@ import numpy as np
 import fedjax_dro as fd
 from fedjax_dro import algorithms as A, models
 from fedjax_dro.data import synthetic_classification
-from fedjax_dro.sharding import make_mesh
+from fedjax_dro.engine import make_mesh
 
 def problem():
   ds = synthetic_classification(seed=0)   # 20 clients
@@ -98,7 +98,7 @@ def _max_diff(a, b):
 # Sharding on 4 forced CPU devices
 # ----------------------------------------------------------------------------------------------
 SHARDED_EQUALS_SINGLE = """
-import fedjax_dro.sweeps as sweeps_module
+import fedjax_dro.engine.sweeps as sweeps_module
 shares, rows_per_device = [], {}
 share = sweeps_module.memory_shared_by
 
@@ -191,7 +191,7 @@ def _free_port():
 
 
 TWO_PROCESSES = """
-from fedjax_dro.sharding import initialize_distributed, is_writer
+from fedjax_dro.engine import initialize_distributed, is_writer
 initialize_distributed(f"127.0.0.1:{PORT}", 2, PID)
 ds, model = problem()
 alg = make("scaffold", model)
@@ -232,18 +232,18 @@ def test_two_processes_equal_one_process(tmp_path):
 
 
 INTERRUPTED = """
-import fedjax_dro.simulate as sim
+import fedjax_dro.engine.runner as runner
 ds, model = problem()
 alg = make("scaffold", model)
 calls = {"n": 0}
-original = sim._summaries
+original = runner.summarize_per_client
 def crash(*args):
   calls["n"] += 1
   if calls["n"] == 2:
     raise KeyboardInterrupt("simulated crash")
   return original(*args)
 if CRASH:
-  sim._summaries = crash
+  runner.summarize_per_client = crash
 try:
   h = fd.run(alg, ds, rounds=9, eval_every=3, checkpoint_dir=CKPT, mesh=make_mesh(clients=DEVICES))
   print(json.dumps({"state": leaves(h.final_state), "rounds": len(h.train_metrics["train_loss"])}))
@@ -303,12 +303,12 @@ def test_host_resident_data_equals_device_resident(tmp_path, name, clients_per_r
 
 
 def test_host_data_with_state_dependent_sampling_and_chunked_evaluation(monkeypatch):
-  import fedjax_dro.rounds as rounds_module
+  import fedjax_dro.engine.programs as programs
 
   ds, model = _problem()
   alg = A.drfa(model, clients_per_round=5, local_steps=3, batch_size=8)
   base = fd.run(alg, ds, rounds=4, eval_every=2)
-  monkeypatch.setattr(rounds_module, "EVAL_CHUNK_CLIENTS", 7)  # 20 clients: chunks 7, 7, 6(+1)
+  monkeypatch.setattr(programs, "EVAL_CHUNK_CLIENTS", 7)  # 20 clients: chunks 7, 7, 6(+1)
   host = dataclasses.replace(ds, train=to_host(ds.train), test=to_host(ds.test))
   h = fd.run(alg, host, rounds=4, eval_every=2)
   assert _max_diff(h.final_state, base.final_state) == 0.0
@@ -482,7 +482,7 @@ def test_request_cpu_devices_after_start_and_under_xla_flags(monkeypatch):
 
 
 AUTO_MESHES = """
-from fedjax_dro.sharding import parse_mesh
+from fedjax_dro.engine import parse_mesh
 shape = lambda m: None if m is None else dict(m.shape)
 print(json.dumps({
   "clients20": shape(parse_mesh(None, "auto", num_clients=20)),

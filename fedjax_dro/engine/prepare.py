@@ -1,8 +1,14 @@
-"""One compatibility check before anything compiles: model x data x hyper-parameters x paths.
+"""Argument preparation of :func:`fedjax_dro.run`, :func:`fedjax_dro.sweep` and
+:func:`fedjax_dro.compile_rounds`: what they share before anything compiles.
 
-:func:`check_run_inputs` is called by :func:`fedjax_dro.run`, :func:`fedjax_dro.sweep` and
-:func:`fedjax_dro.compile_rounds` (hence by the CLI) right after the data is split, before the
-model is initialised or any program is traced. It checks, in this order:
+* :func:`check_run_args` (the algorithm, ``rounds``, ``eval_every``), :func:`split_data` (training
+  data, evaluation data, true parameters, dataset name), :func:`derive_keys` (the model, init and
+  round keys of a seed), :func:`prepare_hparams` (the hyper-parameters, validated once);
+* :func:`summarize_per_client` and :func:`main_metric`, how evaluations are summarized and shown.
+
+One compatibility check runs before anything compiles: model x data x hyper-parameters x paths.
+:func:`check_run_inputs` is called right after the data is split, before the model is
+initialised or any program is traced. It checks, in this order:
 
 1. ``init_params`` (if given) against ``jax.eval_shape(model.init, key)``: same tree, shapes and
    float dtypes;
@@ -18,46 +24,113 @@ model is initialised or any program is traced. It checks, in this order:
 
 Every failure is a ``ValueError`` / ``TypeError`` naming the argument (``data.x``, ``data.y``,
 ``init_params``, ``hparams[...]``, ``out_dir``...), what was given and what was expected.
-:func:`check_writable_dir` checks result and checkpoint paths up front.
+:func:`~fedjax_dro.records.files.check_writable_dir` checks result and checkpoint paths up front.
 """
 
 from __future__ import annotations
 
-import os
-import tempfile
-from typing import Optional
+from typing import Any, Dict, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_dro.models.builtin import _squared_error
+from fedjax_dro.algorithms.base import Algorithm, make_hparams
+from fedjax_dro.core.metrics import summarize_all
+from fedjax_dro.data.federated import FederatedData, FederatedDataset, validate_data
+from fedjax_dro.models.builtin import squared_error
+from fedjax_dro.records.files import check_writable_dir
+
+
+def is_host_data(data) -> bool:
+  """Whether ``data`` is host-resident (:class:`~fedjax_dro.data.host.HostFederatedData`)."""
+  return bool(getattr(data, "host_resident", False))
+
+
+def _validate(data, name):
+  if is_host_data(data):  # validated when built (to_host / load_npy_dir)
+    return
+  validate_data(data, name)
+
+
+def split_data(data, eval_data, true_params):
+  """``(train, eval_data, true_params, name)`` of the ``data`` argument of a run or sweep.
+
+  A :class:`FederatedDataset` gives its training split, its test split (else its training split)
+  as the default evaluation data, its true parameters and its name; :class:`FederatedData` (or
+  host-resident data) is the training data and the default evaluation data, named ``"custom"``.
+  Both are validated and must have the same number of clients.
+  """
+  if isinstance(data, FederatedDataset):
+    train = data.train
+    eval_data = (
+      eval_data if eval_data is not None else (data.test if data.test is not None else data.train)
+    )
+    true_params = true_params if true_params is not None else data.true_params
+    name = data.name
+  elif isinstance(data, FederatedData) or is_host_data(data):
+    train, name = data, "custom"
+    eval_data = eval_data if eval_data is not None else data
+  else:
+    raise TypeError(f"data must be a FederatedDataset or FederatedData, got {type(data).__name__}")
+  _validate(train, "data")
+  _validate(eval_data, "eval_data")
+  if eval_data.num_clients != train.num_clients:
+    raise ValueError(f"eval_data has {eval_data.num_clients} clients, data has {train.num_clients}")
+  return train, eval_data, true_params, name
+
+
+def check_run_args(alg, rounds, eval_every) -> Tuple[int, int]:
+  """``(rounds, rounds per chunk)``: checks the algorithm and the round counts of a run; the chunk
+  is ``eval_every`` (default ``min(rounds, 10)``), at most ``rounds``."""
+  if not isinstance(alg, Algorithm):
+    raise TypeError(
+      f"alg must be an Algorithm (e.g. fedjax_dro.algorithms.fedavg(model)), got "
+      f"{type(alg).__name__}"
+    )
+  if not isinstance(rounds, (int, np.integer)) or isinstance(rounds, bool) or rounds < 1:
+    raise ValueError(f"rounds must be a positive integer, got {rounds!r}")
+  if eval_every is not None and (
+    not isinstance(eval_every, (int, np.integer)) or isinstance(eval_every, bool) or eval_every < 1
+  ):
+    raise ValueError(f"eval_every must be a positive integer, got {eval_every!r}")
+  return int(rounds), int(min(eval_every or max(1, min(rounds, 10)), rounds))
+
+
+def derive_keys(seed_or_key):
+  """``(model_key, init_key, run_key)`` of an int seed in ``[0, 2**32)`` or a PRNG key: the
+  model's initial parameters, the algorithm's initial state and the rounds derive from them."""
+  if isinstance(seed_or_key, (int, np.integer)) and not isinstance(seed_or_key, bool):
+    if not 0 <= seed_or_key < 2**32:  # a negative seed would wrap silently
+      raise ValueError(f"seed must be an integer in [0, 2**32), got {seed_or_key}")
+    key = jax.random.PRNGKey(int(seed_or_key))
+  elif (
+    isinstance(seed_or_key, jax.Array)
+    and seed_or_key.shape == (2,)
+    and seed_or_key.dtype == jnp.uint32
+  ):
+    key = seed_or_key
+  else:
+    raise TypeError(f"seed must be an int or a PRNG key, got {seed_or_key!r}")
+  model_key, init_key, run_key = jax.random.split(key, 3)
+  return model_key, init_key, run_key
+
+
+def summarize_per_client(per_client, num_examples) -> Dict[str, Dict[str, float]]:
+  """``{metric: {mean, weighted_mean, worst20, ...}}`` of per-client metrics ``{metric: [n]}``
+  (:func:`~fedjax_dro.core.metrics.summarize_all`, weighted by the clients' example counts)."""
+  return summarize_all({k: np.asarray(v) for k, v in per_client.items()}, np.asarray(num_examples))
+
+
+def main_metric(alg) -> str:
+  """The metric a progress bar shows: ``accuracy`` for classification, else ``r2``."""
+  return "accuracy" if alg.model.task == "classification" else "r2"
 
 
 def _short(e: BaseException, limit: int = 300) -> str:
   text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
   text = text.rstrip(". ")
   return text if len(text) <= limit else text[:limit] + "..."
-
-
-def check_writable_dir(path, name: str) -> None:
-  """``path`` is (or can be created as) a directory this process can write into."""
-  if path is None:
-    return
-  if not isinstance(path, (str, os.PathLike)):
-    raise TypeError(f"{name} must be a directory path, got {type(path).__name__}")
-  path = os.fspath(path)
-  if os.path.exists(path) and not os.path.isdir(path):
-    raise ValueError(f"{name} {path!r} exists and is not a directory")
-  try:
-    os.makedirs(path, exist_ok=True)
-    fd, probe = tempfile.mkstemp(dir=path, prefix=".tmp-write-probe-")
-    os.close(fd)
-    os.remove(probe)
-  except OSError as e:
-    raise ValueError(
-      f"{name} {path!r} is not a writable directory ({e.strerror or e}); choose another path"
-    ) from None
 
 
 def _host_arrays(data):
@@ -159,7 +232,7 @@ def check_model_data(model, data, *, name: str = "data", init_params=None) -> No
     if y_dtype.kind == "b":
       raise TypeError(f"{name}.y is boolean but the model {model.name!r} is a regression model")
     outputs = int(np.prod(out.shape[1:], dtype=int))
-    if model.loss is _squared_error and outputs != int(np.prod(label_shape, dtype=int)):
+    if model.loss is squared_error and outputs != int(np.prod(label_shape, dtype=int)):
       raise ValueError(
         f"{name}.y has label shape {label_shape} per example but the model {model.name!r} "
         f"returns {tuple(out.shape[1:])} outputs per example: the squared error needs one label "
@@ -181,13 +254,26 @@ def check_model_data(model, data, *, name: str = "data", init_params=None) -> No
     )
 
 
-def check_hparams(
-  alg, hp, *, batched: bool = False, num_rows: Optional[int] = None, init_params=None
-) -> None:
-  """Validated hyper-parameters (:func:`~fedjax_dro.algorithms.base.make_hparams`) against the
-  run: one scalar each for ``run`` (``[num_rows]`` or scalars for ``sweep``), and inside the
-  range of the float dtype of the model's parameters (``client_lr=1e308`` overflows a float32
-  model to inf even when the simulator computes in float64; ``1e-60`` underflows it to 0)."""
+def prepare_hparams(
+  alg,
+  hparams: Optional[Dict[str, Any]],
+  *,
+  batched: bool = False,
+  num_rows: Optional[int] = None,
+  init_params=None,
+) -> Dict[str, jnp.ndarray]:
+  """The hyper-parameters of a run or sweep: the algorithm's defaults merged with ``hparams`` and
+  validated (:func:`~fedjax_dro.algorithms.base.make_hparams`: names, types, finiteness, ranges
+  of the algorithm), then checked against the run: one scalar each for ``run`` (``[num_rows]``
+  or scalars for a ``sweep``, ``batched``), and inside the range of the float dtype of the
+  model's parameters (``client_lr=1e308`` overflows a float32 model to inf even when the
+  simulator computes in float64; ``1e-60`` underflows it to 0)."""
+  hp = make_hparams(alg, hparams)
+  _check_hparams_dtype(alg, hp, batched=batched, num_rows=num_rows, init_params=init_params)
+  return hp
+
+
+def _check_hparams_dtype(alg, hp, *, batched, num_rows, init_params) -> None:
   params = init_params
   if params is None:
     params = jax.eval_shape(alg.model.init, jax.random.PRNGKey(0))
@@ -218,27 +304,6 @@ def check_hparams(
         f"hparams[{name!r}] = {arr[tiny].reshape(-1)[0].item()!r} underflows to 0 in "
         f"{finfo.dtype}, the dtype of the model's parameters"
       )
-
-
-class DeviceMemoryError(MemoryError):
-  """The accelerator (or host) ran out of memory compiling or running the rounds."""
-
-
-MEMORY_ADVICE = (
-  "lower the memory of one round: --backend chunked with a smaller --chunk-size (Python: "
-  "backend='chunked', chunk_size=...), or --backend map, or fewer --clients-per-round, a smaller "
-  "--batch-size, fewer sweep configurations; or keep the client data on the host (--host-data)"
-)
-
-
-def is_out_of_memory(error: BaseException) -> bool:
-  text = str(error)
-  return "RESOURCE_EXHAUSTED" in text or "Out of memory" in text or "out of memory" in text
-
-
-def memory_error(error: BaseException, what: str) -> DeviceMemoryError:
-  first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-  return DeviceMemoryError(f"{what} ran out of device memory ({first[:200]}); {MEMORY_ADVICE}")
 
 
 def check_run_inputs(

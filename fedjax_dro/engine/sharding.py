@@ -167,7 +167,7 @@ def parse_mesh(
     raise ValueError(
       f"--devices {devices} asks for more devices than the {len(available)} available "
       f"({available[0].platform}); on CPU, ask for them before any JAX computation "
-      f"(fedjax_dro.sharding.request_cpu_devices({devices}); the CLI does this itself) or start "
+      f"(fedjax_dro.engine.request_cpu_devices({devices}); the CLI does this itself) or start "
       f"with XLA_FLAGS=--xla_force_host_platform_device_count={devices}"
     )
   sizes: Dict[str, int] = {}
@@ -198,7 +198,7 @@ def check_mesh(mesh) -> Mesh:
   """Validates a user-given mesh (a ``jax.sharding.Mesh`` with axes among ``AXES``)."""
   if not isinstance(mesh, Mesh):
     raise TypeError(
-      f"mesh must be a jax.sharding.Mesh (e.g. fedjax_dro.sharding.make_mesh(clients=4)), "
+      f"mesh must be a jax.sharding.Mesh (e.g. fedjax_dro.engine.make_mesh(clients=4)), "
       f"got {type(mesh).__name__}"
     )
   unknown = [a for a in mesh.axis_names if a not in AXES]

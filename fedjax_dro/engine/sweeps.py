@@ -12,23 +12,28 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_dro.algorithms.base import Algorithm, make_hparams
+from fedjax_dro.algorithms.base import Algorithm
 from fedjax_dro.core.clients import client_shards, memory_shared_by
 from fedjax_dro.core.metrics import HIGHER_IS_BETTER
 from fedjax_dro.data.federated import FederatedData, FederatedDataset
-from fedjax_dro.rounds import (
+from fedjax_dro.engine.errors import is_out_of_memory, memory_error
+from fedjax_dro.engine.prepare import (
+  check_run_args,
+  check_run_inputs,
+  derive_keys,
+  is_host_data,
+  prepare_hparams,
+  split_data,
+  summarize_per_client,
+)
+from fedjax_dro.engine.programs import (
   ProgramCache,
-  _check_run_args,
-  _keys,
-  _split_data,
-  _summaries,
   abstract_key,
   evaluate_host,
-  is_host_data,
   make_chunk_fn,
   make_eval_fn,
 )
-from fedjax_dro.sharding import (
+from fedjax_dro.engine.sharding import (
   axis_size,
   check_mesh,
   fetch,
@@ -36,12 +41,7 @@ from fedjax_dro.sharding import (
   shard_leading,
   sharding_key,
 )
-from fedjax_dro.validation import (
-  check_hparams,
-  check_run_inputs,
-  is_out_of_memory,
-  memory_error,
-)
+from fedjax_dro.records.history import sweep_to_csv
 
 # Compiled sweep programs, reused across calls with the same algorithm object, settings and
 # argument shapes (K-fold cross-validation calls ``sweep`` once per fold on folds padded to one
@@ -126,9 +126,8 @@ class SweepResult:
   final_state: Any = None  # stacked states, leading axis = rows
 
   def save(self, out_dir: str) -> List[str]:
-    """Writes ``sweep.json`` and ``sweep.csv`` (:mod:`fedjax_dro.export`); their paths."""
-    from fedjax_dro.export import sweep_to_csv
-
+    """Writes ``sweep.json`` and ``sweep.csv``
+    (:func:`~fedjax_dro.records.history.sweep_to_csv`); their paths."""
     return sweep_to_csv(self, out_dir)
 
   def table(self, metric: str, stat: str = "mean") -> List[Dict[str, Any]]:
@@ -168,14 +167,14 @@ def sweep(
   (tested). A row that hits a non-finite round is frozen at its last finite state and flagged in
   ``diverged``; the other rows go on.
 
-  ``mesh`` (a ``jax.sharding.Mesh`` from :func:`fedjax_dro.sharding.make_mesh`) splits the
-  configuration rows over its ``"sweep"`` axis and the client axis of the data over its
-  ``"clients"`` axis (see :mod:`fedjax_dro.sharding`); the rows are padded to a multiple of the
+  ``mesh`` (a ``jax.sharding.Mesh`` from :func:`fedjax_dro.engine.sharding.make_mesh`) splits
+  the configuration rows over its ``"sweep"`` axis and the client axis of the data over its
+  ``"clients"`` axis (see :mod:`fedjax_dro.engine.sharding`); the rows are padded to a multiple of the
   ``"sweep"`` size with copies of row 0, which are dropped from the result.
   """
-  rounds, chunk = _check_run_args(alg, rounds, eval_every)
+  rounds, chunk = check_run_args(alg, rounds, eval_every)
   mesh = None if mesh is None else check_mesh(mesh)
-  train, eval_data, true_params, _ = _split_data(data, eval_data, true_params)
+  train, eval_data, true_params, _ = split_data(data, eval_data, true_params)
   check_run_inputs(alg, train, eval_data)
   if grid is not None and not isinstance(grid, dict):
     raise TypeError(
@@ -212,7 +211,7 @@ def sweep(
     for seed in seeds
   ]
   if hparams is not None and not isinstance(hparams, dict):
-    make_hparams(alg, hparams)  # raises the TypeError naming hparams
+    prepare_hparams(alg, hparams)  # raises the TypeError naming hparams
   base = dict(hparams or {})
   for name, value in base.items():
     if np.ndim(value) != 0:
@@ -220,15 +219,17 @@ def sweep(
         f"hparams[{name!r}] must be a scalar shared by every sweep row, got shape "
         f"{np.shape(value)} (put several values in grid[{name!r}])"
       )
-  hp = make_hparams(
-    alg, {**base, **{k: np.array([c["hparams"][k] for c in configs]) for k in names}}
-  )
   num = len(configs)
-  check_hparams(alg, hp, batched=True, num_rows=num)
+  hp = prepare_hparams(
+    alg,
+    {**base, **{k: np.array([c["hparams"][k] for c in configs]) for k in names}},
+    batched=True,
+    num_rows=num,
+  )
   rows = num + (-num) % axis_size(mesh, "sweep")  # padded with copies of row 0
   take = np.concatenate([np.arange(num), np.zeros(rows - num, int)])
   hp = {k: jnp.broadcast_to(v, (num,))[take] for k, v in hp.items()}
-  keys = [_keys(configs[i]["seed"]) for i in take]
+  keys = [derive_keys(configs[i]["seed"]) for i in take]
   model_keys, init_keys, run_keys = (jnp.stack([k[i] for k in keys]) for i in range(3))
   params = jax.vmap(alg.model.init)(model_keys)
   state = jax.vmap(lambda p, k: alg.init(p, train, k))(params, init_keys)
@@ -282,7 +283,8 @@ def sweep(
     for row in np.flatnonzero(diverged):
       train_metrics[k][row, int(status[1][row]) :] = np.nan
   summaries = [
-    _summaries({k: v[i] for k, v in per_client.items()}, eval_num_examples) for i in range(num)
+    summarize_per_client({k: v[i] for k, v in per_client.items()}, eval_num_examples)
+    for i in range(num)
   ]
   return SweepResult(
     alg.name,

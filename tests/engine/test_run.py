@@ -261,13 +261,13 @@ def test_global_model_slightly_better_than_local_models_on_synthetic_ridge():
 
 
 def test_resume_from_checkpoint_equals_uninterrupted_run(tmp_path, monkeypatch):
-  import fedjax_dro.simulate as sim
+  import fedjax_dro.engine.runner as runner
 
   data = regression_clients(n=6, d=3, seed=12)
   alg = A.scaffold(linreg(3), clients_per_round=3, local_steps=2, batch_size=3)
   full = run(alg, dataset(data), rounds=30, seed=4, eval_every=10)
   calls = {"n": 0}
-  original = sim._summaries
+  original = runner.summarize_per_client
 
   def crash_on_second_chunk(*args):
     calls["n"] += 1
@@ -275,10 +275,10 @@ def test_resume_from_checkpoint_equals_uninterrupted_run(tmp_path, monkeypatch):
       raise KeyboardInterrupt("simulated crash")
     return original(*args)
 
-  monkeypatch.setattr(sim, "_summaries", crash_on_second_chunk)
+  monkeypatch.setattr(runner, "summarize_per_client", crash_on_second_chunk)
   with pytest.raises(KeyboardInterrupt):
     run(alg, dataset(data), rounds=30, seed=4, eval_every=10, checkpoint_dir=str(tmp_path))
-  monkeypatch.setattr(sim, "_summaries", original)
+  monkeypatch.setattr(runner, "summarize_per_client", original)
   resumed = run(
     alg,
     dataset(data),

@@ -1,23 +1,24 @@
-"""The simulator: ``run`` scans rounds in jitted chunks (``sweep``, in :mod:`fedjax_dro.sweeps`,
-vmaps whole runs over seeds and hyper-parameters; :func:`compile_rounds`, in
-:mod:`fedjax_dro.rounds`, compiles and times chunks of rounds).
+""":func:`run`: rounds scanned in jitted chunks, evaluated, recorded and checkpointed.
+
+(:func:`~fedjax_dro.engine.sweeps.sweep` vmaps whole runs over seeds and hyper-parameters;
+:func:`~fedjax_dro.engine.compiled.compile_rounds` compiles and times chunks of rounds.)
 
 One chunk of ``eval_every`` rounds is one compiled XLA program (``lax.scan`` over rounds, no host
 round-trip inside). Round ``r`` uses the key ``fold_in(run_key, r)``, so results do not depend on
 the chunking. The last chunk is padded with inactive rounds (the state is left unchanged) so that a
-run compiles exactly once whatever ``rounds`` is.
+run compiles exactly once whatever ``rounds`` is. :func:`run` prepares a
+:class:`~fedjax_dro.engine.plan.RunPlan` and :func:`run_chunks` executes it.
 
 Non-finite values: every round checks its new state and metrics; the first non-finite round is
 *not* applied (the state stays at the last finite one) and the run stops with
-:class:`NonFiniteError` naming the round, carrying the last finite state and the history so far
-(and, with ``out_dir``, the metrics already written to disk).
+:class:`~fedjax_dro.engine.errors.NonFiniteError` naming the round, carrying the last finite
+state and the history so far (and, with ``out_dir``, the metrics already written to disk).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import time
 import warnings
@@ -28,43 +29,30 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_dro.algorithms.base import Algorithm, make_hparams
-from fedjax_dro.checkpoint import (
-  CheckpointLock,
-  load_checkpoint,
-  save_checkpoint,
-  scan as scan_checkpoints,
-)
+from fedjax_dro.algorithms.base import Algorithm
 from fedjax_dro.core.clients import client_shards
 from fedjax_dro.data.federated import FederatedData, FederatedDataset
-from fedjax_dro.export import history_to_csv
-from fedjax_dro.results import (
-  History,
-  append_lines,
-  atomic_write,
-  evaluation_record,
-  json_default,
-  jsonl_line,
-  round_records,
-)
-from fedjax_dro.rounds import (
-  CompiledRounds,
-  ProgramCache,
-  RoundTiming,
-  _check_run_args,
-  _keys,
-  _main_metric,
-  _split_data,
-  _summaries,
-  abstract_key,
-  compile_rounds,
-  evaluate_host,
+from fedjax_dro.engine.errors import is_out_of_memory, memory_error, nonfinite_error
+from fedjax_dro.engine.plan import RunPlan
+from fedjax_dro.engine.prepare import (
+  check_run_args,
+  check_run_inputs,
+  derive_keys,
   is_host_data,
+  main_metric,
+  prepare_hparams,
+  split_data,
+  summarize_per_client,
+)
+from fedjax_dro.engine.programs import (
+  ProgramCache,
+  abstract_key,
+  evaluate_host,
   make_chunk_fn,
   make_eval_fn,
   predicted_participants,
 )
-from fedjax_dro.sharding import (
+from fedjax_dro.engine.sharding import (
   axis_size,
   check_mesh,
   fetch,
@@ -73,38 +61,22 @@ from fedjax_dro.sharding import (
   place_replicated,
   sharding_key,
 )
-from fedjax_dro.sweeps import SweepResult, sweep
-from fedjax_dro.validation import (
-  check_hparams,
-  check_run_inputs,
-  is_out_of_memory,
-  memory_error,
+from fedjax_dro.records.checkpoint import (
+  CheckpointLock,
+  load_checkpoint,
+  save_checkpoint,
+  scan as scan_checkpoints,
 )
-
-# Re-exported here, where they were defined before 0.2 (``from fedjax_dro.simulate import ...``).
-__all__ = [
-  "NonFiniteError",
-  "History",
-  "SweepResult",
-  "CompiledRounds",
-  "RoundTiming",
-  "run",
-  "sweep",
-  "compile_rounds",
-  "atomic_write",
-]
-
-
-class NonFiniteError(FloatingPointError):
-  """A round produced NaN/Inf. ``.round`` is its index, ``.state`` the last finite state,
-  ``.history`` what was recorded before it."""
-
-  def __init__(self, message, round_index, state, history):
-    super().__init__(message)
-    self.round = round_index
-    self.state = state
-    self.history = history
-
+from fedjax_dro.records.files import atomic_write
+from fedjax_dro.records.history import (
+  History,
+  JsonlWriter,
+  evaluation_record,
+  history_to_csv,
+  json_default,
+  jsonl_line,
+  round_records,
+)
 
 # ----------------------------------------------------------------------------------------------
 # run
@@ -183,23 +155,24 @@ def run(
     init_params: initial model parameters (default ``alg.model.init``).
     true_params: ``[n, dim]`` true per-client parameters, for the estimation error.
     progress: show a tqdm progress bar (rounds, rate, mean and worst-20% of the main metric).
-    check_finite: stop at the first round producing NaN/Inf (see :class:`NonFiniteError`).
+    check_finite: stop at the first round producing NaN/Inf (see
+      :class:`~fedjax_dro.engine.errors.NonFiniteError`).
     out_dir: if given, ``metrics.jsonl`` is appended after every chunk and ``summary.json`` is
       written at the end (atomically).
     checkpoint_dir: if given, the state and history are checkpointed there (arrays + JSON, atomic,
-      checksummed; :mod:`fedjax_dro.checkpoint`) and a run started with the same configuration
+      checksummed; :mod:`fedjax_dro.records.checkpoint`) and a run started with the same configuration
       resumes from the newest checkpoint; the result is identical to an uninterrupted run (round
       keys depend only on the round index). The directory is locked for the run's duration.
     checkpoint_every: checkpoint at the first evaluation at or after every ``checkpoint_every``
       rounds (checkpoints happen at evaluation boundaries; default: at every evaluation), and
       always after the last round.
     keep_checkpoints: how many of the newest checkpoints to keep (>= 1).
-    mesh: optional ``jax.sharding.Mesh`` (:func:`fedjax_dro.sharding.make_mesh`): the client axis
-      of the data is split over its ``"clients"`` axis and XLA partitions the rounds (see
-      :mod:`fedjax_dro.sharding`); with several processes (``jax.distributed``) only process 0
+    mesh: optional ``jax.sharding.Mesh`` (:func:`fedjax_dro.engine.sharding.make_mesh`): the
+      client axis of the data is split over its ``"clients"`` axis and XLA partitions the rounds
+      (see :mod:`fedjax_dro.engine.sharding`); with several processes (``jax.distributed``) only process 0
       writes ``out_dir`` and checkpoints.
   """
-  rounds, chunk = _check_run_args(alg, rounds, eval_every)
+  rounds, chunk = check_run_args(alg, rounds, eval_every)
   mesh = None if mesh is None else check_mesh(mesh)
   for name, value in (
     ("checkpoint_every", checkpoint_every),
@@ -216,13 +189,12 @@ def run(
   for name, flag in (("progress", progress), ("check_finite", check_finite)):
     if not isinstance(flag, (bool, np.bool_)):
       raise TypeError(f"{name} must be a bool, got {flag!r}")
-  train, eval_data, true_params, data_name = _split_data(data, eval_data, true_params)
+  train, eval_data, true_params, data_name = split_data(data, eval_data, true_params)
   check_run_inputs(
     alg, train, eval_data, init_params=init_params, out_dir=out_dir, checkpoint_dir=checkpoint_dir
   )
-  hp = make_hparams(alg, hparams)
-  check_hparams(alg, hp, init_params=init_params)
-  model_key, init_key, run_key = _keys(seed)
+  hp = prepare_hparams(alg, hparams, init_params=init_params)
+  model_key, init_key, run_key = derive_keys(seed)
   params = alg.model.init(model_key) if init_params is None else init_params
   # Fresh buffers: the state is donated between chunks, and an init may alias one array twice.
   state = jax.tree.map(jnp.copy, alg.init(params, train, init_key))
@@ -230,9 +202,8 @@ def run(
   # dissimilarity...): a checkpoint resumes only the run that wrote it.
   fingerprints = _fingerprints(train, eval_data, state) if checkpoint_dir is not None else None
   status = (jnp.array(False), jnp.array(-1, jnp.int32))
-  host_data = is_host_data(train)
   eval_num_examples = np.asarray(eval_data.num_examples)  # host copy (before any sharding)
-  if mesh is not None and (host_data or is_host_data(eval_data)):
+  if mesh is not None and (is_host_data(train) or is_host_data(eval_data)):
     raise ValueError(
       "mesh and host-resident data (HostFederatedData) cannot be combined yet: shard "
       "device-resident data, or run host-resident data on one device"
@@ -242,8 +213,6 @@ def run(
     eval_data = place_data(eval_data, mesh, what="eval_data")
     state, status, hp, run_key = place_replicated((state, status, hp, run_key), mesh)
   writer = is_writer()
-  out_dir = out_dir if writer else None
-  checkpoint_dir_write = checkpoint_dir if writer else None
 
   args = (state, status, jnp.int32(0), hp, run_key, train)
   shards = axis_size(mesh, "clients")
@@ -275,97 +244,78 @@ def run(
   history = History(alg.name, config, {}, [])
   if checkpoint_dir is not None:
     scan_checkpoints(checkpoint_dir)  # foreign files: refused before the lock file is created
-  lock = CheckpointLock(checkpoint_dir) if checkpoint_dir_write is not None else nullcontext()
+  plan = RunPlan(
+    alg=alg,
+    rounds=rounds,
+    chunk=chunk,
+    hparams=hp,
+    run_key=run_key,
+    train=train,
+    eval_data=eval_data,
+    true_params=true_params,
+    eval_num_examples=eval_num_examples,
+    program=compiled,
+    evaluate=eval_fn,
+    compile_time=compile_time,
+    progress=progress,
+    out_dir=out_dir if writer else None,
+    checkpoint_dir=checkpoint_dir,
+    write_checkpoints=writer and checkpoint_dir is not None,
+    checkpoint_every=checkpoint_every,
+    keep_checkpoints=keep_checkpoints,
+    mesh=mesh,
+  )
+  lock = CheckpointLock(checkpoint_dir) if plan.write_checkpoints else nullcontext()
   with lock:
-    return _run_chunks(
-      alg,
-      rounds,
-      chunk,
-      compiled,
-      eval_fn,
-      state,
-      status,
-      hp,
-      run_key,
-      train,
-      eval_data,
-      true_params,
-      eval_num_examples,
-      history,
-      compile_time,
-      progress,
-      out_dir,
-      checkpoint_dir,
-      checkpoint_dir_write,
-      checkpoint_every,
-      keep_checkpoints,
-      mesh,
-      host_data,
-    )
+    return run_chunks(plan, state, status, history)
 
 
-def _run_chunks(
-  alg,
-  rounds,
-  chunk,
-  compiled,
-  eval_fn,
-  state,
-  status,
-  hp,
-  run_key,
-  train,
-  eval_data,
-  true_params,
-  eval_num_examples,
-  history,
-  compile_time,
-  progress,
-  out_dir,
-  checkpoint_dir,
-  checkpoint_dir_write,
-  checkpoint_every,
-  keep_checkpoints,
-  mesh,
-  host_data,
-):
-  """The chunk loop of :func:`run`: resume, run, evaluate, record, checkpoint."""
+def run_chunks(plan: RunPlan, state, status, history: History) -> History:
+  """The chunk loop of :func:`run`: resume, run, evaluate, record, checkpoint.
+
+  Runs ``plan`` from ``state`` and ``status`` (``(failed, first_bad_round)``, device arrays),
+  filling ``history`` (whose ``config`` identifies the run's checkpoints) and returning it.
+  """
+  alg, rounds, chunk, hp, run_key = plan.alg, plan.rounds, plan.chunk, plan.hparams, plan.run_key
+  train, eval_data, checkpoint_every = plan.train, plan.eval_data, plan.checkpoint_every
   config = history.config
   metric_chunks: Dict[str, list] = {}
   wall, first_chunk = 0.0, 0
-  resumed = load_checkpoint(checkpoint_dir, config, state) if checkpoint_dir else None
+  resumed = load_checkpoint(plan.checkpoint_dir, config, state) if plan.checkpoint_dir else None
   if resumed is not None:
     payload, state = resumed
     first_chunk, wall = payload["next_chunk"], payload["wall_time"]
     status = (jnp.array(payload["status"][0]), jnp.array(payload["status"][1], jnp.int32))
-    if mesh is not None:
-      state, status = place_replicated((state, status), mesh)
+    if plan.mesh is not None:
+      state, status = place_replicated((state, status), plan.mesh)
     history.train_metrics, history.evaluations = payload["train_metrics"], payload["evaluations"]
     history.final_state = state
     metric_chunks = {k: [v] for k, v in history.train_metrics.items()}
     if payload["status"][0]:  # the run had stopped at a non-finite round: it stays stopped
-      history.wall_time, history.compile_time = wall, compile_time
-      raise _nonfinite_error(alg, int(payload["status"][1]), hp, state, history)
-  bar = _progress_bar(rounds, alg.name) if progress else None
+      history.wall_time, history.compile_time = wall, plan.compile_time
+      raise nonfinite_error(alg, int(payload["status"][1]), hp, state, history)
+  bar = _progress_bar(rounds, alg.name) if plan.progress else None
   if bar is not None and first_chunk:
     bar.update(min(rounds, first_chunk * chunk))
   jsonl_path = None
-  if out_dir is not None:
-    os.makedirs(out_dir, exist_ok=True)
-    jsonl_path = os.path.join(out_dir, "metrics.jsonl")
-    jsonl = _JsonlWriter(jsonl_path, [jsonl_line(rec) for rec in history.jsonl_records()])
-  main = _main_metric(alg)
+  if plan.out_dir is not None:
+    os.makedirs(plan.out_dir, exist_ok=True)
+    jsonl_path = os.path.join(plan.out_dir, "metrics.jsonl")
+    jsonl = JsonlWriter(jsonl_path, [jsonl_line(rec) for rec in history.jsonl_records()])
+  main = main_metric(alg)
   last_checkpoint = first_chunk * chunk
   try:
-    for c in range(first_chunk, math.ceil(rounds / chunk)):
+    for c in range(first_chunk, plan.num_chunks):
       start = c * chunk
       t0 = time.perf_counter()
-      if host_data:  # prefetch hint: the participants of this chunk's rounds
+      if plan.host_data:  # prefetch hint: the participants of this chunk's rounds
         train.store.expect(
           predicted_participants(alg, train.num_clients, run_key, range(start, start + chunk))
         )
       try:
-        new_state, status, metrics = compiled(state, status, jnp.int32(start), hp, run_key, train)
+        new_state, status, metrics = plan.program(
+          state, status, jnp.int32(start), hp, run_key, train
+        )
         host_status, metrics = fetch((status, metrics))
       except Exception as e:
         if is_out_of_memory(e):
@@ -376,9 +326,9 @@ def _run_chunks(
       done = min(rounds, start + chunk) if not failed else first_bad
       metrics = {k: np.asarray(v)[: done - start] for k, v in metrics.items()}
       per_client = (
-        evaluate_host(alg, state, eval_data, true_params)
+        evaluate_host(alg, state, eval_data, plan.true_params)
         if is_host_data(eval_data)
-        else fetch(eval_fn(state, eval_data))
+        else fetch(plan.evaluate(state, eval_data))
       )
       wall += time.perf_counter() - t0
       for k, v in metrics.items():
@@ -387,7 +337,7 @@ def _run_chunks(
       evaluation = {
         "round": done,
         "per_client": per_client,
-        "summary": _summaries(per_client, eval_num_examples),
+        "summary": summarize_per_client(per_client, plan.eval_num_examples),
       }
       history.evaluations.append(evaluation)
       history.final_state = state
@@ -398,9 +348,9 @@ def _run_chunks(
       due = (
         checkpoint_every is None or done // checkpoint_every > last_checkpoint // checkpoint_every
       )
-      if checkpoint_dir_write is not None and (due or last):
+      if plan.write_checkpoints and (due or last):
         save_checkpoint(
-          checkpoint_dir_write,
+          plan.checkpoint_dir,
           config,
           c + 1,
           done,
@@ -408,7 +358,7 @@ def _run_chunks(
           host_status,
           history,
           wall,
-          keep=keep_checkpoints,
+          keep=plan.keep_checkpoints,
         )
         last_checkpoint = done
       if bar is not None:
@@ -421,18 +371,18 @@ def _run_chunks(
           }
         )
       if failed:
-        history.wall_time, history.compile_time = wall, compile_time
-        raise _nonfinite_error(alg, first_bad, hp, state, history)
+        history.wall_time, history.compile_time = wall, plan.compile_time
+        raise nonfinite_error(alg, first_bad, hp, state, history)
   finally:
     if bar is not None:
       bar.close()
-  history.wall_time, history.compile_time = wall, compile_time
-  if out_dir is not None:
+  history.wall_time, history.compile_time = wall, plan.compile_time
+  if plan.out_dir is not None:
     atomic_write(
-      os.path.join(out_dir, "summary.json"),
+      os.path.join(plan.out_dir, "summary.json"),
       json.dumps(history.summary(), indent=2, default=json_default),
     )
-    history_to_csv(history, out_dir)
+    history_to_csv(history, plan.out_dir)
   return history
 
 
@@ -456,18 +406,6 @@ def _fingerprints(train, eval_data, state) -> Dict[str, str]:
   return out
 
 
-def _nonfinite_error(alg, first_bad, hp, state, history) -> NonFiniteError:
-  shown = {k: float(np.asarray(v).reshape(-1)[0]) for k, v in hp.items()}
-  return NonFiniteError(
-    f"{alg.name}: round {first_bad + 1} (0-based index {first_bad}) produced a non-finite "
-    f"value (NaN/Inf) in the state or metrics; the run stopped and kept the state after "
-    f"round {first_bad}. Lower the step sizes (hparams={shown}) or check the data.",
-    first_bad,
-    state,
-    history,
-  )
-
-
 class _AheadOfTime:
   """A compiled program with its ``jax.jit`` function as the fallback for inputs it was not
   compiled for (e.g. a state restored from a checkpoint with other shardings)."""
@@ -480,47 +418,6 @@ class _AheadOfTime:
       return self.compiled(*args)
     except (TypeError, ValueError):
       return self.jitted(*args)
-
-
-class _JsonlWriter:
-  """``metrics.jsonl`` that never loses a finished evaluation.
-
-  A fresh run starts the file. A resumed run keeps what is on disk when it starts with the
-  checkpoint's records (evaluations a killed run finished after its last checkpoint stay in the
-  file, only a partially written last line is dropped); the resumed run then recomputes those
-  rounds identically and skips every line already present, so the file ends with no duplicates
-  or gaps. Anything else on disk (another run's file) is replaced.
-  """
-
-  def __init__(self, path: str, prefix):
-    self.path = path
-    existing = []
-    if prefix and os.path.exists(path):
-      with open(path) as f:
-        existing = f.read().splitlines(keepends=True)
-      if existing and not existing[-1].endswith("\n"):
-        existing = existing[:-1]  # a line cut by a kill
-    if existing[: len(prefix)] == prefix:
-      self.pending = existing[len(prefix) :]  # finished after the checkpoint: kept on disk
-      atomic_write(path, "".join(existing))
-    else:
-      self.pending = []
-      atomic_write(path, "".join(prefix))
-
-  def write(self, lines) -> None:
-    fresh = []
-    for line in lines:
-      if self.pending and self.pending[0] == line:
-        self.pending.pop(0)  # recomputed identically: already on disk
-        continue
-      if self.pending:  # cannot happen for a deterministic run; keep the file consistent
-        with open(self.path) as f:
-          kept = f.read().splitlines(keepends=True)
-        atomic_write(self.path, "".join(kept[: len(kept) - len(self.pending)]))
-        self.pending = []
-      fresh.append(line)
-    if fresh:
-      append_lines(self.path, fresh)
 
 
 def _progress_bar(total, name):

@@ -10,7 +10,7 @@
   final ``<metric>_mean`` averaged over seeds over a 2-D grid (the first two grid parameters;
   a line over a 1-D grid), diverged configurations shown as missing.
 
-Everything reads the CSV files of :mod:`fedjax_dro.export`; matplotlib runs headless (Agg).
+Everything reads the CSV files of :mod:`fedjax_dro.records.history`; matplotlib runs headless (Agg).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from fedjax_dro.export import read_run, read_sweep
+from fedjax_dro.records.history import read_run, read_sweep
 
 MAIN_METRICS = ("accuracy", "r2", "loss", "mse")
 HIGHER_IS_BETTER = {"accuracy": True, "r2": True, "loss": False, "mse": False}
