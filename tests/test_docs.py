@@ -139,7 +139,8 @@ def test_included_results_and_figures_exist():
   included, figures = [], []
   for page in DOCS.rglob("*.md"):
     text = page.read_text()
-    included += re.findall(r'^--8<-- "([^"]+)"\s*$', text, flags=re.M)
+    # a path, or a path with a line range: "benchmarks/results/speed.md:2:"
+    included += re.findall(r'^--8<-- "([^":]+)(?::\d*)*"\s*$', text, flags=re.M)
     figures += re.findall(r"\]\((?:\.\./)*results/([^)]+\.png)\)", text)
   assert any(i.startswith("benchmarks/results/") for i in included)
   assert [i for i in included if not (ROOT / i).is_file()] == []
