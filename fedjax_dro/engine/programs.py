@@ -115,6 +115,9 @@ def make_chunk_fn(alg: Algorithm, rounds: int, chunk: int, check_finite: bool):
 
 
 def make_eval_fn(alg: Algorithm, true_params):
+  """``(state, data) -> {metric: [n]}``: every client's metrics under ``alg``'s client models,
+  and the ``estimation_error`` against ``true_params`` when they are given."""
+
   def eval_fn(state, data):
     params = alg.client_models(state)
     out = evaluate_clients(alg.model, params, data, alg.personalized)
