@@ -179,6 +179,8 @@ def test_algorithm_table_lists_the_registry():
   from fedjax_dro.algorithms import list_algorithms
 
   registry = list_algorithms()
+  for text in (README, DOC_PAGES["docs/index.md"]):
+    assert f"{len(registry)} algorithms" in text
   table = re.search(r"^## Algorithms\n(.*?)^## ", README, flags=re.S | re.M).group(1)
   listed = re.findall(r"^\| `(\w+)` \|", table, flags=re.M)
   assert sorted(listed) == sorted(registry)
