@@ -48,9 +48,6 @@ def squared_error(out, y):
   return 0.5 * jnp.sum((out.reshape(out.shape[0], -1) - y.reshape(y.shape[0], -1)) ** 2, axis=-1)
 
 
-_squared_error = squared_error  # old name, imported by fedjax_dro.engine.prepare
-
-
 def _regression_metrics(out, y):
   return {"mse": 2.0 * squared_error(out, y)}
 
