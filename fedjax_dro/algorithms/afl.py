@@ -33,20 +33,15 @@ import jax.numpy as jnp
 from fedjax_dro.algorithms.base import (
   Algorithm,
   HParam,
+  build_algorithm,
   check_data_matches,
-  common_settings,
-  participants,
   register,
 )
-from fedjax_dro.algorithms.scaff_pd import (
-  _float_dtype,
-  check_psi,
-  initial_lambda,
-  psi_hparams,
-  psi_params,
-)
+from fedjax_dro.algorithms.scaff_pd import check_psi, initial_lambda, psi_hparams, psi_params
 from fedjax_dro.core.aggregation import tree_add, weighted_sum
-from fedjax_dro.core.local import local_round
+from fedjax_dro.core.local import dual_round_metrics, local_round
+from fedjax_dro.core.precision import params_float_dtype
+from fedjax_dro.core.settings import participants, round_zero, settings_from, state_init
 from fedjax_dro.solvers.simplex import dual_prox
 
 
@@ -57,11 +52,13 @@ class AFLState(NamedTuple):
   round: jnp.ndarray  # [] int32
 
 
-@register(
-  "afl",
-  "AFL (Mohri 2019): stochastic gradient descent on w, projected ascent on lambda",
-  family="dro",
-)
+def initial_state(params, num_clients):
+  """``w = params`` (and its running average), uniform ``lambda``."""
+  lam = initial_lambda(num_clients, params_float_dtype(params))
+  return AFLState(params, jax.tree.map(jnp.array, params), lam, round_zero())
+
+
+@register("afl", family="dro")
 def afl(
   model,
   *,
@@ -72,32 +69,38 @@ def afl(
   chunk_size=None,
   return_average: bool = False,
 ) -> Algorithm:
+  """AFL (Mohri 2019): stochastic gradient descent on w, projected ascent on lambda
+
+  Stochastic-AFL: one gradient step on ``w`` and one (proximal) ascent step on ``lambda`` a
+  round, unweighted over the participants.
+
+  Args:
+    model: the :class:`~fedjax_dro.models.base.Model` of ``w``.
+    psi: the regulariser of ``lambda``: ``"chi2"`` (default), ``"cvar"`` (capped simplex) or
+      ``"qffl"`` (see :func:`fedjax_dro.solvers.simplex.dual_prox`).
+    clients_per_round: the ``s`` clients drawn uniformly without replacement each round;
+      ``None`` (default): all (then the gradient and loss estimates are exact up to minibatching).
+    batch_size: examples of each client's gradient and loss; ``None`` (default): full batch.
+    backend: per-client execution, ``"auto"`` (default), ``"vmap"``, ``"map"`` or ``"chunked"``.
+    chunk_size: clients per chunk of ``"chunked"``; ``None`` (default): planned from memory.
+    return_average: ``False`` (default): the evaluated model is the last iterate ``w``;
+      ``True``: the running average of the iterates, AFL's output.
+
+  Returns:
+    An :class:`~fedjax_dro.algorithms.base.Algorithm`. Hyper-parameters: ``lr_w`` (the primal
+    gradient step, default 0.1), ``lr_lambda`` (the dual step, default 0.1) and the parameter of
+    ``psi``: ``rho`` (chi^2 penalty, default 0: plain AFL), ``alpha`` (CVaR level in ``(0, 1]``)
+    or ``q`` (q-FFL exponent).
+  """
   check_psi(psi)
   if not isinstance(return_average, bool):
     raise TypeError(f"return_average must be a bool, got {return_average!r}")
-  settings = common_settings(
-    clients_per_round=clients_per_round,
-    local_steps=1,
-    batch_size=batch_size,
-    backend=backend,
-    chunk_size=chunk_size,
-    weighting="uniform",
-  )
+  settings = settings_from(locals(), local_steps=1, weighting="uniform")
   hparam_specs = {
     "lr_w": HParam(0.1, "primal gradient step size"),
     "lr_lambda": HParam(0.1, "dual (projected ascent) step size"),
     **psi_hparams(psi, rho_default=0.0),
   }
-
-  def init(params, data, key):
-    del key
-    participants(settings, data.num_clients)
-    return AFLState(
-      params,
-      jax.tree.map(jnp.array, params),
-      initial_lambda(data.num_clients, _float_dtype(params)),
-      jnp.zeros((), jnp.int32),
-    )
 
   def round_fn(state, data, key, hparams):
     n = data.num_clients
@@ -112,14 +115,17 @@ def afl(
     lam = dual_prox(psi, state.lam, v, hparams["lr_lambda"], **psi_params(psi, hparams))
     r = (state.round + 1).astype(update.losses.dtype)
     avg = jax.tree.map(lambda a, p: a + (p - a) / r, state.params_avg, params)
-    metrics = {
-      "train_loss": jnp.mean(update.losses),
-      "train_loss_max": jnp.max(update.losses),
-      "lambda_max": jnp.max(lam),
-      "lambda_min": jnp.min(lam),
-    }
+    metrics = dual_round_metrics(update.losses, lam)
     return AFLState(params, avg, lam, state.round + 1), metrics
 
-  client_models = (lambda st: st.params_avg) if return_average else (lambda st: st.params)
-  config = {**settings._asdict(), "psi": psi, "return_average": return_average}
-  return Algorithm("afl", model, init, round_fn, client_models, hparam_specs, False, config)
+  return build_algorithm(
+    "afl",
+    model,
+    settings,
+    state_init(settings, initial_state),
+    round_fn,
+    hparam_specs,
+    client_models=(lambda st: st.params_avg) if return_average else (lambda st: st.params),
+    psi=psi,
+    return_average=return_average,
+  )

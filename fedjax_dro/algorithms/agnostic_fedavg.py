@@ -29,14 +29,15 @@ import jax.numpy as jnp
 from fedjax_dro.algorithms.base import (
   Algorithm,
   HParam,
+  build_algorithm,
   check_data_matches,
-  common_settings,
-  participants,
   register,
 )
-from fedjax_dro.algorithms.scaff_pd import _float_dtype, initial_lambda
+from fedjax_dro.algorithms.scaff_pd import initial_lambda
 from fedjax_dro.core.aggregation import tree_add, weighted_mean
-from fedjax_dro.core.local import local_round, participant_losses
+from fedjax_dro.core.local import dual_round_metrics, local_round_and_losses
+from fedjax_dro.core.precision import params_float_dtype
+from fedjax_dro.core.settings import round_zero, settings_from, state_init
 
 
 class AgnosticFedAvgState(NamedTuple):
@@ -45,64 +46,60 @@ class AgnosticFedAvgState(NamedTuple):
   round: jnp.ndarray  # [] int32
 
 
-@register(
-  "agnostic_fedavg",
-  "AgnosticFedAvg (Ro 2021): lambda-weighted FedAvg, exponentiated-gradient client weights",
-  family="dro",
-)
+HPARAMS = {
+  "client_lr": HParam(0.05, "local SGD step size"),
+  "server_lr": HParam(1.0, "server step on the lambda-weighted model difference"),
+  "domain_lr": HParam(
+    0.1, "exponentiated-gradient step size for lambda", minimum=0.0, strict=False
+  ),
+}
+
+
+def initial_state(params, num_clients):
+  """``w = params``, uniform ``lambda``."""
+  lam = initial_lambda(num_clients, params_float_dtype(params))
+  return AgnosticFedAvgState(params, lam, round_zero())
+
+
+@register("agnostic_fedavg", family="dro")
 def agnostic_fedavg(
   model, *, clients_per_round=None, local_steps=10, batch_size=None, backend="auto", chunk_size=None
 ) -> Algorithm:
-  settings = common_settings(
-    clients_per_round=clients_per_round,
-    local_steps=local_steps,
-    batch_size=batch_size,
-    backend=backend,
-    chunk_size=chunk_size,
-    weighting="uniform",
-  )
-  hparam_specs = {
-    "client_lr": HParam(0.05, "local SGD step size"),
-    "server_lr": HParam(1.0, "server step on the lambda-weighted model difference"),
-    "domain_lr": HParam(
-      0.1, "exponentiated-gradient step size for lambda", minimum=0.0, strict=False
-    ),
-  }
+  """AgnosticFedAvg (Ro 2021): lambda-weighted FedAvg, exponentiated-gradient client weights
 
-  def init(params, data, key):
-    del key
-    participants(settings, data.num_clients)
-    return AgnosticFedAvgState(
-      params, initial_lambda(data.num_clients, _float_dtype(params)), jnp.zeros((), jnp.int32)
-    )
+  Every client is one domain; the server averages the model differences with the weights lambda.
+
+  Args:
+    model: the :class:`~fedjax_dro.models.base.Model` of the global model ``w``.
+    clients_per_round: the sampled clients ``S`` of a round (uniform, without replacement);
+      ``None`` (default): all.
+    local_steps: local SGD steps of each client in ``S`` per round (default 10).
+    batch_size: examples per local SGD step; ``None`` (default): the whole client data (the
+      domain losses ``L_k`` always use the full data).
+    backend: per-client execution, ``"auto"`` (default), ``"vmap"``, ``"map"`` or ``"chunked"``.
+    chunk_size: clients per chunk of ``"chunked"``; ``None`` (default): planned from memory.
+
+  Returns:
+    An :class:`~fedjax_dro.algorithms.base.Algorithm`. Hyper-parameters: ``client_lr`` (local SGD
+    step, default 0.05), ``server_lr`` (server step on the lambda-weighted mean model difference,
+    default 1.0) and ``domain_lr`` (the exponentiated-gradient step of lambda, ``>= 0``, default
+    0.1; 0 keeps lambda uniform).
+  """
+  settings = settings_from(locals(), weighting="uniform")
 
   def round_fn(state, data, key, hparams):
-    n = data.num_clients
     check_data_matches(data, state.lam.shape[0])
-    update = local_round(model, settings, state.params, data, key, hparams["client_lr"])
-    losses = participant_losses(model, settings, state.params, data, update.idx)
+    lr = hparams["client_lr"]
+    update, losses = local_round_and_losses(model, settings, state.params, data, key, lr)
     params = tree_add(
       state.params, weighted_mean(update.deltas, state.lam[update.idx]), hparams["server_lr"]
     )
-    domain_loss = jnp.zeros((n,), state.lam.dtype).at[update.idx].set(losses)
+    domain_loss = jnp.zeros((data.num_clients,), state.lam.dtype).at[update.idx].set(losses)
     # exp(eta L_i) / sum; shifting by max(L) changes nothing after normalization but cannot overflow
     lam = state.lam * jnp.exp(hparams["domain_lr"] * (domain_loss - jnp.max(domain_loss)))
     lam = lam / jnp.sum(lam)
-    metrics = {
-      "train_loss": jnp.mean(losses),
-      "train_loss_max": jnp.max(losses),
-      "lambda_max": jnp.max(lam),
-      "lambda_min": jnp.min(lam),
-    }
+    metrics = dual_round_metrics(losses, lam)
     return AgnosticFedAvgState(params, lam, state.round + 1), metrics
 
-  return Algorithm(
-    "agnostic_fedavg",
-    model,
-    init,
-    round_fn,
-    lambda s: s.params,
-    hparam_specs,
-    False,
-    settings._asdict(),
-  )
+  init = state_init(settings, initial_state)
+  return build_algorithm("agnostic_fedavg", model, settings, init, round_fn, HPARAMS)

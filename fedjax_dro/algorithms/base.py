@@ -9,12 +9,19 @@ shape-determining (model, local steps, batch size, clients per round, backend)::
     models = alg.client_models(state)                       # global params, or [n, ...] stacked
 
 ``hparams`` is a dict of scalars (an argument, not a closure) so a sweep can ``vmap`` over it.
+
+A factory declares its settings once, as its keyword parameters (the documented signature), turns
+them into validated :class:`~fedjax_dro.core.settings.CommonSettings` with
+:func:`fedjax_dro.core.settings.settings_from` and returns :func:`build_algorithm`'s
+:class:`Algorithm`; :func:`register` files it under its name, takes its one-line description from
+the docstring and adds the ``precision=`` setting.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import textwrap
 from typing import Any, Callable, Dict, NamedTuple, Optional
 
 import jax
@@ -22,15 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_dro.core.precision import model_precision, validate_precision, with_precision
-
-# Re-exported: the algorithm modules import the shared round settings from here.
-from fedjax_dro.core.settings import (
-  CommonSettings as CommonSettings,
-  aggregation_weights as aggregation_weights,
-  backend_for as backend_for,
-  common_settings as common_settings,
-  participants as participants,
-)
+from fedjax_dro.core.settings import CommonSettings
 from fedjax_dro.data.federated import FederatedData
 from fedjax_dro.models.base import Model
 
@@ -133,6 +132,41 @@ def check_data_matches(data: FederatedData, num_clients: int, name: str = "data"
     )
 
 
+def global_params(state):
+  """``client_models`` of an algorithm that evaluates one global model: ``state.params``."""
+  return state.params
+
+
+def build_algorithm(
+  name: str,
+  model: Model,
+  settings: Optional[CommonSettings],
+  init: Callable,
+  round_fn: Callable,
+  hparams: Dict[str, HParam],
+  client_models: Callable = global_params,
+  personalized: bool = False,
+  **config,
+) -> Algorithm:
+  """The :class:`Algorithm` a factory returns, its ``config`` the round ``settings`` (if any)
+  followed by the factory's own options ``config``.
+
+  By default the algorithm evaluates one global model (``client_models`` is
+  :func:`global_params`); a personalized one passes its ``client_models`` and
+  ``personalized=True``.
+  """
+  return Algorithm(
+    name=name,
+    model=model,
+    init=init,
+    round=round_fn,
+    client_models=client_models,
+    hparams=hparams,
+    personalized=personalized,
+    config={**(settings._asdict() if settings is not None else {}), **config},
+  )
+
+
 # ----------------------------------------------------------------------------------------------
 # Registry
 # ----------------------------------------------------------------------------------------------
@@ -178,9 +212,26 @@ def with_precision_setting(factory: Callable) -> Callable:
   tail = [p for p in params if p.kind == inspect.Parameter.VAR_KEYWORD]
   params = [p for p in params if p.kind != inspect.Parameter.VAR_KEYWORD] + [extra] + tail
   wrapped.__signature__ = sig.replace(parameters=params)
-  doc = (factory.__doc__ or "").rstrip()
-  wrapped.__doc__ = (doc + "\n\n" if doc else "") + PRECISION_DOC
+  wrapped.__doc__ = with_precision_doc(factory.__doc__)
   return wrapped
+
+
+def with_precision_doc(doc: Optional[str]) -> str:
+  """``doc`` with the ``precision`` entry (:data:`PRECISION_DOC`) at the end of its ``Args:``
+  section (appended when it has none), indented like the other entries."""
+  doc = (doc or "").rstrip()
+  lines = doc.split("\n")
+  start = next((i for i, line in enumerate(lines) if line.strip() == "Args:"), None)
+  if start is None:
+    return (doc + "\n\n" if doc else "") + PRECISION_DOC
+  indent = lines[start][: len(lines[start]) - len(lines[start].lstrip())] + "  "
+  end = start + 1
+  while end < len(lines) and (not lines[end].strip() or lines[end].startswith(indent)):
+    end += 1
+  while not lines[end - 1].strip():
+    end -= 1
+  entry = textwrap.indent(textwrap.dedent(PRECISION_DOC), indent).split("\n")
+  return "\n".join(lines[:end] + entry + lines[end:])
 
 
 PRECISION_DOC = (
@@ -191,17 +242,19 @@ PRECISION_DOC = (
 )
 
 
-def register(name: str, description: str, family: str = "baseline"):
+def register(name: str, description: Optional[str] = None, family: str = "baseline"):
   """Decorator registering an algorithm factory ``factory(model, **settings) -> Algorithm``.
 
-  The registered (and returned) factory also takes ``precision=`` (see
+  ``description`` (the one-line summary ``fedjax-dro list`` prints) defaults to the first line of
+  the factory's docstring. The registered (and returned) factory also takes ``precision=`` (see
   :func:`with_precision_setting`), so every algorithm has the precision policy without handling
   it itself.
   """
 
   def deco(factory):
+    summary = description or (factory.__doc__ or "").strip().split("\n")[0]
     factory = with_precision_setting(factory)
-    _REGISTRY[name] = RegistryEntry(factory, description, family)
+    _REGISTRY[name] = RegistryEntry(factory, summary, family)
     return factory
 
   return deco

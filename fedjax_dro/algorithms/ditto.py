@@ -40,9 +40,10 @@ from typing import Any, NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
-from fedjax_dro.algorithms.base import Algorithm, HParam, common_settings, participants, register
+from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register
 from fedjax_dro.core.aggregation import tree_add, tree_stack
 from fedjax_dro.core.local import local_round, round_metrics
+from fedjax_dro.core.settings import round_zero, settings_from, state_init
 
 
 class DittoState(NamedTuple):
@@ -58,11 +59,7 @@ HPARAMS = {
 }
 
 
-@register(
-  "ditto",
-  "Ditto (Li 2021): FedAvg global model plus personal models pulled towards it by lam",
-  family="personalized",
-)
+@register("ditto", family="personalized")
 def ditto(
   model,
   *,
@@ -74,26 +71,38 @@ def ditto(
   chunk_size=None,
   weighting="num_examples",
 ) -> Algorithm:
-  """Ditto; ``local_steps`` SGD steps on the global model and ``personal_steps`` (default
-  ``local_steps``) on the personal model per round."""
+  """Ditto (Li 2021): FedAvg global model plus personal models pulled towards it by lam
+
+  Ditto's Algorithm 1: the global model follows FedAvg; each participant's personal model takes
+  ``personal_steps`` steps on its loss plus ``lam/2 ||v - w||^2``.
+
+  Args:
+    model: the :class:`~fedjax_dro.models.base.Model` of ``w`` and of every ``v_i``.
+    clients_per_round: the participants ``S_t`` (uniform, without replacement); ``None``
+      (default): every client, every round.
+    local_steps: SGD steps on the global model per participant and round (default 10).
+    personal_steps: SGD steps on the personal model per participant and round; ``None``
+      (default): ``local_steps``.
+    batch_size: examples per step, shared by the two passes; ``None`` (default): full batches.
+    backend: per-client execution, ``"auto"`` (default), ``"vmap"``, ``"map"`` or ``"chunked"``.
+    chunk_size: clients per chunk of ``"chunked"``; ``None`` (default): planned from memory.
+    weighting: the weights ``p_i`` of the global update: ``"num_examples"`` (default, sample
+      counts) or ``"uniform"``.
+
+  Returns:
+    An :class:`~fedjax_dro.algorithms.base.Algorithm`. Hyper-parameters: ``client_lr`` (the SGD
+    step of the global model, default 0.1), ``personal_lr`` (the step of the personal models
+    ``v_i``, default 0.1) and ``lam`` (the pull of ``v_i`` towards the global model, ``>= 0``,
+    default 0.1; 0 is local training).
+  """
   if personal_steps is not None and (
     not isinstance(personal_steps, int) or isinstance(personal_steps, bool) or personal_steps < 1
   ):
     raise ValueError(f"personal_steps must be a positive integer or None, got {personal_steps!r}")
-  settings = common_settings(
-    clients_per_round=clients_per_round,
-    local_steps=local_steps,
-    batch_size=batch_size,
-    backend=backend,
-    chunk_size=chunk_size,
-    weighting=weighting,
-  )
+  settings = settings_from(locals())
   steps = personal_steps or local_steps
 
-  def init(params, data, key):
-    del key
-    participants(settings, data.num_clients)
-    return DittoState(params, tree_stack(params, data.num_clients), jnp.zeros((), jnp.int32))
+  init = state_init(settings, lambda p, n: DittoState(p, tree_stack(p, n), round_zero()))
 
   def round_fn(state, data, key, hparams):
     lam = hparams["lam"]
@@ -131,5 +140,14 @@ def ditto(
     )
     return new_state, metrics
 
-  config = dict(settings._asdict(), personal_steps=steps)
-  return Algorithm("ditto", model, init, round_fn, lambda s: s.personal, HPARAMS, True, config)
+  return build_algorithm(
+    "ditto",
+    model,
+    settings,
+    init,
+    round_fn,
+    HPARAMS,
+    personal_steps=steps,
+    client_models=lambda s: s.personal,
+    personalized=True,
+  )

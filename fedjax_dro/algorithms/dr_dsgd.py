@@ -25,8 +25,9 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fedjax_dro.algorithms.base import Algorithm, HParam, common_settings, participants, register
+from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register
 from fedjax_dro.core.local import stateful_local_round, stateful_round_metrics
+from fedjax_dro.core.settings import round_zero, settings_from, state_init
 
 
 class DrDsgdState(NamedTuple):
@@ -40,28 +41,30 @@ HPARAMS = {
 }
 
 
-@register(
-  "dr_dsgd",
-  "DR-DSGD (Issaid 2022), federated form: local SGD on exp(loss / lambda), server averaging",
-  family="dro",
-)
+@register("dr_dsgd", family="dro")
 def dr_dsgd(
   model, *, clients_per_round=None, local_steps=32, batch_size=32, backend="auto", chunk_size=None
 ) -> Algorithm:
-  """DR-DSGD with server averaging every ``local_steps`` steps."""
-  settings = common_settings(
-    clients_per_round=clients_per_round,
-    local_steps=local_steps,
-    batch_size=batch_size,
-    backend=backend,
-    chunk_size=chunk_size,
-    weighting="uniform",
-  )
+  """DR-DSGD (Issaid 2022), federated form: local SGD on exp(loss / lambda), server averaging
 
-  def init(params, data, key):
-    del key
-    participants(settings, data.num_clients)
-    return DrDsgdState(params, jnp.zeros((), jnp.int32))
+  DR-DSGD with server averaging every ``local_steps`` steps (uniform averages).
+
+  Args:
+    model: the :class:`~fedjax_dro.models.base.Model` of the averaged model ``w_bar``.
+    clients_per_round: clients averaged each round (drawn without replacement); ``None``
+      (default): all, the complete graph of the original.
+    local_steps: the mixing interval ``I``: local steps between two averages (default 32).
+    batch_size: examples per stochastic gradient (default 32); ``None``: full batches.
+    backend: per-client execution, ``"auto"`` (default), ``"vmap"``, ``"map"`` or ``"chunked"``.
+    chunk_size: clients per chunk of ``"chunked"``; ``None`` (default): planned from memory.
+
+  Returns:
+    An :class:`~fedjax_dro.algorithms.base.Algorithm`. Hyper-parameters: ``client_lr``, the local
+    step size eta (default 0.01), and ``lam``, the KL regularisation lambda (default 2.0; the
+    theory asks for lambda > 1, smaller is more robust).
+  """
+  settings = settings_from(locals(), weighting="uniform")
+  init = state_init(settings, lambda params, n: DrDsgdState(params, round_zero()))
 
   def round_fn(state, data, key, hparams):
     lr, lam = hparams["client_lr"], hparams["lam"]
@@ -71,18 +74,11 @@ def dr_dsgd(
       w = jax.tree.map(lambda p, g: (p - scale * g).astype(p.dtype), carry["params"], grad)
       return {"params": w}
 
+    start = lambda row: {"params": state.params}
     update = stateful_local_round(
-      model,
-      settings,
-      data,
-      key,
-      start=lambda row: {"params": state.params},
-      step=step,
-      averaged=("params",),
+      model, settings, data, key, start=start, step=step, averaged=("params",)
     )
     new_state = DrDsgdState(update.carries["params"], state.round + 1)
     return new_state, stateful_round_metrics(update)
 
-  return Algorithm(
-    "dr_dsgd", model, init, round_fn, lambda s: s.params, HPARAMS, False, settings._asdict()
-  )
+  return build_algorithm("dr_dsgd", model, settings, init, round_fn, HPARAMS)

@@ -41,22 +41,16 @@ import jax.numpy as jnp
 from fedjax_dro.algorithms.base import (
   Algorithm,
   HParam,
-  backend_for,
+  build_algorithm,
   check_data_matches,
-  common_settings,
-  participants,
   register,
 )
-from fedjax_dro.algorithms.scaff_pd import (
-  _float_dtype,
-  check_psi,
-  initial_lambda,
-  psi_hparams,
-  psi_params,
-)
+from fedjax_dro.algorithms.scaff_pd import check_psi, initial_lambda, psi_hparams, psi_params
 from fedjax_dro.core.aggregation import weighted_sum
-from fedjax_dro.core.clients import map_clients
+from fedjax_dro.core.local import dual_round_metrics, map_client_data
+from fedjax_dro.core.precision import params_float_dtype
 from fedjax_dro.core.sampling import sample_clients
+from fedjax_dro.core.settings import backend_for, participants, round_zero, settings_from
 from fedjax_dro.models.base import client_loss_and_grad
 from fedjax_dro.solvers.simplex import dual_prox
 
@@ -90,11 +84,7 @@ def local_sgd_with_snapshot(
   return w, snap, losses[0]
 
 
-@register(
-  "drfa",
-  "DRFA / DRFA-Prox (Deng 2020): lambda-sampled local SGD, snapshot-based dual ascent",
-  family="dro",
-)
+@register("drfa", family="dro")
 def drfa(
   model,
   *,
@@ -107,6 +97,33 @@ def drfa(
   backend="auto",
   chunk_size=None,
 ) -> Algorithm:
+  """DRFA / DRFA-Prox (Deng 2020): lambda-sampled local SGD, snapshot-based dual ascent
+
+  ``prox`` chooses DRFA (a projected gradient step on lambda) or DRFA-Prox (a proximal step);
+  the server averages without weights.
+
+  Args:
+    model: the :class:`~fedjax_dro.models.base.Model` of ``w``.
+    psi: the regulariser of lambda: ``"chi2"`` (default) or ``"cvar"`` (capped simplex);
+      ``"qffl"`` is refused (lambda must stay in the simplex to sample with it).
+    prox: ``False`` (default): DRFA, a projected gradient step on lambda; ``True``: DRFA-Prox,
+      a proximal step.
+    sampling: ``"lambda"`` (default): the paper's ``m`` clients drawn i.i.d. with probabilities
+      lambda; ``"full"``: every client trains and the models are averaged with weights lambda
+      (needs full participation).
+    clients_per_round: ``m``, the clients drawn for training (and for the dual estimate) each
+      round; ``None`` (default): all ``n``.
+    local_steps: ``tau``, local SGD steps per round (default 10).
+    batch_size: examples per local SGD step and per snapshot loss; ``None`` (default): full batch.
+    backend: per-client execution, ``"auto"`` (default), ``"vmap"``, ``"map"`` or ``"chunked"``.
+    chunk_size: clients per chunk of ``"chunked"``; ``None`` (default): planned from memory.
+
+  Returns:
+    An :class:`~fedjax_dro.algorithms.base.Algorithm`. Hyper-parameters: ``client_lr`` (the local
+    SGD step eta, default 0.05), ``gamma`` (the dual step; a round moves lambda by ``gamma *
+    local_steps``, default 0.01) and the parameter of ``psi``: ``rho`` (chi^2 penalty, default 0:
+    the AFL objective) or ``alpha`` (CVaR level).
+  """
   check_psi(psi)
   if psi == "qffl":
     raise ValueError(
@@ -117,14 +134,7 @@ def drfa(
     raise TypeError(f"prox must be a bool, got {prox!r}")
   if sampling not in SAMPLING:
     raise ValueError(f"sampling must be one of {SAMPLING}, got {sampling!r}")
-  settings = common_settings(
-    clients_per_round=clients_per_round,
-    local_steps=local_steps,
-    batch_size=batch_size,
-    backend=backend,
-    chunk_size=chunk_size,
-    weighting="uniform",
-  )
+  settings = settings_from(locals(), weighting="uniform")
   hparam_specs = {
     "client_lr": HParam(0.05, "local SGD step size eta"),
     "gamma": HParam(0.01, "dual step size gamma (the dual step is gamma * tau)"),
@@ -141,7 +151,7 @@ def drfa(
         f"sampling='full' needs every client each round: clients_per_round must be "
         f"None or {n}, got {settings.clients_per_round}"
       )
-    return DRFAState(params, initial_lambda(n, _float_dtype(params)), jnp.zeros((), jnp.int32))
+    return DRFAState(params, initial_lambda(n, params_float_dtype(params)), round_zero())
 
   def round_fn(state, data, key, hparams):
     n = data.num_clients
@@ -174,14 +184,9 @@ def drfa(
         snapshot_step=snapshot_step,
       )
 
-    finals, snaps, losses = map_clients(
-      client_update,
-      clients.x,
-      clients.y,
-      clients.num_examples,
-      jax.random.split(k_local, m),
-      backend=backend,
-      chunk_size=settings.chunk_size,
+    local_keys = jax.random.split(k_local, m)
+    finals, snaps, losses = map_client_data(
+      client_update, clients, local_keys, backend=backend, chunk_size=settings.chunk_size
     )
     params = weighted_sum(finals, agg)
     snapshot = weighted_sum(snaps, agg)
@@ -193,13 +198,11 @@ def drfa(
     else:
       uidx, scale = jnp.arange(n), 1.0
     evald = data.take_clients(uidx)
-    snap_loss = map_clients(
+    snap_loss = map_client_data(
       lambda xd, yd, nex, k: client_loss_and_grad(
         model, snapshot, xd, yd, nex, k, settings.batch_size
       )[0],
-      evald.x,
-      evald.y,
-      evald.num_examples,
+      evald,
       jax.random.split(k_eval, uidx.shape[0]),
       backend=backend,
       chunk_size=settings.chunk_size,
@@ -211,13 +214,8 @@ def drfa(
     else:  # chi^2 through its gradient rho (n lambda - 1), then the simplex projection
       grad_psi = hparams["rho"] * (n * state.lam - 1.0)
       lam = dual_prox("chi2", state.lam, v - grad_psi, step, rho=jnp.zeros((), dtype))
-    metrics = {
-      "train_loss": jnp.mean(losses),
-      "train_loss_max": jnp.max(losses),
-      "lambda_max": jnp.max(lam),
-      "lambda_min": jnp.min(lam),
-    }
-    return DRFAState(params, lam, state.round + 1), metrics
+    return DRFAState(params, lam, state.round + 1), dual_round_metrics(losses, lam)
 
-  config = {**settings._asdict(), "psi": psi, "prox": prox, "sampling": sampling}
-  return Algorithm("drfa", model, init, round_fn, lambda s: s.params, hparam_specs, False, config)
+  return build_algorithm(
+    "drfa", model, settings, init, round_fn, hparam_specs, psi=psi, prox=prox, sampling=sampling
+  )

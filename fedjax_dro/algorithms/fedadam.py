@@ -46,9 +46,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_dro.algorithms.base import Algorithm, HParam, common_settings, participants, register
+from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register
 from fedjax_dro.core.aggregation import tree_zeros_like
 from fedjax_dro.core.local import local_round, round_metrics
+from fedjax_dro.core.settings import round_zero, settings_from, state_init
 
 SERVER_UPDATES = {
   False: "Reddi et al. Algorithm 2, no bias correction: x += eta m / (sqrt(v) + tau)",
@@ -72,10 +73,13 @@ HPARAMS = {
 }
 
 
-@register(
-  "fedadam",
-  "FedAdam (Reddi 2021, Alg. 2): Adam-type server step on the averaged update, no bias correction",
-)
+def initial_state(params, num_clients):
+  """``x_0 = params``, ``m_0 = v_0 = 0``."""
+  zeros = tree_zeros_like(params)
+  return FedAdamState(params, zeros, zeros, round_zero())
+
+
+@register("fedadam")
 def fedadam(
   model,
   *,
@@ -87,32 +91,37 @@ def fedadam(
   weighting="num_examples",
   bias_correction: bool = False,
 ) -> Algorithm:
-  """FedAdam of Reddi et al. (Algorithm 2); see the module docstring.
+  """FedAdam (Reddi 2021, Alg. 2): Adam-type server step on the averaged update, no bias correction
+
+  The server keeps Adam-type moments of the averaged client update (the module docstring gives
+  both update forms).
 
   Args:
+    model: the :class:`~fedjax_dro.models.base.Model` of the server model ``x``.
+    clients_per_round: the sampled set ``S_t`` of a round (uniform, without replacement);
+      ``None`` (default): all clients.
+    local_steps: ``K``, the local SGD steps of a client per round (default 10).
+    batch_size: examples in each local SGD step; ``None`` (default): full client data.
+    backend: per-client execution, ``"auto"`` (default), ``"vmap"``, ``"map"`` or ``"chunked"``.
+    chunk_size: clients per chunk of ``"chunked"``; ``None`` (default): planned from memory.
+    weighting: the weights ``p_i`` of ``Delta_t``: ``"num_examples"`` (default, sample counts)
+      or ``"uniform"`` (the paper's plain mean).
     bias_correction: ``False`` (default): the paper's update ``x + eta m / (sqrt(v) + tau)``;
       ``True``: Adam's bias-corrected moments ``m / (1 - beta1^t)``, ``v / (1 - beta2^t)``.
+
+  Returns:
+    An :class:`~fedjax_dro.algorithms.base.Algorithm`. Hyper-parameters: ``client_lr`` (the local
+    SGD step eta_l, default 0.1), ``server_lr`` (the server step eta, default 0.01), ``beta1`` and
+    ``beta2`` (the moment decays in ``[0, 1]``, defaults 0.9 and 0.99) and ``tau`` (the
+    adaptivity, Adam's epsilon, default 1e-3).
   """
   if not isinstance(bias_correction, (bool, np.bool_)):
     raise TypeError(
       f"bias_correction must be a bool (False: Reddi et al. Algorithm 2, True: Adam's "
       f"bias-corrected moments), got {bias_correction!r}"
     )
+  settings = settings_from(locals())
   bias_correction = bool(bias_correction)
-  settings = common_settings(
-    clients_per_round=clients_per_round,
-    local_steps=local_steps,
-    batch_size=batch_size,
-    backend=backend,
-    chunk_size=chunk_size,
-    weighting=weighting,
-  )
-
-  def init(params, data, key):
-    del key
-    participants(settings, data.num_clients)  # validates clients_per_round against n
-    zeros = tree_zeros_like(params)
-    return FedAdamState(params, zeros, zeros, jnp.zeros((), jnp.int32))
 
   def round_fn(state, data, key, hparams):
     update = local_round(
@@ -131,9 +140,13 @@ def fedadam(
     params = jax.tree.map(lambda x, m, v: (x + lr * step(m, v)).astype(x.dtype), state.params, m, v)
     return FedAdamState(params, m, v, state.round + 1), round_metrics(update)
 
-  config = dict(
-    settings._asdict(),
+  return build_algorithm(
+    "fedadam",
+    model,
+    settings,
+    state_init(settings, initial_state),
+    round_fn,
+    HPARAMS,
     bias_correction=bias_correction,
     server_update=SERVER_UPDATES[bias_correction],
   )
-  return Algorithm("fedadam", model, init, round_fn, lambda s: s.params, HPARAMS, False, config)

@@ -14,9 +14,10 @@ from typing import Any, NamedTuple
 
 import jax.numpy as jnp
 
-from fedjax_dro.algorithms.base import Algorithm, HParam, common_settings, participants, register
+from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register
 from fedjax_dro.core.aggregation import tree_add
 from fedjax_dro.core.local import local_round, round_metrics
+from fedjax_dro.core.settings import round_zero, settings_from, state_init
 
 
 class FedAvgState(NamedTuple):
@@ -26,13 +27,7 @@ class FedAvgState(NamedTuple):
 
 def global_model_init(settings):
   """``init`` of the algorithms whose whole state is the global model and a round counter."""
-
-  def init(params, data, key):
-    del key
-    participants(settings, data.num_clients)  # validates clients_per_round against n
-    return FedAvgState(params, jnp.zeros((), jnp.int32))
-
-  return init
+  return state_init(settings, lambda params, num_clients: FedAvgState(params, round_zero()))
 
 
 HPARAMS = {
@@ -41,7 +36,7 @@ HPARAMS = {
 }
 
 
-@register("fedavg", "FedAvg (McMahan 2017): local SGD, sample-weighted model averaging")
+@register("fedavg")
 def fedavg(
   model,
   *,
@@ -52,14 +47,29 @@ def fedavg(
   chunk_size=None,
   weighting="num_examples",
 ) -> Algorithm:
-  settings = common_settings(
-    clients_per_round=clients_per_round,
-    local_steps=local_steps,
-    batch_size=batch_size,
-    backend=backend,
-    chunk_size=chunk_size,
-    weighting=weighting,
-  )
+  """FedAvg (McMahan 2017): local SGD, sample-weighted model averaging
+
+  Participants run local SGD from the global model; the server adds ``server_lr`` times their
+  weighted mean model difference.
+
+  Args:
+    model: the :class:`~fedjax_dro.models.base.Model` whose global parameters are trained.
+    clients_per_round: clients drawn uniformly without replacement each round; ``None``
+      (default): every client.
+    local_steps: local SGD steps ``E`` each participant takes per round (default 10).
+    batch_size: examples in each local minibatch; ``None`` (default): the client's full data.
+    backend: per-client execution, ``"auto"`` (default), ``"vmap"``, ``"map"`` or ``"chunked"``.
+    chunk_size: clients per chunk of ``"chunked"``; ``None`` (default): planned from memory.
+    weighting: ``"num_examples"`` (default: weights proportional to sample counts, McMahan's
+      choice) or ``"uniform"``: the weights of the participants' model differences.
+
+  Returns:
+    An :class:`~fedjax_dro.algorithms.base.Algorithm`. The state is the global model and a round
+    counter. Hyper-parameters (round arguments): ``client_lr`` (local SGD step size, default 0.1)
+    and ``server_lr`` (server step on the averaged model difference, default 1.0; 1 is plain
+    averaging).
+  """
+  settings = settings_from(locals())
 
   def round_fn(state, data, key, hparams):
     update = local_round(
@@ -68,13 +78,5 @@ def fedavg(
     params = tree_add(state.params, update.deltas, hparams["server_lr"])
     return FedAvgState(params, state.round + 1), round_metrics(update)
 
-  return Algorithm(
-    "fedavg",
-    model,
-    global_model_init(settings),
-    round_fn,
-    lambda s: s.params,
-    HPARAMS,
-    False,
-    settings._asdict(),
-  )
+  init = global_model_init(settings)
+  return build_algorithm("fedavg", model, settings, init, round_fn, HPARAMS)

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import jax
 
-from fedjax_dro.algorithms.base import Algorithm, HParam, common_settings, register
+from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register
 from fedjax_dro.algorithms.fedavg import FedAvgState, global_model_init
 from fedjax_dro.core.aggregation import tree_add
 from fedjax_dro.core.local import local_round, round_metrics
+from fedjax_dro.core.settings import settings_from
 
 HPARAMS = {
   "client_lr": HParam(0.1, "local SGD step size"),
@@ -20,7 +21,7 @@ HPARAMS = {
 }
 
 
-@register("fedprox", "FedProx (Li 2020): FedAvg with a proximal term mu/2 ||w - w_global||^2")
+@register("fedprox")
 def fedprox(
   model,
   *,
@@ -31,14 +32,28 @@ def fedprox(
   chunk_size=None,
   weighting="num_examples",
 ) -> Algorithm:
-  settings = common_settings(
-    clients_per_round=clients_per_round,
-    local_steps=local_steps,
-    batch_size=batch_size,
-    backend=backend,
-    chunk_size=chunk_size,
-    weighting=weighting,
-  )
+  """FedProx (Li 2020): FedAvg with a proximal term mu/2 ||w - w_global||^2
+
+  FedProx (Li et al. 2020): local problems solved inexactly by SGD.
+
+  Args:
+    model: the :class:`~fedjax_dro.models.base.Model` of the global model.
+    clients_per_round: participants per round, drawn uniformly without replacement; ``None``
+      (default): all clients.
+    local_steps: SGD steps on each participant's proximal objective per round (default 10): the
+      inexact local solver.
+    batch_size: examples in each local minibatch; ``None`` (default): the client's full data.
+    backend: per-client execution, ``"auto"`` (default), ``"vmap"``, ``"map"`` or ``"chunked"``.
+    chunk_size: clients per chunk of ``"chunked"``; ``None`` (default): planned from memory.
+    weighting: ``"num_examples"`` (default, sample-count weights) or ``"uniform"``: how the
+      server averages the model differences.
+
+  Returns:
+    An :class:`~fedjax_dro.algorithms.base.Algorithm`. The state is the global model and a round
+    counter. Hyper-parameters: ``client_lr`` (local step size, default 0.1), ``server_lr`` (server
+    step, default 1.0) and ``mu`` (proximal coefficient ``mu >= 0``, default 0.01; 0 is FedAvg).
+  """
+  settings = settings_from(locals())
 
   def round_fn(state, data, key, hparams):
     center = state.params
@@ -51,13 +66,5 @@ def fedprox(
     params = tree_add(center, update.deltas, hparams["server_lr"])
     return FedAvgState(params, state.round + 1), round_metrics(update)
 
-  return Algorithm(
-    "fedprox",
-    model,
-    global_model_init(settings),
-    round_fn,
-    lambda s: s.params,
-    HPARAMS,
-    False,
-    settings._asdict(),
-  )
+  init = global_model_init(settings)
+  return build_algorithm("fedprox", model, settings, init, round_fn, HPARAMS)

@@ -13,15 +13,16 @@ client, averaged (tested).
 
 from __future__ import annotations
 
-from fedjax_dro.algorithms.base import Algorithm, HParam, common_settings, register
+from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register
 from fedjax_dro.algorithms.fedavg import FedAvgState, global_model_init
 from fedjax_dro.core.aggregation import tree_add
 from fedjax_dro.core.local import federated_gradient, round_metrics
+from fedjax_dro.core.settings import settings_from
 
 HPARAMS = {"lr": HParam(0.1, "server gradient step size")}
 
 
-@register("fedsgd", "FedSGD: one gradient per participant per round, server gradient step")
+@register("fedsgd")
 def fedsgd(
   model,
   *,
@@ -31,14 +32,25 @@ def fedsgd(
   chunk_size=None,
   weighting="num_examples",
 ) -> Algorithm:
-  settings = common_settings(
-    clients_per_round=clients_per_round,
-    local_steps=1,
-    batch_size=batch_size,
-    backend=backend,
-    chunk_size=chunk_size,
-    weighting=weighting,
-  )
+  """FedSGD: one gradient per participant per round, server gradient step
+
+  FedSGD: every round one gradient step of the global model.
+
+  Args:
+    model: the :class:`~fedjax_dro.models.base.Model` trained.
+    clients_per_round: clients whose gradients are averaged each round (drawn without
+      replacement); ``None`` (default): all of them.
+    batch_size: examples in each participant's gradient; ``None`` (default): its full data.
+    backend: per-client execution, ``"auto"`` (default), ``"vmap"``, ``"map"`` or ``"chunked"``.
+    chunk_size: clients per chunk of ``"chunked"``; ``None`` (default): planned from memory.
+    weighting: ``"num_examples"`` (default: the gradients weighted by sample counts) or
+      ``"uniform"``.
+
+  Returns:
+    An :class:`~fedjax_dro.algorithms.base.Algorithm`. The state is the global model and a round
+    counter. Its one hyper-parameter is ``lr``, the server's gradient step size (default 0.1).
+  """
+  settings = settings_from(locals(), local_steps=1)
 
   def round_fn(state, data, key, hparams):
     # delta = -(weighted mean of the participants' gradients); the server applies lr * delta.
@@ -46,13 +58,5 @@ def fedsgd(
     params = tree_add(state.params, update.deltas, hparams["lr"])
     return FedAvgState(params, state.round + 1), round_metrics(update)
 
-  return Algorithm(
-    "fedsgd",
-    model,
-    global_model_init(settings),
-    round_fn,
-    lambda s: s.params,
-    HPARAMS,
-    False,
-    settings._asdict(),
-  )
+  init = global_model_init(settings)
+  return build_algorithm("fedsgd", model, settings, init, round_fn, HPARAMS)

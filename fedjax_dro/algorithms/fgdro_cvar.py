@@ -36,9 +36,10 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fedjax_dro.algorithms.base import Algorithm, HParam, common_settings, participants, register
+from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register
 from fedjax_dro.core.aggregation import scatter_rows
 from fedjax_dro.core.local import stateful_local_round, stateful_round_metrics
+from fedjax_dro.core.settings import round_zero, settings_from, state_init
 
 
 class FgdroCvarState(NamedTuple):
@@ -56,34 +57,61 @@ HPARAMS = {
 }
 
 
-@register(
-  "fgdro_cvar",
-  "FGDRO-CVaR (Guo 2024, Alg. 1): local threshold s and loss estimators, top-K/N client losses",
-  family="dro",
-)
+def estimator_round(model, settings, loss_estimates, data, key, *, start, step, averaged):
+  """The local round of the FGDRO algorithms: ``(update, loss_estimates)``.
+
+  Each participant's row of ``loss_estimates`` (its ``u``, never communicated) is its client
+  state: ``start(u)`` builds the carry, ``step`` advances it and the ``averaged`` carries are
+  averaged over the participants; their final ``u`` (``carry["u"]``) is written back.
+  """
+  update = stateful_local_round(
+    model,
+    settings,
+    data,
+    key,
+    start=start,
+    step=step,
+    client_state=loss_estimates,
+    averaged=averaged,
+  )
+  return update, scatter_rows(loss_estimates, update.idx, update.carries["u"])
+
+
+def initial_state(params, num_clients):
+  """``w_bar = params``, ``s_bar = 0``, ``u = 0``."""
+  dtype = jnp.result_type(float)
+  return FgdroCvarState(
+    params, jnp.zeros((), dtype), jnp.zeros((num_clients,), dtype), round_zero()
+  )
+
+
+@register("fgdro_cvar", family="dro")
 def fgdro_cvar(
   model, *, clients_per_round=None, local_steps=32, batch_size=32, backend="auto", chunk_size=None
 ) -> Algorithm:
-  """FGDRO-CVaR; ``local_steps`` is the communication interval ``I`` of the paper."""
-  settings = common_settings(
-    clients_per_round=clients_per_round,
-    local_steps=local_steps,
-    batch_size=batch_size,
-    backend=backend,
-    chunk_size=chunk_size,
-    weighting="uniform",
-  )
+  """FGDRO-CVaR (Guo 2024, Alg. 1): local threshold s and loss estimators, top-K/N client losses
 
-  def init(params, data, key):
-    del key
-    participants(settings, data.num_clients)
-    dtype = jnp.result_type(float)
-    return FgdroCvarState(
-      params,
-      jnp.zeros((), dtype),
-      jnp.zeros((data.num_clients,), dtype),
-      jnp.zeros((), jnp.int32),
-    )
+  Each participant keeps its loss estimator ``u``; the model and the threshold ``s`` are
+  averaged uniformly.
+
+  Args:
+    model: the :class:`~fedjax_dro.models.base.Model` of ``w_bar``.
+    clients_per_round: participants of a round, drawn without replacement; ``None`` (default):
+      all clients, as in the paper.
+    local_steps: the communication interval ``I`` of the paper: local steps per round (default
+      32).
+    batch_size: examples of one ``z_{i,t}`` (default 32); ``None``: full batches.
+    backend: per-client execution, ``"auto"`` (default), ``"vmap"``, ``"map"`` or ``"chunked"``.
+    chunk_size: clients per chunk of ``"chunked"``; ``None`` (default): planned from memory.
+
+  Returns:
+    An :class:`~fedjax_dro.algorithms.base.Algorithm`. Hyper-parameters: ``client_lr`` (eta1, the
+    model step, default 0.1), ``threshold_lr`` (eta2, the threshold step, default 0.01), ``beta1``
+    (the moving-average weight of ``u``, default 0.1) and ``alpha`` (the CVaR level ``K/N`` in
+    ``(0, 1]``: the fraction of worst clients optimised, default 0.2).
+  """
+  settings = settings_from(locals(), weighting="uniform")
+  init = state_init(settings, initial_state)
 
   def round_fn(state, data, key, hparams):
     lr, s_lr, beta1, alpha = (hparams[k] for k in ("client_lr", "threshold_lr", "beta1", "alpha"))
@@ -98,29 +126,13 @@ def fgdro_cvar(
       w = jax.tree.map(lambda p, g: (p - lr * active * g).astype(p.dtype), carry["params"], grad)
       return {"params": w, "s": s, "u": u}
 
-    update = stateful_local_round(
-      model,
-      settings,
-      data,
-      key,
-      start=start,
-      step=step,
-      client_state=state.loss_estimates,
-      averaged=("params",),
+    update, loss_estimates = estimator_round(
+      model, settings, state.loss_estimates, data, key, start=start, step=step, averaged=("params",)
     )
-    final = update.carries
-    params = final["params"]
-    threshold = jnp.mean(final["s"])
+    threshold = jnp.mean(update.carries["s"])
     metrics = stateful_round_metrics(update)
     metrics["threshold"] = threshold
-    new_state = FgdroCvarState(
-      params,
-      threshold,
-      scatter_rows(state.loss_estimates, update.idx, final["u"]),
-      state.round + 1,
-    )
-    return new_state, metrics
+    params = update.carries["params"]
+    return FgdroCvarState(params, threshold, loss_estimates, state.round + 1), metrics
 
-  return Algorithm(
-    "fgdro_cvar", model, init, round_fn, lambda s: s.params, HPARAMS, False, settings._asdict()
-  )
+  return build_algorithm("fgdro_cvar", model, settings, init, round_fn, HPARAMS)

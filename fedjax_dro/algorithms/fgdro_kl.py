@@ -40,9 +40,11 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fedjax_dro.algorithms.base import Algorithm, HParam, common_settings, participants, register
-from fedjax_dro.core.aggregation import scatter_rows, tree_zeros_like
-from fedjax_dro.core.local import stateful_local_round, stateful_round_metrics
+from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register
+from fedjax_dro.algorithms.fgdro_cvar import estimator_round
+from fedjax_dro.core.aggregation import tree_zeros_like
+from fedjax_dro.core.local import stateful_round_metrics
+from fedjax_dro.core.settings import round_zero, settings_from, state_init
 
 
 class FgdroKlState(NamedTuple):
@@ -80,40 +82,50 @@ def mean_log(log_values):
   return jax.nn.logsumexp(log_values) - jnp.log(log_values.shape[0])
 
 
-def kl_state_init(settings):
-  """``(params, data, key) -> (m_bar, log v_bar, u)`` initial values shared with FGDRO-KL-Adam."""
-
-  def init(params, data, key):
-    del key
-    participants(settings, data.num_clients)
-    dtype = jnp.result_type(float)
-    return tree_zeros_like(params), jnp.zeros((), dtype), jnp.zeros((data.num_clients,), dtype)
-
-  return init
+def kl_initial(params, num_clients):
+  """``(m_bar, log v_bar, u)`` initial values shared with FGDRO-KL-Adam: zeros."""
+  dtype = jnp.result_type(float)
+  return tree_zeros_like(params), jnp.zeros((), dtype), jnp.zeros((num_clients,), dtype)
 
 
-@register(
-  "fgdro_kl",
-  "FGDRO-KL (Guo 2024, Alg. 2): KL-regularised group DRO with local u, averaged v and m",
-  family="dro",
-)
+def kl_round(model, settings, state, data, key, *, start, step, averaged):
+  """The local round of FGDRO-KL and FGDRO-KL-Adam: ``(final carries, log v_bar, loss
+  estimates, metrics)``; ``v`` is averaged in the log domain and reported as ``log_v``."""
+  update, loss_estimates = estimator_round(
+    model, settings, state.loss_estimates, data, key, start=start, step=step, averaged=averaged
+  )
+  log_v = mean_log(update.carries["log_v"])
+  metrics = stateful_round_metrics(update)
+  metrics["log_v"] = log_v
+  return update.carries, log_v, loss_estimates, metrics
+
+
+@register("fgdro_kl", family="dro")
 def fgdro_kl(
   model, *, clients_per_round=None, local_steps=32, batch_size=32, backend="auto", chunk_size=None
 ) -> Algorithm:
-  """FGDRO-KL; ``local_steps`` is the communication interval ``I`` of the paper."""
-  settings = common_settings(
-    clients_per_round=clients_per_round,
-    local_steps=local_steps,
-    batch_size=batch_size,
-    backend=backend,
-    chunk_size=chunk_size,
-    weighting="uniform",
-  )
-  initial = kl_state_init(settings)
+  """FGDRO-KL (Guo 2024, Alg. 2): KL-regularised group DRO with local u, averaged v and m
 
-  def init(params, data, key):
-    momentum, log_v, u = initial(params, data, key)
-    return FgdroKlState(params, momentum, log_v, u, jnp.zeros((), jnp.int32))
+  The loss estimators ``u`` stay on the clients; ``w``, ``m`` and ``v`` (in the log domain) are
+  averaged uniformly.
+
+  Args:
+    model: the :class:`~fedjax_dro.models.base.Model` of ``w_bar``.
+    clients_per_round: clients of a round, drawn without replacement; ``None`` (default): all,
+      as in the paper.
+    local_steps: the paper's communication interval ``I``, in local steps (default 32).
+    batch_size: size of a local minibatch ``z_{i,t}`` (default 32); ``None``: full batches.
+    backend: per-client execution, ``"auto"`` (default), ``"vmap"``, ``"map"`` or ``"chunked"``.
+    chunk_size: clients per chunk of ``"chunked"``; ``None`` (default): planned from memory.
+
+  Returns:
+    An :class:`~fedjax_dro.algorithms.base.Algorithm`. Hyper-parameters: ``client_lr`` (the local
+    step eta, default 0.1), ``lam`` (the KL regularisation lambda, default 1.0; smaller is closer
+    to the worst client) and the moving-average weights ``beta1`` (of ``u``), ``beta2`` (of ``v``)
+    and ``beta3`` (of ``m``), each in ``(0, 1]``, default 0.1.
+  """
+  settings = settings_from(locals(), weighting="uniform")
+  init = state_init(settings, lambda p, n: FgdroKlState(p, *kl_initial(p, n), round_zero()))
 
   def round_fn(state, data, key, hparams):
     lr, beta3 = hparams["client_lr"], hparams["beta3"]
@@ -127,29 +139,9 @@ def fgdro_kl(
       w = jax.tree.map(lambda p, d: (p - lr * d).astype(p.dtype), carry["params"], m)
       return {"params": w, "m": m, "log_v": log_v, "u": u}
 
-    update = stateful_local_round(
-      model,
-      settings,
-      data,
-      key,
-      start=start,
-      step=step,
-      client_state=state.loss_estimates,
-      averaged=("params", "m"),
+    final, log_v, u, metrics = kl_round(
+      model, settings, state, data, key, start=start, step=step, averaged=("params", "m")
     )
-    final = update.carries
-    log_v = mean_log(final["log_v"])
-    metrics = stateful_round_metrics(update)
-    metrics["log_v"] = log_v
-    new_state = FgdroKlState(
-      final["params"],
-      final["m"],
-      log_v,
-      scatter_rows(state.loss_estimates, update.idx, final["u"]),
-      state.round + 1,
-    )
-    return new_state, metrics
+    return FgdroKlState(final["params"], final["m"], log_v, u, state.round + 1), metrics
 
-  return Algorithm(
-    "fgdro_kl", model, init, round_fn, lambda s: s.params, HPARAMS, False, settings._asdict()
-  )
+  return build_algorithm("fgdro_kl", model, settings, init, round_fn, HPARAMS)

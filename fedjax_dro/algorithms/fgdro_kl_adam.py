@@ -23,16 +23,15 @@ from typing import Any, NamedTuple
 
 import jax.numpy as jnp
 
-from fedjax_dro.algorithms.base import Algorithm, HParam, common_settings, register
+from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register
 from fedjax_dro.algorithms.fgdro_kl import (
   HPARAMS as KL_HPARAMS,
   kl_estimators,
-  kl_state_init,
-  mean_log,
+  kl_initial,
+  kl_round,
 )
 from fedjax_dro.algorithms.local_adam import HPARAMS as ADAM_HPARAMS, adam_step
-from fedjax_dro.core.aggregation import scatter_rows
-from fedjax_dro.core.local import stateful_local_round, stateful_round_metrics
+from fedjax_dro.core.settings import round_zero, settings_from, state_init
 
 
 class FgdroKlAdamState(NamedTuple):
@@ -51,68 +50,53 @@ HPARAMS = {
 }
 
 
-@register(
-  "fgdro_kl_adam",
-  "FGDRO-KL-Adam (Guo 2024, Alg. 3): FGDRO-KL with Adam-type local steps",
-  family="dro",
-)
+def initial_state(params, num_clients):
+  """``w_bar = params``; ``m_bar``, ``q_bar``, ``log v_bar`` and ``u`` zero."""
+  momentum, log_v, u = kl_initial(params, num_clients)
+  return FgdroKlAdamState(params, momentum, momentum, log_v, u, round_zero())
+
+
+@register("fgdro_kl_adam", family="dro")
 def fgdro_kl_adam(
   model, *, clients_per_round=None, local_steps=32, batch_size=32, backend="auto", chunk_size=None
 ) -> Algorithm:
-  """FGDRO-KL-Adam; ``local_steps`` is the communication interval ``I`` of the paper."""
-  settings = common_settings(
-    clients_per_round=clients_per_round,
-    local_steps=local_steps,
-    batch_size=batch_size,
-    backend=backend,
-    chunk_size=chunk_size,
-    weighting="uniform",
-  )
-  initial = kl_state_init(settings)
+  """FGDRO-KL-Adam (Guo 2024, Alg. 3): FGDRO-KL with Adam-type local steps
 
-  def init(params, data, key):
-    momentum, log_v, u = initial(params, data, key)
-    return FgdroKlAdamState(params, momentum, momentum, log_v, u, jnp.zeros((), jnp.int32))
+  FGDRO-KL's estimators with LocalAdam's step: ``w``, ``m``, ``q`` and ``v`` are averaged
+  uniformly, ``u`` stays on the client.
+
+  Args:
+    model: the :class:`~fedjax_dro.models.base.Model` of the averaged model ``w_bar``.
+    clients_per_round: how many clients take part in a round (drawn without replacement);
+      ``None`` (default): every client, as in the paper.
+    local_steps: ``I``, the number of local Adam steps between communications (default 32).
+    batch_size: examples in a local minibatch (default 32); ``None``: the full client data.
+    backend: per-client execution, ``"auto"`` (default), ``"vmap"``, ``"map"`` or ``"chunked"``.
+    chunk_size: clients per chunk of ``"chunked"``; ``None`` (default): planned from memory.
+
+  Returns:
+    An :class:`~fedjax_dro.algorithms.base.Algorithm`. Hyper-parameters: ``client_lr`` (the Adam
+    step eta, default 0.001); FGDRO-KL's ``lam`` (default 1.0), ``beta1`` and ``beta2`` (default
+    0.1 each); LocalAdam's ``beta3`` and ``beta4`` (the weights of the new ``h`` in the two
+    moments, defaults 0.1 and 0.001) and ``tau`` (added to ``sqrt(q)``, default 1e-8).
+  """
+  settings = settings_from(locals(), weighting="uniform")
+  init = state_init(settings, initial_state)
 
   def round_fn(state, data, key, hparams):
     def start(u):
-      return {
-        "params": state.params,
-        "m": state.momentum,
-        "q": state.second_moment,
-        "log_v": state.log_v,
-        "u": u,
-      }
+      m, q = state.momentum, state.second_moment
+      return {"params": state.params, "m": m, "q": q, "log_v": state.log_v, "u": u}
 
     def step(carry, loss, grad):
       u, log_v, h = kl_estimators(carry, loss, grad, hparams)
       w, m, q = adam_step(carry, h, hparams)
       return {"params": w, "m": m, "q": q, "log_v": log_v, "u": u}
 
-    update = stateful_local_round(
-      model,
-      settings,
-      data,
-      key,
-      start=start,
-      step=step,
-      client_state=state.loss_estimates,
-      averaged=("params", "m", "q"),
+    final, log_v, u, metrics = kl_round(
+      model, settings, state, data, key, start=start, step=step, averaged=("params", "m", "q")
     )
-    final = update.carries
-    log_v = mean_log(final["log_v"])
-    metrics = stateful_round_metrics(update)
-    metrics["log_v"] = log_v
-    new_state = FgdroKlAdamState(
-      final["params"],
-      final["m"],
-      final["q"],
-      log_v,
-      scatter_rows(state.loss_estimates, update.idx, final["u"]),
-      state.round + 1,
-    )
-    return new_state, metrics
+    params, m, q = final["params"], final["m"], final["q"]
+    return FgdroKlAdamState(params, m, q, log_v, u, state.round + 1), metrics
 
-  return Algorithm(
-    "fgdro_kl_adam", model, init, round_fn, lambda s: s.params, HPARAMS, False, settings._asdict()
-  )
+  return build_algorithm("fgdro_kl_adam", model, settings, init, round_fn, HPARAMS)

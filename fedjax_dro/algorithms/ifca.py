@@ -53,18 +53,17 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fedjax_dro.algorithms.base import (
-  Algorithm,
-  HParam,
-  aggregation_weights,
-  backend_for,
-  common_settings,
-  participants,
-  register,
-)
+from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register
 from fedjax_dro.core.aggregation import weighted_sum
 from fedjax_dro.core.clients import map_clients
 from fedjax_dro.core.local import stateful_local_round, stateful_round_metrics
+from fedjax_dro.core.settings import (
+  aggregation_weights,
+  backend_for,
+  participants,
+  round_zero,
+  settings_from,
+)
 from fedjax_dro.models.base import client_loss
 
 
@@ -108,11 +107,7 @@ def _same(a, b):
   )
 
 
-@register(
-  "ifca",
-  "IFCA (Ghosh 2020, option II): k cluster models, clients pick the one with least local loss",
-  family="personalized",
-)
+@register("ifca", family="personalized")
 def ifca(
   model,
   *,
@@ -125,18 +120,32 @@ def ifca(
   chunk_size=None,
   weighting="uniform",
 ) -> Algorithm:
-  """IFCA with ``num_clusters`` cluster models; ``init_scale`` is the standard deviation of the
-  seeded Gaussian perturbation of the initial cluster models, applied only when ``model.init`` is
-  deterministic (see the module docstring)."""
+  """IFCA (Ghosh 2020, option II): k cluster models, clients pick the one with least local loss
+
+  IFCA, option II (model averaging within each cluster).
+
+  Args:
+    model: the :class:`~fedjax_dro.models.base.Model` of every cluster model ``theta_j``.
+    num_clusters: ``k``, the number of cluster models (default 2).
+    init_scale: standard deviation of the seeded Gaussian perturbation of the initial cluster
+      models, applied only when ``model.init`` is deterministic (default 0.1; see the module
+      docstring).
+    clients_per_round: clients that train each round (uniform, without replacement); ``None``
+      (default): all.
+    local_steps: local SGD steps of a participant on its cluster's model (default 10).
+    batch_size: examples per local step; ``None`` (default): full batches (the cluster choice
+      always uses the full data).
+    backend: per-client execution, ``"auto"`` (default), ``"vmap"``, ``"map"`` or ``"chunked"``.
+    chunk_size: clients per chunk of ``"chunked"``; ``None`` (default): planned from memory.
+    weighting: weights of the participants within a cluster's average: ``"uniform"`` (default)
+      or ``"num_examples"`` (sample counts).
+
+  Returns:
+    An :class:`~fedjax_dro.algorithms.base.Algorithm`. The one hyper-parameter is ``client_lr``,
+    the local SGD step gamma (default 0.1).
+  """
   _check_settings(num_clusters, init_scale)
-  settings = common_settings(
-    clients_per_round=clients_per_round,
-    local_steps=local_steps,
-    batch_size=batch_size,
-    backend=backend,
-    chunk_size=chunk_size,
-    weighting=weighting,
-  )
+  settings = settings_from(locals())
   k = num_clusters
 
   def assign(clusters, data):
@@ -178,7 +187,7 @@ def ifca(
         for j, draw in enumerate(draws)
       ]
     clusters = jax.tree.map(lambda *rows: jnp.stack(rows), *draws)
-    return IfcaState(clusters, assign(clusters, data), jnp.zeros((), jnp.int32))
+    return IfcaState(clusters, assign(clusters, data), round_zero())
 
   def round_fn(state, data, key, hparams):
     lr = hparams["client_lr"]
@@ -218,5 +227,15 @@ def ifca(
   def client_models(state):
     return jax.tree.map(lambda a: a[state.assignment], state.clusters)
 
-  config = dict(settings._asdict(), num_clusters=num_clusters, init_scale=init_scale)
-  return Algorithm("ifca", model, init, round_fn, client_models, HPARAMS, True, config)
+  return build_algorithm(
+    "ifca",
+    model,
+    settings,
+    init,
+    round_fn,
+    HPARAMS,
+    client_models=client_models,
+    personalized=True,
+    num_clusters=num_clusters,
+    init_scale=init_scale,
+  )

@@ -90,7 +90,13 @@ import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_dro.algorithms.base import Algorithm, HParam, check_data_matches, register
+from fedjax_dro.algorithms.base import (
+  Algorithm,
+  HParam,
+  build_algorithm,
+  check_data_matches,
+  register,
+)
 from fedjax_dro.core.aggregation import scatter_rows, tree_stack
 from fedjax_dro.core.clients import map_clients, resolve_backend, validate_backend
 from fedjax_dro.core.sampling import sample_clients
@@ -395,8 +401,15 @@ def karula(
 ) -> Algorithm:
   """Karula, Algorithm 1 (see the module docstring for the exact estimator and scalings).
 
+  Hyper-parameters (a dict argument of ``round``; vmappable): ``eta`` (step size), ``t``
+  (constraint level, ``>= 0``). Under ``vmap`` (``sweep``, cross-validation over ``t``) the
+  projection's ``lax.while_loop`` becomes one batched loop that runs until the *slowest* row has
+  converged (the finished rows are frozen, not re-solved), so a sweep round costs about the
+  slowest single run's projection; large and small ``t`` differ most (``t = 0`` and very large
+  ``t`` are solved in a few steps).
+
   Args:
-    model: the client model.
+    model: the client model (:class:`~fedjax_dro.models.base.Model`).
     dissimilarity: ``"ot"`` (default: :func:`fedjax_dro.ot.dissimilarity_matrix` of the training
       data, computed once at ``init``, outside jit, with ``ot_options``), ``"ones"``
       (``D_ij = 1`` for ``i != j``) or a precomputed ``[n, n]`` matrix (symmetric, nonnegative,
@@ -404,25 +417,21 @@ def karula(
     clients_per_round: ``s`` in ``[2, n]``; None = all clients (deterministic full gradient).
     batch_size: minibatch size of the client gradient oracle; None = full batch.
     projection: ``"dual"``, ``"admm"`` or ``"dykstra"`` (see :mod:`fedjax_dro.solvers.pairwise`).
-    projection_tol, projection_max_iterations: stopping rule of the projection solver (``tol`` is
-      the method's relative residual: for ``"dual"`` the certified relative duality gap of the
-      returned, always feasible, point). ``None`` tolerance: ``max(1e-8, 100 eps)`` of the
-      parameters' dtype (``1e-8`` in float64, ``1.2e-5`` in float32, where 1e-8 is out of reach
-      and every projection would run to the iteration cap); ``None`` iterations: the method's
-      default.
+    projection_tol: stopping tolerance of the projection solver, the method's relative
+      residual (for ``"dual"`` the certified relative duality gap of the returned, always
+      feasible, point); ``None`` (default): ``max(1e-8, 100 eps)`` of the parameters' dtype
+      (``1e-8`` in float64, ``1.2e-5`` in float32, where 1e-8 is out of reach and every
+      projection would run to the iteration cap).
+    projection_max_iterations: iteration cap of the projection solver; ``None`` (default): the
+      method's default.
     warm_start: start the ``"dual"`` projection from the previous round's edge multipliers
       (kept in the state; they converge with the iterates, so late projections take few steps).
     projection_options: extra keyword arguments of ``project_pairwise``.
     weighting: ``"num_examples"`` (``alpha_i = n N_i / sum N``) or ``"uniform"`` (``alpha_i = 1``).
     ot_options: keyword arguments of :func:`fedjax_dro.ot.dissimilarity_matrix`.
-    backend, chunk_size: execution backend of the participants' gradient evaluations.
-
-  Hyper-parameters (a dict argument of ``round``; vmappable): ``eta`` (step size), ``t``
-  (constraint level, ``>= 0``). Under ``vmap`` (``sweep``, cross-validation over ``t``) the
-  projection's ``lax.while_loop`` becomes one batched loop that runs until the *slowest* row has
-  converged (the finished rows are frozen, not re-solved), so a sweep round costs about the
-  slowest single run's projection; large and small ``t`` differ most (``t = 0`` and very large
-  ``t`` are solved in a few steps).
+    backend: execution of the participants' gradient evaluations, ``"auto"`` (default),
+      ``"vmap"``, ``"map"`` or ``"chunked"``.
+    chunk_size: clients per chunk of ``"chunked"``; ``None`` (default): planned from memory.
   """
   if not isinstance(model, Model):
     raise TypeError(f"model must be a fedjax_dro Model, got {type(model).__name__}")
@@ -604,4 +613,14 @@ def karula(
     "backend": backend,
     "chunk_size": chunk_size,
   }
-  return Algorithm("karula", model, init, round_fn, lambda s: s.params, HPARAMS, True, config)
+  return build_algorithm(
+    "karula",
+    model,
+    None,
+    init,
+    round_fn,
+    HPARAMS,
+    client_models=lambda s: s.params,
+    personalized=True,
+    **config,
+  )

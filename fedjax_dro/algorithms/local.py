@@ -12,9 +12,10 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fedjax_dro.algorithms.base import Algorithm, HParam, common_settings, participants, register
+from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register
 from fedjax_dro.core.aggregation import tree_stack
 from fedjax_dro.core.local import local_round, round_metrics
+from fedjax_dro.core.settings import round_zero, settings_from, state_init
 
 
 class LocalState(NamedTuple):
@@ -25,22 +26,30 @@ class LocalState(NamedTuple):
 HPARAMS = {"client_lr": HParam(0.1, "local SGD step size")}
 
 
-@register("local", "Local training: one model per client, no communication", family="personalized")
+@register("local", family="personalized")
 def local(
   model, *, clients_per_round=None, local_steps=1, batch_size=None, backend="auto", chunk_size=None
 ) -> Algorithm:
-  settings = common_settings(
-    clients_per_round=clients_per_round,
-    local_steps=local_steps,
-    batch_size=batch_size,
-    backend=backend,
-    chunk_size=chunk_size,
-  )
+  """Local training: one model per client, no communication
 
-  def init(params, data, key):
-    del key
-    participants(settings, data.num_clients)
-    return LocalState(tree_stack(params, data.num_clients), jnp.zeros((), jnp.int32))
+  Local training, the personalized lower baseline.
+
+  Args:
+    model: the :class:`~fedjax_dro.models.base.Model` each client trains a copy of.
+    clients_per_round: clients that train in a round (drawn without replacement); ``None``
+      (default): all.
+    local_steps: SGD steps per training client and round (default 1).
+    batch_size: examples per SGD step; ``None`` (default): the client's full data.
+    backend: per-client execution, ``"auto"`` (default), ``"vmap"``, ``"map"`` or ``"chunked"``.
+    chunk_size: clients per chunk of ``"chunked"``; ``None`` (default): planned from memory.
+
+  Returns:
+    An :class:`~fedjax_dro.algorithms.base.Algorithm`. Every client starts from the initial model
+    and trains its own copy; its evaluated model is that copy. The one hyper-parameter is
+    ``client_lr``, the local SGD step size (default 0.1).
+  """
+  settings = settings_from(locals())
+  init = state_init(settings, lambda params, n: LocalState(tree_stack(params, n), round_zero()))
 
   def round_fn(state, data, key, hparams):
     update = local_round(
@@ -58,6 +67,13 @@ def local(
     )
     return LocalState(update.client_state, state.round + 1), round_metrics(update)
 
-  return Algorithm(
-    "local", model, init, round_fn, lambda s: s.client_params, HPARAMS, True, settings._asdict()
+  return build_algorithm(
+    "local",
+    model,
+    settings,
+    init,
+    round_fn,
+    HPARAMS,
+    client_models=lambda s: s.client_params,
+    personalized=True,
   )

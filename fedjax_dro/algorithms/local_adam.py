@@ -26,9 +26,10 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fedjax_dro.algorithms.base import Algorithm, HParam, common_settings, participants, register
+from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register
 from fedjax_dro.core.aggregation import tree_zeros_like
 from fedjax_dro.core.local import stateful_local_round, stateful_round_metrics
+from fedjax_dro.core.settings import round_zero, settings_from, state_init
 
 
 class LocalAdamState(NamedTuple):
@@ -57,28 +58,38 @@ def adam_step(carry, h, hparams):
   return w, m, q
 
 
-@register(
-  "local_adam",
-  "LocalAdam (Guo 2024, Alg. 4): Adam steps on the clients, model and moments averaged",
-)
+def initial_state(params, num_clients):
+  """``w_bar = params``, ``m_bar = q_bar = 0``."""
+  zeros = tree_zeros_like(params)
+  return LocalAdamState(params, zeros, zeros, round_zero())
+
+
+@register("local_adam")
 def local_adam(
   model, *, clients_per_round=None, local_steps=32, batch_size=32, backend="auto", chunk_size=None
 ) -> Algorithm:
-  """LocalAdam; ``local_steps`` is the communication interval ``I`` of the paper."""
-  settings = common_settings(
-    clients_per_round=clients_per_round,
-    local_steps=local_steps,
-    batch_size=batch_size,
-    backend=backend,
-    chunk_size=chunk_size,
-    weighting="uniform",
-  )
+  """LocalAdam (Guo 2024, Alg. 4): Adam steps on the clients, model and moments averaged
 
-  def init(params, data, key):
-    del key
-    participants(settings, data.num_clients)
-    zeros = tree_zeros_like(params)
-    return LocalAdamState(params, zeros, zeros, jnp.zeros((), jnp.int32))
+  LocalAdam; model and moments are averaged uniformly every ``local_steps`` steps.
+
+  Args:
+    model: the :class:`~fedjax_dro.models.base.Model` of ``w_bar``.
+    clients_per_round: participants of a round (uniform, without replacement); ``None``
+      (default): all, as in the paper.
+    local_steps: the communication interval ``I`` of the paper: Adam steps per round (default
+      32).
+    batch_size: examples per local stochastic gradient (default 32); ``None``: full batches.
+    backend: per-client execution, ``"auto"`` (default), ``"vmap"``, ``"map"`` or ``"chunked"``.
+    chunk_size: clients per chunk of ``"chunked"``; ``None`` (default): planned from memory.
+
+  Returns:
+    An :class:`~fedjax_dro.algorithms.base.Algorithm`. Hyper-parameters: ``client_lr`` (the Adam
+    step size eta, default 0.001), ``beta3`` and ``beta4`` (the weights of the new gradient in the
+    first and second moments, defaults 0.1 and 0.001, i.e. Adam's 0.9 and 0.999) and ``tau``
+    (added to ``sqrt(q)``, default 1e-8).
+  """
+  settings = settings_from(locals(), weighting="uniform")
+  init = state_init(settings, initial_state)
 
   def round_fn(state, data, key, hparams):
     def start(row):
@@ -97,6 +108,4 @@ def local_adam(
     new_state = LocalAdamState(final["params"], final["m"], final["q"], state.round + 1)
     return new_state, stateful_round_metrics(update)
 
-  return Algorithm(
-    "local_adam", model, init, round_fn, lambda s: s.params, HPARAMS, False, settings._asdict()
-  )
+  return build_algorithm("local_adam", model, settings, init, round_fn, HPARAMS)

@@ -74,14 +74,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fedjax_dro.algorithms.base import (
-  Algorithm,
-  HParam,
-  aggregation_weights,
-  common_settings,
-  participants,
-  register,
-)
+from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register
 from fedjax_dro.core.aggregation import (
   gather_rows,
   scatter_rows,
@@ -92,6 +85,13 @@ from fedjax_dro.core.aggregation import (
 )
 from fedjax_dro.core.local import StatefulRound, stateful_local_round, stateful_round_metrics
 from fedjax_dro.core.sampling import sample_clients
+from fedjax_dro.core.settings import (
+  aggregation_weights,
+  participants,
+  round_zero,
+  settings_from,
+  state_init,
+)
 
 PERSONAL_UPDATES = ("all", "participants")
 
@@ -129,11 +129,7 @@ def _check_personal_updates(value):
     )
 
 
-@register(
-  "pfedme",
-  "pFedMe (Dinh 2020): Moreau-envelope personalized models, K inner steps per local step",
-  family="personalized",
-)
+@register("pfedme", family="personalized")
 def pfedme(
   model,
   *,
@@ -146,29 +142,39 @@ def pfedme(
   personal_updates="all",
   weighting="uniform",
 ) -> Algorithm:
-  """pFedMe; ``local_steps`` is R (local steps on ``w_i``), ``personal_steps`` is K (inner
-  gradient steps on ``theta_i`` per local step); defaults R = 20, K = 5, ``|D| = 20`` as in the
-  paper's experiments. ``personal_updates``: ``"all"`` (every client trains and updates its
-  ``theta_i`` every round, only the sampled clients are aggregated: the paper's Algorithm 1) or
-  ``"participants"`` (only the sampled clients train). ``weighting``: ``"uniform"`` (the paper's
-  server average) or ``"num_examples"`` (the participants weighted by their sample counts)."""
+  """pFedMe (Dinh 2020): Moreau-envelope personalized models, K inner steps per local step
+
+  pFedMe (Algorithm 1); the defaults R = 20, K = 5, ``|D| = 20`` are the paper's.
+
+  Args:
+    model: the :class:`~fedjax_dro.models.base.Model` of ``w`` and of every ``theta_i``.
+    clients_per_round: the sampled clients ``S`` aggregated each round (uniform, without
+      replacement); ``None`` (default): all.
+    local_steps: ``R``, the local steps on ``w_i`` per round (default 20).
+    personal_steps: ``K``, the inner gradient steps on ``theta_i`` per local step (default 5).
+    batch_size: ``|D|``, the examples of a local minibatch (default 20); ``None``: full batches.
+    backend: per-client execution, ``"auto"`` (default), ``"vmap"``, ``"map"`` or ``"chunked"``.
+    chunk_size: clients per chunk of ``"chunked"``; ``None`` (default): planned from memory.
+    personal_updates: ``"all"`` (default: every client trains and updates its ``theta_i`` every
+      round, only the sampled clients are aggregated: the paper's Algorithm 1) or
+      ``"participants"`` (only the sampled clients train).
+    weighting: ``"uniform"`` (default, the paper's server average) or ``"num_examples"`` (the
+      participants weighted by their sample counts).
+
+  Returns:
+    An :class:`~fedjax_dro.algorithms.base.Algorithm`. Hyper-parameters: ``lam`` (the Moreau-
+    envelope regularisation lambda, default 15; larger keeps the personalized models closer to the
+    global one), ``client_lr`` (the step eta of the local copy ``w_i``, default 0.005),
+    ``personal_lr`` (the step of the K inner steps on ``theta_i``, default 0.1) and ``beta`` (the
+    server step, default 1.0: plain averaging).
+  """
   _check_steps(personal_steps, "personal_steps")
   _check_personal_updates(personal_updates)
-  settings = common_settings(
-    clients_per_round=clients_per_round,
-    local_steps=local_steps,
-    batch_size=batch_size,
-    backend=backend,
-    chunk_size=chunk_size,
-    weighting=weighting,
-  )
+  settings = settings_from(locals())
   # "all": the local loop runs on every client (the same settings with full participation)
   trained = settings._replace(clients_per_round=None) if personal_updates == "all" else settings
 
-  def init(params, data, key):
-    del key
-    participants(settings, data.num_clients)
-    return PFedMeState(params, tree_stack(params, data.num_clients), jnp.zeros((), jnp.int32))
+  init = state_init(settings, lambda p, n: PFedMeState(p, tree_stack(p, n), round_zero()))
 
   def round_fn(state, data, key, hparams):
     lam, eta, plr = hparams["lam"], hparams["client_lr"], hparams["personal_lr"]
@@ -217,7 +223,15 @@ def pfedme(
     new_state = PFedMeState(params, personal, state.round + 1)
     return new_state, stateful_round_metrics(sent)
 
-  config = dict(
-    settings._asdict(), personal_steps=personal_steps, personal_updates=personal_updates
+  return build_algorithm(
+    "pfedme",
+    model,
+    settings,
+    init,
+    round_fn,
+    HPARAMS,
+    client_models=lambda s: s.personal,
+    personalized=True,
+    personal_steps=personal_steps,
+    personal_updates=personal_updates,
   )
-  return Algorithm("pfedme", model, init, round_fn, lambda s: s.personal, HPARAMS, True, config)

@@ -26,14 +26,14 @@ import jax.numpy as jnp
 from fedjax_dro.algorithms.base import (
   Algorithm,
   HParam,
+  build_algorithm,
   check_data_matches,
-  common_settings,
-  participants,
   register,
 )
-from fedjax_dro.algorithms.scaff_pd import _float_dtype
 from fedjax_dro.core.aggregation import tree_add, tree_sq_norm, weighted_sum
-from fedjax_dro.core.local import local_round, participant_losses
+from fedjax_dro.core.local import dual_round_metrics, local_round_and_losses
+from fedjax_dro.core.precision import params_float_dtype
+from fedjax_dro.core.settings import round_zero, settings_from, state_init
 
 LOSS_EPS = 1e-10  # F_k + LOSS_EPS in the powers (reference implementation)
 
@@ -44,38 +44,48 @@ class QFFLState(NamedTuple):
   round: jnp.ndarray  # [] int32
 
 
-@register(
-  "qffl", "q-FFL / q-FedAvg (Li 2020): losses^q-weighted updates for fairness", family="dro"
-)
+HPARAMS = {
+  "client_lr": HParam(0.05, "local SGD step size"),
+  "q": HParam(1.0, "fairness exponent q (0 = FedAvg)", minimum=0.0, strict=False),
+  "L": HParam(20.0, "Lipschitz estimate L (reference code: 1 / client_lr)"),
+}
+
+
+def initial_state(params, num_clients):
+  """``w = params``; no participant weights yet (``lambda = 0``)."""
+  return QFFLState(params, jnp.zeros((num_clients,), params_float_dtype(params)), round_zero())
+
+
+@register("qffl", family="dro")
 def qffl(
   model, *, clients_per_round=None, local_steps=10, batch_size=None, backend="auto", chunk_size=None
 ) -> Algorithm:
-  settings = common_settings(
-    clients_per_round=clients_per_round,
-    local_steps=local_steps,
-    batch_size=batch_size,
-    backend=backend,
-    chunk_size=chunk_size,
-    weighting="uniform",
-  )
-  hparam_specs = {
-    "client_lr": HParam(0.05, "local SGD step size"),
-    "q": HParam(1.0, "fairness exponent q (0 = FedAvg)", minimum=0.0, strict=False),
-    "L": HParam(20.0, "Lipschitz estimate L (reference code: 1 / client_lr)"),
-  }
+  """q-FFL / q-FedAvg (Li 2020): losses^q-weighted updates for fairness
 
-  def init(params, data, key):
-    del key
-    participants(settings, data.num_clients)
-    return QFFLState(
-      params, jnp.zeros((data.num_clients,), _float_dtype(params)), jnp.zeros((), jnp.int32)
-    )
+  q-FedAvg (Algorithm 2 of the paper).
+
+  Args:
+    model: the :class:`~fedjax_dro.models.base.Model` of ``w``.
+    clients_per_round: the clients ``S`` of a round (uniform, without replacement); ``None``
+      (default): every client.
+    local_steps: SGD steps a client in ``S`` takes from ``w`` to its ``w_k`` (default 10).
+    batch_size: local minibatch size; ``None`` (default): full batches (``F_k`` is always the
+      full-data loss).
+    backend: per-client execution, ``"auto"`` (default), ``"vmap"``, ``"map"`` or ``"chunked"``.
+    chunk_size: clients per chunk of ``"chunked"``; ``None`` (default): planned from memory.
+
+  Returns:
+    An :class:`~fedjax_dro.algorithms.base.Algorithm`. Hyper-parameters: ``client_lr`` (local SGD
+    step, default 0.05), ``q`` (the fairness exponent, ``>= 0``, default 1.0; 0 with ``L =
+    1/client_lr`` is uniform FedAvg) and ``L`` (the Lipschitz estimate, default 20 = 1 / the
+    default ``client_lr``).
+  """
+  settings = settings_from(locals(), weighting="uniform")
 
   def round_fn(state, data, key, hparams):
-    n = data.num_clients
     check_data_matches(data, state.lam.shape[0])
-    update = local_round(model, settings, state.params, data, key, hparams["client_lr"])
-    losses = participant_losses(model, settings, state.params, data, update.idx)
+    lr = hparams["client_lr"]
+    update, losses = local_round_and_losses(model, settings, state.params, data, key, lr)
     q, L = hparams["q"], hparams["L"]
     f = losses + LOSS_EPS
     fq = f**q
@@ -84,14 +94,9 @@ def qffl(
     h = q * f ** (q - 1.0) * sq + L * fq
     step = weighted_sum(update.deltas, -L * fq)  # sum_k F_k^q Delta_k
     params = tree_add(state.params, step, -1.0 / jnp.sum(h))
-    lam = jnp.zeros((n,), state.lam.dtype).at[update.idx].set(fq / jnp.sum(fq))
-    metrics = {
-      "train_loss": jnp.mean(losses),
-      "train_loss_max": jnp.max(losses),
-      "lambda_max": jnp.max(lam),
-    }
+    lam = jnp.zeros((data.num_clients,), state.lam.dtype).at[update.idx].set(fq / jnp.sum(fq))
+    metrics = dual_round_metrics(losses, lam, lambda_min=False)
     return QFFLState(params, lam, state.round + 1), metrics
 
-  return Algorithm(
-    "qffl", model, init, round_fn, lambda s: s.params, hparam_specs, False, settings._asdict()
-  )
+  init = state_init(settings, initial_state)
+  return build_algorithm("qffl", model, settings, init, round_fn, HPARAMS)

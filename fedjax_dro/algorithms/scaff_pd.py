@@ -61,14 +61,15 @@ import jax.numpy as jnp
 from fedjax_dro.algorithms.base import (
   Algorithm,
   HParam,
-  backend_for,
+  build_algorithm,
   check_data_matches,
-  common_settings,
   register,
 )
 from fedjax_dro.core.aggregation import tree_add, weighted_sum
-from fedjax_dro.core.clients import map_clients, map_clients_weighted_sum
-from fedjax_dro.core.local import local_sgd
+from fedjax_dro.core.clients import map_clients_weighted_sum
+from fedjax_dro.core.local import local_sgd, map_client_data
+from fedjax_dro.core.precision import params_float_dtype
+from fedjax_dro.core.settings import backend_for, round_zero, settings_from
 from fedjax_dro.models.base import client_loss_and_grad
 from fedjax_dro.solvers.simplex import PSI_NAMES, dual_prox
 
@@ -180,16 +181,7 @@ def next_step_ratio(rule: str, hparams, step_ratio):
   return step_ratio
 
 
-def _float_dtype(params):
-  leaves = [l for l in jax.tree.leaves(params) if jnp.issubdtype(jnp.result_type(l), jnp.floating)]
-  return jnp.result_type(leaves[0]) if leaves else jnp.result_type(float)
-
-
-@register(
-  "scaff_pd",
-  "SCAFF-PD (Yu et al.): accelerated primal-dual DRO with SCAFFOLD-corrected local steps",
-  family="dro",
-)
+@register("scaff_pd", family="dro")
 def scaff_pd(
   model,
   *,
@@ -200,15 +192,30 @@ def scaff_pd(
   backend: str = "auto",
   chunk_size=None,
 ) -> Algorithm:
-  """SCAFF-PD (full participation).
+  """SCAFF-PD (Yu et al.): accelerated primal-dual DRO with SCAFFOLD-corrected local steps
+
+  SCAFF-PD (full participation, every client every round).
 
   Args:
-    model: the :class:`~fedjax_dro.models.base.Model`.
-    psi: "chi2", "cvar" or "qffl" (its parameter rho / alpha / q is a hyper-parameter).
-    parameter_rule: "user", "condition_5_1" or "condition_5_2" (module docstring).
-    local_steps: J, the bias-corrected local steps per round.
-    batch_size: local minibatch size (None = full-batch, deterministic gradients).
-    backend, chunk_size: execution backend of the per-client computations.
+    model: the :class:`~fedjax_dro.models.base.Model` of the primal iterate ``x``.
+    psi: the dual regulariser, ``"chi2"`` (default), ``"cvar"`` or ``"qffl"`` (its parameter
+      rho / alpha / q is a hyper-parameter).
+    parameter_rule: how the steps are set each round: ``"user"`` (default, constant),
+      ``"condition_5_1"`` or ``"condition_5_2"`` (the paper's step-size conditions; see the
+      module docstring).
+    local_steps: ``J``, the bias-corrected local steps per round (default 10).
+    batch_size: local minibatch size; ``None`` (default): full batches, deterministic gradients.
+    backend: per-client execution, ``"auto"`` (default), ``"vmap"``, ``"map"`` or ``"chunked"``.
+    chunk_size: clients per chunk of ``"chunked"``; ``None`` (default): planned from memory.
+
+  Returns:
+    An :class:`~fedjax_dro.algorithms.base.Algorithm`. Hyper-parameters (which ones depend on
+    ``parameter_rule``): ``client_lr`` (the local step eta_l, default 0.05); ``"user"``: ``tau``,
+    ``sigma`` (primal and dual steps, default 0.5 each) and ``theta`` (dual extrapolation in ``[0,
+    1]``, default 1.0); ``"condition_5_1"``: ``tau``, ``sigma`` (the initial steps tau_0, sigma_0)
+    and ``mu`` (strong convexity mu_x, default 0.1); ``"condition_5_2"``: ``mu``, ``L``
+    (smoothness L_xx, default 1.0), ``L_lx`` (Lipschitz constant L_lambda_x, default 1.0) and
+    ``safety`` (default 1.0); and the parameter of ``psi`` (``rho``, ``alpha`` or ``q``).
   """
   check_psi(psi)
   if parameter_rule not in PARAMETER_RULES:
@@ -218,20 +225,13 @@ def scaff_pd(
       "parameter_rule='condition_5_2' needs a strongly convex psi: use psi='chi2' "
       f"(with rho > 0), got psi={psi!r}"
     )
-  settings = common_settings(
-    clients_per_round=None,
-    local_steps=local_steps,
-    batch_size=batch_size,
-    backend=backend,
-    chunk_size=chunk_size,
-    weighting="uniform",
-  )
+  settings = settings_from(locals(), clients_per_round=None, weighting="uniform")
   hparam_specs = _hparams(psi, parameter_rule)
 
   def init(params, data, key):
     del key
     n = data.num_clients
-    dtype = _float_dtype(params)
+    dtype = params_float_dtype(params)
     # distinct buffers for every leaf: the simulator donates the state
     return ScaffPDState(
       params,
@@ -239,7 +239,7 @@ def scaff_pd(
       jnp.zeros((n,), dtype),
       jnp.ones((), dtype),
       jnp.ones((), dtype),
-      jnp.zeros((), jnp.int32),
+      round_zero(),
     )
 
   def round_fn(state, data, key, hparams):
@@ -253,14 +253,9 @@ def scaff_pd(
     def loss_grad(xd, yd, nex, k):
       return client_loss_and_grad(model, x, xd, yd, nex, k, settings.batch_size)
 
-    losses, grads = map_clients(
-      loss_grad,
-      data.x,
-      data.y,
-      data.num_examples,
-      jax.random.split(eval_key, n),
-      backend=backend,
-      chunk_size=settings.chunk_size,
+    eval_keys = jax.random.split(eval_key, n)
+    losses, grads = map_client_data(
+      loss_grad, data, eval_keys, backend=backend, chunk_size=settings.chunk_size
     )
 
     # (2) extrapolated dual prox step
@@ -326,7 +321,13 @@ def scaff_pd(
     }
     return new_state, metrics
 
-  config = {**settings._asdict(), "psi": psi, "parameter_rule": parameter_rule}
-  return Algorithm(
-    "scaff_pd", model, init, round_fn, lambda s: s.params, hparam_specs, False, config
+  return build_algorithm(
+    "scaff_pd",
+    model,
+    settings,
+    init,
+    round_fn,
+    hparam_specs,
+    psi=psi,
+    parameter_rule=parameter_rule,
   )

@@ -20,9 +20,10 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fedjax_dro.algorithms.base import Algorithm, HParam, common_settings, participants, register
+from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register
 from fedjax_dro.core.aggregation import tree_add, tree_stack, tree_zeros_like
 from fedjax_dro.core.local import local_round, round_metrics
+from fedjax_dro.core.settings import participants, round_zero, settings_from, state_init
 
 
 class ScaffoldState(NamedTuple):
@@ -38,28 +39,34 @@ HPARAMS = {
 }
 
 
-@register(
-  "scaffold", "SCAFFOLD option II (Karimireddy 2020): control variates correct client drift"
-)
+def initial_state(params, num_clients):
+  """``x = params``, all control variates zero."""
+  zeros = tree_zeros_like(params)
+  return ScaffoldState(params, zeros, tree_stack(zeros, num_clients), round_zero())
+
+
+@register("scaffold")
 def scaffold(
   model, *, clients_per_round=None, local_steps=10, batch_size=None, backend="auto", chunk_size=None
 ) -> Algorithm:
-  settings = common_settings(
-    clients_per_round=clients_per_round,
-    local_steps=local_steps,
-    batch_size=batch_size,
-    backend=backend,
-    chunk_size=chunk_size,
-    weighting="uniform",
-  )
+  """SCAFFOLD option II (Karimireddy 2020): control variates correct client drift
 
-  def init(params, data, key):
-    del key
-    participants(settings, data.num_clients)
-    zeros = tree_zeros_like(params)
-    return ScaffoldState(
-      params, zeros, tree_stack(zeros, data.num_clients), jnp.zeros((), jnp.int32)
-    )
+  SCAFFOLD with control-variate option II and unweighted averages.
+
+  Args:
+    model: the :class:`~fedjax_dro.models.base.Model` of the server model ``x``.
+    clients_per_round: the sampled set ``S`` of each round (uniform, without replacement);
+      ``None`` (default): every client.
+    local_steps: ``K``, the corrected local SGD steps per round (default 10).
+    batch_size: examples in each local minibatch; ``None`` (default): full client data.
+    backend: per-client execution, ``"auto"`` (default), ``"vmap"``, ``"map"`` or ``"chunked"``.
+    chunk_size: clients per chunk of ``"chunked"``; ``None`` (default): planned from memory.
+
+  Returns:
+    An :class:`~fedjax_dro.algorithms.base.Algorithm`. Hyper-parameters: ``client_lr``, the local
+    step size eta_l (default 0.1), and ``server_lr``, the global step size eta_g (default 1.0).
+  """
+  settings = settings_from(locals(), weighting="uniform")
 
   def round_fn(state, data, key, hparams):
     n = data.num_clients
@@ -88,11 +95,8 @@ def scaffold(
     # mean of c_i+ - c_i = -c - delta_i / (J eta_l) over the participants: from the mean delta
     dc = jax.tree.map(lambda c, d: -c - d / (settings.local_steps * lr), state.control, mean_delta)
     control = tree_add(state.control, dc, s / n)
-    return (
-      ScaffoldState(params, control, update.client_state, state.round + 1),
-      round_metrics(update),
-    )
+    new_state = ScaffoldState(params, control, update.client_state, state.round + 1)
+    return new_state, round_metrics(update)
 
-  return Algorithm(
-    "scaffold", model, init, round_fn, lambda s: s.params, HPARAMS, False, settings._asdict()
-  )
+  init = state_init(settings, initial_state)
+  return build_algorithm("scaffold", model, settings, init, round_fn, HPARAMS)

@@ -125,7 +125,8 @@ def local_round(
   """Samples participants and runs local SGD on each of them (the FedAvg skeleton, steps 1-3).
 
   Args:
-    model, settings: the model and the validated :class:`~fedjax_dro.core.settings.CommonSettings`.
+    model: the :class:`~fedjax_dro.models.base.Model` trained.
+    settings: the validated :class:`~fedjax_dro.core.settings.CommonSettings`.
     params: the global model every participant starts from (ignored if ``client_params``).
     client_params: optional ``[n, ...]`` per-client starting models (personalized algorithms).
     client_state: optional ``[n, ...]`` persistent per-client state; the participant's row is
@@ -355,6 +356,27 @@ def stateful_round_metrics(update: StatefulRound) -> dict:
   return {"train_loss": jnp.mean(update.losses), "train_loss_max": jnp.max(update.losses)}
 
 
+def map_client_data(fn: Callable, data, keys, *, backend: str, chunk_size: Optional[int]):
+  """``fn(x, y, num_examples, key)`` of every client of ``data`` (a federation or the rows
+  ``data.take_clients(idx)``), one key of ``keys`` each, stacked over the clients."""
+  return map_clients(
+    fn, data.x, data.y, data.num_examples, keys, backend=backend, chunk_size=chunk_size
+  )
+
+
+def dual_round_metrics(losses, lam, *, lambda_min: bool = True) -> dict:
+  """Scan-able metrics of the algorithms with client weights ``lam``: the unweighted mean and the
+  max of the participants' ``losses``, the largest and (``lambda_min``) the smallest weight."""
+  metrics = {
+    "train_loss": jnp.mean(losses),
+    "train_loss_max": jnp.max(losses),
+    "lambda_max": jnp.max(lam),
+  }
+  if lambda_min:
+    metrics["lambda_min"] = jnp.min(lam)
+  return metrics
+
+
 def participant_losses(model: Model, settings, params, data, idx):
   """``[s]`` full-data losses ``f_k(params)`` of the clients ``idx`` at the model ``params``.
 
@@ -370,6 +392,14 @@ def participant_losses(model: Model, settings, params, data, idx):
     backend=backend_for(settings, params),
     chunk_size=settings.chunk_size,
   )
+
+
+def local_round_and_losses(model: Model, settings, params, data, key, lr):
+  """``(update, losses)``: :func:`local_round` from the global ``params`` (its ``[s, ...]``
+  deltas, no mean) and the participants' full-data losses at ``params``
+  (:func:`participant_losses`), the first pass of q-FFL and AgnosticFedAvg."""
+  update = local_round(model, settings, params, data, key, lr)
+  return update, participant_losses(model, settings, params, data, update.idx)
 
 
 def round_metrics(update: LocalRound) -> dict:

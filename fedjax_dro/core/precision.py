@@ -78,6 +78,16 @@ def _master_dtype(params):
   return jnp.result_type(leaves[0]) if leaves else None
 
 
+def params_float_dtype(params):
+  """The dtype of the first floating leaf of ``params`` (the default float dtype if none).
+
+  The dtype an algorithm gives its own float state (dual weights, loss vectors) so that it
+  follows the master parameters.
+  """
+  dtype = _master_dtype(params)
+  return jnp.result_type(float) if dtype is None else dtype
+
+
 def with_precision(model: Model, precision) -> Model:
   """``model`` whose ``apply`` runs under the policy ``precision`` (see the module docstring).
 

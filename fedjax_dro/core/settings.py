@@ -1,8 +1,12 @@
-"""Validated shape-determining settings shared by the FedAvg family of algorithms."""
+"""Validated shape-determining settings shared by the algorithms, and the start of their state.
+
+:func:`settings_from` builds an algorithm factory's :class:`CommonSettings` from its arguments;
+:func:`state_init` and :func:`round_zero` build the ``init`` of a state that needs no randomness.
+"""
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import Any, Callable, Mapping, NamedTuple, Optional
 
 import jax.numpy as jnp
 
@@ -49,6 +53,18 @@ def common_settings(
   return CommonSettings(clients_per_round, local_steps, batch_size, backend, chunk_size, weighting)
 
 
+def settings_from(arguments: Mapping[str, Any], **fixed) -> CommonSettings:
+  """The validated settings of an algorithm factory's call.
+
+  ``arguments`` holds the factory's parameters by name (a factory passes ``locals()`` before it
+  binds any other name); the :class:`CommonSettings` fields among them are taken, ``fixed``
+  supplies those the factory does not expose (e.g. ``weighting="uniform"`` for an algorithm whose
+  paper averages uniformly) and :func:`common_settings`'s defaults the rest.
+  """
+  chosen = {name: arguments[name] for name in CommonSettings._fields if name in arguments}
+  return common_settings(**{**chosen, **fixed})
+
+
 def participants(settings: CommonSettings, num_clients: int) -> int:
   """The static number of clients per round (validated against the federation size)."""
   return validate_clients_per_round(settings.clients_per_round, num_clients)
@@ -61,3 +77,23 @@ def backend_for(settings: CommonSettings, params) -> str:
 def aggregation_weights(settings: CommonSettings, num_examples):
   nex = num_examples.astype(jnp.result_type(float))
   return nex if settings.weighting == "num_examples" else jnp.ones_like(nex)
+
+
+def round_zero() -> jnp.ndarray:
+  """The ``[]`` int32 round counter of a fresh algorithm state."""
+  return jnp.zeros((), jnp.int32)
+
+
+def state_init(settings: CommonSettings, build: Callable) -> Callable:
+  """``init(params, data, key)`` of an algorithm whose initial state needs no randomness.
+
+  Validates ``settings.clients_per_round`` against the federation's size, then returns
+  ``build(params, num_clients)``.
+  """
+
+  def init(params, data, key):
+    del key
+    participants(settings, data.num_clients)
+    return build(params, data.num_clients)
+
+  return init
