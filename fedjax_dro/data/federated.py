@@ -69,7 +69,8 @@ class FederatedDataset:
   """A train / test pair of :class:`FederatedData` with the same client order, plus static metadata.
 
   Attributes:
-    train, test: the splits (``test`` may be None).
+    train: the training split.
+    test: the test split (may be None).
     task: ``"regression"`` or ``"classification"``.
     num_classes: number of classes for classification (None for regression).
     name: short name.

@@ -54,7 +54,9 @@ def load_npz(
 
   Args:
     path: the ``.npz`` file.
-    x_key, y_key, client_key: names of the three arrays in the file.
+    x_key: name of the features array in the file.
+    y_key: name of the labels array.
+    client_key: name of the owners array.
     num_clients: number of clients (default: ``max(client_id) + 1``).
 
   Raises:

@@ -196,18 +196,30 @@ def dissimilarities(
   given) -> :func:`ot_embeddings` -> convergence check -> :func:`pairwise_embedding_distances`.
 
   Args:
-    x, y, mask: padded client data (see :func:`client_point_clouds`); ``y`` may be ``None``
-      when ``include_response=False``.
+    x: padded client features ``[n, m, ...]`` (see :func:`client_point_clouds`).
+    y: padded client responses ``[n, m]``; may be ``None`` when ``include_response=False``.
+    mask: ``[n, m]`` bool, the real (not padding) rows.
     key: ``jax.random`` key for the reference set; ``None`` means ``jax.random.key(0)``
       (deterministic).  Unused when ``reference`` is given.
     reference: optional ``[N0, p]`` user reference set, in the point-cloud space (after the
       response concatenation and standardization chosen here).
-    num_reference, reference_method: see :func:`reference_set`.
-    include_response, standardize: see :func:`client_point_clouds` (default ``True``, ``False``).
+    num_reference: size of the reference set; see :func:`reference_set`.
+    reference_method: how the reference set is drawn; see :func:`reference_set`.
+    include_response: append the response to the features (see :func:`client_point_clouds`);
+      ``None`` (default): the preset's value, else ``True``.
+    standardize: standardize the point clouds (see :func:`client_point_clouds`); ``None``
+      (default): the preset's value, else ``False``.
     norm: ``"l1"`` (default; paper's literal), ``"w1"`` or ``"w2"``; see module doc.
-    epsilon, relative_epsilon, threshold, max_iterations, inner_iterations, cost, chunk_size,
-      solver: see :func:`ot_embeddings` (here default ``cost="euclidean"``, ``solver="exact"``;
-      ``epsilon`` ... ``inner_iterations`` and ``chunk_size`` only matter with ``"sinkhorn"``).
+    epsilon: entropic regularization of Sinkhorn (see :func:`ot_embeddings`).
+    relative_epsilon: ``epsilon`` as a fraction of the mean ground cost (default ``True``).
+    threshold: Sinkhorn stopping tolerance on the l1 marginal error.
+    max_iterations: maximum Sinkhorn iterations per client.
+    inner_iterations: Sinkhorn iterations between two error evaluations (default 10).
+    cost: ``"euclidean"`` or ``"sqeuclidean"`` ground cost; ``None`` (default): the preset's,
+      else ``"euclidean"``.
+    chunk_size: clients solved at once by Sinkhorn; ``None`` (default): all (vmap).
+    solver: ``"exact"`` or ``"sinkhorn"``; ``None`` (default): the preset's, else ``"exact"``.
+      ``epsilon`` ... ``inner_iterations`` and ``chunk_size`` only matter with ``"sinkhorn"``.
     on_nonconvergence: ``"raise"`` (default) raises :class:`SinkhornConvergenceError`,
       ``"warn"`` warns with :class:`SinkhornConvergenceWarning`; both name the clients.
     preset: ``None`` (default) or a name in :data:`PRESETS`, setting ``include_response``,

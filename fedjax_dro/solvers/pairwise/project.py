@@ -113,8 +113,9 @@ def project_pairwise(
     :class:`PairwiseProjectionOutput`.
 
   Raises:
-    TypeError / ValueError naming the argument for malformed inputs (values are checked only
-    when concrete; shapes always).
+    TypeError: an argument of the wrong type (the message names it).
+    ValueError: a malformed argument, named in the message (values are checked only when
+      concrete; shapes always).
   """
   if not isinstance(method, str) or method not in METHODS:
     raise ValueError(f"`method` must be one of {METHODS}, got {method!r}")
