@@ -69,7 +69,7 @@ def afl(
   chunk_size=None,
   return_average: bool = False,
 ) -> Algorithm:
-  """AFL (Mohri 2019): stochastic gradient descent on w, projected ascent on lambda
+  """AFL (Mohri 2019): stochastic gradient descent on w, projected ascent on lambda.
 
   Stochastic-AFL: one gradient step on ``w`` and one (proximal) ascent step on ``lambda`` a
   round, unweighted over the participants.

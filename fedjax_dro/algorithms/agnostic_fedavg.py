@@ -65,7 +65,7 @@ def initial_state(params, num_clients):
 def agnostic_fedavg(
   model, *, clients_per_round=None, local_steps=10, batch_size=None, backend="auto", chunk_size=None
 ) -> Algorithm:
-  """AgnosticFedAvg (Ro 2021): lambda-weighted FedAvg, exponentiated-gradient client weights
+  """AgnosticFedAvg (Ro 2021): lambda-weighted FedAvg, exponentiated-gradient client weights.
 
   Every client is one domain; the server averages the model differences with the weights lambda.
 

@@ -246,13 +246,13 @@ def register(name: str, description: Optional[str] = None, family: str = "baseli
   """Decorator registering an algorithm factory ``factory(model, **settings) -> Algorithm``.
 
   ``description`` (the one-line summary ``fedjax-dro list`` prints) defaults to the first line of
-  the factory's docstring. The registered (and returned) factory also takes ``precision=`` (see
+  the factory's docstring, without its final period. The registered (and returned) factory also takes ``precision=`` (see
   :func:`with_precision_setting`), so every algorithm has the precision policy without handling
   it itself.
   """
 
   def deco(factory):
-    summary = description or (factory.__doc__ or "").strip().split("\n")[0]
+    summary = description or (factory.__doc__ or "").strip().split("\n")[0].rstrip(".")
     factory = with_precision_setting(factory)
     _REGISTRY[name] = RegistryEntry(factory, summary, family)
     return factory

@@ -71,7 +71,7 @@ def ditto(
   chunk_size=None,
   weighting="num_examples",
 ) -> Algorithm:
-  """Ditto (Li 2021): FedAvg global model plus personal models pulled towards it by lam
+  """Ditto (Li 2021): FedAvg global model plus personal models pulled towards it by lam.
 
   Ditto's Algorithm 1: the global model follows FedAvg; each participant's personal model takes
   ``personal_steps`` steps on its loss plus ``lam/2 ||v - w||^2``.

@@ -45,7 +45,7 @@ HPARAMS = {
 def dr_dsgd(
   model, *, clients_per_round=None, local_steps=32, batch_size=32, backend="auto", chunk_size=None
 ) -> Algorithm:
-  """DR-DSGD (Issaid 2022), federated form: local SGD on exp(loss / lambda), server averaging
+  """DR-DSGD (Issaid 2022), federated form: local SGD on exp(loss / lambda), server averaging.
 
   DR-DSGD with server averaging every ``local_steps`` steps (uniform averages).
 

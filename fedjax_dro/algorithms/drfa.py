@@ -97,7 +97,7 @@ def drfa(
   backend="auto",
   chunk_size=None,
 ) -> Algorithm:
-  """DRFA / DRFA-Prox (Deng 2020): lambda-sampled local SGD, snapshot-based dual ascent
+  """DRFA / DRFA-Prox (Deng 2020): lambda-sampled local SGD, snapshot-based dual ascent.
 
   ``prox`` chooses DRFA (a projected gradient step on lambda) or DRFA-Prox (a proximal step);
   the server averages without weights.

@@ -91,7 +91,7 @@ def fedadam(
   weighting="num_examples",
   bias_correction: bool = False,
 ) -> Algorithm:
-  """FedAdam (Reddi 2021, Alg. 2): Adam-type server step on the averaged update, no bias correction
+  """FedAdam (Reddi 2021, Alg. 2): Adam-type server step on the averaged update, no bias correction.
 
   The server keeps Adam-type moments of the averaged client update (the module docstring gives
   both update forms).

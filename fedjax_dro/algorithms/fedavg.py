@@ -47,7 +47,7 @@ def fedavg(
   chunk_size=None,
   weighting="num_examples",
 ) -> Algorithm:
-  """FedAvg (McMahan 2017): local SGD, sample-weighted model averaging
+  """FedAvg (McMahan 2017): local SGD, sample-weighted model averaging.
 
   Participants run local SGD from the global model; the server adds ``server_lr`` times their
   weighted mean model difference.

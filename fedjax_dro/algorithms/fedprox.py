@@ -32,7 +32,7 @@ def fedprox(
   chunk_size=None,
   weighting="num_examples",
 ) -> Algorithm:
-  """FedProx (Li 2020): FedAvg with a proximal term mu/2 ||w - w_global||^2
+  """FedProx (Li 2020): FedAvg with a proximal term mu/2 ||w - w_global||^2.
 
   FedProx (Li et al. 2020): local problems solved inexactly by SGD.
 

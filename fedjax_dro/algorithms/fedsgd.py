@@ -32,7 +32,7 @@ def fedsgd(
   chunk_size=None,
   weighting="num_examples",
 ) -> Algorithm:
-  """FedSGD: one gradient per participant per round, server gradient step
+  """FedSGD: one gradient per participant per round, server gradient step.
 
   FedSGD: every round one gradient step of the global model.
 

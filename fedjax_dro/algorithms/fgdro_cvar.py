@@ -89,7 +89,7 @@ def initial_state(params, num_clients):
 def fgdro_cvar(
   model, *, clients_per_round=None, local_steps=32, batch_size=32, backend="auto", chunk_size=None
 ) -> Algorithm:
-  """FGDRO-CVaR (Guo 2024, Alg. 1): local threshold s and loss estimators, top-K/N client losses
+  """FGDRO-CVaR (Guo 2024, Alg. 1): local threshold s and loss estimators, top-K/N client losses.
 
   Each participant keeps its loss estimator ``u``; the model and the threshold ``s`` are
   averaged uniformly.

@@ -104,7 +104,7 @@ def kl_round(model, settings, state, data, key, *, start, step, averaged):
 def fgdro_kl(
   model, *, clients_per_round=None, local_steps=32, batch_size=32, backend="auto", chunk_size=None
 ) -> Algorithm:
-  """FGDRO-KL (Guo 2024, Alg. 2): KL-regularised group DRO with local u, averaged v and m
+  """FGDRO-KL (Guo 2024, Alg. 2): KL-regularised group DRO with local u, averaged v and m.
 
   The loss estimators ``u`` stay on the clients; ``w``, ``m`` and ``v`` (in the log domain) are
   averaged uniformly.

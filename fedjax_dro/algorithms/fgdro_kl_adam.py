@@ -60,7 +60,7 @@ def initial_state(params, num_clients):
 def fgdro_kl_adam(
   model, *, clients_per_round=None, local_steps=32, batch_size=32, backend="auto", chunk_size=None
 ) -> Algorithm:
-  """FGDRO-KL-Adam (Guo 2024, Alg. 3): FGDRO-KL with Adam-type local steps
+  """FGDRO-KL-Adam (Guo 2024, Alg. 3): FGDRO-KL with Adam-type local steps.
 
   FGDRO-KL's estimators with LocalAdam's step: ``w``, ``m``, ``q`` and ``v`` are averaged
   uniformly, ``u`` stays on the client.

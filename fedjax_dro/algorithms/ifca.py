@@ -120,7 +120,7 @@ def ifca(
   chunk_size=None,
   weighting="uniform",
 ) -> Algorithm:
-  """IFCA (Ghosh 2020, option II): k cluster models, clients pick the one with least local loss
+  """IFCA (Ghosh 2020, option II): k cluster models, clients pick the one with least local loss.
 
   IFCA, option II (model averaging within each cluster).
 

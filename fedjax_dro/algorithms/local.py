@@ -30,7 +30,7 @@ HPARAMS = {"client_lr": HParam(0.1, "local SGD step size")}
 def local(
   model, *, clients_per_round=None, local_steps=1, batch_size=None, backend="auto", chunk_size=None
 ) -> Algorithm:
-  """Local training: one model per client, no communication
+  """Local training: one model per client, no communication.
 
   Local training, the personalized lower baseline.
 

@@ -68,7 +68,7 @@ def initial_state(params, num_clients):
 def local_adam(
   model, *, clients_per_round=None, local_steps=32, batch_size=32, backend="auto", chunk_size=None
 ) -> Algorithm:
-  """LocalAdam (Guo 2024, Alg. 4): Adam steps on the clients, model and moments averaged
+  """LocalAdam (Guo 2024, Alg. 4): Adam steps on the clients, model and moments averaged.
 
   LocalAdam; model and moments are averaged uniformly every ``local_steps`` steps.
 

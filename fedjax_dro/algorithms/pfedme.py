@@ -142,7 +142,7 @@ def pfedme(
   personal_updates="all",
   weighting="uniform",
 ) -> Algorithm:
-  """pFedMe (Dinh 2020): Moreau-envelope personalized models, K inner steps per local step
+  """pFedMe (Dinh 2020): Moreau-envelope personalized models, K inner steps per local step.
 
   pFedMe (Algorithm 1); the defaults R = 20, K = 5, ``|D| = 20`` are the paper's.
 

@@ -60,7 +60,7 @@ def initial_state(params, num_clients):
 def qffl(
   model, *, clients_per_round=None, local_steps=10, batch_size=None, backend="auto", chunk_size=None
 ) -> Algorithm:
-  """q-FFL / q-FedAvg (Li 2020): losses^q-weighted updates for fairness
+  """q-FFL / q-FedAvg (Li 2020): losses^q-weighted updates for fairness.
 
   q-FedAvg (Algorithm 2 of the paper).
 

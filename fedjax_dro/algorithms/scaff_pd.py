@@ -192,7 +192,7 @@ def scaff_pd(
   backend: str = "auto",
   chunk_size=None,
 ) -> Algorithm:
-  """SCAFF-PD (Yu et al.): accelerated primal-dual DRO with SCAFFOLD-corrected local steps
+  """SCAFF-PD (Yu et al.): accelerated primal-dual DRO with SCAFFOLD-corrected local steps.
 
   SCAFF-PD (full participation, every client every round).
 

@@ -49,7 +49,7 @@ def initial_state(params, num_clients):
 def scaffold(
   model, *, clients_per_round=None, local_steps=10, batch_size=None, backend="auto", chunk_size=None
 ) -> Algorithm:
-  """SCAFFOLD option II (Karimireddy 2020): control variates correct client drift
+  """SCAFFOLD option II (Karimireddy 2020): control variates correct client drift.
 
   SCAFFOLD with control-variate option II and unweighted averages.
 
