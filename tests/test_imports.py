@@ -1,0 +1,140 @@
+"""The package's import graph: no cycles, and no module reaching into another module's private
+names.
+
+Read statically from the source (``ast``), so function-level imports count as much as top-level
+ones: a cycle hidden inside a function is still a cycle between two modules. A private name is one
+with a single leading underscore (``_split_data``); ``from m import _x`` and ``m._x`` on an
+imported module ``m`` both count. A module may of course use its own private names.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+from typing import Dict, List, Set, Tuple
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PACKAGE = "fedjax_dro"
+
+
+def _modules(root: pathlib.Path, package: str) -> Dict[str, Tuple[pathlib.Path, str]]:
+  """``{dotted module name: (file, source)}`` of every module under ``root/package``."""
+  modules = {}
+  for path in sorted((root / package).rglob("*.py")):
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+      parts = parts[:-1]
+    modules[".".join(parts)] = (path, path.read_text())
+  return modules
+
+
+def _absolute(module: str, is_package: bool, node: ast.ImportFrom) -> str:
+  """The absolute module a ``from ... import`` in ``module`` names."""
+  if not node.level:
+    return node.module or ""
+  base = module.split(".") if is_package else module.split(".")[:-1]
+  base = base[: len(base) - (node.level - 1)]
+  return ".".join(base + ([node.module] if node.module else []))
+
+
+def import_graph(modules, package: str = PACKAGE):
+  """``(edges, private_uses)``: ``edges[m]`` the package modules ``m`` imports (a name imported
+  from a package counts as an import of that package, a submodule imported by name as an import of
+  the submodule); ``private_uses`` a list of ``(importer, imported module, private name)``."""
+  edges: Dict[str, Set[str]] = {}
+  private: List[Tuple[str, str, str]] = []
+
+  def is_private(name):
+    return name.startswith("_") and not name.startswith("__")
+
+  for name, (path, source) in modules.items():
+    tree = ast.parse(source, filename=str(path))
+    is_package = path.name == "__init__.py"
+    aliases = {}  # local name -> package module it is bound to
+    targets = edges.setdefault(name, set())
+    for node in ast.walk(tree):
+      if isinstance(node, ast.ImportFrom):
+        target = _absolute(name, is_package, node)
+        if not (target == package or target.startswith(package + ".")):
+          continue
+        for alias in node.names:
+          submodule = f"{target}.{alias.name}"
+          if submodule in modules:
+            targets.add(submodule)
+            aliases[alias.asname or alias.name] = submodule
+          else:
+            targets.add(target)
+            if is_private(alias.name) and target != name:
+              private.append((name, target, alias.name))
+      elif isinstance(node, ast.Import):
+        for alias in node.names:
+          if alias.name == package or alias.name.startswith(package + "."):
+            targets.add(alias.name)
+            if alias.asname:
+              aliases[alias.asname] = alias.name
+    for node in ast.walk(tree):
+      if (
+        isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id in aliases
+        and is_private(node.attr)
+        and aliases[node.value.id] != name
+      ):
+        private.append((name, aliases[node.value.id], node.attr))
+    targets.discard(name)
+  return edges, private
+
+
+def find_cycles(edges: Dict[str, Set[str]]) -> List[List[str]]:
+  """The cycles a depth-first search meets (each as ``[a, b, ..., a]``); empty for a DAG."""
+  done: Set[str] = set()
+  stack: List[str] = []
+  on_stack: Set[str] = set()
+  cycles = []
+
+  def visit(node):
+    stack.append(node)
+    on_stack.add(node)
+    for nxt in sorted(edges.get(node, ())):
+      if nxt in on_stack:
+        cycles.append(stack[stack.index(nxt) :] + [nxt])
+      elif nxt not in done:
+        done.add(nxt)
+        visit(nxt)
+    stack.pop()
+    on_stack.discard(node)
+
+  for node in sorted(edges):
+    if node not in done:
+      done.add(node)
+      visit(node)
+  return cycles
+
+
+def test_the_package_imports_without_cycles():
+  edges, _ = import_graph(_modules(ROOT, PACKAGE))
+  assert find_cycles(edges) == []
+
+
+def test_no_module_imports_another_modules_private_name():
+  _, private = import_graph(_modules(ROOT, PACKAGE))
+  assert private == [], "\n".join(f"{a} uses {b}.{c}" for a, b, c in private)
+
+
+def test_the_detectors_can_fail(tmp_path):
+  pkg = tmp_path / "pkg"
+  (pkg / "sub").mkdir(parents=True)
+  (pkg / "__init__.py").write_text("")
+  (pkg / "sub" / "__init__.py").write_text("from pkg.sub.b import public\n")
+  (pkg / "a.py").write_text(
+    "from pkg import b\n\ndef f():\n  from pkg.sub import c\n  return b._hidden, c\n"
+  )
+  (pkg / "b.py").write_text("from pkg.a import f\n_hidden = 1\n")
+  (pkg / "sub" / "b.py").write_text("from ..a import f as _f\npublic = 1\n")
+  (pkg / "sub" / "c.py").write_text("from .b import _private_thing\n")
+  edges, private = import_graph(_modules(tmp_path, "pkg"), "pkg")
+  assert ["pkg.a", "pkg.b", "pkg.a"] in find_cycles(edges)
+  assert ("pkg.a", "pkg.b", "_hidden") in private
+  assert ("pkg.sub.c", "pkg.sub.b", "_private_thing") in private
+  assert not any(use[0] == "pkg.sub.b" for use in private)  # `as _f` binds, it does not reach in
+  assert find_cycles({"x": {"y"}, "y": {"z"}}) == []
