@@ -20,7 +20,7 @@ returns them in the master dtype), the aggregation and the optimizer state are f
 ``precision=None`` (the default) picks per platform (:func:`default_precision`): ``"float32"``
 on CPU, where lower precision buys nothing (XLA's CPU kernels run float32 products at full
 precision), and ``"tf32"`` on GPU/TPU, the usual accelerator trade (float32 storage, TF32
-products). ``"bf16"`` is never a default: it changes results visibly (see ``tests/test_precision.py``
+products). ``"bf16"`` is never a default: it changes results visibly (see ``tests/core/test_precision.py``
 for the tolerance measured on a small task) and is asked for explicitly.
 """
 

@@ -65,7 +65,7 @@ def synthetic_ridge(
   ``1 / max_i L_i``, one third of the clients per round) FedAvg has estimation error 10.5 and
   test R^2 0.670, the local models 22.9 and 0.633 (paper: FedAvg 7.47 / 0.846, Local 35.3 /
   0.692); at ``noise_std = 2.5`` the two R^2 tie (0.689 / 0.691), at 2 the local models are
-  better. ``tests/test_simulate.py`` checks the ordering, ``tests/ot/test_group_separation.py``
+  better. ``tests/engine/test_run.py`` checks the ordering, ``tests/ot/test_group_separation.py``
   the separation.
   """
   _check_int(num_clients, "num_clients", 3)

@@ -62,7 +62,7 @@ _ALLOWED = {
   "clients.csv",
 }
 # Test hook: seconds to sleep between writing the .npz and its manifest, so that a test can kill
-# the process *during* a checkpoint write (tests/test_checkpoint.py). Never set in normal use.
+# the process *during* a checkpoint write (tests/records/test_checkpoint.py). Never set in normal use.
 _WRITE_DELAY_ENV = "FEDJAX_DRO_TEST_CHECKPOINT_WRITE_DELAY"
 
 
