@@ -1,9 +1,9 @@
 """AFL: Agnostic Federated Learning (stochastic gradient descent-ascent).
 
-Mohri, Sivek, Suresh, "Agnostic Federated Learning", ICML 2019 (Stochastic-AFL, Algorithm 1):
-one stochastic gradient step per round on the model w with the lambda-weighted gradient, and a
-projected gradient *ascent* step on the mixture weights lambda, both computed at the current
-``(w, lambda)``::
+Mohri, Sivek, Suresh, "Agnostic Federated Learning", ICML 2019, arXiv:1902.00146
+(Stochastic-AFL, Algorithm 1): one stochastic gradient step per round on the model w with the
+lambda-weighted gradient, and a projected gradient *ascent* step on the mixture weights lambda, both
+computed at the current ``(w, lambda)``::
 
     S = s clients drawn uniformly without replacement (all clients by default)
     g_w = (n/s) sum_{i in S} lambda_i g_i(w)               (unbiased for sum_i lambda_i grad f_i(w))

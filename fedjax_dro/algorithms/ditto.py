@@ -1,8 +1,8 @@
 """Ditto: fair and robust federated learning through personalization.
 
 T. Li, S. Hu, A. Beirami, V. Smith, "Ditto: Fair and Robust Federated Learning Through
-Personalization", ICML 2021, Algorithm 1. The global model ``w`` is trained by FedAvg; every
-client also keeps a personal model ``v_i`` solving
+Personalization", ICML 2021, arXiv:2012.04221, Algorithm 1. The global model ``w`` is trained by
+FedAvg; every client also keeps a personal model ``v_i`` solving
 ``min_v f_i(v) + lam/2 ||v - w*||^2``. Round ``t``, every participant ``i in S_t`` receives
 ``w^t`` and
 

@@ -1,7 +1,7 @@
 """DR-DSGD in its federated (server) form: local SGD on exp(l / lambda), then averaging.
 
 Ben Issaid, Elgabli and Bennis, "DR-DSGD: A Distributionally Robust Decentralized Learning
-Algorithm over Graphs", TMLR 2022; the KL-regularised baseline of the FGDRO paper
+Algorithm over Graphs", TMLR 2022, arXiv:2208.13810; the KL-regularised baseline of the FGDRO paper
 (Guo and Yang, NeurIPS 2024, Table 7). The KL-regularised robust problem
 ``min_w lambda log((1/N) sum_i exp(l_i(w) / lambda))`` has the same minimisers as
 ``min_w (1/N) sum_i exp(l_i(w) / lambda)`` (log is increasing), and DR-DSGD runs SGD on the latter

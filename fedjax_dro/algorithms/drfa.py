@@ -1,8 +1,8 @@
 """DRFA and DRFA-Prox: Distributionally Robust Federated Averaging.
 
-Deng, Kamani, Mahdavi, "Distributionally Robust Federated Averaging", NeurIPS 2020 (Algorithm 1,
-DRFA; Algorithm 2, DRFA-Prox for a regularized dual). One round ``s`` with tau = ``local_steps``,
-m = ``clients_per_round``::
+Deng, Kamani, Mahdavi, "Distributionally Robust Federated Averaging", NeurIPS 2020,
+arXiv:2102.12660 (Algorithm 1, DRFA; Algorithm 2, DRFA-Prox for a regularized dual). One round
+``s`` with tau = ``local_steps``, m = ``clients_per_round``::
 
     D = m clients drawn i.i.d. with probabilities lambda (with replacement)
     t' ~ Uniform{0, ..., tau - 1}                           (the snapshot step)

@@ -1,7 +1,7 @@
 """FedAvg: Federated Averaging.
 
 McMahan, Moore, Ramage, Hampson, Aguera y Arcas, "Communication-Efficient Learning of Deep
-Networks from Decentralized Data", AISTATS 2017.
+Networks from Decentralized Data", AISTATS 2017, arXiv:1602.05629.
 
 Each round s clients run ``local_steps`` SGD steps (step ``client_lr``) from the global model; the
 server moves by ``server_lr`` times the average model difference, weighted by sample counts

@@ -1,7 +1,7 @@
 """FedProx: FedAvg with a proximal term ``mu/2 ||w - w_global||^2`` in every local objective.
 
 Li, Sahu, Zaheer, Sanjabi, Talwalkar, Smith, "Federated Optimization in Heterogeneous Networks",
-MLSys 2020. Local problems are solved inexactly by ``local_steps`` SGD steps.
+MLSys 2020, arXiv:1812.06127. Local problems are solved inexactly by ``local_steps`` SGD steps.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """FedSGD: one (minibatch or full) gradient per participant per round, averaged by the server.
 
-McMahan et al., AISTATS 2017 (the FedSGD baseline). With full participation, full batches and
+McMahan et al., "Communication-Efficient Learning of Deep Networks from Decentralized Data",
+AISTATS 2017, arXiv:1602.05629 (the FedSGD baseline). With full participation, full batches and
 sample-count weights one round is exactly one step of centralized gradient descent on the pooled
 data (tested).
 

@@ -1,7 +1,7 @@
 """FGDRO-CVaR: federated group DRO with a CVaR constraint, as a compositional problem.
 
 Guo and Yang, "Communication-Efficient Federated Group Distributionally Robust
-Optimization", NeurIPS 2024, Section 4, Algorithm 1. With
+Optimization", NeurIPS 2024, arXiv:2410.06369, Section 4, Algorithm 1. With
 ``g_i(w) = E_{z ~ D_i} l(w; z)`` and ``f(.) = (.)_+`` the method solves problem (2)
 
     min_w min_s  F(w, s) = (1/N) sum_i f(g_i(w) - s) + (K/N) s,

@@ -1,7 +1,7 @@
 """FGDRO-KL: federated group DRO with KL regularization, as a three-level composition.
 
 Guo and Yang, "Communication-Efficient Federated Group Distributionally Robust Optimization",
-NeurIPS 2024, Section 5, Algorithm 2. The KL-regularised group
+NeurIPS 2024, arXiv:2410.06369, Section 5, Algorithm 2. The KL-regularised group
 DRO problem is, by its KKT conditions, equation (5)
 
     min_w F(w) = lambda log( (1/N) sum_i exp(l(w; D_i) / lambda) ),

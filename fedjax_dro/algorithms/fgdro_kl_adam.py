@@ -1,7 +1,7 @@
 """FGDRO-KL-Adam: FGDRO-KL with Adam-type local steps.
 
 Guo and Yang, "Communication-Efficient Federated Group Distributionally Robust Optimization",
-NeurIPS 2024, Section 6, Algorithm 3. The estimators ``u`` (kept on
+NeurIPS 2024, arXiv:2410.06369, Section 6, Algorithm 3. The estimators ``u`` (kept on
 the client), ``v`` and ``h`` are those of FGDRO-KL (:mod:`fedjax_dro.algorithms.fgdro_kl`, with
 the same readings: ``exp(u / lambda)`` in ``h``, ``v`` in the log domain); the local model takes
 an Adam-type step, for ``t = 1..I``:

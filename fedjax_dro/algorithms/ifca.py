@@ -1,7 +1,8 @@
 """IFCA: the Iterative Federated Clustering Algorithm, model averaging (option II).
 
 A. Ghosh, J. Chung, D. Yin, K. Ramchandran, "An Efficient Framework for Clustered Federated
-Learning", NeurIPS 2020, Algorithm 1. The server keeps ``k`` cluster models ``theta_1..theta_k``.
+Learning", NeurIPS 2020, arXiv:2006.04088, Algorithm 1. The server keeps ``k`` cluster
+models ``theta_1..theta_k``.
 Round ``t``, every participant ``i in M_t``:
 
     j_i = argmin_j F_i(theta_j^t)                          (F_i: loss on i's whole local data)

@@ -1,7 +1,7 @@
 """Karula: personalized FL under pairwise model-dissimilarity constraints.
 
-Erickson and Johansson, "Personalized Federated Learning under Model Dissimilarity Constraints"
-problem (1) and Algorithm 1. The problem is::
+Erickson and Johansson, "Personalized Federated Learning under Model Dissimilarity Constraints",
+arXiv:2505.07575, problem (1) and Algorithm 1. The problem is::
 
     minimize_{theta_1..theta_n}  F(theta) = (1/n) sum_i alpha_i f_i(theta_i)
     subject to                   ||theta_i - theta_j||^2 <= t D_ij   for all pairs i, j

@@ -1,6 +1,8 @@
 """Local training: every client trains its own model and never communicates.
 
-The personalized lower baseline of the Karula paper ("Local"). Each round ``clients_per_round``
+The personalized lower baseline of the Karula paper (Erickson and Johansson, "Personalized
+Federated Learning under Model Dissimilarity Constraints", arXiv:2505.07575): "Local".
+Each round ``clients_per_round``
 clients (all by default) run ``local_steps`` SGD steps on their own model.
 Persistent per-client state: ``client_params`` ``[n, ...]``.
 """

@@ -1,7 +1,7 @@
 """LocalAdam: Adam-type steps on the clients, moments averaged with the model.
 
 Guo and Yang, "Communication-Efficient Federated Group Distributionally Robust Optimization",
-NeurIPS 2024, Appendix D, Algorithm 4 (an ERM baseline used to
+NeurIPS 2024, arXiv:2410.06369, Appendix D, Algorithm 4 (an ERM baseline used to
 isolate the effect of local adaptive steps; FedAdam adapts only at the server). Round ``r`` on
 every participant ``i``, from ``w_{i,0} = w_bar``, ``m_{i,0} = m_bar``, ``q_{i,0} = q_bar``, for
 ``t = 1..I`` (``I = local_steps``):

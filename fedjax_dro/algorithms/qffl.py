@@ -1,7 +1,7 @@
 """q-FFL, trained with q-FedAvg.
 
-Li, Sanjabi, Beirami, Smith, "Fair Resource Allocation in Federated Learning", ICLR 2020
-(Algorithm 2, q-FedAvg). The objective is (1/(q+1)) sum_k F_k^{q+1}(w). One round::
+Li, Sanjabi, Beirami, Smith, "Fair Resource Allocation in Federated Learning", ICLR 2020,
+arXiv:1905.10497 (Algorithm 2, q-FedAvg). The objective is (1/(q+1)) sum_k F_k^{q+1}(w). One round::
 
     S = s clients drawn uniformly without replacement (all by default)
     each k in S: F_k = f_k(w) (full-data loss at the received model), local SGD -> w_k

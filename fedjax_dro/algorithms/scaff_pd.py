@@ -1,7 +1,7 @@
 """SCAFF-PD: accelerated primal-dual federated DRO with bias-corrected local steps.
 
 Yu, Karimireddy, Ma, Jordan, "Scaff-PD: Communication Efficient Fair and Robust Federated
-Learning" (Algorithms 1 and 2, Conditions 5.1 and 5.2). Problem (eq. (1.1))::
+Learning", arXiv:2307.13381 (Algorithms 1 and 2, Conditions 5.1 and 5.2). Problem (eq. (1.1))::
 
     min_x max_{lambda in Lambda}  sum_i lambda_i f_i(x) - psi(lambda)
 

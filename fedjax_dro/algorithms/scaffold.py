@@ -1,7 +1,7 @@
 """SCAFFOLD, option II: stochastic controlled averaging.
 
 Karimireddy, Kale, Mohri, Reddi, Stich, Suresh, "SCAFFOLD: Stochastic Controlled Averaging for
-Federated Learning", ICML 2020, Algorithm 1 with control-variate option II:
+Federated Learning", ICML 2020, arXiv:1910.06378, Algorithm 1 with control-variate option II:
 
     y <- y - eta_l (g_i(y) - c_i + c)                  (local_steps times, from y = x)
     c_i+ = c_i - c + (x - y) / (J eta_l)

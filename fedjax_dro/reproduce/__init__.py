@@ -21,6 +21,7 @@ from fedjax_dro.reproduce.karula import karula_heart, karula_synthetic
 from fedjax_dro.reproduce.scaffpd import (
   plot_scaffpd_synthetic,
   problem_constants,
+  scaffpd_markdown,
   scaffpd_synthetic,
   shift_problem,
 )
@@ -48,6 +49,7 @@ __all__ = [
   "shift_problem",
   "problem_constants",
   "plot_scaffpd_synthetic",
+  "scaffpd_markdown",
   "fgdro_table7",
   "plot_fgdro_table7",
   "with_class_weighted_accuracy",

@@ -1,5 +1,5 @@
-"""Karula (Erickson and Johansson), Table 1: the synthetic ridge task (1a) and the four-hospital
-heart-disease task (1b), every strategy of the paper plus Ditto.
+"""Karula (Erickson and Johansson, arXiv:2505.07575), Table 1: the synthetic ridge task (1a) and
+the four-hospital heart-disease task (1b), every strategy of the paper plus Ditto.
 
 The paper's protocol: every strategy weights its clients' losses by their sample counts; pFedMe
 is its paper's Algorithm 1 (every client updates its personalized model every round); Karula's
@@ -285,7 +285,8 @@ def karula_synthetic(
 
   Args:
     rounds: rounds of every final run (default 600; 20 with ``quick``).
-    seed, num_seeds: data sets ``seed, ..., seed + num_seeds - 1`` (quick: 2).
+    seed: the first data set's seed; the data sets are ``seed, ..., seed + num_seeds - 1``.
+    num_seeds: how many data sets (default 10; quick: 2).
     cv_rounds: rounds of every CV run (default 100; 10 with ``quick``).
     folds: CV folds (default 5, as in the paper; quick: 2).
   """

@@ -4,6 +4,7 @@ in on it while DRFA does not; CLI plumbing and bad inputs."""
 
 import json
 import os
+import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -51,6 +52,12 @@ def test_quick_reproduction_writes_json_and_png(tmp_path):
   g = jnp.tensordot(jnp.asarray(panel["lambda_star"]), grads["w"], 1)
   assert float(jnp.max(jnp.abs(g))) < 1e-10
   assert res["json_path"].endswith("scaffpd_synthetic.json")
+  # the markdown table: one row per rho, one column per algorithm, values from the result
+  table = pathlib.Path(res["md_path"]).read_text()
+  rows = [line for line in table.splitlines() if line.startswith("| 0.")]
+  assert len(rows) == len(res["panels"])
+  assert table.count(" | ") >= len(algs) * len(rows)
+  assert f"{scaff:.2g}" in rows[0] and "| SCAFF-PD |" in table
 
 
 def test_cli_reproduce_plumbing(monkeypatch, tmp_path):
