@@ -6,6 +6,7 @@ import ast
 import importlib
 import json
 import pathlib
+import re
 import types
 
 import pytest
@@ -122,3 +123,14 @@ def test_users_see_no_development_paths():
     if p.is_file() and p.suffix in (".py", ".md", ".ipynb") and "shared/" in p.read_text()
   ]
   assert cited == []
+
+
+def test_every_algorithm_module_cites_its_paper_with_an_arxiv_id():
+  uncited = []
+  for path in sorted((PACKAGE / "algorithms").glob("*.py")):
+    if path.name in ("__init__.py", "base.py"):
+      continue
+    doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+    if not re.search(r"arXiv:\d{4}\.\d{4,5}", doc):
+      uncited.append(path.name)
+  assert uncited == []
