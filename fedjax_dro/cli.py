@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import math
 import os
@@ -438,10 +439,25 @@ def cmd_plot(args) -> int:
 
 
 def cmd_reproduce(args) -> int:
-  from fedjax_dro.reproduce import reproduce
+  from fedjax_dro.reproduce import EXPERIMENTS, reproduce
 
   _compile_cache(args)
-  reproduce(args.experiment, out_dir=args.out, rounds=args.rounds, quick=args.quick, seed=args.seed)
+  inputs = {}  # the user's data files, passed only to the experiments that read them
+  for option, name in (("--data-dir", "data_dir"), ("--features", "features")):
+    value = getattr(args, name)
+    if value is None:
+      continue
+    if name not in inspect.signature(EXPERIMENTS[args.experiment]).parameters:
+      raise ValueError(f"{option}: reproduce {args.experiment} reads no such input")
+    inputs[name] = value
+  reproduce(
+    args.experiment,
+    out_dir=args.out,
+    rounds=args.rounds,
+    quick=args.quick,
+    seed=args.seed,
+    **inputs,
+  )
   return 0
 
 
@@ -501,6 +517,12 @@ def main(argv: Optional[List[str]] = None) -> int:
   p_rep.add_argument("--rounds", type=int, default=None, help="communication rounds")
   p_rep.add_argument("--quick", action="store_true", help="tiny grids, few rounds (smoke test)")
   p_rep.add_argument("--seed", type=int, default=0, help="data seed")
+  p_rep.add_argument(
+    "--data-dir", default=None, help="folder with the image data set the experiment reads"
+  )
+  p_rep.add_argument(
+    "--features", default=None, help=".npz of precomputed features the experiment reads"
+  )
   _add_compile_cache(p_rep)
   p_plot = sub.add_parser("plot", help="PNG plots of run / sweep output directories")
   p_plot.add_argument("dirs", nargs="+", help="run directories (seeds) and/or sweep directories")

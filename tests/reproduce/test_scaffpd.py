@@ -72,6 +72,10 @@ def test_cli_reproduce_plumbing(monkeypatch, tmp_path):
   assert calls == [{"out_dir": str(tmp_path), "rounds": 7, "quick": True, "seed": 0}]
   with pytest.raises(SystemExit):
     cli.main(["reproduce", "no-such-figure"])
+  # user inputs go only to the experiments that read them
+  assert cli.main(["reproduce", "scaffpd-synthetic", "--features", "f.npz"]) == 2
+  assert cli.main(["reproduce", "scaffpd-synthetic", "--data-dir", str(tmp_path)]) == 2
+  assert len(calls) == 1
 
 
 def test_bad_inputs():
