@@ -18,6 +18,7 @@ from fedjax_dro.data.images import (
 )
 from fedjax_dro.data.loaders import load_leaf_json, load_npz
 from fedjax_dro.data.partition import dirichlet_partition
+from fedjax_dro.data.readers import FeatureSet, load_features, write_features
 from fedjax_dro.data.registry import DatasetEntry, get_dataset, list_datasets, register_dataset
 from fedjax_dro.data.synthetic import synthetic_classification, synthetic_ridge, synthetic_shift
 
@@ -44,4 +45,7 @@ __all__ = [
   "digits_dirichlet_with_extras",
   "load_npz",
   "load_leaf_json",
+  "FeatureSet",
+  "load_features",
+  "write_features",
 ]
