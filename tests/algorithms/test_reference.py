@@ -131,3 +131,56 @@ def test_scaffold_reaches_global_minimizer_while_fedavg_is_biased():
   err_f = np.linalg.norm(flat(h_f.final_state.params) - opt)
   assert err_s < 1e-8, err_s
   assert err_f > 1e-2, err_f  # FedAvg's fixed point with 50 local steps is not the minimizer
+
+
+def _momentum_reference(data, rounds, seed, s, J, B, hp):
+  """FedAvg-M as a plain loop: per client ``m <- (1 - beta3) m + beta3 g; w <- w - eta m`` from
+  the averaged ``(w_bar, m_bar)``, then uniform means of the participants' ``w`` and ``m``."""
+  n, d = data.num_clients, data.x.shape[-1]
+  x, y, nex = np.asarray(data.x), np.asarray(data.y), np.asarray(data.num_examples)
+  _, _, run_key = jax.random.split(jax.random.PRNGKey(seed), 3)
+  w, b, mw, mb = np.zeros(d), 0.0, np.zeros(d), 0.0
+  for r in range(rounds):
+    sample_key, local_key = jax.random.split(jax.random.fold_in(run_key, r))
+    idx = np.asarray(sample_clients(sample_key, n, s))
+    finals = []
+    for k, i in enumerate(idx):
+      uw, ub, umw, umb = w.copy(), b, mw.copy(), mb
+      for step_key in jax.random.split(jax.random.split(local_key, s)[k], J):
+        rows = np.asarray(jax.random.randint(step_key, (B,), 0, nex[i]))
+        gw, gb = numpy_linreg_grad(uw, ub, x[i, rows], y[i, rows], L2)
+        umw, umb = (
+          (1 - hp["beta3"]) * umw + hp["beta3"] * gw,
+          (1 - hp["beta3"]) * umb + hp["beta3"] * gb,
+        )
+        uw, ub = uw - hp["client_lr"] * umw, ub - hp["client_lr"] * umb
+      finals.append((uw, ub, umw, umb))
+    w = np.mean([f[0] for f in finals], axis=0)
+    b = float(np.mean([f[1] for f in finals]))
+    mw = np.mean([f[2] for f in finals], axis=0)
+    mb = float(np.mean([f[3] for f in finals]))
+  return w, b, mw, mb
+
+
+def test_fedavg_momentum_matches_reference_loop_and_is_fgdro_kl_without_reweighting():
+  data = regression_clients(n=7, d=3, seed=1)
+  model = linreg(3, l2=L2)
+  common = dict(clients_per_round=3, local_steps=4, batch_size=4, backend="vmap")
+  hp = {"client_lr": 0.05, "beta3": 0.3}
+  hist = run(A.fedavg_momentum(model, **common), dataset(data), rounds=6, seed=3, hparams=hp)
+  w, b, mw, mb = _momentum_reference(data, 6, 3, 3, 4, 4, hp)
+  state = hist.final_state
+  np.testing.assert_allclose(np.asarray(state.params["w"]), w, rtol=0, atol=1e-10)
+  np.testing.assert_allclose(float(state.params["b"]), b, rtol=0, atol=1e-10)
+  np.testing.assert_allclose(np.asarray(state.momentum["w"]), mw, rtol=0, atol=1e-10)
+  np.testing.assert_allclose(float(state.momentum["b"]), mb, rtol=0, atol=1e-10)
+  # FGDRO-KL's weights exp(u / lambda) / v tend to 1 as lambda grows: the same trajectory.
+  kl = run(
+    A.fgdro_kl(model, **common), dataset(data), rounds=6, seed=3, hparams={**hp, "lam": 1e12}
+  )
+  np.testing.assert_allclose(np.asarray(kl.final_state.params["w"]), w, rtol=0, atol=1e-10)
+  # ... and at a small lambda the reweighting moves it: the comparison above can fail.
+  kl1 = run(
+    A.fgdro_kl(model, **common), dataset(data), rounds=6, seed=3, hparams={**hp, "lam": 0.5}
+  )
+  assert np.max(np.abs(np.asarray(kl1.final_state.params["w"]) - w)) > 1e-3
