@@ -1,5 +1,11 @@
 """Federated data: padded stacked arrays, constructors, partitioners, synthetic tasks."""
 
+from fedjax_dro.data.cifar import (
+  load_cifar10,
+  load_cifar100,
+  write_cifar10_bin,
+  write_cifar100_bin,
+)
 from fedjax_dro.data.federated import (
   FederatedData,
   FederatedDataset,
@@ -18,7 +24,7 @@ from fedjax_dro.data.images import (
 )
 from fedjax_dro.data.loaders import load_leaf_json, load_npz
 from fedjax_dro.data.partition import dirichlet_partition
-from fedjax_dro.data.readers import FeatureSet, load_features, write_features
+from fedjax_dro.data.readers import FeatureSet, ImageSet, load_features, write_features
 from fedjax_dro.data.registry import DatasetEntry, get_dataset, list_datasets, register_dataset
 from fedjax_dro.data.synthetic import synthetic_classification, synthetic_ridge, synthetic_shift
 
@@ -48,4 +54,9 @@ __all__ = [
   "FeatureSet",
   "load_features",
   "write_features",
+  "ImageSet",
+  "load_cifar10",
+  "load_cifar100",
+  "write_cifar10_bin",
+  "write_cifar100_bin",
 ]

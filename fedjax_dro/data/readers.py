@@ -5,18 +5,39 @@ CIFAR readers use the *binary* versions, ``cifar-10-batches-bin`` and ``cifar-10
 the Python pickles). Every reader validates the whole layout before returning, and a malformed
 file gets a ``ValueError`` / ``TypeError`` / ``FileNotFoundError`` naming the file and what was
 expected. The ``write_*`` functions are the inverses, for making small stand-ins (and test
-fixtures) in the same formats.
+fixtures) in the same formats. This module holds the containers, the features and TinyImageNet
+readers and the checks they share; the CIFAR readers are in :mod:`fedjax_dro.data.cifar`.
 """
 
 from __future__ import annotations
 
 import os
 import zipfile
-from typing import Dict, NamedTuple, Optional, Sequence, Union
+from typing import Dict, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 PathLike = Union[str, os.PathLike]
+
+
+class ImageSet(NamedTuple):
+  """An image classification dataset read from disk.
+
+  Attributes:
+    x_train: float32 ``[N, H, W, C]`` in ``[0, 1]``.
+    y_train: int32 ``[N]`` class indices.
+    x_test: float32 ``[M, H, W, C]`` in ``[0, 1]``.
+    y_test: int32 ``[M]``.
+    num_classes: number of classes (labels are in ``[0, num_classes)``).
+    class_names: the class names in label order, or ``()`` when the files have none.
+  """
+
+  x_train: np.ndarray
+  y_train: np.ndarray
+  x_test: np.ndarray
+  y_test: np.ndarray
+  num_classes: int
+  class_names: Tuple[str, ...]
 
 
 class FeatureSet(NamedTuple):
@@ -39,7 +60,8 @@ class FeatureSet(NamedTuple):
 # Shared helpers
 
 
-def _fspath(path, what: str) -> str:
+def as_path(path, what: str) -> str:
+  """``os.fspath(path)``, or a TypeError naming ``what`` (shared by the readers)."""
   try:
     return os.fspath(path)
   except TypeError:
@@ -49,7 +71,7 @@ def _fspath(path, what: str) -> str:
 
 
 def _existing_file(path, what: str) -> str:
-  path = _fspath(path, what)
+  path = as_path(path, what)
   if not os.path.exists(path):
     raise FileNotFoundError(f"{what} {path!r} does not exist")
   if not os.path.isfile(path):
@@ -102,8 +124,11 @@ def _read_npz(
   return arrays
 
 
-def _check_labels(y, where: str, n: Optional[int] = None, num_classes: Optional[int] = None):
-  """int32 copy of class labels ``y`` (1-D integers >= 0, ``n`` rows, < ``num_classes``)."""
+def check_labels(y, where: str, n: Optional[int] = None, num_classes: Optional[int] = None):
+  """int32 copy of class labels ``y`` (1-D integers >= 0, ``n`` rows, < ``num_classes``).
+
+  Shared by the readers and writers; errors start with ``where``.
+  """
   y = np.asarray(y)
   if y.dtype == object or y.dtype.kind not in "iu":
     raise TypeError(f"{where}: labels must be integers, got dtype {y.dtype}")
@@ -139,7 +164,7 @@ def _check_features(
       f"{where}, {fkey!r}: features must be finite float32 values, got "
       f"{x.reshape(-1)[np.ravel_multi_index(bad, x.shape)]} at row {bad[0]}, column {bad[1]}"
     )
-  y = _check_labels(labels, f"{where}, {lkey!r}", n=x.shape[0])
+  y = check_labels(labels, f"{where}, {lkey!r}", n=x.shape[0])
   return FeatureSet(x32, y, _check_split(split, f"{where}, {skey!r}", x.shape[0]), int(y.max()) + 1)
 
 
@@ -217,7 +242,7 @@ def write_features(path: PathLike, features, labels, split=None) -> str:
   Raises:
     ValueError, TypeError: the arrays are not what :func:`load_features` accepts.
   """
-  path = _fspath(path, "path")
+  path = as_path(path, "path")
   fs = _check_features(features, labels, split, "write_features")
   if not path.endswith(".npz"):
     path += ".npz"

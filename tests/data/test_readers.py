@@ -5,7 +5,16 @@ import os
 import numpy as np
 import pytest
 
-from fedjax_dro.data import FeatureSet, load_features, write_features
+from fedjax_dro.data import (
+  FeatureSet,
+  ImageSet,
+  load_cifar10,
+  load_cifar100,
+  load_features,
+  write_cifar10_bin,
+  write_cifar100_bin,
+  write_features,
+)
 
 RNG = np.random.default_rng(0)
 
@@ -129,3 +138,169 @@ def test_write_features_refuses_what_the_reader_would(tmp_path):
   with pytest.raises(ValueError, match="write_features, 'split'"):
     write_features(tmp_path / "x.npz", X7, Y7, split=["train"] * 7 + ["test"])
   assert not os.path.exists(tmp_path / "x.npz")
+
+
+# ---------------------------------------------------------------------------------------------
+# CIFAR-10 / CIFAR-100 binary
+
+
+def _hand_records(labels, images):
+  """The binary records built byte by byte (the oracle): label bytes, then R, G, B planes."""
+  out = bytearray()
+  for lab, img in zip(labels, images):
+    rec = bytearray(lab)
+    for c in range(3):
+      for i in range(32):
+        for j in range(32):
+          rec.append(int(img[i][j][c]))
+    out += rec
+  return bytes(out)
+
+
+def _images(n, seed):
+  return np.random.default_rng(seed).integers(0, 256, size=(n, 32, 32, 3), dtype=np.uint8)
+
+
+def _expected(images):
+  """x[n, i, j, :] = (r, g, b) / 255, element by element."""
+  x = np.zeros((len(images), 32, 32, 3), np.float32)
+  for n, img in enumerate(images):
+    for i in range(32):
+      for j in range(32):
+        x[n, i, j] = [np.float32(int(v)) / np.float32(255) for v in img[i][j]]
+  return x
+
+
+def _write_cifar10_by_hand(folder, per_batch=(2, 1, 3, 1, 2), n_test=3):
+  os.makedirs(folder, exist_ok=True)
+  xs, ys = [], []
+  for b, n in enumerate(per_batch, 1):
+    x, y = _images(n, seed=b), [(3 * b + k) % 10 for k in range(n)]
+    (folder / f"data_batch_{b}.bin").write_bytes(_hand_records([[v] for v in y], x))
+    xs.append(x)
+    ys += y
+  xt, yt = _images(n_test, seed=99), [9, 0, 5][:n_test]
+  (folder / "test_batch.bin").write_bytes(_hand_records([[v] for v in yt], xt))
+  return np.concatenate(xs), ys, xt, yt
+
+
+@pytest.mark.parametrize("nested", [False, True], ids=["data_dir", "data_dir/cifar-10-batches-bin"])
+def test_load_cifar10_decodes_the_binary_records_exactly(tmp_path, nested):
+  folder = tmp_path / "cifar-10-batches-bin" if nested else tmp_path
+  x, y, xt, yt = _write_cifar10_by_hand(folder)
+  ds = load_cifar10(tmp_path)
+  assert isinstance(ds, ImageSet) and ds.num_classes == 10 and ds.class_names == ()
+  assert ds.x_train.dtype == np.float32 and ds.y_train.dtype == np.int32
+  assert ds.x_train.shape == (9, 32, 32, 3) and ds.x_test.shape == (3, 32, 32, 3)
+  np.testing.assert_array_equal(ds.x_train, _expected(x))
+  np.testing.assert_array_equal(ds.x_test, _expected(xt))
+  assert ds.y_train.tolist() == y and ds.y_test.tolist() == yt
+  assert ds.x_train.min() >= 0 and ds.x_train.max() <= 1
+
+
+def test_load_cifar10_reads_class_names_and_round_trips_the_writer(tmp_path):
+  names = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+  x, y, xt, yt = _images(6, 1), np.arange(6) % 10, _images(2, 2), np.array([4, 9])
+  write_cifar10_bin(tmp_path / "out", x, y, xt, yt, class_names=names)
+  ds = load_cifar10(tmp_path / "out")
+  assert ds.class_names == tuple(names)
+  np.testing.assert_array_equal(ds.x_train, _expected(x))
+  assert ds.y_train.tolist() == y.tolist() and ds.y_test.tolist() == yt.tolist()
+  # The writer's files are the hand-built bytes, and float input in [0, 1] round-trips exactly.
+  assert (tmp_path / "out" / "test_batch.bin").read_bytes() == _hand_records([[4], [9]], xt)
+  write_cifar10_bin(tmp_path / "again", ds.x_train, ds.y_train, ds.x_test, ds.y_test)
+  for f in ["data_batch_1.bin", "data_batch_5.bin", "test_batch.bin"]:
+    assert (tmp_path / "again" / f).read_bytes() == (tmp_path / "out" / f).read_bytes()
+  (tmp_path / "out" / "batches.meta.txt").write_text("cat\ndog\n\n")
+  with pytest.raises(ValueError, match="batches.meta.txt.*2 names; expected 10"):
+    load_cifar10(tmp_path / "out")
+
+
+@pytest.mark.parametrize("nested", [False, True], ids=["data_dir", "data_dir/cifar-100-binary"])
+def test_load_cifar100_decodes_fine_and_coarse_labels(tmp_path, nested):
+  folder = tmp_path / "cifar-100-binary" if nested else tmp_path
+  folder.mkdir(exist_ok=True)
+  x, xt = _images(4, 5), _images(2, 6)
+  coarse, fine, coarse_t, fine_t = [19, 0, 7, 3], [99, 1, 42, 0], [2, 11], [50, 77]
+  (folder / "train.bin").write_bytes(_hand_records(list(zip(coarse, fine)), x))
+  (folder / "test.bin").write_bytes(_hand_records(list(zip(coarse_t, fine_t)), xt))
+  ds = load_cifar100(tmp_path)
+  assert ds.num_classes == 100 and ds.y_train.tolist() == fine and ds.y_test.tolist() == fine_t
+  np.testing.assert_array_equal(ds.x_train, _expected(x))
+  np.testing.assert_array_equal(ds.x_test, _expected(xt))
+  ds = load_cifar100(tmp_path, label="coarse")
+  assert ds.num_classes == 20 and ds.y_train.tolist() == coarse and ds.y_test.tolist() == coarse_t
+  np.testing.assert_array_equal(ds.x_train, _expected(x))
+
+
+def test_write_cifar100_bin_round_trips_with_names(tmp_path):
+  fine_names, coarse_names = [f"f{i}" for i in range(100)], [f"c{i}" for i in range(20)]
+  x, y, xt, yt = _images(3, 1), np.array([0, 55, 99]), _images(1, 2), np.array([7])
+  write_cifar100_bin(
+    tmp_path, x, y, xt, yt, coarse_train=[1, 2, 3], fine_names=fine_names, coarse_names=coarse_names
+  )
+  ds = load_cifar100(tmp_path)
+  assert ds.class_names == tuple(fine_names) and ds.y_train.tolist() == [0, 55, 99]
+  np.testing.assert_array_equal(ds.x_train, _expected(x))
+  ds = load_cifar100(tmp_path, label="coarse")
+  assert ds.class_names == tuple(coarse_names)
+  assert ds.y_train.tolist() == [1, 2, 3] and ds.y_test.tolist() == [7 // 5]
+
+
+def test_cifar_readers_refuse_malformed_files(tmp_path):
+  _write_cifar10_by_hand(tmp_path)
+  batch = tmp_path / "data_batch_3.bin"
+  good = batch.read_bytes()
+  batch.write_bytes(good[:-1])
+  with pytest.raises(ValueError, match=r"data_batch_3.bin.*9218 bytes, not a multiple.*3073"):
+    load_cifar10(tmp_path)
+  batch.write_bytes(b"")
+  with pytest.raises(ValueError, match="data_batch_3.bin.*is empty"):
+    load_cifar10(tmp_path)
+  batch.write_bytes(good[:3073] + bytes([10]) + good[3074:])
+  with pytest.raises(ValueError, match=r"data_batch_3.bin., record 1: class label byte 10 .*0, 10"):
+    load_cifar10(tmp_path)
+  batch.unlink()
+  with pytest.raises(FileNotFoundError, match=r"\['data_batch_3.bin'\] not found.*binary version"):
+    load_cifar10(tmp_path)
+  with pytest.raises(FileNotFoundError, match="does not exist"):
+    load_cifar10(tmp_path / "nope")
+  with pytest.raises(ValueError, match="is not a folder"):
+    load_cifar10(tmp_path / "test_batch.bin")
+  with pytest.raises(TypeError, match="data_dir must be a path"):
+    load_cifar10(None)
+  # CIFAR-10 files are not CIFAR-100 files: 3073-byte records are not 3074-byte ones.
+  (tmp_path / "train.bin").write_bytes(_hand_records([[1]] * 2, _images(2, 0)))
+  (tmp_path / "test.bin").write_bytes(_hand_records([[1, 2]] * 2, _images(2, 0)))
+  with pytest.raises(ValueError, match="train.bin.*6146 bytes.*3074.*coarse label byte"):
+    load_cifar100(tmp_path)
+  (tmp_path / "train.bin").write_bytes(_hand_records([[1, 100]], _images(1, 0)))
+  with pytest.raises(ValueError, match="train.bin., record 0: fine label byte 100"):
+    load_cifar100(tmp_path)
+  (tmp_path / "train.bin").write_bytes(_hand_records([[20, 1]], _images(1, 0)))
+  with pytest.raises(ValueError, match="train.bin., record 0: coarse label byte 20"):
+    load_cifar100(tmp_path, label="fine")
+  with pytest.raises(ValueError, match="label must be 'fine' or 'coarse'"):
+    load_cifar100(tmp_path, label="super")
+  (tmp_path / "test.bin").unlink()
+  with pytest.raises(FileNotFoundError, match="test.bin"):
+    load_cifar100(tmp_path)
+
+
+def test_cifar_writers_refuse_bad_arrays(tmp_path):
+  x, y = _images(5, 0), np.arange(5)
+  with pytest.raises(ValueError, match="x_train: images must be .N, 32, 32, 3."):
+    write_cifar10_bin(tmp_path, x[:, :16], y, x, y)
+  with pytest.raises(ValueError, match="y_test: labels must be class indices in .0, 10."):
+    write_cifar10_bin(tmp_path, x, y, x, y + 6)
+  with pytest.raises(ValueError, match="x_train needs >= 5 rows"):
+    write_cifar10_bin(tmp_path, x[:4], y[:4], x, y)
+  with pytest.raises(ValueError, match="float images must be finite and in .0, 1."):
+    write_cifar10_bin(tmp_path, x * 1.0, y, x, y)
+  with pytest.raises(ValueError, match="coarse_train: labels must be class indices in .0, 20."):
+    write_cifar100_bin(tmp_path, x, y, x, y, coarse_train=y + 16)
+  with pytest.raises(ValueError, match="fine_names: expected 100"):
+    write_cifar100_bin(tmp_path, x, y, x, y, fine_names=["a"])
+  with pytest.raises(ValueError, match="class_names: expected 10"):
+    write_cifar10_bin(tmp_path / "new", x, y, x, y, class_names=["a"] * 9 + [""])
+  assert os.listdir(tmp_path) == []  # nothing written, no folder made
