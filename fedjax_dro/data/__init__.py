@@ -24,7 +24,13 @@ from fedjax_dro.data.images import (
 )
 from fedjax_dro.data.loaders import load_leaf_json, load_npz
 from fedjax_dro.data.partition import dirichlet_partition
-from fedjax_dro.data.readers import FeatureSet, ImageSet, load_features, write_features
+from fedjax_dro.data.readers import (
+  FeatureSet,
+  ImageSet,
+  load_features,
+  load_tiny_imagenet,
+  write_features,
+)
 from fedjax_dro.data.registry import DatasetEntry, get_dataset, list_datasets, register_dataset
 from fedjax_dro.data.synthetic import synthetic_classification, synthetic_ridge, synthetic_shift
 
@@ -59,4 +65,5 @@ __all__ = [
   "load_cifar100",
   "write_cifar10_bin",
   "write_cifar100_bin",
+  "load_tiny_imagenet",
 ]

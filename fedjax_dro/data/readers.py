@@ -251,3 +251,187 @@ def write_features(path: PathLike, features, labels, split=None) -> str:
     arrays["split"] = fs.split
   np.savez(path, **arrays)
   return path
+
+
+# ---------------------------------------------------------------------------------------------
+# TinyImageNet
+
+_TINY_SHAPE = (64, 64, 3)
+_TINY_KEYS = ("x_train", "y_train", "x_test", "y_test")
+_IMAGE_SUFFIXES = (".jpeg", ".jpg", ".png")
+_TINY_LAYOUT = (
+  "tiny-imagenet-200/ with wnids.txt, train/<wnid>/images/*.JPEG, val/val_annotations.txt and "
+  "val/images/*.JPEG"
+)
+
+
+def load_tiny_imagenet(path: PathLike) -> ImageSet:
+  """Reads TinyImageNet (200 classes, 64x64 RGB) from an ``.npz`` or from its standard folder.
+
+  The ``.npz`` holds ``x_train``, ``x_test`` (``[N, 64, 64, 3]``, uint8 or floats in
+  ``[0, 1]``), ``y_train``, ``y_test`` (integers ``>= 0``) and optionally ``class_names``
+  (strings; then ``num_classes = len(class_names)``, else ``max(label) + 1``); it is read with
+  ``allow_pickle=False``. The folder is ``tiny-imagenet-200/`` as distributed (``path`` may also
+  be the folder holding it): ``wnids.txt`` (one class id a line, in label order),
+  ``train/<wnid>/images/*.JPEG`` and ``val/val_annotations.txt`` (``file<TAB>wnid...``) with
+  ``val/images/``; the val split is the test set (the official test split has no labels).
+  Images are decoded with Pillow (grayscale ones converted to RGB), imported only here; convert
+  once to the ``.npz`` form to read without it.
+
+  Args:
+    path: the ``.npz`` file or the TinyImageNet folder.
+
+  Returns:
+    An :class:`ImageSet` with ``x`` float32 ``[N, 64, 64, 3]`` in ``[0, 1]``; for the folder,
+    ``class_names`` are the wnids.
+
+  Raises:
+    FileNotFoundError: ``path``, ``wnids.txt``, a class's ``images`` folder, the val annotations
+      or an annotated image is missing.
+    ValueError: a malformed ``.npz`` (missing keys, wrong shapes, float pixels outside
+      ``[0, 1]``, lengths that disagree, negative labels), an empty or duplicated ``wnids.txt``,
+      a malformed annotation line or unknown wnid, an unreadable image or one not 64x64.
+    TypeError: object (pickled) arrays, images neither uint8 nor float, non-integer labels.
+    ImportError: the folder form without Pillow installed.
+  """
+  path = as_path(path, "path")
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"TinyImageNet path {path!r} does not exist")
+  if os.path.isfile(path):
+    return _tiny_imagenet_npz(path)
+  nested = os.path.join(path, "tiny-imagenet-200")
+  if not os.path.exists(os.path.join(path, "wnids.txt")) and os.path.isdir(nested):
+    path = nested
+  return _tiny_imagenet_folder(path)
+
+
+def _tiny_images(x: np.ndarray, where: str) -> np.ndarray:
+  if x.dtype != np.uint8 and x.dtype.kind != "f":
+    raise TypeError(f"{where}: images must be uint8 or floats in [0, 1], got dtype {x.dtype}")
+  if x.ndim != 4 or x.shape[1:] != _TINY_SHAPE or x.shape[0] == 0:
+    raise ValueError(f"{where}: images must be [N >= 1, 64, 64, 3], got shape {x.shape}")
+  if x.dtype == np.uint8:
+    return x.astype(np.float32) / np.float32(255)
+  if not np.all(np.isfinite(x)):
+    raise ValueError(f"{where}: float images must be finite and in [0, 1], got NaN or inf")
+  if x.min() < 0 or x.max() > 1:
+    raise ValueError(
+      f"{where}: float images must be finite and in [0, 1] (store uint8 for 0-255 pixels), got "
+      f"range [{x.min()}, {x.max()}]"
+    )
+  return x.astype(np.float32)
+
+
+def _tiny_imagenet_npz(path: str) -> ImageSet:
+  what = "TinyImageNet npz"
+  arrays = _read_npz(path, what, _TINY_KEYS, ("class_names",))
+  where = lambda key: f"{what} {path!r}, {key!r}"  # noqa: E731
+  names, num_classes = (), None
+  if "class_names" in arrays:
+    c = arrays["class_names"]
+    if c.dtype.kind not in "US" or c.ndim != 1 or c.size == 0:
+      raise ValueError(
+        f"{where('class_names')}: expected a non-empty 1-D string array, got {c.dtype} {c.shape}"
+      )
+    names = tuple(str(n) for n in c.astype(str))
+    num_classes = len(names)
+  out = []
+  for split in ("train", "test"):
+    x = _tiny_images(arrays[f"x_{split}"], where(f"x_{split}"))
+    y = check_labels(arrays[f"y_{split}"], where(f"y_{split}"), x.shape[0], num_classes)
+    out += [x, y]
+  if num_classes is None:
+    num_classes = int(max(out[1].max(), out[3].max())) + 1
+  return ImageSet(*out, num_classes, names)
+
+
+def _pillow():
+  try:
+    from PIL import Image  # noqa: PLC0415 - optional dependency, imported only where needed
+  except ImportError as e:
+    raise ImportError(
+      "reading the TinyImageNet folder needs Pillow to decode its JPEGs (pip install pillow); "
+      "or convert it once elsewhere to the .npz form (x_train, y_train, x_test, y_test) that "
+      "load_tiny_imagenet reads without it"
+    ) from e
+  return Image
+
+
+def _decode_into(image_module, path: str, out: np.ndarray) -> None:
+  """Decodes the 64x64 image at ``path`` into ``out`` (float32 ``[64, 64, 3]`` in [0, 1])."""
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"TinyImageNet image {path!r} does not exist")
+  try:
+    with image_module.open(path) as im:
+      size = im.size
+      rgb = np.asarray(im.convert("RGB"), dtype=np.uint8) if size == (64, 64) else None
+  except Exception as e:
+    raise ValueError(f"TinyImageNet image {path!r} is not a readable image: {e}") from e
+  if rgb is None:
+    raise ValueError(f"TinyImageNet image {path!r} is {size[0]}x{size[1]}; expected 64x64")
+  np.divide(rgb, np.float32(255), out=out, dtype=np.float32)
+
+
+def _decode_all(image_module, paths, labels) -> Tuple[np.ndarray, np.ndarray]:
+  x = np.empty((len(paths),) + _TINY_SHAPE, np.float32)
+  for i, p in enumerate(paths):
+    _decode_into(image_module, p, x[i])
+  return x, np.asarray(labels, np.int32)
+
+
+def _tiny_imagenet_folder(root: str) -> ImageSet:
+  wnids_path = os.path.join(root, "wnids.txt")
+  if not os.path.isfile(wnids_path):
+    raise FileNotFoundError(
+      f"TinyImageNet folder {root!r} has no wnids.txt; expected {_TINY_LAYOUT} (or an .npz file)"
+    )
+  with open(wnids_path, encoding="utf-8") as f:
+    wnids = [line.strip() for line in f if line.strip()]
+  if not wnids or len(set(wnids)) != len(wnids):
+    raise ValueError(
+      f"TinyImageNet file {wnids_path!r}: expected distinct class ids, one a line, got "
+      f"{len(wnids)} lines with {len(set(wnids))} distinct"
+    )
+  index = {w: k for k, w in enumerate(wnids)}
+  image_module = _pillow()
+  train_paths, train_labels = [], []
+  for k, wnid in enumerate(wnids):
+    folder = os.path.join(root, "train", wnid, "images")
+    if not os.path.isdir(folder):
+      raise FileNotFoundError(
+        f"TinyImageNet folder {folder!r} (class {wnid!r} of wnids.txt) does not exist; expected "
+        f"{_TINY_LAYOUT}"
+      )
+    files = sorted(f for f in os.listdir(folder) if f.lower().endswith(_IMAGE_SUFFIXES))
+    if not files:
+      raise ValueError(f"TinyImageNet folder {folder!r} has no .JPEG/.jpg/.png images")
+    train_paths += [os.path.join(folder, f) for f in files]
+    train_labels += [k] * len(files)
+  ann = os.path.join(root, "val", "val_annotations.txt")
+  if not os.path.isfile(ann):
+    raise FileNotFoundError(
+      f"TinyImageNet folder {root!r} has no val/val_annotations.txt (the labelled test set); "
+      f"expected {_TINY_LAYOUT}"
+    )
+  test_paths, test_labels = [], []
+  with open(ann, encoding="utf-8") as f:
+    for lineno, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      fields = line.rstrip("\n").split("\t")
+      if len(fields) < 2 or not fields[0]:
+        raise ValueError(
+          f"TinyImageNet file {ann!r}, line {lineno}: expected '<file>\\t<wnid>...', got "
+          f"{line.strip()!r}"
+        )
+      if fields[1] not in index:
+        raise ValueError(
+          f"TinyImageNet file {ann!r}, line {lineno}: wnid {fields[1]!r} is not in wnids.txt"
+        )
+      test_paths.append(os.path.join(root, "val", "images", fields[0]))
+      test_labels.append(index[fields[1]])
+  if not test_paths:
+    raise ValueError(f"TinyImageNet file {ann!r} lists no images")
+  x_train, y_train = _decode_all(image_module, train_paths, train_labels)
+  x_test, y_test = _decode_all(image_module, test_paths, test_labels)
+  return ImageSet(x_train, y_train, x_test, y_test, len(wnids), tuple(wnids))

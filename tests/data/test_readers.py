@@ -1,6 +1,7 @@
 """Readers of the user's files: features ``.npz``, CIFAR-10/100 binary, TinyImageNet."""
 
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ from fedjax_dro.data import (
   load_cifar10,
   load_cifar100,
   load_features,
+  load_tiny_imagenet,
   write_cifar10_bin,
   write_cifar100_bin,
   write_features,
@@ -304,3 +306,186 @@ def test_cifar_writers_refuse_bad_arrays(tmp_path):
   with pytest.raises(ValueError, match="class_names: expected 10"):
     write_cifar10_bin(tmp_path / "new", x, y, x, y, class_names=["a"] * 9 + [""])
   assert os.listdir(tmp_path) == []  # nothing written, no folder made
+
+
+# ---------------------------------------------------------------------------------------------
+# TinyImageNet
+
+
+def _tiny_arrays(n_train=5, n_test=3, dtype=np.uint8):
+  rng = np.random.default_rng(3)
+  x = rng.integers(0, 256, size=(n_train, 64, 64, 3)).astype(np.uint8)
+  xt = rng.integers(0, 256, size=(n_test, 64, 64, 3)).astype(np.uint8)
+  if dtype != np.uint8:
+    x, xt = (x / 255).astype(dtype), (xt / 255).astype(dtype)
+  return dict(x_train=x, y_train=np.arange(n_train) % 4, x_test=xt, y_test=np.array([3, 0, 1]))
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.float32, np.float64])
+def test_load_tiny_imagenet_npz(tmp_path, dtype):
+  arrays = _tiny_arrays(dtype=dtype)
+  np.savez(tmp_path / "tiny.npz", **arrays)
+  ds = load_tiny_imagenet(tmp_path / "tiny.npz")
+  assert ds.x_train.dtype == np.float32 and ds.x_train.shape == (5, 64, 64, 3)
+  scale = 255 if dtype == np.uint8 else 1
+  np.testing.assert_allclose(ds.x_train, arrays["x_train"] / scale, rtol=1e-6)
+  np.testing.assert_allclose(ds.x_test, arrays["x_test"] / scale, rtol=1e-6)
+  assert ds.y_train.tolist() == [0, 1, 2, 3, 0] and ds.y_test.tolist() == [3, 0, 1]
+  assert ds.num_classes == 4 and ds.class_names == ()
+  np.savez(tmp_path / "named.npz", class_names=np.array(["a", "b", "c", "d", "e"]), **arrays)
+  ds = load_tiny_imagenet(tmp_path / "named.npz")
+  assert ds.num_classes == 5 and ds.class_names == ("a", "b", "c", "d", "e")
+
+
+@pytest.mark.parametrize(
+  "change, exc, fragment",
+  [
+    (dict(x_test=None), ValueError, "['x_test']"),
+    (dict(x_train=np.zeros((2, 32, 32, 3), np.uint8)), ValueError, "[N >= 1, 64, 64, 3]"),
+    (dict(x_train=np.zeros((2, 64, 64), np.uint8)), ValueError, "[N >= 1, 64, 64, 3]"),
+    (dict(x_train=np.zeros((5, 64, 64, 3), np.int64)), TypeError, "uint8 or floats"),
+    (dict(x_train=np.full((5, 64, 64, 3), 255.0)), ValueError, "in [0, 1]"),
+    (dict(x_train=np.full((5, 64, 64, 3), np.nan)), ValueError, "finite"),
+    (dict(y_train=np.arange(4)), ValueError, "4 labels but 5 rows"),
+    (dict(y_test=np.array([0.0, 1.0, 2.0])), TypeError, "integers"),
+    (dict(y_test=np.array([0, -1, 2])), ValueError, "min -1"),
+    (dict(class_names=np.array(["a", "b"])), ValueError, "[0, 2)"),
+    (dict(class_names=np.arange(4)), ValueError, "1-D string array"),
+  ],
+)
+def test_load_tiny_imagenet_refuses_malformed_npz(tmp_path, change, exc, fragment):
+  arrays = {**_tiny_arrays(), **change}
+  arrays = {k: v for k, v in arrays.items() if v is not None}
+  np.savez(tmp_path / "bad.npz", **arrays)
+  with pytest.raises(exc) as info:
+    load_tiny_imagenet(tmp_path / "bad.npz")
+  assert "bad.npz" in str(info.value) and fragment in str(info.value), str(info.value)
+
+
+def test_load_tiny_imagenet_refuses_object_arrays_and_missing_paths(tmp_path):
+  arrays = _tiny_arrays()
+  arrays["y_train"] = np.array(list(arrays["y_train"]), dtype=object)
+  np.savez(tmp_path / "obj.npz", **arrays)
+  with pytest.raises(TypeError, match="'y_train'.*object .pickled. array"):
+    load_tiny_imagenet(tmp_path / "obj.npz")
+  with pytest.raises(FileNotFoundError, match="nope.npz"):
+    load_tiny_imagenet(tmp_path / "nope.npz")
+
+
+WNIDS = ["n01443537", "n01629819", "n01641577"]
+
+
+def _fmt(fmt):
+  return dict(format=fmt, quality=95, subsampling=0) if fmt == "JPEG" else dict(format=fmt)
+
+
+def _tiny_folder(root, per_class=2, fmt="JPEG", size=64):
+  """A tiny TinyImageNet folder of smooth generated images; returns (train, test) uint8 + labels."""
+  from PIL import Image
+
+  root.mkdir(parents=True)
+  (root / "wnids.txt").write_text("\n".join(WNIDS) + "\n")
+  ii, jj = np.meshgrid(np.arange(size), np.arange(size), indexing="ij")
+
+  def image(seed):  # smooth, so that JPEG keeps it close
+    r, g, b = (np.random.default_rng(seed).uniform(0.5, 3, size=3) * np.pi / size).tolist()
+    planes = [
+      128 + 100 * np.sin(r * ii),
+      128 + 100 * np.cos(g * jj),
+      128 + 60 * np.sin(b * (ii + jj)),
+    ]
+    return np.stack(planes, -1).round().astype(np.uint8)
+
+  train = []
+  for k, w in enumerate(WNIDS):
+    (root / "train" / w / "images").mkdir(parents=True)
+    for m in range(per_class):
+      img = image(10 * k + m)
+      Image.fromarray(img).save(root / "train" / w / "images" / f"{w}_{m}.{fmt}", **_fmt(fmt))
+      train.append((img, k))
+  (root / "val" / "images").mkdir(parents=True)
+  test, lines = [], []
+  for m, k in enumerate([2, 0, 2, 1]):
+    img = image(100 + m)
+    Image.fromarray(img).save(root / "val" / "images" / f"val_{m}.{fmt}", **_fmt(fmt))
+    lines.append(f"val_{m}.{fmt}\t{WNIDS[k]}\t0\t0\t63\t63")
+    test.append((img, k))
+  (root / "val" / "val_annotations.txt").write_text("\n".join(lines) + "\n")
+  return train, test
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG"])
+@pytest.mark.parametrize("nested", [False, True], ids=["root", "holding-folder"])
+def test_load_tiny_imagenet_folder(tmp_path, fmt, nested):
+  pytest.importorskip("PIL")
+  root = tmp_path / "tiny-imagenet-200"
+  train, test = _tiny_folder(root, fmt=fmt)
+  ds = load_tiny_imagenet(tmp_path if nested else root)
+  assert ds.class_names == tuple(WNIDS) and ds.num_classes == 3
+  assert ds.x_train.shape == (6, 64, 64, 3) and ds.x_test.shape == (4, 64, 64, 3)
+  assert ds.y_train.tolist() == [k for _, k in train] and ds.y_test.tolist() == [2, 0, 2, 1]
+  # Exactly what Pillow decodes, file by file, in the listed order.
+  from PIL import Image
+
+  files = sorted((root / "train").glob(f"*/images/*.{fmt}")) + [
+    root / "val" / "images" / f"val_{m}.{fmt}" for m in range(4)
+  ]
+  decoded = np.stack([np.asarray(Image.open(f).convert("RGB")) for f in files]) / 255
+  np.testing.assert_allclose(np.concatenate([ds.x_train, ds.x_test]), decoded, atol=1e-7)
+  # And close to the images written (PNG is lossless; JPEG at quality 95 on smooth images).
+  atol = 1e-7 if fmt == "PNG" else 8 / 255
+  np.testing.assert_allclose(ds.x_train, np.stack([i for i, _ in train]) / 255, atol=atol)
+  np.testing.assert_allclose(ds.x_test, np.stack([i for i, _ in test]) / 255, atol=atol)
+  if fmt == "JPEG":
+    assert np.abs(ds.x_test - np.stack([i for i, _ in test]) / 255).mean() < 1 / 255
+
+
+def test_load_tiny_imagenet_folder_refuses_malformed_layouts(tmp_path, monkeypatch):
+  pytest.importorskip("PIL")
+  from PIL import Image
+
+  root = tmp_path / "t"
+  _tiny_folder(root, per_class=1, fmt="PNG")
+  ann = root / "val" / "val_annotations.txt"
+  good = ann.read_text()
+  ann.write_text(good + "val_9.PNG\tn99999999\t0\t0\t1\t1\n")
+  with pytest.raises(ValueError, match="val_annotations.txt., line 5: wnid 'n99999999'"):
+    load_tiny_imagenet(root)
+  ann.write_text("val_0.PNG n01443537\n")
+  with pytest.raises(ValueError, match="line 1: expected"):
+    load_tiny_imagenet(root)
+  ann.write_text(good + "val_9.PNG\tn01443537\n")
+  with pytest.raises(FileNotFoundError, match="val_9.PNG"):
+    load_tiny_imagenet(root)
+  ann.write_text("\n")
+  with pytest.raises(ValueError, match="lists no images"):
+    load_tiny_imagenet(root)
+  ann.write_text(good)
+  big = root / "train" / WNIDS[1] / "images" / "big.png"
+  Image.fromarray(np.zeros((32, 48, 3), np.uint8)).save(big)
+  with pytest.raises(ValueError, match="big.png.*48x32; expected 64x64"):
+    load_tiny_imagenet(root)
+  big.write_bytes(b"not an image")
+  with pytest.raises(ValueError, match="big.png.*not a readable image"):
+    load_tiny_imagenet(root)
+  big.unlink()
+  monkeypatch.setitem(sys.modules, "PIL", None)
+  with pytest.raises(ImportError, match="Pillow.*npz form"):
+    load_tiny_imagenet(root)
+  monkeypatch.undo()
+  assert load_tiny_imagenet(root).x_train.shape == (3, 64, 64, 3)
+  ann.unlink()
+  with pytest.raises(FileNotFoundError, match="no val/val_annotations.txt"):
+    load_tiny_imagenet(root)
+  (root / "wnids.txt").write_text("n1\nn1\n")
+  with pytest.raises(ValueError, match="wnids.txt.*distinct"):
+    load_tiny_imagenet(root)
+  (root / "wnids.txt").write_text("n1\n")
+  with pytest.raises(FileNotFoundError, match="class 'n1' of wnids.txt"):
+    load_tiny_imagenet(root)
+  (root / "train" / "n1" / "images").mkdir(parents=True)
+  with pytest.raises(ValueError, match="has no .JPEG"):
+    load_tiny_imagenet(root)
+  (root / "wnids.txt").unlink()
+  with pytest.raises(FileNotFoundError, match="no wnids.txt"):
+    load_tiny_imagenet(root)
