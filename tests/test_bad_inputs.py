@@ -3,10 +3,12 @@
 ``CASES`` (Python API) and ``CLI_CASES`` (command line) are the table of distinct bad inputs;
 ``docs/bad_inputs.md`` lists them (``python -m tests.test_bad_inputs`` prints that table; a test
 keeps the two in sync). Every case asserts the exception type (or, for the CLI, exit status 2 and
-a one-line ``error:``) and that the message names the argument.
+a one-line ``error:``) and that the message names the argument. The file runs over 600 lines
+because it is one table: its rows stay together, in the order the docs list them.
 """
 
 import os
+import tempfile
 
 import jax.numpy as jnp
 import numpy as np
@@ -18,8 +20,15 @@ from fedjax_dro.data import (
   from_arrays,
   from_client_arrays,
   get_dataset,
+  load_cifar10,
+  load_cifar100,
+  load_features,
+  load_tiny_imagenet,
   train_test_split,
   validate_data,
+  write_cifar10_bin,
+  write_cifar100_bin,
+  write_features,
 )
 from tests.helpers import dataset, linreg, regression_clients
 
@@ -56,6 +65,75 @@ def _run(**kw):
 def _sweep(**kw):
   kw.setdefault("rounds", 1)
   return sweep(_fedavg(), dataset(DATA), **kw)
+
+
+_TMP = []
+
+
+def _fresh_dir() -> str:
+  """A new empty folder under one temporary folder of this module (removed at exit)."""
+  if not _TMP:
+    _TMP.append(tempfile.TemporaryDirectory(prefix="fedjax-dro-bad-inputs-"))
+  return tempfile.mkdtemp(dir=_TMP[0].name)
+
+
+def _edited(folder, name, edit):
+  """Rewrites the file ``name`` of ``folder`` as ``edit(its bytes)``; returns ``folder``."""
+  path = os.path.join(folder, name)
+  with open(path, "rb") as f:
+    data = f.read()
+  with open(path, "wb") as f:
+    f.write(edit(data))
+  return folder
+
+
+def _cifar10_with(name, edit):
+  images = np.zeros((5, 32, 32, 3), np.uint8)
+  names = [f"class {k}" for k in range(10)]
+  folder = write_cifar10_bin(
+    _fresh_dir(), images, np.arange(5), images[:2], [0, 9], class_names=names
+  )
+  return load_cifar10(_edited(folder, name, edit))
+
+
+def _cifar100_with(name, edit, **kw):
+  images = np.zeros((2, 32, 32, 3), np.uint8)
+  folder = write_cifar100_bin(_fresh_dir(), images, [0, 99], images, [5, 6])
+  return load_cifar100(_edited(folder, name, edit), **kw)
+
+
+def _npz(name, loader, **arrays):
+  path = os.path.join(_fresh_dir(), name)
+  np.savez(path, **arrays)
+  return loader(path)
+
+
+def _features_file(**arrays):
+  return _npz("features.npz", load_features, **arrays)
+
+
+def _tiny_npz(**change):
+  x = np.zeros((2, 64, 64, 3), np.uint8)
+  arrays = {"x_train": x, "y_train": [0, 1], "x_test": x, "y_test": [1, 0], **change}
+  return _npz("tiny.npz", load_tiny_imagenet, **arrays)
+
+
+def _tiny_folder(annotations="v.png\tn1\t0\t0\t63\t63\n", train_size=64):
+  from PIL import Image
+
+  root = _fresh_dir()
+  with open(os.path.join(root, "wnids.txt"), "w") as f:
+    f.write("n1\n")
+  for folder, name, size in (("train/n1/images", "a.png", train_size), ("val/images", "v.png", 64)):
+    os.makedirs(os.path.join(root, folder))
+    Image.fromarray(np.zeros((size, size, 3), np.uint8)).save(os.path.join(root, folder, name))
+  with open(os.path.join(root, "val", "val_annotations.txt"), "w") as f:
+    f.write(annotations)
+  return load_tiny_imagenet(root)
+
+
+F32_X = np.zeros((4, 2), np.float32)
+Y4 = np.array([0, 1, 1, 0])
 
 
 F32_PARAMS = {"w": np.zeros(2, np.float32), "b": np.zeros((), np.float32)}
@@ -430,6 +508,115 @@ CASES = {
     lambda: _sweep(hparams={"client_lr": [0.1, 0.2]}),
     ValueError,
     "hparams['client_lr']",
+  ),
+  # ---- readers of the user's files (CIFAR binary, TinyImageNet, features .npz) ----
+  "CIFAR-10 batch not a whole number of records": (
+    lambda: _cifar10_with("data_batch_2.bin", lambda b: b[:-7]),
+    ValueError,
+    "data_batch_2.bin",
+  ),
+  "CIFAR-10 empty test batch": (
+    lambda: _cifar10_with("test_batch.bin", lambda b: b""),
+    ValueError,
+    "test_batch.bin",
+  ),
+  "CIFAR-10 label byte out of range": (
+    lambda: _cifar10_with("data_batch_1.bin", lambda b: bytes([10]) + b[1:]),
+    ValueError,
+    "data_batch_1.bin",
+  ),
+  "CIFAR-10 class names file with 2 names": (
+    lambda: _cifar10_with("batches.meta.txt", lambda b: b"cat\ndog\n"),
+    ValueError,
+    "batches.meta.txt",
+  ),
+  "CIFAR-10 data_dir is a file": (lambda: load_cifar10(_FILE), ValueError, "data_dir"),
+  "CIFAR-100 file cut short": (
+    lambda: _cifar100_with("train.bin", lambda b: b[:-2]),
+    ValueError,
+    "train.bin",
+  ),
+  "CIFAR-100 fine label byte out of range": (
+    lambda: _cifar100_with("test.bin", lambda b: b[:1] + bytes([100]) + b[2:]),
+    ValueError,
+    "test.bin",
+  ),
+  "CIFAR-100 label neither fine nor coarse": (
+    lambda: _cifar100_with("test.bin", lambda b: b, label="superclass"),
+    ValueError,
+    "label",
+  ),
+  "features file without labels": (
+    lambda: _features_file(features=F32_X, y=Y4),
+    ValueError,
+    "labels",
+  ),
+  "features file with 1-D features": (
+    lambda: _features_file(features=Y4 * 1.0, labels=Y4),
+    ValueError,
+    "'features'",
+  ),
+  "features file with NaN": (
+    lambda: _features_file(features=_with_nan(F32_X, (1, 0)), labels=Y4),
+    ValueError,
+    "'features'",
+  ),
+  "features file with float labels": (
+    lambda: _features_file(features=F32_X, labels=Y4 + 0.5),
+    TypeError,
+    "'labels'",
+  ),
+  "features file with negative labels": (
+    lambda: _features_file(features=F32_X, labels=Y4 - 1),
+    ValueError,
+    "'labels'",
+  ),
+  "features file labels / features length mismatch": (
+    lambda: _features_file(features=F32_X, labels=Y4[:3]),
+    ValueError,
+    "'labels'",
+  ),
+  "features file split of unknown strings": (
+    lambda: _features_file(features=F32_X, labels=Y4, split=["train", "val", "test", "test"]),
+    ValueError,
+    "'split'",
+  ),
+  "features file split of another length": (
+    lambda: _features_file(features=F32_X, labels=Y4, split=[0, 1, 1]),
+    ValueError,
+    "'split'",
+  ),
+  "features file with an object (pickled) array": (
+    lambda: _features_file(features=F32_X.astype(object), labels=Y4),
+    TypeError,
+    "'features'",
+  ),
+  "features file not an npz": (lambda: load_features(_FILE), ValueError, "features file"),
+  "TinyImageNet npz images 32x32": (
+    lambda: _tiny_npz(x_train=np.zeros((2, 32, 32, 3), np.uint8)),
+    ValueError,
+    "'x_train'",
+  ),
+  "TinyImageNet npz float pixels in 0-255": (
+    lambda: _tiny_npz(x_test=np.full((2, 64, 64, 3), 200.0)),
+    ValueError,
+    "'x_test'",
+  ),
+  "TinyImageNet annotation with an unknown wnid": (
+    lambda: _tiny_folder(annotations="v.png\tn2\t0\t0\t63\t63\n"),
+    ValueError,
+    "val_annotations.txt",
+  ),
+  "TinyImageNet image not 64x64": (lambda: _tiny_folder(train_size=32), ValueError, "a.png"),
+  "write_cifar10_bin images not 32x32": (
+    lambda: write_cifar10_bin(_fresh_dir(), F32_X, Y4, F32_X, Y4),
+    ValueError,
+    "x_train",
+  ),
+  "write_features split of 2s": (
+    lambda: write_features(os.path.join(_fresh_dir(), "f.npz"), F32_X, Y4, split=[2, 0, 0, 0]),
+    ValueError,
+    "'split'",
   ),
 }
 

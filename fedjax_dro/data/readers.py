@@ -139,8 +139,9 @@ def check_labels(y, where: str, n: Optional[int] = None, num_classes: Optional[i
   if y.size:
     hi = num_classes if num_classes is not None else np.iinfo(np.int32).max + 1
     if y.min() < 0 or y.max() >= hi:
+      wanted = f"in [0, {hi})" if num_classes is not None else ">= 0 (and fit int32)"
       raise ValueError(
-        f"{where}: labels must be class indices in [0, {hi}), got min {y.min()}, max {y.max()}"
+        f"{where}: labels must be class indices {wanted}, got min {y.min()}, max {y.max()}"
       )
   return y.astype(np.int32)
 
@@ -189,7 +190,9 @@ def _check_split(split, where: str, n: int) -> Optional[np.ndarray]:
     bad = ~np.isin(t, ("train", "test"))
     if np.any(bad):
       i = int(np.flatnonzero(bad)[0])
-      raise ValueError(f"{where}: split strings must be 'train' or 'test', got {s[i]!r} at row {i}")
+      raise ValueError(
+        f"{where}: split strings must be 'train' or 'test', got {str(s[i])!r} at row {i}"
+      )
     return t == "test"
   raise TypeError(
     f"{where}: split must be bool, integers 0/1 or strings 'train'/'test', got dtype {s.dtype}"
