@@ -61,9 +61,9 @@ class FeatureSet(NamedTuple):
 
 
 def as_path(path, what: str) -> str:
-  """``os.fspath(path)``, or a TypeError naming ``what`` (shared by the readers)."""
+  """``path`` as a str with ``~`` expanded, or a TypeError naming ``what`` (shared by the readers)."""
   try:
-    return os.fspath(path)
+    return os.path.expanduser(os.fspath(path))
   except TypeError:
     raise TypeError(
       f"{what} must be a path (str or os.PathLike), got {type(path).__name__}"

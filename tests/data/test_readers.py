@@ -65,7 +65,7 @@ def test_load_features_reads_every_split_form(tmp_path, split, expected):
     assert fs.split.dtype == bool and fs.split.tolist() == expected
 
 
-def test_write_features_round_trips(tmp_path):
+def test_write_features_round_trips(tmp_path, monkeypatch):
   x, y = _features(n=5, d=2)
   split = np.array(["train", "test", "test", "train", "train"])
   path = write_features(tmp_path / "emb", x, y, split)
@@ -74,7 +74,8 @@ def test_write_features_round_trips(tmp_path):
   np.testing.assert_array_equal(fs.features, x.astype(np.float32))
   np.testing.assert_array_equal(fs.labels, y)
   assert fs.split.tolist() == [False, True, True, False, False]
-  fs = load_features(write_features(tmp_path / "plain.npz", x, y))
+  monkeypatch.setenv("HOME", str(tmp_path))
+  fs = load_features(write_features("~/plain.npz", x, y))
   assert fs.split is None
   with np.load(tmp_path / "plain.npz", allow_pickle=False) as npz:
     assert sorted(npz.files) == ["features", "labels"]
