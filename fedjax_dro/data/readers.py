@@ -99,7 +99,7 @@ def _read_npz(
       raise ValueError(
         f"{what} {path!r} has no key(s) {missing}: expected keys {list(required)}"
         + (f" (optional {list(optional)})" if optional else "")
-        + f", found {sorted(npz.files)}"
+        + f", found {_listing(npz.files)}"
       )
     for key in list(required) + [k for k in optional if k in npz.files]:
       try:
@@ -122,6 +122,12 @@ def _read_npz(
         raise TypeError(f"{what} {path!r}, key {key!r}: object arrays are not supported")
       arrays[key] = arr
   return arrays
+
+
+def _listing(names, limit: int = 10) -> str:
+  names = sorted(names)
+  more = f" ... ({len(names)} in all)" if len(names) > limit else ""
+  return f"{names[:limit]}{more}"
 
 
 def check_labels(y, where: str, n: Optional[int] = None, num_classes: Optional[int] = None):
@@ -301,6 +307,13 @@ def load_tiny_imagenet(path: PathLike) -> ImageSet:
   if not os.path.exists(path):
     raise FileNotFoundError(f"TinyImageNet path {path!r} does not exist")
   if os.path.isfile(path):
+    if zipfile.is_zipfile(path):
+      with zipfile.ZipFile(path) as z:
+        if any(name.endswith("wnids.txt") for name in z.namelist()):
+          raise ValueError(
+            f"TinyImageNet npz {path!r} is the zipped TinyImageNet folder, not an .npz; unzip it "
+            f"and pass the folder"
+          )
     return _tiny_imagenet_npz(path)
   nested = os.path.join(path, "tiny-imagenet-200")
   if not os.path.exists(os.path.join(path, "wnids.txt")) and os.path.isdir(nested):

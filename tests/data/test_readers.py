@@ -2,6 +2,7 @@
 
 import os
 import sys
+import zipfile
 
 import numpy as np
 import pytest
@@ -371,6 +372,17 @@ def test_load_tiny_imagenet_refuses_object_arrays_and_missing_paths(tmp_path):
     load_tiny_imagenet(tmp_path / "obj.npz")
   with pytest.raises(FileNotFoundError, match="nope.npz"):
     load_tiny_imagenet(tmp_path / "nope.npz")
+  # The distributed tiny-imagenet-200.zip is a zip too, but not an .npz.
+  with zipfile.ZipFile(tmp_path / "tiny-imagenet-200.zip", "w") as z:
+    z.writestr("tiny-imagenet-200/wnids.txt", "n1\n")
+    for k in range(30):
+      z.writestr(f"tiny-imagenet-200/train/n1/images/n1_{k}.JPEG", b"")
+  with pytest.raises(ValueError, match="is the zipped TinyImageNet folder.*unzip it"):
+    load_tiny_imagenet(tmp_path / "tiny-imagenet-200.zip")
+  with pytest.raises(
+    ValueError, match=r"no key\(s\) \['features', 'labels'\].*\.\.\. \(31 in all\)"
+  ):
+    load_features(tmp_path / "tiny-imagenet-200.zip")
 
 
 WNIDS = ["n01443537", "n01629819", "n01641577"]
