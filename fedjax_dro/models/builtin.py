@@ -62,7 +62,17 @@ def linear_regression(
 ) -> Model:
   """Linear regression with squared loss ``0.5 (x.w + b - y)^2`` (ridge when ``l2 > 0``).
 
-  ``num_outputs=None`` gives a scalar output with ``params = {"w": [d], "b": []}``.
+  Args:
+    num_features: ``d``, the length of each example's feature vector.
+    l2: ridge coefficient: every client objective gains ``l2/2 ||params||^2`` (all parameters,
+      the intercept included); default 0.
+    fit_intercept: whether the model has an intercept ``b`` (default True).
+    num_outputs: ``None`` (default): a scalar output, ``params = {"w": [d], "b": []}``; an integer
+      ``k``: ``k`` outputs, ``params = {"w": [d, k], "b": [k]}``.
+    init_scale: standard deviation of the normal initial weights (default 0: zeros).
+
+  Returns:
+    A regression :class:`~fedjax_dro.models.base.Model` (per-example metric ``mse``).
   """
   _check_positive_int(num_features, "num_features")
   _check_l2(l2)
@@ -108,7 +118,15 @@ def _binary_metrics(logits, y):
 
 
 def logistic_regression(num_features: int, *, l2: float = 0.0) -> Model:
-  """Binary logistic regression; labels in {0, 1}."""
+  """Binary logistic regression; labels in {0, 1}.
+
+  Args:
+    num_features: ``d``, the length of each example's feature vector.
+    l2: coefficient of ``l2/2 ||params||^2`` added to every client objective (default 0).
+
+  Returns:
+    A classification :class:`~fedjax_dro.models.base.Model` (one logit, sigmoid cross-entropy).
+  """
   _check_positive_int(num_features, "num_features")
   _check_l2(l2)
 
@@ -142,7 +160,16 @@ def _softmax_metrics(logits, y):
 
 
 def softmax_regression(num_features: int, num_classes: int, *, l2: float = 0.0) -> Model:
-  """Multinomial logistic regression; integer labels in ``[0, num_classes)``."""
+  """Multinomial logistic regression; integer labels in ``[0, num_classes)``.
+
+  Args:
+    num_features: ``d``, the length of each example's feature vector.
+    num_classes: ``k``, the number of classes (outputs).
+    l2: coefficient of ``l2/2 ||params||^2`` added to every client objective (default 0).
+
+  Returns:
+    A classification :class:`~fedjax_dro.models.base.Model` (softmax cross-entropy).
+  """
   _check_positive_int(num_features, "num_features")
   _check_positive_int(num_classes, "num_classes")
   _check_l2(l2)
@@ -260,6 +287,11 @@ def from_flax(
       ``"squared_error"`` or a callable ``(outputs, y) -> per-example loss``.
     metrics: callable ``(outputs, y) -> dict of per-example metrics`` (defaults follow ``loss``).
     task: "classification" or "regression" (defaults follow ``loss``).
+    l2: coefficient of ``l2/2 ||params||^2`` added to every client objective (default 0).
+    name: the model's name in results (default: the module's class name).
+
+  Returns:
+    A :class:`~fedjax_dro.models.base.Model` whose parameters are the module's.
   """
   if not isinstance(module, nn.Module):
     raise TypeError(f"module must be a flax.linen.Module, got {type(module).__name__}")
@@ -310,7 +342,17 @@ def mlp(
   *,
   l2: float = 0.0,
 ) -> Model:
-  """Fully connected ReLU network (e.g. the EMNIST-sized 784-200-200-62)."""
+  """Fully connected ReLU network (e.g. the EMNIST-sized 784-200-200-62).
+
+  Args:
+    input_shape: the shape of one example (flattened before the first layer).
+    num_classes: ``k``, the number of classes (outputs).
+    hidden: widths of the hidden ReLU layers (default ``(200, 200)``).
+    l2: coefficient of ``l2/2 ||params||^2`` added to every client objective (default 0).
+
+  Returns:
+    A classification :class:`~fedjax_dro.models.base.Model` (softmax cross-entropy).
+  """
   _check_positive_int(num_classes, "num_classes")
   input_shape = _check_shape(input_shape, "input_shape")
   hidden = _check_shape(hidden, "hidden")
@@ -339,6 +381,18 @@ def cnn(
   parameters and results: ``"lax"`` (``lax.conv``) or ``"patches"`` (9 shifted slices and a
   matmul: under ``vmap`` over clients a batched matmul, much faster on CPU than the grouped
   convolution ``lax.conv`` becomes).
+
+  Args:
+    input_shape: ``(height, width)`` or ``(height, width, channels)`` of one image; height and
+      width must be at least ``2 ** len(features)``.
+    num_classes: ``k``, the number of classes (outputs).
+    features: output channels of each conv block (default ``(32, 64)``).
+    dense: width of the dense ReLU layer before the head, or ``None`` for none (default 128).
+    l2: coefficient of ``l2/2 ||params||^2`` added to every client objective (default 0).
+    conv: ``"lax"`` (default) or ``"patches"``, as above.
+
+  Returns:
+    A classification :class:`~fedjax_dro.models.base.Model` (softmax cross-entropy).
   """
   _check_positive_int(num_classes, "num_classes")
   input_shape = _check_shape(input_shape, "input_shape", ndims=(2, 3))
