@@ -6,7 +6,9 @@ table) to ``out_dir``. One module per paper:
 
 * ``scaffpd-synthetic`` (:mod:`fedjax_dro.reproduce.scaffpd`): SCAFF-PD, Fig. 2.
 * ``karula-synthetic``, ``karula-heart`` (:mod:`fedjax_dro.reproduce.karula`): Karula, Table 1.
-* ``fgdro-table7`` (:mod:`fedjax_dro.reproduce.fgdro`): FGDRO, Appendix G, Table 7.
+* ``fgdro-table7`` (:mod:`fedjax_dro.reproduce.fgdro`, settings and grids in
+  :mod:`fedjax_dro.reproduce.fgdro_protocol`): FGDRO, Appendix G, Table 7 (``--data-dir``: the
+  paper's CIFAR-10 protocol; without it, the digits stand-in).
 
 To add one, write ``fedjax_dro/reproduce/<paper>.py`` and add its entry below.
 """
@@ -16,7 +18,8 @@ from __future__ import annotations
 from typing import Any, Callable, Dict
 
 from fedjax_dro.reproduce.common import with_distances
-from fedjax_dro.reproduce.fgdro import fgdro_table7, plot_fgdro_table7, with_class_weighted_accuracy
+from fedjax_dro.reproduce.fgdro import fgdro_table7, plot_fgdro_table7
+from fedjax_dro.reproduce.fgdro_protocol import with_class_weighted_accuracy
 from fedjax_dro.reproduce.karula import karula_heart, karula_synthetic
 from fedjax_dro.reproduce.scaffpd import (
   plot_scaffpd_synthetic,

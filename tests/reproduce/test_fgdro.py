@@ -1,6 +1,6 @@
-"""``fedjax-dro reproduce fgdro-table7``: a quick run on a subset of rows writes JSON, markdown and
-PNG in the Table 7 layout; the class-weighted worst-client accuracy metric against numpy; bad
-inputs."""
+"""``fedjax-dro reproduce fgdro-table7``: the paper's protocol end to end on tiny generated CIFAR-10
+binary files (function and CLI), its three accuracies against numpy from the final models, the
+digits stand-in's labelling, the grids' helpers and bad inputs."""
 
 import json
 import os
@@ -10,32 +10,132 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_dro import algorithms as A, models, reproduce, run
+from fedjax_dro import algorithms as A, cli, models, reproduce, run, sweep
+from fedjax_dro.data import load_cifar10, write_cifar10_bin
 from fedjax_dro.data.images import digits_dirichlet_with_extras
+from fedjax_dro.reproduce import fgdro as fgdro_module
+from fedjax_dro.reproduce.fgdro_protocol import (
+  PAPER_TABLE7,
+  cifar_round_time,
+  configurations,
+  edges,
+  image_partition,
+  protocol,
+  split_holdout,
+)
 
 
-@pytest.mark.slow  # ~90 s; the fgdro_fairness notebook runs the same algorithms by default
-def test_quick_reproduction_writes_the_table_json_and_png(tmp_path):
-  out = str(tmp_path / "fgdro")
-  labels = ["FedAvg", "FGDRO-CVaR", "FGDRO-KL-Adam"]
-  res = reproduce.fgdro_table7(out, quick=True, rounds=2, algorithms=labels, verbose=False)
-  with open(os.path.join(out, "fgdro_table7.json")) as f:
-    saved = json.load(f)
-  with open(os.path.join(out, "fgdro_table7.png"), "rb") as f:
-    assert f.read(8) == b"\x89PNG\r\n\x1a\n"
-  with open(os.path.join(out, "fgdro_table7.md")) as f:
-    table = f.read()
-  assert [p["alpha"] for p in saved["partitions"]] == [0.3, 10.0]
-  for part in saved["partitions"]:
+def _cifar_files(folder, per_class=100, test_per_class=12, seed=0):
+  """Tiny CIFAR-10 binary files: class ``c`` images are noise around a class colour, so a CNN
+  learns something in two rounds."""
+  rng = np.random.default_rng(seed)
+
+  def images(n):
+    y = np.repeat(np.arange(10), n)
+    base = rng.integers(0, 256, (10, 1, 1, 3))[y]
+    x = np.clip(base + rng.integers(-40, 41, (y.size, 32, 32, 3)), 0, 255).astype(np.uint8)
+    return x, y
+
+  x, y = images(per_class)
+  xt, yt = images(test_per_class)
+  return write_cifar10_bin(str(folder), x, y, xt, yt)
+
+
+def _hand_accuracies(params, model, x, y, proportions):
+  """(worst class, worst client, average) from the model's predictions, in numpy."""
+  pred = np.asarray(jnp.argmax(model.apply(params, jnp.asarray(x)), -1))
+  acc = np.array([np.mean(pred[y == c] == c) for c in range(10)])
+  client = proportions @ acc
+  return acc.min(), client.min(), client.mean()
+
+
+def _check_cifar_result(res, data_dir, labels):
+  """The reported test accuracies of every row and seed equal numpy's on a retrained model."""
+  assert res["stand_in"] is False and "STAND-IN" not in res["title"]
+  assert res["setting"]["data"].startswith("CIFAR-10")
+  images = load_cifar10(data_dir)
+  _, test = split_holdout(images.x_test, images.y_test, 0)
+  settings = protocol("cifar10", quick=True)
+  model = models.cnn((32, 32, 3), 10, features=settings["features"], dense=None, conv="patches")
+  rows = {r["label"]: r for r in settings["rows"]}
+  for part in res["partitions"]:
+    train, _ = image_partition(images.x_train, images.y_train, 10, part["alpha"], 0)
+    nex = np.asarray(train.num_examples)
+    y = np.asarray(train.y)
+    proportions = np.stack([np.bincount(y[i, : nex[i]], minlength=10) / nex[i] for i in range(100)])
+    assert part["train_rows"] == 5 * 100 + 5 * 20  # classes 5-9 keep 20% of 100
     assert list(part["algorithms"]) == labels
     for label, row in part["algorithms"].items():
-      assert 0.0 <= row["worst_acc"] <= row["avg_acc"] <= 1.0
-      assert len(row["per_seed_worst_acc"]) == 2 and len(row["curve_test_worst_acc"]) == 2
-      assert row["worst_acc"] == pytest.approx(np.mean(row["per_seed_worst_acc"]))
-      assert row["worst_acc_std"] == pytest.approx(np.std(row["per_seed_worst_acc"]))
-      assert row["hparams"] in [g["hparams"] for g in row["grid"]]
-      assert f"| {label} |" in table
-  assert "0.528 / 0.706" in table  # the paper's FGDRO-KL-Adam CIFAR-10 Dir(0.3) numbers beside
+      alg = A.get_algorithm(row["algorithm"]).factory(
+        model, local_steps=2, batch_size=4, backend="auto", **row["options"]
+      )
+      for k, s in enumerate(res["setting"]["seeds"]):
+        hp = {**rows[label]["fixed"], **row["hparams"]}
+        final = sweep(alg, train, rounds=2, seeds=[s], hparams=hp, eval_every=2).final_state
+        params = alg.client_models(jax.tree.map(lambda a: a[0], final))
+        hand = _hand_accuracies(params, model, test[0], test[1], proportions)
+        got = [row["per_seed_" + m][k] for m in ("worst_class_acc", "worst_acc", "avg_acc")]
+        np.testing.assert_allclose(got, hand, atol=1e-6)
+      assert row["worst_class_acc"] <= row["avg_acc"] + 1e-12
+      assert row["worst_acc"] <= row["avg_acc"] + 1e-12
+
+
+@pytest.mark.slow  # ~60 s on 2 idle cores: one row, two alphas, compilation-bound
+def test_cifar10_protocol_end_to_end_on_generated_binary_files(tmp_path):
+  data_dir = _cifar_files(tmp_path / "cifar")
+  out = str(tmp_path / "out")
+  res = reproduce.fgdro_table7(
+    out, quick=True, data_dir=data_dir, algorithms=["FedAvg-M"], verbose=False, plot=False
+  )
+  _check_cifar_result(res, data_dir, ["FedAvg-M"])
+  with open(os.path.join(out, "fgdro_table7.json")) as f:
+    saved = json.load(f)
+  assert saved["setting"]["local_iterations"] == 2 * 2 and saved["runtime_estimate_s"] > 0
+  with open(os.path.join(out, "fgdro_table7.md")) as f:
+    table = f.read()
+  assert "CIFAR-10 (the paper's protocol)" in table and "stand-in" not in table.lower()
+
+
+@pytest.mark.slow  # ~90 s: two rows, two alphas, through the command line
+def test_cli_runs_the_cifar10_protocol_from_data_dir(tmp_path, monkeypatch):
+  data_dir = _cifar_files(tmp_path / "cifar")
+  labels = ["FedAvg-M", "FGDRO-KL"]
+  real = fgdro_module.protocol
+
+  def two_rows(kind, quick=False):
+    out = real(kind, quick)
+    out["rows"] = [r for r in out["rows"] if r["label"] in labels]
+    return out
+
+  monkeypatch.setattr(fgdro_module, "protocol", two_rows)
+  out = tmp_path / "out"
+  argv = ["reproduce", "fgdro-table7", "--data-dir", data_dir, "--quick", "--out", str(out)]
+  assert cli.main(argv) == 0
+  with open(out / "fgdro_table7.json") as f:
+    saved = json.load(f)
+  _check_cifar_result(saved, data_dir, labels)
+  assert (out / "fgdro_table7.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow  # ~60 s
+def test_digits_stand_in_is_labelled_and_kept_apart_from_the_papers_numbers(tmp_path):
+  out = str(tmp_path / "fgdro")
+  labels = ["FedAvg", "FGDRO-KL"]
+  res = reproduce.fgdro_table7(out, quick=True, algorithms=labels, verbose=False)
+  with open(os.path.join(out, "fgdro_table7.json")) as f:
+    saved = json.load(f)
+  with open(os.path.join(out, "fgdro_table7.md")) as f:
+    table = f.read()
+  assert saved["stand_in"] is True and "STAND-IN" in saved["title"]
+  assert "STAND-IN" in saved["setting"]["data"] and "STAND-IN" in table.splitlines()[0]
+  ours, paper = table.split("The paper's Table 7")
+  assert "0.528" not in ours and "| FGDRO-KL-Adam | 0.528 | 0.706 | 0.511 | 0.729 |" in paper
+  for part in saved["partitions"]:
+    for row in part["algorithms"].values():
+      for m in ("worst_class_acc", "worst_acc", "avg_acc"):
+        assert row[m] == pytest.approx(np.mean(row["per_seed_" + m]))
+        assert row[m + "_std"] == pytest.approx(np.std(row["per_seed_" + m]))
+        assert f"{row[m]:.3f} (±{row[m + '_std']:.3f})" in ours
   assert res["md_path"].endswith("fgdro_table7.md")
 
 
@@ -48,19 +148,62 @@ def test_class_weighted_accuracy_metric_matches_numpy():
   hist = run(wrapped, ds.train, rounds=3, eval_every=3, hparams={"client_lr": 0.1})
   params = hist.final_state.params
   pred = np.asarray(jnp.argmax(model.apply(params, jnp.asarray(x)), -1))
+  present = [c for c in range(10) if np.any(y == c)]
   acc = np.array([np.mean(pred[y == c] == c) if np.any(y == c) else 0.0 for c in range(10)])
   client = extras.proportions @ acc
   final = {k: v[-1] for k, v in hist.train_metrics.items()}
   np.testing.assert_allclose(final["hold_worst_acc"], client.min(), atol=1e-12)
   np.testing.assert_allclose(final["hold_avg_acc"], client.mean(), atol=1e-12)
+  np.testing.assert_allclose(final["hold_worst_class_acc"], acc[present].min(), atol=1e-12)
+  np.testing.assert_allclose(final["hold_class_avg_acc"], acc[present].mean(), atol=1e-12)
 
 
-def test_bad_inputs():
+def test_paper_protocol_settings_and_grids():
+  p = protocol("cifar10")
+  assert (p["rounds"] * p["local_steps"], p["local_steps"], p["batch_size"]) == (20000, 32, 32)
+  rows = {r["label"]: r for r in p["rows"]}
+  assert set(PAPER_TABLE7) < set(rows) and {"FedAvg-M", "LocalAdam"} < set(rows)
+  for label in ("FedAvg", "SCAFFOLD", "FedProx", "DRFA", "FGDRO-KL", "FedAvg-M"):
+    assert rows[label]["grid"]["client_lr"] == (1e-4, 1e-3, 1e-2, 1e-1)
+  assert rows["FGDRO-KL"]["tied"] == {("beta1", "beta2", "beta3"): (0.01, 0.1, 0.2, 0.5)}
+  assert rows["FedAvg-M"]["tied"] == {("beta3",): (0.01, 0.1, 0.2, 0.5)}
+  # the old edges are interior now: CVaR alpha 0.5, KL lambda 5, DR-DSGD lambda 10, DRFA 0.01
+  for label, name, old in [
+    ("FGDRO-CVaR", "alpha", 0.5),
+    ("FGDRO-KL", "lam", 5.0),
+    ("DR-DSGD", "lam", 10.0),
+    ("DRFA", "gamma", 0.01),
+  ]:
+    values = rows[label]["grid"][name]
+    assert min(values) < old < max(values)
+  configs = configurations(rows["FGDRO-KL"])
+  assert len(configs) == 4 * 6 * 4
+  assert all(c["beta1"] == c["beta2"] == c["beta3"] for c in configs)
+  assert len({tuple(sorted(c.items())) for c in configs}) == len(configs)
+  stand_in = protocol("digits")
+  assert stand_in["rounds"] * stand_in["local_steps"] == 320
+
+
+def test_edges_names_the_parameters_chosen_at_a_grid_edge():
+  grid = {"client_lr": (0.1, 0.3, 1.0), "lam": (1.0, 5.0), "tau": (0.5,)}
+  assert edges(grid, {"client_lr": 0.3, "lam": 5.0, "tau": 0.5}) == ["lam=5 (high edge)"]
+  assert edges(grid, {"client_lr": 0.1, "lam": 3.0, "tau": 0.5}) == ["client_lr=0.1 (low edge)"]
+
+
+def test_bad_inputs(tmp_path):
   with pytest.raises(ValueError, match="rounds"):
     reproduce.fgdro_table7(None, rounds=0)
   with pytest.raises(ValueError, match="seeds"):
     reproduce.fgdro_table7(None, seeds=[])
   with pytest.raises(ValueError, match="algorithms"):
     reproduce.fgdro_table7(None, algorithms=["FedAvg", "FedNope"])
+  with pytest.raises(FileNotFoundError):
+    reproduce.fgdro_table7(None, data_dir=str(tmp_path / "missing"), quick=True)
+  with pytest.raises(ValueError, match="kind"):
+    protocol("imagenet")
+  with pytest.raises(ValueError, match="label"):
+    cifar_round_time("FedNope")
+  with pytest.raises(ValueError, match="rounds"):
+    cifar_round_time(rounds=0)
   assert "fgdro-table7" in reproduce.EXPERIMENTS
   assert jax.config.jax_enable_x64  # the metric test above compares in float64
