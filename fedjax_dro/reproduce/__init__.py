@@ -5,6 +5,7 @@ dict`` registered in :data:`EXPERIMENTS` under its CLI name; it writes JSON (and
 table) to ``out_dir``. One module per paper:
 
 * ``scaffpd-synthetic`` (:mod:`fedjax_dro.reproduce.scaffpd`): SCAFF-PD, Fig. 2.
+* ``scaffpd-table1`` (:mod:`fedjax_dro.reproduce.scaffpd_table1`): SCAFF-PD, Table 1 and Fig. 3.
 * ``karula-synthetic``, ``karula-heart`` (:mod:`fedjax_dro.reproduce.karula`): Karula, Table 1.
 * ``fgdro-table7`` (:mod:`fedjax_dro.reproduce.fgdro`, settings and grids in
   :mod:`fedjax_dro.reproduce.fgdro_protocol`): FGDRO, Appendix G, Table 7 (``--data-dir``: the
@@ -28,9 +29,16 @@ from fedjax_dro.reproduce.scaffpd import (
   scaffpd_synthetic,
   shift_problem,
 )
+from fedjax_dro.reproduce.scaffpd_table1 import (
+  plot_scaffpd_fig3,
+  scaffpd_table1,
+  table1_partition,
+  worst_fraction_accuracy,
+)
 
 EXPERIMENTS: Dict[str, Callable[..., Dict[str, Any]]] = {
   "scaffpd-synthetic": scaffpd_synthetic,
+  "scaffpd-table1": scaffpd_table1,
   "fgdro-table7": fgdro_table7,
   "karula-synthetic": karula_synthetic,
   "karula-heart": karula_heart,
@@ -53,6 +61,10 @@ __all__ = [
   "problem_constants",
   "plot_scaffpd_synthetic",
   "scaffpd_markdown",
+  "scaffpd_table1",
+  "table1_partition",
+  "worst_fraction_accuracy",
+  "plot_scaffpd_fig3",
   "fgdro_table7",
   "plot_fgdro_table7",
   "with_class_weighted_accuracy",
