@@ -238,6 +238,31 @@ CASES = {
     ValueError,
     "client_id",
   ),
+  "from_arrays x a scalar": (
+    lambda: from_arrays(np.float32(1), np.zeros(3), np.array([0, 1, 2])),
+    ValueError,
+    "x must have one row",
+  ),
+  "from_arrays num_clients=10**9 (no loop over it)": (
+    lambda: from_arrays(np.zeros((4, 2)), np.zeros(4), np.array([0, 1, 0, 1]), num_clients=10**9),
+    ValueError,
+    "num_clients",
+  ),
+  "from_arrays client id 10**12 (no loop over it)": (
+    lambda: from_arrays(np.zeros((4, 2)), np.zeros(4), np.array([0, 1, 0, 10**12])),
+    ValueError,
+    "client_id",
+  ),
+  "from_arrays empty arrays": (
+    lambda: from_arrays(np.zeros((0, 2)), np.zeros(0), np.zeros(0, int)),
+    ValueError,
+    "x, y and client_id have no rows",
+  ),
+  "from_arrays num_clients a float": (
+    lambda: from_arrays(np.zeros((4, 2)), np.zeros(4), np.array([0, 1, 0, 1]), num_clients=2.0),
+    ValueError,
+    "num_clients",
+  ),
   "non-prefix mask": (
     lambda: validate_data(DATA.replace(mask=DATA.mask[:, ::-1])),
     ValueError,
@@ -689,6 +714,17 @@ def test_cli_reports_bad_names_without_traceback(capsys):
   assert "unknown dataset 'nope'" in capsys.readouterr().err
   assert cli.main(["run", "--hparam", "client_lr=-1", "--rounds", "1", "--no-progress"]) == 2
   assert "client_lr" in capsys.readouterr().err
+
+
+def test_from_arrays_groups_rows_without_a_loop_over_num_clients():
+  # the oracle: a per-client boolean selection of the pooled rows, order kept within a client
+  x = np.arange(12.0).reshape(6, 2)
+  cid = np.array([2, 0, 2, 1, 0, 1])
+  data = from_arrays(x, x[:, 0], cid, num_clients=np.int64(3))
+  for i in range(3):
+    rows = x[cid == i]
+    np.testing.assert_array_equal(np.asarray(data.x[i, : len(rows)]), rows)
+    assert int(data.num_examples[i]) == len(rows)
 
 
 def markdown_table() -> str:

@@ -9,6 +9,7 @@ the rest False): this *prefix* layout lets minibatch sampling draw only valid ro
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from typing import Any, Optional, Sequence
 
 import flax.struct
@@ -173,7 +174,9 @@ def from_client_arrays(
         f"{label_shape}"
       )
   if max_examples is not None and (
-    not isinstance(max_examples, (int, np.integer)) or max_examples < 1
+    not isinstance(max_examples, numbers.Integral)
+    or isinstance(max_examples, (bool, np.bool_))
+    or max_examples < 1
   ):
     raise ValueError(f"max_examples must be a positive integer, got {max_examples!r}")
   rng = np.random.default_rng(seed)
@@ -236,6 +239,9 @@ def from_arrays(
   within a client.
   """
   x, y, cid = _as_array(x, "x"), _as_array(y, "y"), _as_array(client_id, "client_id")
+  for name, arr in (("x", x), ("y", y)):
+    if arr.ndim < 1:
+      raise ValueError(f"{name} must have one row per example, got a scalar ({arr.dtype})")
   if cid.ndim != 1 or not np.issubdtype(cid.dtype, np.integer):
     raise TypeError(
       f"client_id must be a 1-D integer array, got shape {cid.shape} dtype {cid.dtype}"
@@ -245,16 +251,39 @@ def from_arrays(
       f"x, y and client_id must have the same number of rows: got {x.shape[0]}, "
       f"{y.shape[0]}, {cid.shape[0]}"
     )
-  if cid.size and cid.min() < 0:
+  rows = cid.shape[0]
+  if rows == 0:
+    raise ValueError("x, y and client_id have no rows: at least one example is required")
+  if cid.min() < 0:
     raise ValueError(f"client_id must be >= 0, got min {cid.min()}")
+  # Every client needs >= 1 row, so no valid count exceeds the number of rows: both are checked
+  # before anything is allocated per client (a client id of 10**12 is refused, not looped over).
+  if num_clients is not None and (
+    not isinstance(num_clients, numbers.Integral)
+    or isinstance(num_clients, (bool, np.bool_))
+    or not 1 <= num_clients <= rows
+  ):
+    raise ValueError(
+      f"num_clients must be an integer in [1, {rows}] (every client needs >= 1 of the {rows} "
+      f"rows), got {num_clients!r}"
+    )
+  if cid.max() >= rows:
+    raise ValueError(
+      f"client_id has value {cid.max()} but there are only {rows} rows: client ids must be "
+      f"0..num_clients-1 and every client needs >= 1 row"
+    )
   n = int(num_clients) if num_clients is not None else int(cid.max()) + 1
-  if cid.size and cid.max() >= n:
+  if cid.max() >= n:
     raise ValueError(f"client_id has value {cid.max()} >= num_clients={n}")
-  xs = [x[cid == i] for i in range(n)]
-  ys = [y[cid == i] for i in range(n)]
-  for i in range(n):
-    if xs[i].shape[0] == 0:
-      raise ValueError(f"client {i} has no rows in client_id: every client needs >= 1 example")
+  counts = np.bincount(cid, minlength=n)
+  if np.any(counts == 0):
+    raise ValueError(
+      f"client {int(np.argmin(counts))} has no rows in client_id: every client needs >= 1 example"
+    )
+  order = np.argsort(cid, kind="stable")  # rows keep their order within a client
+  bounds = np.cumsum(counts)[:-1]
+  xs = np.split(x[order], bounds)
+  ys = np.split(y[order], bounds)
   return from_client_arrays(xs, ys, max_examples=max_examples, seed=seed)
 
 
