@@ -4,6 +4,12 @@ Each client is evaluated with *its own* model for personalized algorithms and wi
 model otherwise. Summaries (host-side, numpy): mean weighted by examples, unweighted mean over
 clients, worst-20% (the average over the 20% of clients with the worst value — lowest accuracy /
 R^2, highest loss / MSE; ``ceil(0.2 n)`` clients), best-20%, the worst single client, quantiles.
+
+R^2 of a client whose test responses are constant (a single row, or all rows equal) is
+*undefined*: its total sum of squares is 0, and ``1 - SSE / SST`` has no meaning (clamping SST
+gave values like -2.6e30 that swamped every mean). :func:`evaluate_clients` reports it as NaN,
+and :func:`summarize_all` leaves such clients out of every R^2 statistic and records how many
+there were as ``"undefined"`` (present only when > 0; result files write the NaN as ``null``).
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ HIGHER_IS_BETTER = {
   "estimation_error": False,
 }
 QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9)
+# metrics whose per-client NaN means "undefined for this client" (left out of the summaries)
+UNDEFINED_AS_NAN = frozenset({"r2"})
 
 
 def evaluate_clients(
@@ -46,6 +54,9 @@ def evaluate_clients(
   at once). A global model is shared by the clients of a chunk, so JAX's batching folds the
   client axis into the batch: one matmul (one convolution) over all the chunk's rows, not one
   per client.
+
+  For a regression model, ``r2`` is NaN (undefined) for a client whose valid responses are all
+  equal (:func:`constant_responses`), whatever the model predicts.
   """
   if personalized:
     fn = lambda p, x, y, m: per_client_eval(model, p, x, y, m)  # noqa: E731
@@ -53,7 +64,20 @@ def evaluate_clients(
   else:
     fn = lambda x, y, m: per_client_eval(model, params, x, y, m)  # noqa: E731
     args = (data.x, data.y, data.mask)
-  return map_clients(fn, *args, backend=backend, chunk_size=chunk_size)
+  out = map_clients(fn, *args, backend=backend, chunk_size=chunk_size)
+  if "r2" in out and model.task == "regression":
+    out["r2"] = jnp.where(constant_responses(data.y, data.mask), jnp.nan, out["r2"])
+  return out
+
+
+def constant_responses(y, mask) -> jnp.ndarray:
+  """``[n]`` bool: client ``i``'s valid responses ``y[i, mask[i]]`` are all equal (every output),
+  so their total sum of squares is 0 and R^2 is undefined (a single row is constant)."""
+  yy = y.reshape(y.shape[0], y.shape[1], -1).astype(jnp.result_type(float))
+  valid = mask[:, :, None]
+  high = jnp.max(jnp.where(valid, yy, -jnp.inf), axis=1)
+  low = jnp.min(jnp.where(valid, yy, jnp.inf), axis=1)
+  return jnp.all(high == low, axis=-1)
 
 
 def estimation_error(params, true_params, personalized: bool) -> Optional[jnp.ndarray]:
@@ -74,12 +98,37 @@ def estimation_error(params, true_params, personalized: bool) -> Optional[jnp.nd
 
 
 def summarize(
-  values, weights=None, higher_is_better: bool = True, fraction: float = 0.2
+  values, weights=None, higher_is_better: bool = True, fraction: float = 0.2, nan_undefined=False
 ) -> Dict[str, float]:
-  """Summary statistics of a per-client metric vector."""
+  """Summary statistics of a per-client metric vector.
+
+  Args:
+    values: ``[n]`` per-client values.
+    weights: optional ``[n]`` weights of ``weighted_mean`` (the clients' example counts).
+    higher_is_better: whether the worst clients are those with the lowest values.
+    fraction: the fraction of clients averaged by ``worst20`` / ``best20`` (``ceil(fraction n)``).
+    nan_undefined: NaN values mark clients where the metric is undefined (R^2 of constant
+      responses): they are left out of every statistic, and ``"undefined"`` (their count) is added
+      when there are any; if no value is defined, every statistic is NaN.
+  """
   v = np.asarray(values, np.float64)
   if v.ndim != 1 or v.size == 0:
     raise ValueError(f"values must be a non-empty 1-D array, got shape {v.shape}")
+  w = None if weights is None else np.asarray(weights, np.float64)
+  undefined = 0
+  if nan_undefined:
+    defined = ~np.isnan(v)
+    undefined = int(v.size - defined.sum())
+    if undefined == v.size:
+      nan = float("nan")
+      out = {"mean": nan, "worst20": nan, "best20": nan, "worst": nan}
+      if w is not None:
+        out["weighted_mean"] = nan
+      out.update({f"q{int(q * 100):02d}": nan for q in QUANTILES})
+      out["undefined"] = undefined
+      return out
+    v = v[defined]
+    w = None if w is None else w[defined]
   order = np.sort(v) if higher_is_better else np.sort(v)[::-1]  # worst first
   k = max(1, math.ceil(fraction * v.size))
   out = {
@@ -88,19 +137,26 @@ def summarize(
     "best20": float(np.mean(order[-k:])),
     "worst": float(order[0]),
   }
-  if weights is not None:
-    w = np.asarray(weights, np.float64)
+  if w is not None:
     out["weighted_mean"] = float(np.sum(w * v) / np.sum(w))
   for q in QUANTILES:
     out[f"q{int(q * 100):02d}"] = float(np.quantile(v, q))
+  if undefined:
+    out["undefined"] = undefined
   return out
 
 
 def summarize_all(
   per_client: Dict[str, np.ndarray], num_examples=None
 ) -> Dict[str, Dict[str, float]]:
+  """:func:`summarize` of every metric (R^2's NaN: undefined clients, left out and counted)."""
   return {
-    name: summarize(vals, num_examples, HIGHER_IS_BETTER.get(name, True))
+    name: summarize(
+      vals,
+      num_examples,
+      HIGHER_IS_BETTER.get(name, True),
+      nan_undefined=name in UNDEFINED_AS_NAN,
+    )
     for name, vals in per_client.items()
   }
 
