@@ -14,6 +14,8 @@
 A sweep's ``out_dir`` holds ``sweep.json`` and ``sweep.csv`` (one row per configuration: the
 hyper-parameters, ``seed``, ``diverged`` and ``<metric>_<stat>`` of the final evaluation).
 
+Every JSON file is strict JSON (:func:`json_text`): a non-finite float (a NaN metric, an infinite
+loss) is written as ``null`` and the record's ``"nonfinite"`` entry lists the fields that held one.
 All files are written atomically (:func:`~fedjax_dro.records.files.atomic_write`).
 ``pandas.read_csv`` reads them as they are; the readers here (:func:`read_run`,
 :func:`read_sweep`, used by :mod:`fedjax_dro.records.plots`) need only the standard library and
@@ -26,6 +28,7 @@ import csv
 import dataclasses
 import io
 import json
+import math
 import os
 from typing import Any, Dict, List
 
@@ -91,10 +94,7 @@ class History:
     atomic_write(
       os.path.join(out_dir, "metrics.jsonl"), "".join(jsonl_line(r) for r in self.jsonl_records())
     )
-    atomic_write(
-      os.path.join(out_dir, "summary.json"),
-      json.dumps(self.summary(), indent=2, default=json_default),
-    )
+    atomic_write(os.path.join(out_dir, "summary.json"), json_text(self.summary(), indent=2))
     history_to_csv(self, out_dir)
 
 
@@ -110,7 +110,7 @@ def round_records(train_metrics, start: int):
 
 
 def jsonl_line(record) -> str:
-  return json.dumps(record, default=json_default) + "\n"
+  return json_text(record) + "\n"
 
 
 def evaluation_record(ev):
@@ -128,6 +128,44 @@ def json_default(obj):
   if isinstance(obj, np.ndarray):
     return obj.tolist()
   return str(obj)
+
+
+def finite_for_json(obj, where: str = ""):
+  """``(copy of obj, fields)``: NumPy scalars and arrays as Python values, and every non-finite
+  float (NaN, +-inf) as None; ``fields`` names, in order and once each, the dotted paths of the
+  dict entries that held one (a list counts as its entry: ``per_client.r2``)."""
+  fields: List[str] = []
+
+  def clean(value, path):
+    if isinstance(value, np.ndarray):
+      value = value.tolist()
+    elif isinstance(value, np.generic):
+      value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+      if path not in fields:
+        fields.append(path)
+      return None
+    if isinstance(value, dict):
+      return {k: clean(v, f"{path}.{k}" if path else str(k)) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+      return [clean(v, path) for v in value]
+    return value
+
+  return clean(obj, where), fields
+
+
+def json_text(obj, indent=None) -> str:
+  """Strict JSON of ``obj`` (what every JSON file of :mod:`fedjax_dro.records` is written with).
+
+  Non-finite floats are written as ``null`` (bare ``NaN`` / ``Infinity`` tokens are not JSON and
+  strict parsers reject them) and flagged: a dict gets a ``"nonfinite"`` entry listing the dotted
+  paths of the fields that held one (:func:`finite_for_json`), e.g. ``["summary.r2.mean"]``.
+  Other objects are converted by :func:`json_default`.
+  """
+  clean, fields = finite_for_json(obj)
+  if fields and isinstance(clean, dict):
+    clean = {**clean, "nonfinite": fields}
+  return json.dumps(clean, indent=indent, default=json_default, allow_nan=False)
 
 
 class JsonlWriter:
@@ -243,7 +281,7 @@ def sweep_to_csv(result, out_dir: str) -> List[str]:
   json_path = os.path.join(out_dir, "sweep.json")
   atomic_write(
     json_path,
-    json.dumps(
+    json_text(
       {
         "algorithm": result.algorithm,
         "grid": names,
