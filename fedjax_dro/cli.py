@@ -288,11 +288,17 @@ def _check_paths(args) -> None:
 
 
 def _check_counts(args):
-  """--rounds and --eval-every checked before anything is built or printed."""
+  """--rounds, --eval-every and --seed checked before anything is built or printed (argparse
+  accepts any Python int: 99999999999999999999 would reach JAX as an OverflowError)."""
   for flag in ("rounds", "eval_every"):
     value = getattr(args, flag, None)
-    if value is not None and value < 1:
-      raise ValueError(f"--{flag.replace('_', '-')} must be a positive integer, got {value}")
+    if value is not None and not 1 <= value <= 2**31 - 1:
+      raise ValueError(
+        f"--{flag.replace('_', '-')} must be an integer in [1, 2**31 - 1], got {value}"
+      )
+  seed = getattr(args, "seed", None)
+  if seed is not None and not 0 <= seed < 2**32:
+    raise ValueError(f"--seed must be an integer in [0, 2**32), got {seed}")
 
 
 def _parse_seeds(text: str) -> List[int]:
@@ -441,6 +447,8 @@ def cmd_plot(args) -> int:
 def cmd_reproduce(args) -> int:
   from fedjax_dro.reproduce import EXPERIMENTS, reproduce
 
+  _check_paths(args)  # before any computing: --out /etc/passwd is refused at once
+  _check_counts(args)
   _compile_cache(args)
   inputs = {}  # the user's data files, passed only to the experiments that read them
   for option, name in (("--data-dir", "data_dir"), ("--features", "features")):

@@ -372,6 +372,14 @@ CASES = {
     ValueError,
     "dissimilarity",
   ),
+  "batch_size=2**63": (lambda: A.fedavg(linreg(2), batch_size=2**63), ValueError, "batch_size"),
+  "local_steps=2**31": (lambda: A.fedavg(linreg(2), local_steps=2**31), ValueError, "local_steps"),
+  "clients_per_round a bool": (
+    lambda: A.fedavg(linreg(2), clients_per_round=True),
+    ValueError,
+    "clients_per_round",
+  ),
+  "chunk_size a float": (lambda: A.fedavg(linreg(2), chunk_size=4.0), ValueError, "chunk_size"),
   # ---- model against data (the compatibility check before compiling) ----
   "model for 7 features on data with 2": (
     lambda: _run(alg=_fedavg(models.linear_regression(7))),
@@ -482,11 +490,34 @@ CASES = {
   "rounds zero": (lambda: _run(rounds=0), ValueError, "rounds"),
   "rounds a float": (lambda: _run(rounds=10.0), ValueError, "rounds"),
   "rounds a bool": (lambda: _run(rounds=True), ValueError, "rounds"),
+  "rounds=10**20": (lambda: _run(rounds=10**20), ValueError, "rounds"),
+  "rounds=2**31 (beyond the int32 round counter)": (
+    lambda: _run(rounds=2**31, eval_every=2**31),
+    ValueError,
+    "rounds",
+  ),
+  "eval_every=2**31": (lambda: _run(rounds=2, eval_every=2**31), ValueError, "eval_every"),
   "eval_every negative": (lambda: _run(rounds=2, eval_every=-1), ValueError, "eval_every"),
   "eval_every a bool": (lambda: _run(rounds=2, eval_every=True), ValueError, "eval_every"),
   "seed not int": (lambda: _run(seed="zero"), TypeError, "seed"),
   "seed negative": (lambda: _run(seed=-3), ValueError, "seed"),
   "seed a float key": (lambda: _run(seed=np.zeros(2)), TypeError, "seed"),
+  "true_params of the wrong size (model has 3)": (
+    lambda: _run(true_params=np.zeros((4, 5))),
+    ValueError,
+    "true_params",
+  ),
+  "true_params for other clients": (
+    lambda: _run(true_params=np.zeros((3, 3))),
+    ValueError,
+    "true_params",
+  ),
+  "true_params NaN": (lambda: _run(true_params=np.full((4, 3), np.nan)), ValueError, "true_params"),
+  "sweep true_params NaN": (
+    lambda: _sweep(true_params=np.full((4, 3), np.nan)),
+    ValueError,
+    "true_params",
+  ),
   "progress not a bool": (lambda: _run(progress="yes"), TypeError, "progress"),
   "out_dir under /proc": (lambda: _run(out_dir="/proc/x"), ValueError, "out_dir"),
   "out_dir is a file": (lambda: _run(out_dir=_FILE), ValueError, "out_dir"),
@@ -664,6 +695,20 @@ CLI_CASES = {
   ),
   "--rounds zero": (["run", "--rounds", "0"], "--rounds"),
   "--rounds negative (sweep)": (["sweep", "--rounds", "-1"], "--rounds"),
+  "--rounds 99999999999999999999": (["run", "--rounds", "99999999999999999999"], "--rounds"),
+  "--rounds 2**31 --eval-every 2**31": (
+    ["run", "--rounds", "2147483648", "--eval-every", "2147483648"],
+    "--rounds",
+  ),
+  "--eval-every 2**31 (sweep)": (
+    ["sweep", "--rounds", "2", "--eval-every", "2147483648"],
+    "--eval-every",
+  ),
+  "--seed -1": (["run", "--seed", "-1", "--rounds", "1"], "--seed"),
+  "reproduce --out a file (refused before computing)": (
+    ["reproduce", "karula-synthetic", "--out", _FILE, "--quick"],
+    "--out",
+  ),
   "--devices zero": (["run", "--devices", "0", "--rounds", "1"], "--devices"),
   "--algorithm unknown": (["run", "--algorithm", "nope", "--rounds", "1"], "algorithm"),
   "--dataset unknown": (["run", "--dataset", "nope", "--rounds", "1"], "dataset"),
@@ -672,6 +717,56 @@ CLI_CASES = {
     "clients_per_round",
   ),
 }
+
+
+def _constant_client_r2():
+  xs, ys = _clients(n=3, m=4)
+  ys[1] = np.full(4, 3.0)  # constant responses: R^2 undefined
+  data = from_client_arrays(xs, ys)
+  hist = _run(data=data)
+  summary, per_client = hist.final["r2"], hist.evaluations[-1]["per_client"]["r2"]
+  assert np.isnan(per_client[1]) and np.all(np.isfinite(per_client[[0, 2]]))
+  assert summary["undefined"] == 1 and summary["mean"] == np.mean(per_client[[0, 2]])
+
+
+def _nan_in_a_result_file():
+  import json
+
+  from fedjax_dro.records.history import json_text
+
+  def refuse(token):
+    raise AssertionError(f"bare {token} in a result file")
+
+  out = json.loads(json_text({"summary": {"r2": {"mean": np.nan}}}), parse_constant=refuse)
+  assert out == {"summary": {"r2": {"mean": None}}, "nonfinite": ["summary.r2.mean"]}
+
+
+def _numpy_integer_settings():
+  alg = A.fedavg(linreg(2), clients_per_round=np.int64(2), batch_size=np.int32(3))
+  hist = _run(alg=alg, rounds=np.int64(2), eval_every=np.uint16(1), seed=np.int64(0))
+  assert hist.config["rounds"] == 2 and hist.config["settings"]["batch_size"] == 3
+
+
+# description: (check that raises AssertionError if the documented behaviour breaks, behaviour)
+BEHAVIOURS = {
+  "a client whose test responses are constant (or one row)": (
+    _constant_client_r2,
+    "its r2 is NaN (undefined), left out of the r2 summary, counted as `undefined`",
+  ),
+  "a non-finite value in a result file (metrics.jsonl, summary.json, sweep.json)": (
+    _nan_in_a_result_file,
+    "written as `null`; the record's `nonfinite` lists the fields",
+  ),
+  "NumPy integers for integer settings (rounds, eval_every, seed, batch_size...)": (
+    _numpy_integer_settings,
+    "accepted like Python ints (and recorded as ints)",
+  ),
+}
+
+
+@pytest.mark.parametrize("case", list(BEHAVIOURS))
+def test_documented_behaviour(case):
+  BEHAVIOURS[case][0]()
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -701,7 +796,8 @@ def test_cli_bad_input_is_one_clear_line(case, capsys):
 
 def test_table_has_at_least_60_distinct_cases_and_the_docs_list_them():
   assert len(CASES) + len(CLI_CASES) >= 60
-  assert len(set(CASES) | set(CLI_CASES)) == len(CASES) + len(CLI_CASES)
+  names = set(CASES) | set(CLI_CASES) | set(BEHAVIOURS)
+  assert len(names) == len(CASES) + len(CLI_CASES) + len(BEHAVIOURS)
   docs = os.path.join(os.path.dirname(os.path.dirname(_FILE)), "docs", "bad_inputs.md")
   with open(docs) as f:
     assert f.read() == markdown_table()
@@ -727,6 +823,42 @@ def test_from_arrays_groups_rows_without_a_loop_over_num_clients():
     assert int(data.num_examples[i]) == len(rows)
 
 
+def test_integer_settings_accept_any_integer_type():
+  # the same run with numpy integers and Python ints: equal settings and results
+  as_np = A.fedavg(
+    linreg(2),
+    clients_per_round=np.int64(2),
+    local_steps=np.int32(2),
+    batch_size=np.uint8(3),
+    chunk_size=np.int16(2),
+  )
+  as_py = A.fedavg(linreg(2), clients_per_round=2, local_steps=2, batch_size=3, chunk_size=2)
+  assert as_np.config == as_py.config
+  assert all(type(v) is not np.int64 for v in as_np.config.values())
+  a = _run(alg=as_np, rounds=np.int64(2), eval_every=np.int32(1), seed=np.int64(1))
+  b = _run(alg=as_py, rounds=2, eval_every=1, seed=1)
+  assert a.config["rounds"] == b.config["rounds"] == 2 and a.config["seed"] == b.config["seed"] == 1
+  assert set(a.train_metrics) == set(b.train_metrics) and a.train_metrics
+  for k in a.train_metrics:
+    np.testing.assert_array_equal(a.train_metrics[k], b.train_metrics[k])
+  np.testing.assert_array_equal(
+    a.evaluations[-1]["per_client"]["r2"], b.evaluations[-1]["per_client"]["r2"]
+  )
+
+
+def test_true_params_of_the_model_size_give_the_estimation_error():
+  # oracle: ||theta - theta_i*||^2 by hand from the final global parameters
+  truth = RNG.normal(size=(4, 3))
+  hist = _run(rounds=2, true_params=truth)
+  p = hist.final_state.params
+  flat = np.concatenate([np.ravel(p["b"]), np.ravel(p["w"])])  # ravel_pytree: keys sorted
+  np.testing.assert_allclose(
+    hist.evaluations[-1]["per_client"]["estimation_error"],
+    np.sum((flat[None, :] - truth) ** 2, axis=1),
+    rtol=1e-5,
+  )
+
+
 def markdown_table() -> str:
   rows = [
     "# Bad inputs and the errors they get",
@@ -744,6 +876,17 @@ def markdown_table() -> str:
   for j, (name, (argv, flag)) in enumerate(CLI_CASES.items(), len(CASES) + 1):
     shown = ["FILE" if a == _FILE else a for a in argv]  # no machine-specific paths in the docs
     rows.append(f"| {j} | {name} | `fedjax-dro {' '.join(shown)}` | exit 2 | `{flag}` |")
+  rows += [
+    "",
+    "## Inputs with a documented behaviour instead of an error",
+    "",
+    "Each row is checked by `test_documented_behaviour` in the same file.",
+    "",
+    "| # | input | behaviour |",
+    "|---|---|---|",
+  ]
+  for k, (name, (_, behaviour)) in enumerate(BEHAVIOURS.items(), 1):
+    rows.append(f"| {k} | {name} | {behaviour} |")
   return "\n".join(rows) + "\n"
 
 

@@ -6,9 +6,11 @@
 
 from __future__ import annotations
 
+import numbers
 from typing import Any, Callable, Mapping, NamedTuple, Optional
 
 import jax.numpy as jnp
+import numpy as np
 
 from fedjax_dro.core.clients import resolve_backend, validate_backend
 from fedjax_dro.core.sampling import validate_clients_per_round
@@ -26,6 +28,23 @@ class CommonSettings(NamedTuple):
   weighting: str
 
 
+MAX_COUNT = 2**31 - 1  # counts become int32 shapes and indices on the device
+
+
+def _count(name: str, value, expected: str, optional: bool = True) -> Optional[int]:
+  """``value`` as a Python int in ``[1, MAX_COUNT]`` (any integer type: ``int``, ``np.int64``...;
+  never a bool), or None when ``optional``."""
+  if value is None and optional:
+    return None
+  if (
+    not isinstance(value, numbers.Integral)
+    or isinstance(value, (bool, np.bool_))
+    or not 1 <= value <= MAX_COUNT
+  ):
+    raise ValueError(f"{name} must be {expected} in [1, 2**31 - 1], got {value!r}")
+  return int(value)
+
+
 def common_settings(
   *,
   clients_per_round=None,
@@ -35,18 +54,12 @@ def common_settings(
   chunk_size=None,
   weighting="num_examples",
 ) -> CommonSettings:
-  if clients_per_round is not None and (
-    not isinstance(clients_per_round, int) or clients_per_round < 1
-  ):
-    raise ValueError(
-      f"clients_per_round must be a positive integer or None (all), got {clients_per_round!r}"
-    )
-  if not isinstance(local_steps, int) or isinstance(local_steps, bool) or local_steps < 1:
-    raise ValueError(f"local_steps must be a positive integer, got {local_steps!r}")
-  if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
-    raise ValueError(
-      f"batch_size must be a positive integer or None (full batch), got {batch_size!r}"
-    )
+  clients_per_round = _count(
+    "clients_per_round", clients_per_round, "a positive integer or None (all)"
+  )
+  local_steps = _count("local_steps", local_steps, "a positive integer", optional=False)
+  batch_size = _count("batch_size", batch_size, "a positive integer or None (full batch)")
+  chunk_size = _count("chunk_size", chunk_size, "a positive integer or None")
   validate_backend(backend, chunk_size)
   if weighting not in ("num_examples", "uniform"):
     raise ValueError(f"weighting must be 'num_examples' or 'uniform', got {weighting!r}")

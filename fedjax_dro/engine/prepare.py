@@ -29,6 +29,7 @@ Every failure is a ``ValueError`` / ``TypeError`` naming the argument (``data.x`
 
 from __future__ import annotations
 
+import numbers
 from typing import Any, Dict, Optional, Tuple
 
 import jax
@@ -59,7 +60,9 @@ def split_data(data, eval_data, true_params):
   A :class:`FederatedDataset` gives its training split, its test split (else its training split)
   as the default evaluation data, its true parameters and its name; :class:`FederatedData` (or
   host-resident data) is the training data and the default evaluation data, named ``"custom"``.
-  Both are validated and must have the same number of clients.
+  Both are validated and must have the same number of clients. ``true_params`` given as an
+  argument is checked (:func:`check_true_params`); a dataset's own are used as they are (a model
+  of another size than the dataset's ground truth gets no estimation error).
   """
   if isinstance(data, FederatedDataset):
     train = data.train
@@ -73,6 +76,10 @@ def split_data(data, eval_data, true_params):
     eval_data = eval_data if eval_data is not None else data
   else:
     raise TypeError(f"data must be a FederatedDataset or FederatedData, got {type(data).__name__}")
+  if true_params is not None and not (
+    isinstance(data, FederatedDataset) and true_params is data.true_params
+  ):
+    true_params = check_true_params(true_params, train.num_clients)
   _validate(train, "data")
   _validate(eval_data, "eval_data")
   if eval_data.num_clients != train.num_clients:
@@ -80,20 +87,50 @@ def split_data(data, eval_data, true_params):
   return train, eval_data, true_params, name
 
 
+MAX_ROUNDS = 2**31 - 1  # the round counter is an int32 on the device
+
+
+def check_true_params(true_params, num_clients: int, num_params: Optional[int] = None):
+  """``true_params`` (the argument of a run or sweep) as a float array ``[num_clients, dim]`` of
+  finite values, ``dim`` equal to ``num_params`` (the model's parameter count) when given."""
+  try:
+    arr = np.asarray(true_params)
+  except Exception:  # pragma: no cover - defensive
+    raise TypeError(f"true_params must be an array, got {type(true_params).__name__}") from None
+  if arr.dtype.kind not in "iuf":
+    raise TypeError(f"true_params must be a real-valued array, got dtype {arr.dtype}")
+  if arr.ndim != 2 or arr.shape[0] != num_clients:
+    raise ValueError(
+      f"true_params must have shape [num_clients={num_clients}, num_parameters], got {arr.shape}"
+    )
+  if num_params is not None and arr.shape[1] != num_params:
+    raise ValueError(
+      f"true_params has {arr.shape[1]} parameters per client but the model has {num_params}: "
+      f"the estimation error compares the raveled model parameters with them"
+    )
+  if not np.all(np.isfinite(arr)):
+    raise ValueError("true_params has NaN or infinite values")
+  return true_params
+
+
 def check_run_args(alg, rounds, eval_every) -> Tuple[int, int]:
-  """``(rounds, rounds per chunk)``: checks the algorithm and the round counts of a run; the chunk
-  is ``eval_every`` (default ``min(rounds, 10)``), at most ``rounds``."""
+  """``(rounds, rounds per chunk)``: checks the algorithm and the round counts of a run (integers of
+  any type in ``[1, 2**31 - 1]``, the range of the device's int32 round counter); the chunk is
+  ``eval_every`` (default ``min(rounds, 10)``), at most ``rounds``."""
   if not isinstance(alg, Algorithm):
     raise TypeError(
       f"alg must be an Algorithm (e.g. fedjax_dro.algorithms.fedavg(model)), got "
       f"{type(alg).__name__}"
     )
-  if not isinstance(rounds, (int, np.integer)) or isinstance(rounds, bool) or rounds < 1:
-    raise ValueError(f"rounds must be a positive integer, got {rounds!r}")
-  if eval_every is not None and (
-    not isinstance(eval_every, (int, np.integer)) or isinstance(eval_every, bool) or eval_every < 1
-  ):
-    raise ValueError(f"eval_every must be a positive integer, got {eval_every!r}")
+  for name, value in (("rounds", rounds), ("eval_every", eval_every)):
+    if name == "eval_every" and value is None:
+      continue
+    if (
+      not isinstance(value, numbers.Integral)
+      or isinstance(value, (bool, np.bool_))
+      or not 1 <= value <= MAX_ROUNDS
+    ):
+      raise ValueError(f"{name} must be an integer in [1, 2**31 - 1], got {value!r}")
   return int(rounds), int(min(eval_every or max(1, min(rounds, 10)), rounds))
 
 
@@ -314,9 +351,15 @@ def check_run_inputs(
   init_params=None,
   out_dir: Optional[str] = None,
   checkpoint_dir: Optional[str] = None,
+  true_params=None,
 ) -> None:
-  """The compatibility check of ``run`` / ``sweep`` / ``compile_rounds`` (module docstring)."""
+  """The compatibility check of ``run`` / ``sweep`` / ``compile_rounds`` (module docstring);
+  ``true_params`` given as an argument are checked against the model's parameter count."""
   check_model_data(alg.model, train, name="data", init_params=init_params)
+  if true_params is not None:
+    shapes = jax.eval_shape(alg.model.init, jax.random.PRNGKey(0))
+    size = sum(int(np.prod(leaf.shape, dtype=int)) for leaf in jax.tree.leaves(shapes))
+    check_true_params(true_params, train.num_clients, size)
   if eval_data is not None and eval_data is not train:
     check_model_data(alg.model, eval_data, name="eval_data")
   check_writable_dir(out_dir, "out_dir")

@@ -18,7 +18,7 @@ state and the history so far (and, with ``out_dir``, the metrics already written
 from __future__ import annotations
 
 import hashlib
-import json
+import numbers
 import os
 import time
 import warnings
@@ -73,7 +73,7 @@ from fedjax_dro.records.history import (
   JsonlWriter,
   evaluation_record,
   history_to_csv,
-  json_default,
+  json_text,
   jsonl_line,
   round_records,
 )
@@ -153,7 +153,9 @@ def run(
     eval_every: rounds per compiled chunk; evaluation happens after every chunk (default
       ``min(rounds, 10)``).
     init_params: initial model parameters (default ``alg.model.init``).
-    true_params: ``[n, dim]`` true per-client parameters, for the estimation error.
+    true_params: ``[n, dim]`` true per-client parameters, for the estimation error: finite, ``dim``
+      the model's parameter count (else a ValueError). A dataset's own ``true_params`` are used
+      only when their size matches the model's.
     progress: show a tqdm progress bar (rounds, rate, mean and worst-20% of the main metric).
     check_finite: stop at the first round producing NaN/Inf (see
       :class:`~fedjax_dro.engine.errors.NonFiniteError`).
@@ -189,9 +191,16 @@ def run(
   for name, flag in (("progress", progress), ("check_finite", check_finite)):
     if not isinstance(flag, (bool, np.bool_)):
       raise TypeError(f"{name} must be a bool, got {flag!r}")
+  given_true_params = true_params
   train, eval_data, true_params, data_name = split_data(data, eval_data, true_params)
   check_run_inputs(
-    alg, train, eval_data, init_params=init_params, out_dir=out_dir, checkpoint_dir=checkpoint_dir
+    alg,
+    train,
+    eval_data,
+    init_params=init_params,
+    out_dir=out_dir,
+    checkpoint_dir=checkpoint_dir,
+    true_params=given_true_params,
   )
   hp = prepare_hparams(alg, hparams, init_params=init_params)
   model_key, init_key, run_key = derive_keys(seed)
@@ -235,7 +244,7 @@ def run(
     "hparams": {k: np.asarray(v).tolist() for k, v in hp.items()},
     "rounds": rounds,
     "eval_every": chunk,
-    "seed": seed if isinstance(seed, int) else {"key": np.asarray(seed).tolist()},
+    "seed": int(seed) if isinstance(seed, numbers.Integral) else {"key": np.asarray(seed).tolist()},
     "dataset": data_name,
     "num_clients": train.num_clients,
   }
@@ -380,7 +389,7 @@ def run_chunks(plan: RunPlan, state, status, history: History) -> History:
   if plan.out_dir is not None:
     atomic_write(
       os.path.join(plan.out_dir, "summary.json"),
-      json.dumps(history.summary(), indent=2, default=json_default),
+      json_text(history.summary(), indent=2),
     )
     history_to_csv(history, plan.out_dir)
   return history
