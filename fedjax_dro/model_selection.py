@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import itertools
-import json
 import math
 import sys
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
@@ -374,8 +373,8 @@ def select_hparams(
   if out_dir is not None:
     import os
 
-    from fedjax_dro.records import atomic_write
+    from fedjax_dro.records import atomic_write, json_text
 
     os.makedirs(out_dir, exist_ok=True)
-    atomic_write(os.path.join(out_dir, "cv.json"), json.dumps(cv.to_json(), indent=2))
+    atomic_write(os.path.join(out_dir, "cv.json"), json_text(cv.to_json(), indent=2))
   return {**(hparams or {}), **cv.best}

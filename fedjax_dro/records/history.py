@@ -137,6 +137,8 @@ def finite_for_json(obj, where: str = ""):
   fields: List[str] = []
 
   def clean(value, path):
+    if not isinstance(value, (np.ndarray, np.generic)) and hasattr(value, "__array__"):
+      value = np.asarray(value)  # a jax.Array (or another array type) as NumPy
     if isinstance(value, np.ndarray):
       value = value.tolist()
     elif isinstance(value, np.generic):
@@ -155,7 +157,8 @@ def finite_for_json(obj, where: str = ""):
 
 
 def json_text(obj, indent=None) -> str:
-  """Strict JSON of ``obj`` (what every JSON file of :mod:`fedjax_dro.records` is written with).
+  """Strict JSON of ``obj`` (what every JSON file the package writes is written with: results,
+  sweeps, cross-validation, reproductions).
 
   Non-finite floats are written as ``null`` (bare ``NaN`` / ``Infinity`` tokens are not JSON and
   strict parsers reject them) and flagged: a dict gets a ``"nonfinite"`` entry listing the dotted

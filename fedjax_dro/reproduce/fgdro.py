@@ -33,7 +33,6 @@ numbers fit the worst class.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from typing import Any, Dict, List, Optional, Sequence
@@ -122,7 +121,7 @@ def fgdro_table7(
   """
   from fedjax_dro import models
   from fedjax_dro.engine import sweep
-  from fedjax_dro.records import atomic_write
+  from fedjax_dro.records import atomic_write, json_text
 
   stand_in = data_dir is None
   settings = protocol("digits" if stand_in else "cifar10", quick=quick)
@@ -248,7 +247,7 @@ def fgdro_table7(
   if out_dir is not None:
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, "fgdro_table7.json")
-    atomic_write(path, json.dumps(result, indent=1))
+    atomic_write(path, json_text(result, indent=1))
     result["json_path"] = path
     md = os.path.join(out_dir, "fgdro_table7.md")
     atomic_write(md, markdown_table(result))

@@ -21,7 +21,6 @@ generated data of the real size.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from typing import Any, Dict, List, Optional
@@ -336,10 +335,10 @@ def cifar_round_time(
     "load_average": list(os.getloadavg()),
   }
   if out_dir is not None:
-    from fedjax_dro.records import atomic_write
+    from fedjax_dro.records import atomic_write, json_text
 
     os.makedirs(out_dir, exist_ok=True)
-    atomic_write(os.path.join(out_dir, "cifar_round_time.json"), json.dumps(out, indent=1))
+    atomic_write(os.path.join(out_dir, "cifar_round_time.json"), json_text(out, indent=1))
     atomic_write(os.path.join(out_dir, "cifar_round_time.md"), round_time_markdown(out))
   return out
 

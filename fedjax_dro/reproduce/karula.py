@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import math
 import os
 import time
@@ -547,11 +546,11 @@ def plot_karula(result: Dict[str, Any], path: str) -> str:
 def _write(out_dir, stem, result, md, log):
   if out_dir is None:
     return
-  from fedjax_dro.records import atomic_write
+  from fedjax_dro.records import atomic_write, json_text
 
   os.makedirs(out_dir, exist_ok=True)
   path = os.path.join(out_dir, f"{stem}.json")
-  atomic_write(path, json.dumps(result, indent=1, default=float))
+  atomic_write(path, json_text(result, indent=1))
   atomic_write(os.path.join(out_dir, f"{stem}.md"), md)
   result["json_path"] = path
   result["png_path"] = plot_karula(result, os.path.join(out_dir, f"{stem}.png"))

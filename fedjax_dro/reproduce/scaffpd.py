@@ -32,7 +32,6 @@ variant, DRFA's best case), AFL (one gradient step per round, dual prox step), F
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -314,11 +313,11 @@ def scaffpd_synthetic(
         f"  rounds to {TARGET:g}: {a['rounds_to_target']}  hparams {a['hparams']}"
       )
   if out_dir is not None:
-    from fedjax_dro.records import atomic_write
+    from fedjax_dro.records import atomic_write, json_text
 
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, "scaffpd_synthetic.json")
-    atomic_write(path, json.dumps(result, indent=1))
+    atomic_write(path, json_text(result, indent=1))
     result["json_path"] = path
     md_path = os.path.join(out_dir, "scaffpd_synthetic.md")
     atomic_write(md_path, scaffpd_markdown(result))

@@ -54,7 +54,6 @@ the Table 1 rho, the Fig. 3 alpha and the seed count. The whole stand-in run is 
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -445,11 +444,11 @@ def scaffpd_table1(
   }
   log(markdown_table(result))
   if out_dir is not None:
-    from fedjax_dro.records import atomic_write
+    from fedjax_dro.records import atomic_write, json_text
 
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, "scaffpd_table1.json")
-    atomic_write(path, json.dumps(result, indent=1))
+    atomic_write(path, json_text(result, indent=1))
     md = os.path.join(out_dir, "scaffpd_table1.md")
     atomic_write(md, markdown_table(result))
     result["json_path"], result["md_path"] = path, md

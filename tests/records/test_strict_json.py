@@ -98,3 +98,20 @@ def test_sweep_json_is_strict(tmp_path):
   assert out["final"] == [{"r2": {"mean": 0.5}}, {"r2": {"mean": None}}]
   assert out["compile_time_s"] is None
   assert out["nonfinite"] == ["final.r2.mean", "compile_time_s"]
+
+
+def test_json_text_converts_jax_arrays_as_numbers():
+  import jax.numpy as jnp
+
+  record = {"x": jnp.asarray([1.0, jnp.nan]), "s": jnp.float32(2.5), "k": jnp.int32(3)}
+  parsed = _strict(json_text(record))
+  assert parsed == {"x": [1.0, None], "s": 2.5, "k": 3, "nonfinite": ["x"]}
+
+
+def test_a_reproduction_writes_strict_json(tmp_path):
+  from fedjax_dro import reproduce
+
+  reproduce.scaffpd_synthetic(str(tmp_path), quick=True, plot=False, verbose=False)
+  with open(tmp_path / "scaffpd_synthetic.json") as f:
+    parsed = _strict(f.read())
+  assert parsed["experiment"] == "scaffpd-synthetic"
