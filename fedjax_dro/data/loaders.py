@@ -37,6 +37,29 @@ def _existing_path(path, what: str) -> str:
   return path
 
 
+def read_npz_member(npz, key: str, where: str) -> np.ndarray:
+  """``npz[key]`` of an ``np.load(..., allow_pickle=False)`` archive, with every way it can fail
+  (a pickled object array, a damaged or non-``.npy`` member) turned into one clear error that
+  starts with ``where`` (e.g. ``"npz file 'a.npz'"``) and names the key."""
+  try:
+    arr = npz[key]
+  except ValueError as e:
+    if "pickle" in str(e) or "Object arrays" in str(e):
+      raise TypeError(
+        f"{where}, key {key!r}: holds an object (pickled) array, which is not "
+        f"loaded (allow_pickle=False); store a numeric array"
+      ) from e
+    raise ValueError(f"{where}, key {key!r}: cannot read the array: {e}") from e
+  except Exception as e:
+    raise ValueError(f"{where}, key {key!r}: cannot read the array: {e}") from e
+  if not isinstance(arr, np.ndarray):  # a zip member that is not a .npy array
+    raise ValueError(
+      f"{where}, key {key!r}: cannot read the array: the member is not in .npy "
+      f"format (write the file with np.savez)"
+    )
+  return arr
+
+
 def load_npz(
   path: PathLike,
   *,
@@ -89,22 +112,7 @@ def load_npz(
     for key in (x_key, y_key, client_key):
       if key not in npz.files:
         raise ValueError(f"npz file {path!r} has no key {key!r} (keys: {sorted(npz.files)})")
-      try:
-        arrays[key] = npz[key]
-      except ValueError as e:
-        if "pickle" in str(e) or "Object arrays" in str(e):
-          raise TypeError(
-            f"npz file {path!r}, key {key!r}: holds an object (pickled) array, which is not "
-            f"loaded (allow_pickle=False); store a numeric array"
-          ) from e
-        raise ValueError(f"npz file {path!r}, key {key!r}: cannot read the array: {e}") from e
-      except Exception as e:
-        raise ValueError(f"npz file {path!r}, key {key!r}: cannot read the array: {e}") from e
-      if not isinstance(arrays[key], np.ndarray):  # a zip member that is not a .npy array
-        raise ValueError(
-          f"npz file {path!r}, key {key!r}: cannot read the array: the member is not in .npy "
-          f"format (write the file with np.savez)"
-        )
+      arrays[key] = read_npz_member(npz, key, f"npz file {path!r}")
   x, y, cid = arrays[x_key], arrays[y_key], arrays[client_key]
   where = lambda key: f"npz file {path!r}, key {key!r}"
   for key, arr in ((x_key, x), (y_key, y), (client_key, cid)):

@@ -17,6 +17,8 @@ from typing import Dict, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from fedjax_dro.data.loaders import read_npz_member
+
 PathLike = Union[str, os.PathLike]
 
 
@@ -102,22 +104,7 @@ def _read_npz(
         + f", found {_listing(npz.files)}"
       )
     for key in list(required) + [k for k in optional if k in npz.files]:
-      try:
-        arr = npz[key]
-      except ValueError as e:
-        if "pickle" in str(e) or "Object arrays" in str(e):
-          raise TypeError(
-            f"{what} {path!r}, key {key!r}: holds an object (pickled) array, which is not "
-            f"loaded (allow_pickle=False); store a numeric array"
-          ) from e
-        raise ValueError(f"{what} {path!r}, key {key!r}: cannot read the array: {e}") from e
-      except Exception as e:
-        raise ValueError(f"{what} {path!r}, key {key!r}: cannot read the array: {e}") from e
-      if not isinstance(arr, np.ndarray):  # a zip member that is not a .npy array
-        raise ValueError(
-          f"{what} {path!r}, key {key!r}: the member is not in .npy format (write the file "
-          f"with np.savez)"
-        )
+      arr = read_npz_member(npz, key, f"{what} {path!r}")
       if arr.dtype == object:  # pragma: no cover - np.load refuses them first
         raise TypeError(f"{what} {path!r}, key {key!r}: object arrays are not supported")
       arrays[key] = arr
