@@ -518,6 +518,11 @@ CASES = {
     ValueError,
     "true_params",
   ),
+  "sweep true_params of the wrong size (model has 3)": (
+    lambda: _sweep(true_params=np.zeros((4, 5))),
+    ValueError,
+    "true_params",
+  ),
   "progress not a bool": (lambda: _run(progress="yes"), TypeError, "progress"),
   "out_dir under /proc": (lambda: _run(out_dir="/proc/x"), ValueError, "out_dir"),
   "out_dir is a file": (lambda: _run(out_dir=_FILE), ValueError, "out_dir"),

@@ -174,8 +174,9 @@ def sweep(
   """
   rounds, chunk = check_run_args(alg, rounds, eval_every)
   mesh = None if mesh is None else check_mesh(mesh)
+  given_true_params = true_params
   train, eval_data, true_params, _ = split_data(data, eval_data, true_params)
-  check_run_inputs(alg, train, eval_data)
+  check_run_inputs(alg, train, eval_data, true_params=given_true_params)
   if grid is not None and not isinstance(grid, dict):
     raise TypeError(
       f"grid must be a dict mapping hyper-parameter names to lists of values, like "
