@@ -9,6 +9,19 @@ those axes on a device mesh and letting XLA partition the compiled program:
   cross-device reduction inserted by XLA (an all-reduce), not a gather to one device. State that
   XLA derives from the data (per-client control variates, personalized models) follows the
   same layout.
+
+  A client count that the axis does not divide (30 clients on 4 devices) is padded, in storage
+  only: :func:`place_data` stores the arrays with zero rows up to a multiple of the device count
+  (:class:`PaddedClients`), and the compiled programs (:func:`real_clients`) slice them back to
+  the real ``n`` (``x[:n]``) and constrain the slice to the same ``"clients"`` sharding. GSPMD
+  partitions an uneven axis itself (each device holds ``ceil(n / devices)`` rows and XLA masks
+  the rows past ``n`` in reductions), so the program sees exactly ``n`` clients: the sampler
+  draws among ``n``, uniform client weights are ``1 / n``, per-client state keeps ``n`` rows,
+  and results equal the unpadded run up to floating-point reassociation (tested with 30 clients
+  on 4 devices). The alternative, padding the data with empty clients and a client mask that
+  every algorithm (sampling, uniform weights, DRO dual variables over clients) would have to
+  respect, was rejected: it touches every algorithm and a forgotten mask silently changes
+  results, where the slice cannot.
 * ``"sweep"``: the leading configuration axis of a :func:`fedjax_dro.sweep` (hyper-parameter
   combinations x seeds) is split over the devices of this mesh axis; each device runs its share of
   the configurations. The number of rows is padded to a multiple of the axis size with copies of
@@ -228,7 +241,7 @@ def shard_leading(tree, mesh: Mesh, axis: str, *, what: str):
   """``tree`` with the leading axis of every leaf split over the mesh axis ``axis``.
 
   Raises a ValueError naming ``what`` when a leading dimension is not divisible by the axis size
-  (JAX's shardings are even).
+  (JAX's shardings are even; :func:`place_data` pads the client axis instead).
   """
   size = axis_size(mesh, axis)
   if size == 1:
@@ -243,11 +256,74 @@ def shard_leading(tree, mesh: Mesh, axis: str, *, what: str):
   return _put(tree, NamedSharding(mesh, PartitionSpec(axis)))
 
 
-def place_data(data, mesh: Optional[Mesh], *, what: str = "data"):
-  """Client data sharded over the ``"clients"`` axis of ``mesh`` (replicated over the others)."""
+@jax.tree_util.register_pytree_node_class
+class PaddedClients:
+  """Client data stored with its client axis padded to a multiple of a mesh's ``"clients"`` size.
+
+  ``data`` holds ``n`` real clients followed by empty ones (zeros); the padding exists only in
+  storage. A program wrapped by :func:`real_clients` receives :meth:`unpad`, the first ``n``
+  clients, so nothing in it sees the padding. ``n`` and the mesh are static (part of the pytree
+  structure, hence of program cache keys).
+
+  Attributes:
+    data: the padded :class:`~fedjax_dro.data.federated.FederatedData`, sharded over the mesh.
+    n: the real number of clients.
+    mesh: the mesh whose ``"clients"`` axis the data is split over.
+  """
+
+  def __init__(self, data, n: int, mesh: Mesh):
+    self.data, self.n, self.mesh = data, int(n), mesh
+
+  @property
+  def num_clients(self) -> int:
+    """The real number of clients (not the stored, padded one)."""
+    return self.n
+
+  def unpad(self):
+    """The first ``n`` clients, constrained to the ``"clients"`` sharding (uneven: XLA pads
+    internally). Call inside a jitted program."""
+    sharding = NamedSharding(self.mesh, PartitionSpec("clients"))
+    return jax.tree.map(
+      lambda a: jax.lax.with_sharding_constraint(a[: self.n], sharding), self.data
+    )
+
+  def tree_flatten(self):
+    return (self.data,), (self.n, self.mesh)
+
+  @classmethod
+  def tree_unflatten(cls, aux, children):
+    return cls(children[0], *aux)
+
+
+def real_clients(fn):
+  """``fn`` with every :class:`PaddedClients` argument replaced by its real clients
+  (:meth:`PaddedClients.unpad`); other arguments pass unchanged. Wrap a program's function
+  before ``jax.jit`` so that the slice happens inside the compiled program."""
+
+  def call(*args):
+    return fn(*(a.unpad() if isinstance(a, PaddedClients) else a for a in args))
+
+  return call
+
+
+def place_data(data, mesh: Optional[Mesh], *, what: str = "data", pad: bool = False):
+  """Client data sharded over the ``"clients"`` axis of ``mesh`` (replicated over the others).
+
+  With ``pad`` a client count that the axis size does not divide is padded with empty clients
+  (zeros) up to a multiple of it and returned as :class:`PaddedClients` (the programs must then
+  be wrapped by :func:`real_clients`); without it such a count is a ValueError naming ``what``.
+  """
   if mesh is None:
     return data
-  return shard_leading(data, mesh, "clients", what=what)
+  size = axis_size(mesh, "clients")
+  n = int(np.shape(data.x)[0])
+  extra = (-n) % size
+  if not pad or extra == 0:
+    return shard_leading(data, mesh, "clients", what=what)
+  padded = jax.tree.map(
+    lambda a: np.pad(np.asarray(a), [(0, extra)] + [(0, 0)] * (np.ndim(a) - 1)), data
+  )
+  return PaddedClients(shard_leading(padded, mesh, "clients", what=what), n, mesh)
 
 
 def place_replicated(tree, mesh: Optional[Mesh]):

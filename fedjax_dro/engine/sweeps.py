@@ -38,6 +38,7 @@ from fedjax_dro.engine.sharding import (
   check_mesh,
   fetch,
   place_data,
+  real_clients,
   shard_leading,
   sharding_key,
 )
@@ -67,8 +68,11 @@ def _sweep_programs(
   hit = _SWEEP_PROGRAMS.get(alg, key) if true_params is None else None
   if hit is not None:
     return hit[0], hit[1], 0.0
+  # real_clients: data padded for a mesh (PaddedClients) is sliced back to its n clients inside
   vchunk = jax.jit(
-    jax.vmap(make_chunk_fn(alg, rounds, chunk, check_finite), in_axes=(0, 0, None, 0, 0, None))
+    real_clients(
+      jax.vmap(make_chunk_fn(alg, rounds, chunk, check_finite), in_axes=(0, 0, None, 0, 0, None))
+    )
   )
   t0 = time.perf_counter()
   try:
@@ -80,7 +84,8 @@ def _sweep_programs(
     raise
   compile_time = time.perf_counter() - t0
   evaluate = _shared_memory(
-    jax.jit(jax.vmap(make_eval_fn(alg, true_params), in_axes=(0, None))), rows_per_device
+    jax.jit(real_clients(jax.vmap(make_eval_fn(alg, true_params), in_axes=(0, None)))),
+    rows_per_device,
   )
   if true_params is None:  # true_params is closed over: cache only the common case
     _SWEEP_PROGRAMS.put(alg, key, (compiled, evaluate))
@@ -246,8 +251,8 @@ def sweep(
     state, status, hp, run_keys = shard_leading(
       (state, status, hp, run_keys), mesh, "sweep", what="sweep rows"
     )
-    train = place_data(train, mesh, what="data")
-    eval_data = place_data(eval_data, mesh, what="eval_data")
+    train = place_data(train, mesh, what="data", pad=True)
+    eval_data = place_data(eval_data, mesh, what="eval_data", pad=True)
   compiled, evaluate, compile_time = _sweep_programs(
     alg,
     rounds,
