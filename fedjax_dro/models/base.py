@@ -26,6 +26,8 @@ class Model(NamedTuple):
     task: ``"regression"`` or ``"classification"``.
     l2: ridge penalty ``l2/2 ||w||^2`` added to every client objective.
     name: short description.
+    identity: the builder and all its settings (what a resumed checkpoint must match; see
+      :func:`model_identity`); empty: the name, task and l2 say it all.
   """
 
   init: Callable[[Array], Params]
@@ -35,6 +37,13 @@ class Model(NamedTuple):
   task: str = "classification"
   l2: float = 0.0
   name: str = "model"
+  identity: str = ""
+
+
+def model_identity(model: Model) -> str:
+  """The model's builder and settings (``linear_regression(10, ...); task=regression; l2=1.0``):
+  two models of the same parameter shapes but other settings have different identities."""
+  return f"{model.identity or model.name}; task={model.task}; l2={model.l2!r}"
 
 
 def num_parameters(params) -> int:

@@ -16,7 +16,9 @@ hyper-parameters, ``seed``, ``diverged`` and ``<metric>_<stat>`` of the final ev
 
 Every JSON file is strict JSON (:func:`json_text`): a non-finite float (a NaN metric, an infinite
 loss) is written as ``null`` and the record's ``"nonfinite"`` entry lists the fields that held one.
-All files are written atomically (:func:`~fedjax_dro.records.files.atomic_write`).
+All files are written atomically (:func:`~fedjax_dro.records.files.atomic_write`); a failed write
+(a full disk) raises :class:`~fedjax_dro.records.files.FileWriteError` naming the file, and leaves
+the files written before it as they were.
 ``pandas.read_csv`` reads them as they are; the readers here (:func:`read_run`,
 :func:`read_sweep`, used by :mod:`fedjax_dro.records.plots`) need only the standard library and
 NumPy.
@@ -87,13 +89,21 @@ class History:
       yield evaluation_record(ev)
     yield from round_records({k: v[done:] for k, v in self.train_metrics.items()}, done)
 
-  def save(self, out_dir: str) -> None:
+  def save(self, out_dir: str, metrics_jsonl: bool = True) -> None:
     """Writes ``metrics.jsonl``, ``summary.json``, ``metrics.csv`` and ``clients.csv``
-    (:func:`history_to_csv`) atomically into ``out_dir``."""
+    (:func:`history_to_csv`) atomically into ``out_dir``.
+
+    Args:
+      out_dir: the directory (created if needed).
+      metrics_jsonl: also (re)write ``metrics.jsonl``; ``False`` where :func:`fedjax_dro.run`
+        has appended it already (its lines are these records).
+    """
     os.makedirs(out_dir, exist_ok=True)
-    atomic_write(
-      os.path.join(out_dir, "metrics.jsonl"), "".join(jsonl_line(r) for r in self.jsonl_records())
-    )
+    if metrics_jsonl:
+      atomic_write(
+        os.path.join(out_dir, "metrics.jsonl"),
+        "".join(jsonl_line(r) for r in self.jsonl_records()),
+      )
     atomic_write(os.path.join(out_dir, "summary.json"), json_text(self.summary(), indent=2))
     history_to_csv(self, out_dir)
 
@@ -183,15 +193,16 @@ class JsonlWriter:
 
   def __init__(self, path: str, prefix):
     self.path = path
-    existing = []
+    existing, torn = [], False
     if prefix and os.path.exists(path):
       with open(path) as f:
         existing = f.read().splitlines(keepends=True)
       if existing and not existing[-1].endswith("\n"):
-        existing = existing[:-1]  # a line cut by a kill
+        existing, torn = existing[:-1], True  # a line cut by a kill
     if existing[: len(prefix)] == prefix:
       self.pending = existing[len(prefix) :]  # finished after the checkpoint: kept on disk
-      atomic_write(path, "".join(existing))
+      if torn or not prefix:  # a fresh run starts the file; a resume rewrites only a torn one
+        atomic_write(path, "".join(existing))
     else:
       self.pending = []
       atomic_write(path, "".join(prefix))

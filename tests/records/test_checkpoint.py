@@ -114,7 +114,7 @@ def test_corrupt_truncated_edited_and_old_checkpoints_are_refused(tmp_path):
 def test_lock_keep_last_and_checkpoint_every(tmp_path):
   alg, ds, ckpt, full = _checkpointed(tmp_path, keep_checkpoints=3)
   assert sorted(os.listdir(ckpt)) == sorted(
-    [".lock"] + [f"ckpt-{r:08d}.{ext}" for r in (4, 6, 8) for ext in ("npz", "json")]
+    [".lock", "history.log"] + [f"ckpt-{r:08d}.{ext}" for r in (4, 6, 8) for ext in ("npz", "json")]
   )
   with CheckpointLock(ckpt):
     with pytest.raises(CheckpointError, match="in use by another run"):
