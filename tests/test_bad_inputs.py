@@ -31,6 +31,8 @@ from fedjax_dro.data import (
   write_features,
 )
 from tests.helpers import dataset, linreg, regression_clients
+from tests.records.test_checkpoint_manifest import CHECKPOINT_CASES, resume_line_behaviour
+from tests.records.test_io_errors import disk_full_behaviour
 
 DATA = regression_clients(n=4, d=2, seed=0)
 RNG = np.random.default_rng(0)
@@ -679,6 +681,7 @@ CASES = {
     ValueError,
     "'split'",
   ),
+  **CHECKPOINT_CASES,  # hostile / damaged checkpoints (tests/records/test_checkpoint_manifest.py)
 }
 
 # description: (argv, fragment naming the flag); each must exit with status 2 and "error: ..."
@@ -765,6 +768,15 @@ BEHAVIOURS = {
   "NumPy integers for integer settings (rounds, eval_every, seed, batch_size...)": (
     _numpy_integer_settings,
     "accepted like Python ints (and recorded as ints)",
+  ),
+  "a full disk while a run writes its results or checkpoints (CLI)": (
+    disk_full_behaviour,
+    "exit 1 and one line `error: cannot write PATH: No space left on device (ENOSPC)`; the "
+    "files finished before it stay whole; the same command, rerun, resumes and finishes",
+  ),
+  "a run resumed from a checkpoint": (
+    resume_line_behaviour,
+    "prints `resuming from round R (checkpoint FILE)` to stderr",
   ),
 }
 

@@ -548,3 +548,15 @@ def test_a_fresh_run_prints_no_resume_line(tmp_path, capsys):
     checkpoint_dir=str(tmp_path),
   )
   assert "resuming" not in capsys.readouterr().err
+
+
+def resume_line_behaviour():
+  """The bad-input table's row (tests/test_bad_inputs.py): a resume says where it resumes."""
+  ckpt = _copy()
+  os.remove(os.path.join(ckpt, NEWEST + ".json"))  # as if killed before round 8's manifest
+  err = io.StringIO()
+  with contextlib.redirect_stderr(err):
+    hist = _resume(ckpt)
+  expected = f"resuming from round 6 (checkpoint {os.path.join(ckpt, 'ckpt-00000006.json')})"
+  assert expected in err.getvalue(), err.getvalue()
+  assert [e["round"] for e in hist.evaluations] == [2, 4, 6, 8]

@@ -102,3 +102,35 @@ def test_writers_name_the_path_and_leave_the_previous_content(tmp_path, monkeypa
   assert open(path).read() == '{"a": 1}\n'  # the failed append was cut back
   assert open(tmp_path / "s.json").read() == "{}"
   assert not [n for n in os.listdir(tmp_path) if n.startswith(".tmp-")]
+
+
+def disk_full_behaviour():
+  """The bad-input table's row (tests/test_bad_inputs.py): the disk fills at the 6th write of a
+  checkpointed CLI run; one line, rc 1, the kept metrics.jsonl is whole; the rerun finishes."""
+  import contextlib
+  import io
+  import tempfile
+  from unittest import mock
+
+  with tempfile.TemporaryDirectory(prefix="fedjax-dro-disk-full-") as tmp:
+    real, count = os.write, [0]
+
+    def write(fd, data):
+      if os.readlink(f"/proc/self/fd/{fd}").startswith(tmp):
+        count[0] += 1
+        if count[0] >= 6:
+          raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+      return real(fd, data)
+
+    argv = ARGV + ["--out", os.path.join(tmp, "out"), "--checkpoint-dir", os.path.join(tmp, "c")]
+    err = io.StringIO()
+    with mock.patch.object(os, "write", write), contextlib.redirect_stderr(err):
+      with contextlib.redirect_stdout(io.StringIO()):
+        rc = cli.main(argv)
+    lines = err.getvalue().strip().splitlines()
+    assert rc == 1 and len(lines) == 1 and lines[0].startswith("error: cannot write "), lines
+    assert "(ENOSPC)" in lines[0] and tmp in lines[0], lines
+    _lines(os.path.join(tmp, "out", "metrics.jsonl"))  # whole lines only
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+      assert cli.main(argv) == 0
+    assert len(_lines(os.path.join(tmp, "out", "metrics.jsonl"))) == 8 + 4
