@@ -5,12 +5,13 @@
 * :mod:`fedjax_dro.records.checkpoint`: checkpoints of :func:`fedjax_dro.run` (arrays and JSON
   only, atomic, checksummed, locked);
 * :mod:`fedjax_dro.records.plots`: plots of saved runs and sweeps (``fedjax-dro plot``);
-* :mod:`fedjax_dro.records.files`: atomic writes and the writable-directory check.
+* :mod:`fedjax_dro.records.files`: atomic writes and the writable-directory check;
+* :mod:`fedjax_dro.records.loggers`: experiment tracking (TensorBoard, MLflow) as a run goes.
 
 Nothing here runs rounds: :mod:`fedjax_dro.engine` imports this package, never the reverse.
 """
 
-from fedjax_dro.records import checkpoint, files, history, plots
+from fedjax_dro.records import checkpoint, files, history, loggers, plots
 from fedjax_dro.records.checkpoint import (
   CheckpointError,
   CheckpointLock,
@@ -28,12 +29,14 @@ from fedjax_dro.records.history import (
   read_sweep,
   sweep_to_csv,
 )
+from fedjax_dro.records.loggers import Logger, MLflowLogger, TensorBoardLogger
 from fedjax_dro.records.plots import plot, plot_runs, plot_sweep
 
 __all__ = [
   "checkpoint",
   "files",
   "history",
+  "loggers",
   "plots",
   "CheckpointError",
   "CheckpointLock",
@@ -53,4 +56,7 @@ __all__ = [
   "plot",
   "plot_runs",
   "plot_sweep",
+  "Logger",
+  "TensorBoardLogger",
+  "MLflowLogger",
 ]
