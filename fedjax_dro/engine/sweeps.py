@@ -175,7 +175,9 @@ def sweep(
   ``mesh`` (a ``jax.sharding.Mesh`` from :func:`fedjax_dro.engine.sharding.make_mesh`) splits
   the configuration rows over its ``"sweep"`` axis and the client axis of the data over its
   ``"clients"`` axis (see :mod:`fedjax_dro.engine.sharding`); the rows are padded to a multiple of the
-  ``"sweep"`` size with copies of row 0, which are dropped from the result.
+  ``"sweep"`` size with copies of row 0, which are dropped from the result. A client count that the
+  ``"clients"`` size does not divide is padded in storage only: the program sees the real clients
+  (:class:`~fedjax_dro.engine.sharding.PaddedClients`).
   """
   rounds, chunk = check_run_args(alg, rounds, eval_every)
   mesh = None if mesh is None else check_mesh(mesh)
