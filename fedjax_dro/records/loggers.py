@@ -292,18 +292,27 @@ def tracking_flags(
     if log_dir is not None:
       raise ValueError("--log-dir is given but --log-to is not: which trackers should write there?")
     return [], None
-  try:
-    names = parse_log_to(log_to)
-  except ImportError as e:
-    raise ValueError(f"--log-to: {e}") from None
+  names = _tracker_names(log_to)
   log_dir = log_dir or out or "fedjax-dro-logs"
   check_writable_dir(log_dir, "--log-dir")
+  try:
+    for name in names:
+      _import(name)
+  except ImportError as e:
+    raise ValueError(f"--log-to: {e}") from None
   return names, log_dir
 
 
 def parse_log_to(text: Optional[str]) -> List[str]:
   """The tracker names of ``--log-to tensorboard,mlflow`` (ValueError naming ``--log-to`` for an
   unknown or repeated one; ModuleNotFoundError naming the extra when its library is missing)."""
+  names = _tracker_names(text)
+  for name in names:
+    _import(name)
+  return names
+
+
+def _tracker_names(text: Optional[str]) -> List[str]:
   if text is None:
     return []
   names = [s.strip().lower() for s in str(text).split(",")]
@@ -314,8 +323,6 @@ def parse_log_to(text: Optional[str]) -> List[str]:
       )
   if len(set(names)) != len(names):
     raise ValueError(f"--log-to names a tracker twice: {text!r}")
-  for name in names:
-    _import(name)
   return names
 
 
