@@ -33,6 +33,7 @@ from fedjax_dro.data.readers import (
 )
 from fedjax_dro.data.registry import DatasetEntry, get_dataset, list_datasets, register_dataset
 from fedjax_dro.data.synthetic import synthetic_classification, synthetic_ridge, synthetic_shift
+from fedjax_dro.data.writers import digits_by_writer, load_femnist_digits, writer_style_groups
 
 __all__ = [
   "FederatedData",
@@ -57,6 +58,9 @@ __all__ = [
   "digits_dirichlet_with_extras",
   "load_npz",
   "load_leaf_json",
+  "digits_by_writer",
+  "writer_style_groups",
+  "load_femnist_digits",
   "FeatureSet",
   "load_features",
   "write_features",
