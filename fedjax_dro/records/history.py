@@ -194,6 +194,8 @@ class JsonlWriter:
   def __init__(self, path: str, prefix):
     self.path = path
     existing, torn = [], False
+    if os.path.exists(path) and not os.path.isfile(path):  # a FIFO would block the read
+      raise ValueError(f"{path} exists and is not a regular file: it cannot be metrics.jsonl")
     if prefix and os.path.exists(path):
       with open(path) as f:
         existing = f.read().splitlines(keepends=True)

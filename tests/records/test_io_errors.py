@@ -134,3 +134,16 @@ def disk_full_behaviour():
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
       assert cli.main(argv) == 0
     assert len(_lines(os.path.join(tmp, "out", "metrics.jsonl"))) == 8 + 4
+
+
+def test_a_fifo_named_metrics_jsonl_is_refused_without_blocking(tmp_path):
+  from tests.records.test_checkpoint_manifest import _no_hang, _pristine
+
+  p = _pristine()
+  out = tmp_path / "out"
+  out.mkdir()
+  os.mkfifo(out / "metrics.jsonl")
+  from fedjax_dro import run
+
+  with _no_hang(60), pytest.raises(ValueError, match="metrics.jsonl exists and is not a regular"):
+    run(p["alg"], p["ds"], rounds=8, eval_every=2, out_dir=str(out))
