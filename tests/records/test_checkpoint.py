@@ -310,3 +310,45 @@ def test_a_checkpoint_resumes_only_the_run_that_wrote_it(tmp_path):
     run(alg, a, rounds=4, eval_every=2, checkpoint_dir=keyed, seed=jax.random.PRNGKey(2))
   assert _snapshot(ckpt) == before
   run(alg, a, rounds=4, eval_every=2, checkpoint_dir=ckpt)  # the same run still resumes
+
+
+def test_sigkill_after_a_history_log_append_then_resume_equals_uninterrupted(tmp_path):
+  """The history log (format version 3): killed when the log already holds the records of a
+  checkpoint whose manifest is not written yet; the resume cuts them off, recomputes, and ends
+  bit for bit with the uninterrupted run's metrics.jsonl and summary."""
+  reference = str(tmp_path / "reference")
+  subprocess.run(CLI + ["--out", reference], env=_env(), check=True, capture_output=True)
+  ref_final, ref_jsonl = _outputs(reference)
+  ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
+  proc = subprocess.Popen(
+    CLI + ["--checkpoint-dir", ckpt, "--out", out],
+    env=_env(0.4),
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.DEVNULL,
+  )
+  deadline, seen = time.time() + 120, None
+  while time.time() < deadline and proc.poll() is None and seen is None:
+    names = os.listdir(ckpt) if os.path.isdir(ckpt) else []
+    manifests = sorted(n for n in names if n.endswith(".json"))
+    pending = {n[:-4] for n in names if n.endswith(".npz")} - {n[:-5] for n in manifests}
+    if pending and manifests:  # the newest checkpoint's arrays and log records, no manifest yet
+      try:
+        with open(os.path.join(ckpt, manifests[-1])) as f:
+          extent = json.load(f)["log"]["bytes"]
+        size = os.path.getsize(os.path.join(ckpt, checkpoint.LOG_FILE))
+      except (OSError, ValueError, KeyError):
+        continue
+      if size > extent:
+        seen = (size, extent)
+        break
+    time.sleep(0.005)
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  assert seen is not None, "the kill did not land between a log append and its manifest"
+  resumed = subprocess.run(
+    CLI + ["--checkpoint-dir", ckpt, "--out", out], env=_env(), check=True, capture_output=True
+  )
+  assert b"resuming from round" in resumed.stderr
+  final, jsonl = _outputs(out)
+  assert final == ref_final
+  assert jsonl == ref_jsonl
