@@ -436,7 +436,7 @@ def _schema(m, path: str) -> Dict[str, Any]:
   """The manifest ``m`` checked field by field on its own (types, ranges, known keys)."""
   if not isinstance(m, dict) or m.get("format") != FORMAT:
     raise CheckpointError(f"{path} is not a fedjax_dro checkpoint manifest")
-  if m.get("version") != VERSION:
+  if type(m.get("version")) is not int or m["version"] != VERSION:
     raise CheckpointError(
       f"{path} has checkpoint format version {m.get('version')!r}; this fedjax_dro reads version "
       f"{VERSION} (version 3 keeps the evaluations in {LOG_FILE} instead of every manifest): "
