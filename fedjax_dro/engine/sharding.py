@@ -44,6 +44,7 @@ same seeds), and only process 0 writes results and checkpoints (:func:`is_writer
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -300,6 +301,7 @@ def real_clients(fn):
   (:meth:`PaddedClients.unpad`); other arguments pass unchanged. Wrap a program's function
   before ``jax.jit`` so that the slice happens inside the compiled program."""
 
+  @functools.wraps(fn)  # the program keeps fn's name (jit_chunk_fn in XLA's logs and caches)
   def call(*args):
     return fn(*(a.unpad() if isinstance(a, PaddedClients) else a for a in args))
 
