@@ -7,6 +7,8 @@ table) to ``out_dir``. One module per paper:
 * ``scaffpd-synthetic`` (:mod:`fedjax_dro.reproduce.scaffpd`): SCAFF-PD, Fig. 2.
 * ``scaffpd-table1`` (:mod:`fedjax_dro.reproduce.scaffpd_table1`): SCAFF-PD, Table 1 and Fig. 3.
 * ``karula-synthetic``, ``karula-heart`` (:mod:`fedjax_dro.reproduce.karula`): Karula, Table 1.
+* ``karula-femnist`` (:mod:`fedjax_dro.reproduce.karula_femnist`): Karula, Sec. 5.3 and
+  Figure 1 (``--leaf-dir``: LEAF FEMNIST digits; without it, the by-writer digits stand-in).
 * ``fgdro-table7`` (:mod:`fedjax_dro.reproduce.fgdro`, settings and grids in
   :mod:`fedjax_dro.reproduce.fgdro_protocol`): FGDRO, Appendix G, Table 7 (``--data-dir``: the
   paper's CIFAR-10 protocol; without it, the digits stand-in).
@@ -22,6 +24,7 @@ from fedjax_dro.reproduce.common import with_distances
 from fedjax_dro.reproduce.fgdro import fgdro_table7, plot_fgdro_table7
 from fedjax_dro.reproduce.fgdro_protocol import with_class_weighted_accuracy
 from fedjax_dro.reproduce.karula import karula_heart, karula_synthetic
+from fedjax_dro.reproduce.karula_femnist import karula_femnist, plot_femnist
 from fedjax_dro.reproduce.scaffpd import (
   plot_scaffpd_synthetic,
   problem_constants,
@@ -42,6 +45,7 @@ EXPERIMENTS: Dict[str, Callable[..., Dict[str, Any]]] = {
   "fgdro-table7": fgdro_table7,
   "karula-synthetic": karula_synthetic,
   "karula-heart": karula_heart,
+  "karula-femnist": karula_femnist,
 }
 
 
@@ -70,4 +74,6 @@ __all__ = [
   "with_class_weighted_accuracy",
   "karula_synthetic",
   "karula_heart",
+  "karula_femnist",
+  "plot_femnist",
 ]

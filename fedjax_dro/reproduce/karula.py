@@ -65,9 +65,15 @@ def _check(rounds, cv_rounds, folds, seeds):
   return seeds
 
 
-def _memo(make):
+def memoized(make):
   """``make(**options)`` returning the same Algorithm object for the same options, so that a
-  ``sweep`` over data of unchanged shapes reuses its compiled program (heart-disease seeds)."""
+  ``run`` or ``sweep`` over data of unchanged shapes reuses its compiled program (the seeds of a
+  reproduction).
+
+  Args:
+    make: an algorithm factory taking keyword options (its signature is kept, so that
+      :func:`fedjax_dro.model_selection.cross_validate` reads its option names).
+  """
   cache = {}
 
   @functools.wraps(make)  # keeps make's signature: cross_validate reads its option names
@@ -95,10 +101,10 @@ def _factories(model, clients_per_round):
   s = clients_per_round
   weighted = dict(weighting="num_examples")
   return {
-    "Local": _memo(lambda: A.local(model, clients_per_round=s)),
-    "FedSGD": _memo(lambda: A.fedsgd(model, clients_per_round=s, **weighted)),
-    "FedAvg": _memo(lambda: A.fedavg(model, clients_per_round=s, local_steps=10, **weighted)),
-    "pFedMe": _memo(
+    "Local": memoized(lambda: A.local(model, clients_per_round=s)),
+    "FedSGD": memoized(lambda: A.fedsgd(model, clients_per_round=s, **weighted)),
+    "FedAvg": memoized(lambda: A.fedavg(model, clients_per_round=s, local_steps=10, **weighted)),
+    "pFedMe": memoized(
       lambda: A.pfedme(
         model,
         clients_per_round=s,
@@ -108,13 +114,13 @@ def _factories(model, clients_per_round):
         **weighted,
       )
     ),
-    "IFCA": _memo(
+    "IFCA": memoized(
       lambda num_clusters=2: A.ifca(
         model, num_clusters=num_clusters, clients_per_round=s, local_steps=10, **weighted
       )
     ),
-    "Ditto": _memo(lambda: A.ditto(model, clients_per_round=s, local_steps=10, **weighted)),
-    "Karula": _memo(
+    "Ditto": memoized(lambda: A.ditto(model, clients_per_round=s, local_steps=10, **weighted)),
+    "Karula": memoized(
       lambda: A.karula(
         model,
         clients_per_round=s,
@@ -201,7 +207,7 @@ def paired(per_seed, key, target="Karula", lower_is_better=True):
     if label == target:
       continue
     diff = mine - np.array([r[key] for r in rows])
-    m, se = _mean_2se(diff)
+    m, se = mean_2se(diff)
     wins = int(np.sum(diff < 0 if lower_is_better else diff > 0))
     out[label] = {"difference": m, "difference_2se": se, "wins": wins, "seeds": len(diff)}
   return out
@@ -262,7 +268,13 @@ def _median_dissimilarity(train) -> float:
   return float(np.median(D[~np.eye(len(D), dtype=bool)]))
 
 
-def _mean_2se(values):
+def mean_2se(values):
+  """``(mean, 2 * standard error)`` of ``values`` (the standard error with ``ddof=1``; NaN for
+  fewer than two values).
+
+  Args:
+    values: the per-seed numbers.
+  """
   v = np.asarray(values, np.float64)
   if v.size < 2:
     return float(v.mean()), float("nan")
@@ -340,8 +352,8 @@ def karula_synthetic(
       )
   table = {}
   for label, rows in per_seed.items():
-    e, e2 = _mean_2se([r["estimation_error"] for r in rows])
-    r2, r22 = _mean_2se([r["test_r2"] for r in rows])
+    e, e2 = mean_2se([r["estimation_error"] for r in rows])
+    r2, r22 = mean_2se([r["test_r2"] for r in rows])
     table[label] = {"estimation_error": e, "error_2se": e2, "test_r2": r2, "r2_2se": r22}
   result = {
     "experiment": "karula-synthetic",
@@ -457,12 +469,12 @@ def karula_heart(
       )
   table = {}
   for label, rows in per_seed.items():
-    m, m2 = _mean_2se([r["accuracy_mean"] for r in rows])
+    m, m2 = mean_2se([r["accuracy_mean"] for r in rows])
     hosp = np.array([r["accuracy_per_hospital"] for r in rows])
     table[label] = {
       "accuracy_mean": m,
       "accuracy_2se": m2,
-      "per_hospital": [_mean_2se(hosp[:, j]) for j in range(hosp.shape[1])],
+      "per_hospital": [mean_2se(hosp[:, j]) for j in range(hosp.shape[1])],
     }
   result = {
     "experiment": "karula-heart",
@@ -557,4 +569,12 @@ def _write(out_dir, stem, result, md, log):
   log(f"[{stem}] wrote {path}, {stem}.md and {stem}.png")
 
 
-__all__: Sequence[str] = ["karula_synthetic", "karula_heart", "PAPER_SYNTHETIC", "PAPER_HEART"]
+__all__: Sequence[str] = [
+  "karula_synthetic",
+  "karula_heart",
+  "PAPER_SYNTHETIC",
+  "PAPER_HEART",
+  "paired",
+  "mean_2se",
+  "memoized",
+]
