@@ -19,6 +19,8 @@ import os
 import sys
 from typing import Dict, List, Optional
 
+from fedjax_dro.records.loggers import log_sweep_to, make_loggers, run_name, tracking_flags
+
 DEFAULT_ALGORITHM = "fedavg"
 DEFAULT_DATASET = "synthetic-ridge"
 
@@ -146,6 +148,9 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     metavar="NAME=VALUE",
     help="extra algorithm factory option (repeatable; numbers or strings)",
   )
+  track = p.add_argument_group("experiment tracking (see fedjax_dro.records.loggers)")
+  track.add_argument("--log-to", metavar="tensorboard,mlflow", help="also log to these (extras)")
+  track.add_argument("--log-dir", metavar="DIR", help="--log-to's files (default: --out)")
 
 
 def _factory_options(args) -> dict:
@@ -309,12 +314,13 @@ def _parse_seeds(text: str) -> List[int]:
 
 
 def cmd_run(args) -> int:
-  from fedjax_dro.engine import NonFiniteError, run
+  from fedjax_dro.engine import NonFiniteError, is_writer, run
 
   _distributed(args)
   _cpu_devices(args)
   _check_paths(args)
   _check_counts(args)
+  trackers, log_dir = tracking_flags(args.log_to, args.log_dir, args.out)
   _compile_cache(args)
   alg, ds = build(args.algorithm, args.dataset, args.seed, _factory_options(args))
   ds, mesh = _scale(args, ds)
@@ -342,6 +348,11 @@ def cmd_run(args) -> int:
       eval_every=args.eval_every,
       out_dir=args.out,
     )
+  loggers = []
+  if trackers and is_writer():
+    name = run_name(alg.name, ds.name, f"s{args.seed}")
+    loggers = make_loggers(trackers, log_dir, name, {"seed": args.seed, **hparams})
+    print(f"logging to {', '.join(trackers)} in {log_dir} as {name}")
   try:
     hist = run(
       alg,
@@ -356,6 +367,7 @@ def cmd_run(args) -> int:
       checkpoint_every=args.checkpoint_every,
       keep_checkpoints=args.keep_checkpoints,
       mesh=mesh,
+      loggers=loggers,
     )
   except NonFiniteError as e:
     print(f"error: {e}", file=sys.stderr)
@@ -363,6 +375,9 @@ def cmd_run(args) -> int:
       e.history.save(args.out)
       print(f"results up to the last finite round saved in {args.out}", file=sys.stderr)
     return 3
+  finally:
+    for lg in loggers:
+      lg.close()
   print_table(
     summary_rows(hist.final), ["metric", "weighted mean", "mean", "worst-20%", "best-20%", "worst"]
   )
@@ -385,6 +400,7 @@ def cmd_sweep(args) -> int:
   _cpu_devices(args)
   _check_paths(args)
   _check_counts(args)
+  trackers, log_dir = tracking_flags(args.log_to, args.log_dir, args.out)
   _compile_cache(args)
   seeds = _parse_seeds(args.seeds)
   alg, ds = build(args.algorithm, args.dataset, args.seed, _factory_options(args))
@@ -420,6 +436,10 @@ def cmd_sweep(args) -> int:
   if args.out and is_writer():
     res.save(args.out)
     print(f"wrote sweep.json and sweep.csv in {args.out}")
+  if trackers and is_writer():  # one tracked run per row, under one sweep name
+    base = run_name(alg.name, ds.name, "sweep")
+    log_sweep_to(res, trackers, log_dir, base, _parse_kv(args.hparam, "--hparam"))
+    print(f"logged {len(res.configs)} rows to {', '.join(trackers)} in {log_dir} as {base}/")
   return 0
 
 

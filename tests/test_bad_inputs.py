@@ -504,6 +504,12 @@ CASES = {
   "seed not int": (lambda: _run(seed="zero"), TypeError, "seed"),
   "seed negative": (lambda: _run(seed=-3), ValueError, "seed"),
   "seed a float key": (lambda: _run(seed=np.zeros(2)), TypeError, "seed"),
+  "loggers entry without the logger methods": (
+    lambda: _run(loggers=[object()]),
+    TypeError,
+    "loggers[0]",
+  ),
+  "loggers a string": (lambda: _run(loggers="tensorboard"), TypeError, "loggers"),
   "true_params of the wrong size (model has 3)": (
     lambda: _run(true_params=np.zeros((4, 5))),
     ValueError,
@@ -724,6 +730,16 @@ CLI_CASES = {
     ["run", "--clients-per-round", "1000", "--rounds", "1"],
     "clients_per_round",
   ),
+  "--log-to unknown tracker": (["run", "--log-to", "wandb", "--rounds", "1"], "--log-to"),
+  "--log-to a tracker twice (sweep)": (
+    ["sweep", "--log-to", "mlflow,mlflow", "--rounds", "1"],
+    "--log-to",
+  ),
+  "--log-to with --log-dir a file": (
+    ["run", "--log-to", "tensorboard", "--log-dir", _FILE, "--rounds", "1"],
+    "--log-dir",
+  ),
+  "--log-dir without --log-to": (["run", "--log-dir", "logs", "--rounds", "1"], "--log-dir"),
 }
 
 

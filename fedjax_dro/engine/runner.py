@@ -59,6 +59,7 @@ from fedjax_dro.engine.sharding import (
   is_writer,
   place_data,
   place_replicated,
+  real_clients,
   sharding_key,
 )
 from fedjax_dro.records.checkpoint import (
@@ -77,6 +78,7 @@ from fedjax_dro.records.history import (
   jsonl_line,
   round_records,
 )
+from fedjax_dro.records.loggers import check_loggers, log_evaluation, log_rounds
 
 # ----------------------------------------------------------------------------------------------
 # run
@@ -91,8 +93,11 @@ _RUN_PROGRAMS = ProgramCache(max_entries=8)
 
 def _compile_run(alg, rounds, chunk, check_finite, true_params, args, eval_data, shards):
   """``(compiled chunk program, evaluation function, compile seconds)`` of a run."""
-  chunk_fn = jax.jit(make_chunk_fn(alg, rounds, chunk, check_finite), donate_argnums=(0,))
-  eval_fn = jax.jit(make_eval_fn(alg, true_params))
+  # real_clients: data padded for a mesh (PaddedClients) is sliced back to its n clients inside
+  chunk_fn = jax.jit(
+    real_clients(make_chunk_fn(alg, rounds, chunk, check_finite)), donate_argnums=(0,)
+  )
+  eval_fn = jax.jit(real_clients(make_eval_fn(alg, true_params)))
   t0 = time.perf_counter()
   with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
@@ -135,6 +140,7 @@ def run(
   checkpoint_every: Optional[int] = None,
   keep_checkpoints: int = 2,
   mesh=None,
+  loggers=None,
 ) -> History:
   """Runs ``rounds`` communication rounds of ``alg`` on ``data``.
 
@@ -173,9 +179,14 @@ def run(
       client axis of the data is split over its ``"clients"`` axis and XLA partitions the rounds
       (see :mod:`fedjax_dro.engine.sharding`); with several processes (``jax.distributed``) only process 0
       writes ``out_dir`` and checkpoints.
+    loggers: experiment trackers (:mod:`fedjax_dro.records.loggers`: ``TensorBoardLogger``,
+      ``MLflowLogger`` or any object with their methods) that receive each round's training
+      metrics and each evaluation (summary statistics and per-client histograms) as the run goes;
+      left open for the caller (only process 0 logs).
   """
   rounds, chunk = check_run_args(alg, rounds, eval_every)
   mesh = None if mesh is None else check_mesh(mesh)
+  loggers = check_loggers(loggers)
   for name, value in (
     ("checkpoint_every", checkpoint_every),
     ("keep_checkpoints", keep_checkpoints),
@@ -218,8 +229,8 @@ def run(
       "device-resident data, or run host-resident data on one device"
     )
   if mesh is not None:
-    train = place_data(train, mesh, what="data")
-    eval_data = place_data(eval_data, mesh, what="eval_data")
+    train = place_data(train, mesh, what="data", pad=True)
+    eval_data = place_data(eval_data, mesh, what="eval_data", pad=True)
     state, status, hp, run_key = place_replicated((state, status, hp, run_key), mesh)
   writer = is_writer()
 
@@ -276,14 +287,15 @@ def run(
   )
   lock = CheckpointLock(checkpoint_dir) if plan.write_checkpoints else nullcontext()
   with lock:
-    return run_chunks(plan, state, status, history)
+    return run_chunks(plan, state, status, history, loggers=loggers if writer else ())
 
 
-def run_chunks(plan: RunPlan, state, status, history: History) -> History:
+def run_chunks(plan: RunPlan, state, status, history: History, loggers=()) -> History:
   """The chunk loop of :func:`run`: resume, run, evaluate, record, checkpoint.
 
   Runs ``plan`` from ``state`` and ``status`` (``(failed, first_bad_round)``, device arrays),
-  filling ``history`` (whose ``config`` identifies the run's checkpoints) and returning it.
+  filling ``history`` (whose ``config`` identifies the run's checkpoints) and returning it;
+  ``loggers`` (:mod:`fedjax_dro.records.loggers`) receive each chunk's rounds and evaluation.
   """
   alg, rounds, chunk, hp, run_key = plan.alg, plan.rounds, plan.chunk, plan.hparams, plan.run_key
   train, eval_data, checkpoint_every = plan.train, plan.eval_data, plan.checkpoint_every
@@ -353,6 +365,9 @@ def run_chunks(plan: RunPlan, state, status, history: History) -> History:
       if jsonl_path is not None:  # appended and flushed to disk as it happens
         lines = [jsonl_line(rec) for rec in round_records(metrics, start)]
         jsonl.write(lines + [jsonl_line(evaluation_record(evaluation))])
+      if loggers:  # experiment tracking: the same rounds and evaluation
+        log_rounds(loggers, metrics, start)
+        log_evaluation(loggers, evaluation)
       last = failed or done >= rounds
       due = (
         checkpoint_every is None or done // checkpoint_every > last_checkpoint // checkpoint_every
