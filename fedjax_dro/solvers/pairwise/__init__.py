@@ -57,6 +57,19 @@ for the pairwise distances (``||theta_i - theta_j||^2`` from the Gram matrix of
 ``Theta(mu) = M Y``, ``M = (I + L_mu)^{-1}``): ``O(n^3)`` per iteration whatever ``d``. Only at
 the end is ``Theta = M Z`` formed (``O(n^2 d)``), for the iterate with the best certificate.
 
+For ``d > n`` (neural networks: ``d ~ 1e5 - 1e6`` parameters per client) the whole projection
+reads the ``[n, d]`` input a fixed number of times and keeps no ``[n, d]`` array beside the
+input and the output (``dual.project_dual_row_space``): the column mean, a *streamed* QR of the
+centred input (incremental TSQR over column blocks, ``R <- R(qr([R; block^T]))``: as stable as
+one Householder QR, ``O(n * block)`` memory, the centring done block by block), an equality
+check of the zero-radius components, and one ``[n, n] x [n, d]`` product that gives the
+restored output directly (``Theta = T' Z + (1 - T' 1) shift^T`` with ``T' = a T + (1 - a) 1
+mean_rows(T)``, ``T = (M S)[labels]``); the distances that set the restoration factor and the
+feasibility of the input are computed from the ``[n, n]`` row-space coordinates. Nothing of size
+``n^2 d`` is ever formed. At ``n = 100, d = 1e5`` in float32 this cut XLA's temporary memory
+from 3.1 copies of the input to 0.1 and the time of a projection by about 2.5x; ``n = 1000,
+d = 1e6`` in float32 (4 GB per copy) fits in about 8 GB.
+
 The optimiser is a projected limited-memory BFGS method (Kim, Sra & Dhillon 2010 style):
 Bertsekas' epsilon-active set (multipliers at or near 0 whose gradient points outside) moves
 along the scaled gradient; on the free edges the L-BFGS direction is built from the curvature

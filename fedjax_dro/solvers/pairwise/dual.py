@@ -16,12 +16,17 @@ from fedjax_dro.solvers.pairwise.problem import (
   Prepared,
   SolverOutput,
   as_2d_float,
+  average_components,
   effective_tol,
   finfo_eps,
   finfo_tiny,
+  max_violation,
+  pairwise_sq_distances,
   prepare,
+  sanitize_r,
   segment_sum_rows,
   validate_common,
+  zero_components,
 )
 
 _LBFGS_MEMORY = 16
@@ -91,8 +96,7 @@ def _gram_factor(b):
   ~3e-4 (relative objective) away from the closed-form solution while the certificate, computed
   from the perturbed Gram matrix, reported 6.5e-5.
   """
-  _, upper = jnp.linalg.qr(b.T)
-  return upper.T
+  return jnp.linalg.qr(b.T, mode="r").T
 
 
 def _dual_problem(prep: Prepared) -> _DualProblem:
@@ -364,10 +368,9 @@ def _contract_multipliers(prep: Prepared, prob: _DualProblem, mu):
   return jnp.where(prob.edge, mc, 0.0)
 
 
-def run_dual(
-  prep: Prepared, tol, max_iterations: int, mu_init=None, memory: int = _LBFGS_MEMORY
-) -> SolverOutput:
-  n, d = prep.zc.shape
+def _solve_contracted(prep: Prepared, tol, max_iterations: int, mu_init, memory: int):
+  """The dual loop on ``prep``: ``(final state, problem, Cholesky factor of W + L_mu*)``."""
+  n = prep.zc.shape[0]
   tol = effective_tol(tol, prep.zc.dtype)
   prob = _dual_problem(prep)
   if mu_init is None:
@@ -375,11 +378,114 @@ def run_dual(
   else:
     mu0 = _contract_multipliers(prep, prob, mu_init.astype(prep.zc.dtype))
   st = _dual_loop(prob, mu0, tol, max_iterations, memory)
-  A = _laplacian_system(prob.w, st.best_mu)
-  theta_c = cho_solve((jnp.linalg.cholesky(A), True), prob.b)  # M B, the only O(n^2 d) step
+  chol = jnp.linalg.cholesky(_laplacian_system(prob.w, st.best_mu))
+  return st, prob, chol, tol
+
+
+def run_dual(
+  prep: Prepared, tol, max_iterations: int, mu_init=None, memory: int = _LBFGS_MEMORY
+) -> SolverOutput:
+  st, prob, chol, tol = _solve_contracted(prep, tol, max_iterations, mu_init, memory)
+  theta_c = cho_solve((chol, True), prob.b)  # M B, the only O(n^2 d) step
   theta = theta_c[prep.labels] + prep.shift
   mu = _expand_multipliers(prep, prob, st.best_mu)
   return SolverOutput(theta, mu, st.iteration, st.best_gap, st.best_gap <= tol)
+
+
+# ----------------------------------------------------------------------------------------------
+# d > n: the whole projection in the row space, Z read a fixed number of times
+# ----------------------------------------------------------------------------------------------
+def row_space_block(n: int, d: int) -> int:
+  """Columns of ``Z`` per step of the streamed QR: ``min(d, max(8 n, 8192))`` (the repeated
+  ``[n, n]`` triangle adds ``n / block <= 1/8`` to the ``2 n^2 d`` flops of one QR)."""
+  return min(d, max(8 * n, 8192))
+
+
+def row_space_factor(z, shift):
+  """``Y [n, n]`` with ``Y Y^T = Z_c Z_c^T`` (``Z_c = z - shift``): the transposed ``R`` of the
+  thin QR ``Z_c^T = Q R``, computed by an incremental (streamed) TSQR over column blocks of
+  ``z``: ``R <- R(qr([R; Z_c[:, block]^T]))``. A sequence of orthogonal transformations, hence
+  as backward stable as one Householder QR of ``Z_c^T``, with ``O(n * block)`` memory instead
+  of two ``[d, n]`` copies (``Z_c^T`` and ``Q``), and the centring done block by block (``Z_c``
+  is never formed). ``O(n^2 d)``, once per projection."""
+  n, d = z.shape
+  block = row_space_block(n, d)
+  steps, rest = divmod(d, block)
+
+  def absorb(upper, cols, start):
+    centred = (cols - lax.dynamic_slice_in_dim(shift, start, cols.shape[1])).T
+    return jnp.linalg.qr(jnp.concatenate([upper, centred], axis=0), mode="r")[:n]
+
+  def body(k, upper):
+    start = k * block
+    return absorb(upper, lax.dynamic_slice_in_dim(z, start, block, axis=1), start)
+
+  upper = lax.fori_loop(0, steps, body, jnp.zeros((n, n), z.dtype))
+  if rest:
+    upper = absorb(upper, z[:, steps * block :], steps * block)
+  return upper.T
+
+
+def project_dual_row_space(
+  z, r, tol, max_iterations: int, mu_init, restore: bool, memory: int = _LBFGS_MEMORY
+):
+  """The dual method for ``d > n`` without any ``[n, d]`` intermediate: ``(theta,
+  iterations, primal_residual, residual, converged, restoration_scale, multipliers, feasible)``.
+
+  Every step runs on ``[n, n]`` arrays but four passes over ``z``: the column mean, the streamed
+  QR (:func:`row_space_factor`, giving the row-space coordinates ``Y`` of the centred input,
+  ``Z_c = Y Q^T``), the equality check of the zero-radius components and the final product. The dual runs on ``Y`` (``prepare`` of ``Y``: the
+  same problem, in ``n`` coordinates); its solution is ``Theta = T Z_c + shift`` with the
+  ``[n, n]`` matrix ``T = (M S)[labels]`` (``M = (W + L_mu)^{-1}``, ``S`` the component-sum
+  matrix), the restoration ``c + a (Theta - c)`` is ``T' = a T + (1 - a) 1 mean_rows(T)`` and
+  the output is ``T' z + (1 - T' 1) shift^T``: one ``n^2 d`` product. The pairwise distances
+  that set the restoration factor and the feasibility of the input come from ``T Y`` and
+  ``Y`` (``n^3``). ``T'`` has nonnegative entries and unit row sums (``M`` is the inverse of an
+  M-matrix), so the product adds no more rounding than storing the result.
+  """
+  n, d = z.shape
+  dtype = z.dtype
+  r = sanitize_r(r.astype(dtype))
+  labels = zero_components(r)
+  counts = segment_sum_rows(jnp.ones((n,), dtype), labels, n)
+  shift = jnp.mean(z, axis=0)
+  y = row_space_factor(z, shift)
+  prep = Prepared(
+    y, jnp.zeros((n,), dtype), y, average_components(y, labels, counts), r, labels, counts
+  )
+  d2_in = pairwise_sq_distances(y)
+  pos = jnp.isfinite(r) & (r > 0)
+  feasible = jnp.all(z == z[labels]) & jnp.all(jnp.where(pos, d2_in <= r, True))
+
+  def solve():
+    st, prob, chol, tol_eff = _solve_contracted(prep, tol, max_iterations, mu_init, memory)
+    members = (labels[None, :] == jnp.arange(n)[:, None]).astype(dtype)  # S [n, n]
+    t_mat = cho_solve((chol, True), members)[labels]  # Theta - shift = T Z_c
+    mu = _expand_multipliers(prep, prob, st.best_mu)
+    return t_mat, mu, st.iteration, st.best_gap, st.best_gap <= tol_eff
+
+  def trivial():
+    return (
+      jnp.eye(n, dtype=dtype),
+      jnp.zeros((n, n), dtype),
+      jnp.array(0, jnp.int32),
+      jnp.zeros((), dtype),
+      jnp.array(True),
+    )
+
+  t_mat, mu, iterations, gap, converged = lax.cond(feasible, trivial, solve)
+  d2 = pairwise_sq_distances(t_mat @ y)
+  primal = max_violation(d2, r)
+  pos_f = jnp.isfinite(r) & (r > 0)
+  ratio2 = jnp.where(pos_f & (d2 > r), jnp.where(pos_f, r, 1.0) / jnp.where(d2 > 0, d2, 1.0), 1.0)
+  a = jnp.sqrt(jnp.min(ratio2, initial=1.0))
+  a = jnp.where(a < 1, a * (1 - 4 * finfo_eps(dtype)), jnp.ones_like(a))
+  a = jnp.where(feasible, jnp.ones_like(a), a)
+  if restore:
+    t_mat = jnp.where(a < 1, a * t_mat + (1 - a) * jnp.mean(t_mat, axis=0)[None, :], t_mat)
+  offset = 1.0 - jnp.sum(t_mat, axis=1)
+  theta = lax.cond(feasible, lambda: z, lambda: t_mat @ z + offset[:, None] * shift[None, :])
+  return theta, iterations, primal, gap, converged, a, mu
 
 
 @functools.partial(jax.jit, static_argnames=("max_iterations", "memory"))

@@ -12,7 +12,7 @@ import numpy as np
 from jax import lax
 
 from fedjax_dro.solvers.pairwise.admm import run_admm
-from fedjax_dro.solvers.pairwise.dual import run_dual
+from fedjax_dro.solvers.pairwise.dual import project_dual_row_space, run_dual
 from fedjax_dro.solvers.pairwise.dykstra import run_dykstra
 from fedjax_dro.solvers.pairwise.problem import (
   DEFAULT_MAX_ITERATIONS,
@@ -47,7 +47,12 @@ _SOLVERS = {
 
 @functools.partial(jax.jit, static_argnames=("method", "max_iterations", "restore"))
 def _project_2d(z, r, tol, mu0, method: str, max_iterations: int, restore: bool):
-  n = z.shape[0]
+  n, d = z.shape
+  if method == "dual" and d > n:  # no [n, d] intermediate (see project_dual_row_space)
+    theta, iterations, primal, gap, converged, a, mu = project_dual_row_space(
+      z, r, tol, max_iterations, mu0, restore
+    )
+    return PairwiseProjectionOutput(theta, iterations, primal, gap, converged, a, mu)
   prep = prepare(z, r)
   feasible = input_feasible(prep, pairwise_sq_distances(z))
 
