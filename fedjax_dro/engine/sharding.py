@@ -253,6 +253,9 @@ def shard_leading(tree, mesh: Mesh, axis: str, *, what: str):
         f"{what}: the leading axis ({np.shape(leaf)[0] if np.ndim(leaf) else 'scalar'}) is not "
         f"divisible by the {size} devices of the mesh axis {axis!r}; use a mesh whose "
         f"{axis!r} size divides it"
+        + (
+          " (fedjax_dro.run and fedjax_dro.sweep pad the client axis)" if axis == "clients" else ""
+        )
       )
   return _put(tree, NamedSharding(mesh, PartitionSpec(axis)))
 
