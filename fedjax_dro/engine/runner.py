@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import numbers
 import os
+import sys
 import time
 import warnings
 from contextlib import nullcontext
@@ -62,6 +63,7 @@ from fedjax_dro.engine.sharding import (
   real_clients,
   sharding_key,
 )
+from fedjax_dro.models.base import model_identity
 from fedjax_dro.records.checkpoint import (
   CheckpointLock,
   load_checkpoint,
@@ -251,6 +253,7 @@ def run(
 
   config = {
     "algorithm": alg.name,
+    "model": model_identity(alg.model),
     "settings": alg.config,
     "hparams": {k: np.asarray(v).tolist() for k, v in hp.items()},
     "rounds": rounds,
@@ -305,6 +308,10 @@ def run_chunks(plan: RunPlan, state, status, history: History, loggers=()) -> Hi
   resumed = load_checkpoint(plan.checkpoint_dir, config, state) if plan.checkpoint_dir else None
   if resumed is not None:
     payload, state = resumed
+    print(
+      f"resuming from round {payload['rounds_done']} (checkpoint {payload['path']})",
+      file=sys.stderr,
+    )
     first_chunk, wall = payload["next_chunk"], payload["wall_time"]
     status = (jnp.array(payload["status"][0]), jnp.array(payload["status"][1], jnp.int32))
     if plan.mesh is not None:
