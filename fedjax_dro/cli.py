@@ -372,7 +372,7 @@ def cmd_run(args) -> int:
   except NonFiniteError as e:
     print(f"error: {e}", file=sys.stderr)
     if args.out:
-      e.history.save(args.out)
+      e.history.save(args.out, metrics_jsonl=False)  # run() appended metrics.jsonl already
       print(f"results up to the last finite round saved in {args.out}", file=sys.stderr)
     return 3
   finally:
@@ -387,8 +387,7 @@ def cmd_run(args) -> int:
   )
   from fedjax_dro.engine import is_writer
 
-  if args.out and is_writer():
-    hist.save(args.out)
+  if args.out and is_writer():  # run() wrote them (no second rewrite of finished results)
     print(f"wrote metrics.jsonl, summary.json, metrics.csv and clients.csv in {args.out}")
   return 0
 
@@ -572,6 +571,10 @@ def main(argv: Optional[List[str]] = None) -> int:
   except (ValueError, TypeError, MemoryError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
+  except OSError as e:  # a full disk, a read-only or vanished directory: one line naming the path
+    where = f" ({e.filename})" if e.filename and str(e.filename) not in str(e) else ""
+    print(f"error: {' '.join(str(e).split())}{where}", file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":

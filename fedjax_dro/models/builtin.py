@@ -3,6 +3,7 @@ and an adapter for any user flax (linen) module."""
 
 from __future__ import annotations
 
+import re
 from typing import Callable, Optional, Sequence, Union
 
 import flax.linen as nn
@@ -106,6 +107,8 @@ def linear_regression(
     task="regression",
     l2=float(l2),
     name=f"linear_regression(d={num_features}, l2={l2})",
+    identity=f"linear_regression({num_features}, fit_intercept={fit_intercept}, "
+    f"num_outputs={num_outputs}, init_scale={init_scale!r})",
   )
 
 
@@ -332,7 +335,19 @@ def from_flax(
     task=task,
     l2=float(l2),
     name=name or type(module).__name__,
+    identity=_flax_identity(module, sample_input, loss, metrics),
   )
+
+
+def _flax_identity(module, sample_input, loss, metrics) -> str:
+  """``from_flax(<module and its attributes>, ...)`` without memory addresses."""
+
+  def shown(obj):
+    text = obj if isinstance(obj, str) else getattr(obj, "__qualname__", None) or repr(obj)
+    return re.sub(r" at 0x[0-9a-fA-F]+", "", " ".join(str(text).split()))
+
+  where = f"{sample_input.dtype}{list(sample_input.shape[1:])}"
+  return f"from_flax({shown(repr(module))}, {where}, loss={shown(loss)}, metrics={shown(metrics)})"
 
 
 def mlp(
