@@ -9,6 +9,7 @@ from fedjax_dro.models.base import (
 )
 from fedjax_dro.models.builtin import (
   cnn,
+  conv_form,
   from_flax,
   linear_regression,
   logistic_regression,
@@ -27,5 +28,6 @@ __all__ = [
   "softmax_regression",
   "mlp",
   "cnn",
+  "conv_form",
   "from_flax",
 ]

@@ -242,18 +242,71 @@ def _max_pool2(x):
   return x.reshape(b, h // 2, 2, w // 2, 2, f).max(axis=(2, 4))
 
 
+CONV_FORMS = ("auto", "lax", "patches")
+
+# Client updates per second of the built-in CNN (28x28x1, 62 classes, convolutions 32/64, dense
+# 128; FedAvg, 4 local steps of batch 32) with per-client weights side by side under vmap, each
+# convolution form in the same process: (platform, compute dtype) -> {clients: {form: rate}}.
+# GPU: the H100 figures of issue 27 (n = 1000 clients, older code; the per-client loop ran 358).
+# CPU: benchmarks/speed_conv.py (results in benchmarks/results/speed_conv.{json,md}), 2 shared
+# cores. ``conv="auto"`` takes the faster form of the largest measured n (see conv_form).
+CONV_MEASUREMENTS = {
+  ("gpu", "float32"): {1000: {"lax": 919.0, "patches": 3132.0}},
+  ("gpu", "bfloat16"): {1000: {"lax": 6216.0, "patches": 3766.0}},
+  ("cpu", "float32"): {1: {"lax": 1.0, "patches": 14.9}},
+  ("cpu", "bfloat16"): {1: {"lax": 0.2, "patches": 1.2}},
+}
+
+
+def _conv_choice(rates):
+  return max(rates[max(rates)].items(), key=lambda kv: kv[1])[0]
+
+
+# (platform, compute dtype) -> the form ``conv="auto"`` resolves to, derived from the table above.
+CONV_AUTO = {key: _conv_choice(rates) for key, rates in CONV_MEASUREMENTS.items()}
+
+
+def conv_form(platform: Optional[str] = None, dtype=None) -> str:
+  """The convolution form ``models.cnn(..., conv="auto")`` computes with.
+
+  Read from :data:`CONV_AUTO` (the faster form in :data:`CONV_MEASUREMENTS`, measured with
+  per-client weights side by side under ``vmap``): bfloat16 and float16 compute look up the
+  ``"bfloat16"`` row, every other dtype (float32, float64) the ``"float32"`` row. Platforms
+  without measurements (e.g. TPU) get ``"lax"``, XLA's native convolution.
+
+  Args:
+    platform: ``"cpu"``, ``"gpu"``, ... (default ``jax.default_backend()``; ``"cuda"`` and
+      ``"rocm"`` count as ``"gpu"``).
+    dtype: the compute dtype (default: the default float dtype).
+
+  Returns:
+    ``"lax"`` or ``"patches"``.
+  """
+  platform = platform or jax.default_backend()
+  if not isinstance(platform, str):
+    raise TypeError(f"platform must be a string such as 'cpu' or 'gpu', got {platform!r}")
+  platform = "gpu" if platform in ("cuda", "rocm") else platform
+  dtype = jnp.dtype(_dtype() if dtype is None else dtype)
+  key = "bfloat16" if dtype in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)) else "float32"
+  return CONV_AUTO.get((platform, key), "lax")
+
+
 class _CNN(nn.Module):
   num_outputs: int
   features: Sequence[int] = (32, 64)
   dense: Optional[int] = 128
-  conv: str = "lax"
+  conv: str = "auto"
 
   @nn.compact
   def __call__(self, x):
     if x.ndim == 3:
       x = x[..., None]
+    form = self.conv
+    if form == "auto":  # resolved when traced: the platform and the dtype computed in
+      floating = jnp.issubdtype(x.dtype, jnp.floating)
+      form = conv_form(jax.default_backend(), x.dtype if floating else None)
     for k, f in enumerate(self.features):
-      if self.conv == "patches":
+      if form == "patches":
         x = _PatchConv(f, name=f"Conv_{k}")(x)
       else:
         x = nn.Conv(f, (3, 3), param_dtype=_dtype(), name=f"Conv_{k}")(x)
@@ -386,16 +439,19 @@ def cnn(
   features: Sequence[int] = (32, 64),
   dense: Optional[int] = 128,
   l2: float = 0.0,
-  conv: str = "lax",
+  conv: str = "auto",
 ) -> Model:
   """Small CNN: 3x3 conv + ReLU + 2x2 max-pool blocks, an optional dense layer, a linear head.
 
   ``input_shape`` is ``(height, width)`` or ``(height, width, channels)``; ``dense=None`` puts the
   head right after the last block (``features=(c1, c2), dense=None`` is the "two-layer CNN" of
   the FGDRO reproduction). ``conv`` picks how the convolutions are computed, with identical
-  parameters and results: ``"lax"`` (``lax.conv``) or ``"patches"`` (9 shifted slices and a
-  matmul: under ``vmap`` over clients a batched matmul, much faster on CPU than the grouped
-  convolution ``lax.conv`` becomes).
+  parameters and results: ``"lax"`` (``lax.conv``; under ``vmap`` over clients with per-client
+  weights a grouped convolution), ``"patches"`` (9 shifted slices and a matmul: under ``vmap``
+  a batched matmul) or ``"auto"`` (default): the form measured faster on the platform and in the
+  compute dtype, chosen when the model is traced (:func:`conv_form`; e.g. on an H100, patches in
+  float32 and ``lax.conv`` in bf16). The model's name records ``auto`` and what it resolves to on
+  the platform it was built on.
 
   Args:
     input_shape: ``(height, width)`` or ``(height, width, channels)`` of one image; height and
@@ -404,7 +460,7 @@ def cnn(
     features: output channels of each conv block (default ``(32, 64)``).
     dense: width of the dense ReLU layer before the head, or ``None`` for none (default 128).
     l2: coefficient of ``l2/2 ||params||^2`` added to every client objective (default 0).
-    conv: ``"lax"`` (default) or ``"patches"``, as above.
+    conv: ``"auto"`` (default), ``"lax"`` or ``"patches"``, as above.
 
   Returns:
     A classification :class:`~fedjax_dro.models.base.Model` (softmax cross-entropy).
@@ -420,11 +476,17 @@ def cnn(
     )
   if dense is not None:
     _check_positive_int(dense, "dense")
-  if conv not in ("lax", "patches"):
-    raise ValueError(f"conv must be 'lax' or 'patches', got {conv!r}")
+  if not isinstance(conv, str) or conv not in CONV_FORMS:
+    raise ValueError(f"conv must be one of {CONV_FORMS}, got {conv!r}")
+  form = conv
+  if conv == "auto":
+    platform = jax.default_backend()
+    f32, bf16 = conv_form(platform), conv_form(platform, jnp.bfloat16)
+    form = f"auto: {f32}" if f32 == bf16 else f"auto: {f32}, {bf16} in bf16"
+    form += f" on {platform}"
   return from_flax(
     _CNN(num_classes, tuple(features), dense, conv),
     jnp.zeros((1,) + tuple(input_shape), _dtype()),
     l2=l2,
-    name=f"cnn({tuple(input_shape)}, k={num_classes}, {conv})",
+    name=f"cnn({tuple(input_shape)}, k={num_classes}, {form})",
   )
