@@ -43,6 +43,8 @@ repeatable rate, and every ratio divides like by like.
     python benchmarks/speed.py --sections workloads --models mlp --max-clients 1000
     python benchmarks/speed.py --sections algorithms --merge   # add a section to the results
     python benchmarks/speed.py --render                # rewrite the markdown from the JSON
+    python benchmarks/speed.py --preset gpu            # the GPU points in one call (speed_gpu.py)
+    python benchmarks/speed.py --preset gpu --tiny     # the same code path, tiny sizes (tests)
 
 ``--max-gflop-per-round`` skips (and lists) configurations whose round needs more work than that
 (default: 600 GFLOP on CPU, unlimited on accelerators), so a CPU run stays within minutes.
@@ -101,7 +103,24 @@ def main(argv=None):
   parser.add_argument("--max-gflop-per-round", type=float, default=None)
   parser.add_argument("--precision", default=None, choices=PRECISIONS)
   parser.add_argument("--precision-clients", type=int, default=1000)
-  parser.add_argument("--out", default=os.path.join(HERE, "results", "speed.json"))
+  parser.add_argument(
+    "--out",
+    default=None,
+    help="results JSON (default results/speed.json; with --preset gpu results/speed_gpu.json on a "
+    "GPU, speed_gpu_<platform>.json elsewhere)",
+  )
+  parser.add_argument(
+    "--preset",
+    choices=("gpu",),
+    default=None,
+    help="'gpu': every GPU point of issues 10 and 27 in one call (speed_gpu.py): the CNN at "
+    "n = 1000 against the per-client loop, the MLP in bf16 against the bf16 dense rate, 10,000 "
+    "CNN clients, the anchors",
+  )
+  parser.add_argument("--tiny", action="store_true", help="with --preset gpu: tiny sizes (a test)")
+  parser.add_argument(
+    "--budget-s", type=float, default=None, help="with --preset gpu: seconds for the whole call"
+  )
   parser.add_argument("--markdown-out", default=None)
   parser.add_argument("--merge", action="store_true", help="keep other sections of --out")
   parser.add_argument(
@@ -117,6 +136,14 @@ def main(argv=None):
     help="measure nothing: re-derive the acceptance checks of --out and rewrite its markdown",
   )
   args = parser.parse_args(argv)
+  if args.tiny and args.preset is None:
+    parser.error("--tiny goes with --preset gpu")
+  if args.preset == "gpu":
+    args.out_gpu = args.out
+    import speed_gpu
+
+    return speed_gpu.run(args, list(sys.argv[1:] if argv is None else argv))
+  args.out = args.out or os.path.join(HERE, "results", "speed.json")
   if args.render:
     return speed_report.render(args.out, args.markdown_out)
   cpu_devices = local_cpu_cores() if args.cpu_devices == "auto" else int(args.cpu_devices)

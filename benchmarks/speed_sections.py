@@ -56,7 +56,7 @@ def workloads(args, dense):
   for kind in args.models:
     model = make_model(kind)
     params = float32_params(model)
-    grid = CLIENTS["tabular" if kind in TABULAR else "deep"]
+    grid = getattr(args, "client_grid", None) or CLIENTS["tabular" if kind in TABULAR else "deep"]
     grid = [n for n in grid if n <= args.max_clients]
     flops = None
     for n in grid:

@@ -6,6 +6,7 @@ call; why the best and not the median is said in ``speed.py``'s docstring."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import jax
@@ -20,7 +21,7 @@ from fedjax_dro.core.precision import PRECISIONS
 from fedjax_dro.data import from_client_arrays
 from fedjax_dro.models import client_loss_and_grad
 
-MODELS = ("softmax", "logreg", "mlp", "cnn-lax", "cnn-patches")
+MODELS = ("softmax", "logreg", "mlp", "cnn-lax", "cnn-patches", "cnn-auto")
 TABULAR = ("softmax", "logreg")
 BACKENDS = ("vmap", "map", "chunked", "auto")
 CLIENTS = {"tabular": (10, 100, 1000, 10_000, 100_000), "deep": (10, 100, 1000, 10_000)}
@@ -31,21 +32,42 @@ LOOP_CLIENTS = 200  # the per-client loop is timed on at most this many clients 
 MATMUL_PRECISION = {"float32": "highest", "tf32": "tensorfloat32", "bf16": "default"}
 
 
+# The deep workloads' sizes (the MLP 784-200-200-62, the CNN 28x28 -> 62 with convolutions 32/64
+# and a 128 dense layer); tiny_sizes() swaps in small ones for the tests of the GPU preset.
+SIZES = {"image": (28, 28), "classes": 62, "mlp": (784, (200, 200)), "cnn": ((32, 64), 128)}
+TINY_SIZES = {"image": (8, 8), "classes": 10, "mlp": (64, (16, 16)), "cnn": ((4, 8), 16)}
+
+
+@contextlib.contextmanager
+def tiny_sizes():
+  """Within the block, the MLP and the CNN are built in :data:`TINY_SIZES`."""
+  saved = dict(SIZES)
+  SIZES.update(TINY_SIZES)
+  try:
+    yield
+  finally:
+    SIZES.update(saved)
+
+
 def make_model(kind):
   if kind == "softmax":
     return models.softmax_regression(64, 10)
   if kind == "logreg":
     return models.logistic_regression(64)
   if kind == "mlp":
-    return models.mlp((784,), 62, (200, 200))
-  return models.cnn((28, 28), 62, conv=kind.split("-")[1])
+    return models.mlp((SIZES["mlp"][0],), SIZES["classes"], SIZES["mlp"][1])
+  features, dense = SIZES["cnn"]
+  # cnn-auto, cnn-lax, cnn-patches
+  return models.cnn(
+    SIZES["image"], SIZES["classes"], features=features, dense=dense, conv=kind.split("-")[1]
+  )
 
 
 def make_data(kind, n, seed=0):
   """``n`` clients of ``EXAMPLES`` rows each (random features and labels: speed only)."""
   rng = np.random.default_rng(seed)
-  shape = {"softmax": (64,), "logreg": (64,), "mlp": (784,)}.get(kind, (28, 28))
-  classes = {"softmax": 10, "logreg": 2}.get(kind, 62)
+  shape = {"softmax": (64,), "logreg": (64,), "mlp": (SIZES["mlp"][0],)}.get(kind, SIZES["image"])
+  classes = {"softmax": 10, "logreg": 2}.get(kind, SIZES["classes"])
   x = rng.standard_normal((n, EXAMPLES) + shape, dtype=np.float32)
   y = rng.integers(0, classes, (n, EXAMPLES)).astype(np.int32)
   return from_client_arrays(list(x), list(y))

@@ -1,0 +1,249 @@
+"""``python benchmarks/speed.py --preset gpu``: every GPU point of issues 10 and 27 in one call.
+
+Meant for one H100 in under 9 minutes (``--budget-s``, default 480 s: the anchors' whole runs are
+skipped, and projected, when they would not fit in what is left). In this order, each measured
+through the sections of ``speed.py`` (``speed_sections.py``) and ``anchors.py``:
+
+1. ``cnn``: the built-in CNN (28x28x1, 62 classes) at n = 1000 clients with ``conv="auto"``,
+   ``"lax"`` and ``"patches"``, the ``auto`` backend against the per-client jitted loop on the
+   same device (FedAvg, 4 local steps of batch 32, the platform's default precision);
+2. ``mlp_precision``: the MLP 784-200-200-62 at n = 1000 in float32, tf32 and bf16, each against
+   the device's measured dense-matmul rate of the same precision (the bf16 target: 30% of it);
+3. ``cnn_10k``: 10,000 CNN clients (``conv="auto"``, the ``auto`` backend): the run completes
+   (an allocation failure is recorded, not raised) and its rate;
+4. ``anchors``: FLUTE's FEMNIST and pfl-research's CIFAR-10 workloads through ``fd.run``
+   (``anchors.py``): the whole 1500 rounds on an accelerator where the budget allows.
+
+``--tiny`` runs the same code path with tiny sizes (n = 4 and 8 instead of 1000 and 10,000, the
+anchors' quick sizes) on any device: the test of this entry point. Writes
+``benchmarks/results/speed_gpu.{json,md}`` on a GPU (``speed_gpu_<platform>`` elsewhere;
+``--out``).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import platform
+import sys
+import time
+
+import anchors
+import jax
+import speed_report
+import speed_sections
+import speed_workloads
+
+from fedjax_dro.core.precision import default_precision
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BUDGET_S = 480.0
+
+
+def default_out():
+  backend = jax.default_backend()
+  name = "speed_gpu" if backend == "gpu" else f"speed_gpu_{backend}"
+  return os.path.join(HERE, "results", f"{name}.json")
+
+
+def _section_args(args, **changes):
+  out = copy.copy(args)
+  for k, v in changes.items():
+    setattr(out, k, v)
+  return out
+
+
+def _guarded(name, fn, errors):
+  """``fn()``, or ``None`` with the error recorded (an allocation failure is a result here)."""
+  try:
+    return fn()
+  except Exception as e:  # reported in the results, not hidden
+    errors[name] = f"{type(e).__name__}: {str(e)[:500]}"
+    print(f"{name}: {errors[name]}", flush=True)
+    return None
+
+
+def run(args, argv):
+  if args.tiny:
+    with speed_workloads.tiny_sizes():
+      return _run(args, argv)
+  return _run(args, argv)
+
+
+def _run(args, argv):
+  start = time.perf_counter()
+  tiny = args.tiny
+  budget = args.budget_s if args.budget_s is not None else BUDGET_S
+  n_cnn, n_big = (4, 8) if tiny else (1000, 10_000)
+  base = _section_args(
+    args,
+    quick=tiny,
+    max_clients=10**9,
+    max_map_clients=0,
+    backends=["auto"],
+    max_gflop_per_round=args.max_gflop_per_round,
+    precision=None,
+  )
+  device = jax.devices()[0]
+  result = {
+    "meta": {
+      "platform": jax.default_backend(),
+      "device": str(device),
+      "device_kind": getattr(device, "device_kind", str(device)),
+      "cpu_count": os.cpu_count(),
+      "python": sys.version.split()[0],
+      "jax": jax.__version__,
+      "machine": platform.machine(),
+      "default_precision": default_precision(),
+      "command": "python benchmarks/speed.py " + " ".join(argv),
+      "num_devices": len(jax.devices()),
+      "local_steps": speed_workloads.LOCAL_STEPS,
+      "batch_size": speed_workloads.BATCH,
+      "examples_per_client": speed_workloads.EXAMPLES,
+      "preset": "gpu",
+      "tiny": tiny,
+      "budget_s": budget,
+      "load_before": round(os.getloadavg()[0], 2),
+    },
+    "errors": {},
+  }
+  errors = result["errors"]
+  dense = result["dense"] = speed_workloads.dense_rates(tiny)
+  cnn_models = ["cnn-auto"] if tiny else ["cnn-auto", "cnn-lax", "cnn-patches"]
+  result["workloads"] = _guarded(
+    "cnn",
+    lambda: speed_sections.workloads(
+      _section_args(base, models=cnn_models, client_grid=[n_cnn]), dense
+    ),
+    errors,
+  )
+  result["precision"] = _guarded(
+    "mlp_precision",
+    lambda: speed_sections.precisions(
+      _section_args(base, models=["mlp"], precision_clients=n_cnn), dense
+    ),
+    errors,
+  )
+  big = _guarded(
+    "cnn_10k",
+    lambda: speed_sections.workloads(
+      _section_args(base, models=["cnn-auto"], client_grid=[n_big]), dense
+    ),
+    errors,
+  )
+  if big and big["rows"]:
+    result["workloads"] = result["workloads"] or {"precision": big["precision"], "rows": []}
+    result["workloads"]["rows"] += big["rows"]
+  result["cnn_10k"] = {
+    "num_clients": n_big,
+    "completed": bool(big and big["rows"]),
+    "error": errors.get("cnn_10k"),
+    "updates_per_s": big["rows"][0]["auto"]["updates_per_s"] if big and big["rows"] else None,
+  }
+  left = budget - (time.perf_counter() - start)
+  result["anchors"] = _guarded(
+    "anchors",
+    lambda: anchors.run_all(quick=tiny, full=jax.default_backend() != "cpu", budget_s=left),
+    errors,
+  )
+  result["meta"]["wall_s"] = time.perf_counter() - start
+  result["meta"]["load_after"] = round(os.getloadavg()[0], 2)
+  out = args.out_gpu or default_out()
+  md_path = write(result, out)
+  print(markdown(result))
+  print(f"wrote {out} and {md_path}")
+  return result
+
+
+def acceptance(result):
+  """The GPU points of issues 10 and 27 read from this run's results."""
+  out = []
+  for r in (result.get("workloads") or {}).get("rows", []):
+    if r["model"].startswith("cnn") and "auto" in r:
+      out.append(
+        f"{r['model']} n={r['num_clients']}: auto {r['auto']['updates_per_s']:.0f} updates/s, "
+        f"{r['auto']['speedup_vs_loop']:.1f}x the per-client loop "
+        f"({r['loop']['updates_per_s']:.0f}/s) on the same device (issue 10's GPU target: 25x)"
+      )
+  for r in (result.get("precision") or {}).get("rows", []):
+    if r["precision"] == "bf16":
+      f = r["fraction_of_dense"]
+      out.append(
+        f"MLP n={r['num_clients']} bf16: {100 * f:.0f}% of the measured bf16 dense rate "
+        f"(target 30% on GPU): {'PASS' if f >= 0.3 else 'FAIL'}"
+      )
+  big = result.get("cnn_10k") or {}
+  if big:
+    rate = big.get("updates_per_s")
+    out.append(
+      f"CNN n={big['num_clients']}: "
+      + (
+        f"completed, {rate:.0f} updates/s"
+        if big.get("completed")
+        else f"did not complete ({big.get('error')})"
+      )
+    )
+  for r in result.get("anchors") or []:
+    whole = (
+      f"whole run {r['full_run_s']:.0f} s measured"
+      if "full_run_s" in r
+      else f"whole run projected {r['projected_run_s']:.0f} s"
+    )
+    out.append(f"anchor {r['workload']}: {r['s_per_round'] * 1e3:.1f} ms / round, {whole}")
+  for name, err in (result.get("errors") or {}).items():
+    out.append(f"error in {name}: {err}")
+  return out
+
+
+def markdown(result):
+  meta = result["meta"]
+  lines = [
+    f"# GPU preset (`{meta['command']}`)",
+    "",
+    f"Device: **{meta['device_kind']}** ({meta['platform']}), jax {meta['jax']}"
+    + (
+      " (**tiny sizes**: the CPU test of this entry point, not a measurement)"
+      if meta["tiny"]
+      else ""
+    )
+    + f"; wall time of the whole call: {meta.get('wall_s', float('nan')):.0f} s (budget "
+    f"{meta['budget_s']:.0f} s); load average before / after: {meta['load_before']} / "
+    f"{meta.get('load_after')}.",
+    "",
+    "## Acceptance (this run)",
+    "",
+  ]
+  lines += [f"- {a}" for a in acceptance(result)]
+  lines.append("")
+  body = speed_report.markdown(
+    {k: v for k, v in result.items() if k not in ("anchors", "acceptance")}
+  )
+  lines += body.split("\n")[4:]  # the speed report's sections, without its title and device line
+  if result.get("anchors"):
+    anchor_md = anchors.markdown({"meta": _anchor_meta(meta), "rows": result["anchors"]})
+    lines += ["", "## Anchors"] + anchor_md.split("\n")[5:]
+  return "\n".join(lines)
+
+
+def _anchor_meta(meta):
+  return {
+    "device_kind": meta["device_kind"],
+    "platform": meta["platform"],
+    "cpu_count": meta["cpu_count"],
+    "jax": meta["jax"],
+    "load_before": meta["load_before"],
+    "load_after": meta.get("load_after"),
+    "command": meta["command"],
+  }
+
+
+def write(result, out):
+  result["acceptance"] = acceptance(result)
+  os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+  with open(out, "w") as f:
+    json.dump(result, f, indent=2, default=float)
+  md_path = os.path.splitext(out)[0] + ".md"
+  with open(md_path, "w") as f:
+    f.write(markdown(result))
+  return md_path

@@ -1,0 +1,49 @@
+"""`python benchmarks/speed.py --preset gpu --tiny`: the GPU entry point's code path with tiny
+sizes on any device: every part is measured and reported (its logic, not its timings)."""
+
+import importlib.util
+import json
+import pathlib
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _load(name):
+  sys.path.insert(0, str(ROOT / "benchmarks"))
+  spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_gpu_preset_tiny_runs_every_part(tmp_path):
+  bench = _load("speed")
+  out = tmp_path / "speed_gpu.json"
+  result = bench.main(["--preset", "gpu", "--tiny", "--out", str(out)])
+  saved = json.loads(out.read_text())
+  assert saved["errors"] == {} and saved["meta"]["tiny"] and saved["meta"]["preset"] == "gpu"
+  rows = {(r["model"], r["num_clients"]) for r in saved["workloads"]["rows"]}
+  assert rows == {("cnn-auto", 4), ("cnn-auto", 8)}  # n = 1000 and 10,000 on a GPU
+  for r in saved["workloads"]["rows"]:
+    assert r["auto"]["speedup_vs_loop"] == r["auto"]["updates_per_s"] / r["loop"]["updates_per_s"]
+  precisions = [r["precision"] for r in saved["precision"]["rows"]]
+  assert precisions == ["float32", "tf32", "bf16"]
+  for r in saved["precision"]["rows"]:
+    rate = saved["dense"][r["precision"]]["flops_per_s"]
+    assert abs(r["fraction_of_dense"] - r["updates_per_s"] * r["flops_per_update"] / rate) < 1e-9
+  assert saved["cnn_10k"]["completed"] and saved["cnn_10k"]["num_clients"] == 8
+  assert [r["workload"] for r in saved["anchors"]] == ["flute_femnist", "pfl_cifar10"]
+  assert all("full_run_s" not in r for r in result["anchors"])  # CPU: projections only
+  md = (tmp_path / "speed_gpu.md").read_text()
+  assert "tiny sizes" in md and "## Anchors" in md and "bf16 dense rate" in md
+  assert md.count("## Acceptance") == 1
+
+
+def test_tiny_needs_the_gpu_preset(capsys):
+  import pytest
+
+  bench = _load("speed")
+  with pytest.raises(SystemExit):
+    bench.main(["--tiny"])
+  assert "--tiny goes with --preset gpu" in capsys.readouterr().err
