@@ -117,6 +117,12 @@ def _check(name, alg, hist, model):
     assert np.max(d2[off] / bound[off]) > 0.99
     assert np.all(hist.train_metrics["constraint_violation"] <= 1e-12)
     assert np.all(hist.train_metrics["projection_iterations"] > 0)
+    # the certified accuracy of every round's projection: within Karula's float64 tolerance
+    gap = hist.train_metrics["projection_certified_gap"]
+    assert np.all((gap >= 0) & (gap <= 1e-8))
+    rel = hist.train_metrics["projection_violation_rel"]
+    a = hist.train_metrics["restoration_scale"]
+    np.testing.assert_allclose(rel, np.maximum(1 / a**2 - 1, 0), rtol=1e-12, atol=0)
 
 
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
