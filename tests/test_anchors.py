@@ -1,0 +1,96 @@
+"""benchmarks/anchors.py: the published workloads' shapes and client sizes, the host / device
+placement of the generated federation, and the --quick run through fd.run (its logic, not its
+timings)."""
+
+import importlib.util
+import json
+import math
+import pathlib
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _load():
+  sys.path.insert(0, str(ROOT / "benchmarks"))
+  spec = importlib.util.spec_from_file_location("anchors", ROOT / "benchmarks" / "anchors.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_workloads_are_the_published_settings():
+  a = _load()
+  femnist, cifar = a.WORKLOADS["flute_femnist"], a.WORKLOADS["pfl_cifar10"]
+  assert (femnist["num_clients"], femnist["clients_per_round"], femnist["batch_size"]) == (
+    3400,
+    10,
+    20,
+  )
+  assert (femnist["rounds"], femnist["local_epochs"], femnist["image"]) == (1500, 1, (28, 28, 1))
+  assert femnist["classes"] == 62
+  assert [p["wall_s"] for p in femnist["published"]] == [8 * 60 + 22, (5 * 60 + 50) * 60]
+  assert (cifar["clients_per_round"], cifar["batch_size"], cifar["rounds"]) == (50, 10, 1500)
+  assert cifar["image"] == (32, 32, 3) and cifar["classes"] == 10
+  assert cifar["num_clients"] * cifar["sizes"]["mean"] == 50_000  # CIFAR-10's training set
+
+
+def test_client_sizes_femnist_like_heavy_tail_and_cifar_fixed():
+  a = _load()
+  rng = np.random.default_rng(0)
+  sizes = a.client_sizes(a.WORKLOADS["flute_femnist"], 3400, rng)
+  assert sizes.dtype == np.int32 and sizes.min() >= 1
+  # mean ~226 (its standard error is ~2: 5% is many of them), a right tail past 3x the median
+  assert abs(sizes.mean() - 226) < 0.05 * 226
+  assert np.median(sizes) < sizes.mean() and sizes.max() > 3 * np.median(sizes)
+  fixed = a.client_sizes(a.WORKLOADS["pfl_cifar10"], 1000, rng)
+  assert (fixed == 50).all()
+
+
+@pytest.mark.parametrize("device_bytes", [0, 2**30])
+def test_federation_on_host_or_device_holds_the_sizes(device_bytes):
+  from fedjax_dro.data.host import HostFederatedData
+
+  a = _load()
+  spec = dict(a.WORKLOADS["flute_femnist"], sizes={"kind": "lognormal", "mean": 9.0, "sigma": 0.5})
+  train, eval_data, sizes, where = a.federation(spec, 7, (8, 8, 1), device_bytes)
+  assert where == ("host" if device_bytes == 0 else "device")
+  assert isinstance(train, HostFederatedData) == (where == "host")
+  np.testing.assert_array_equal(np.asarray(train.num_examples), sizes)
+  assert train.max_examples == sizes.max() and train.num_clients == 7
+  if where == "device":
+    np.testing.assert_array_equal(np.asarray(train.mask).sum(1), sizes)
+  assert eval_data.num_clients == 7 and eval_data.max_examples == 1
+
+
+def test_local_work_epochs_or_ceil_mean_over_batch():
+  a = _load()
+  spec = a.WORKLOADS["flute_femnist"]
+  kw, text = a.local_work(spec, 226.0, "steps")
+  assert kw == {"local_steps": math.ceil(226 / 20), "batch_size": 20} and "ceil" in text
+  kw, _ = a.local_work(a.WORKLOADS["pfl_cifar10"], 50.0, "steps")
+  assert kw["local_steps"] == 5
+  kw, text = a.local_work(spec, 226.0, "epochs")
+  assert kw == {"local_epochs": 1, "batch_size": 20}
+  with pytest.raises(ValueError, match="local work"):
+    a.local_work(spec, 226.0, "sometimes")
+
+
+def test_quick_run_through_fd_run_writes_both_workloads(tmp_path):
+  a = _load()
+  out = tmp_path / "anchors.json"
+  result = a.main(["--quick", "--local-work", "steps", "--device-bytes", "0", "--out", str(out)])
+  saved = json.loads(out.read_text())
+  assert [r["workload"] for r in saved["rows"]] == ["flute_femnist", "pfl_cifar10"]
+  for r in result["rows"]:
+    assert r["quick"] and r["rounds_measured"] == 2 and r["data_on"] == "host"
+    assert r["second_run_compile_s"] == 0.0  # the second run reuses the compiled programs
+    assert r["projected_run_s"] == pytest.approx(r["compile_s"] + 1500 * r["s_per_round"])
+    assert r["host_store_stats"]["rows_gathered"] > 0
+    assert "auto" in r["model"]
+  md = (tmp_path / "anchors.md").read_text()
+  assert "(projection)" in md and "8 min 22 s on 4 GPUs" in md and "5 h 50 min" in md
+  assert "one A100" in md
