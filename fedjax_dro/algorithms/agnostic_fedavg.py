@@ -22,7 +22,7 @@ of L_k over S), ``train_loss_max``, ``lambda_max``, ``lambda_min``; lambda is ``
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import jax.numpy as jnp
 
@@ -63,7 +63,14 @@ def initial_state(params, num_clients):
 
 @register("agnostic_fedavg", family="dro")
 def agnostic_fedavg(
-  model, *, clients_per_round=None, local_steps=10, batch_size=None, backend="auto", chunk_size=None
+  model,
+  *,
+  clients_per_round=None,
+  local_steps=10,
+  local_epochs: Optional[int] = None,
+  batch_size=None,
+  backend="auto",
+  chunk_size=None,
 ) -> Algorithm:
   """AgnosticFedAvg (Ro 2021): lambda-weighted FedAvg, exponentiated-gradient client weights.
 
@@ -74,6 +81,10 @@ def agnostic_fedavg(
     clients_per_round: the sampled clients ``S`` of a round (uniform, without replacement);
       ``None`` (default): all.
     local_steps: local SGD steps of each client in ``S`` per round (default 10).
+    local_epochs: instead of ``local_steps``, passes over each participant's own rows per round,
+      without replacement, in consecutive batches of ``batch_size`` of a fresh random order each
+      pass (a client with more rows takes more steps; see
+      :func:`fedjax_dro.core.local.local_schedule`); ``None`` (default): ``local_steps``.
     batch_size: examples per local SGD step; ``None`` (default): the whole client data (the
       domain losses ``L_k`` always use the full data).
     backend: per-client execution, ``"auto"`` (default), ``"vmap"``, ``"map"`` or ``"chunked"``.

@@ -65,6 +65,7 @@ def ditto(
   *,
   clients_per_round=None,
   local_steps=10,
+  local_epochs: Optional[int] = None,
   personal_steps: Optional[int] = None,
   batch_size=None,
   backend="auto",
@@ -81,6 +82,10 @@ def ditto(
     clients_per_round: the participants ``S_t`` (uniform, without replacement); ``None``
       (default): every client, every round.
     local_steps: SGD steps on the global model per participant and round (default 10).
+    local_epochs: instead of ``local_steps``, passes over each participant's own rows per round,
+      without replacement, in consecutive batches of ``batch_size`` of a fresh random order each
+      pass (a client with more rows takes more steps; see
+      :func:`fedjax_dro.core.local.local_schedule`); ``None`` (default): ``local_steps``.
     personal_steps: SGD steps on the personal model per participant and round; ``None``
       (default): ``local_steps``.
     batch_size: examples per step, shared by the two passes; ``None`` (default): full batches.

@@ -20,7 +20,7 @@ the original; the convergence theory asks for ``lambda > 1``.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -43,7 +43,14 @@ HPARAMS = {
 
 @register("dr_dsgd", family="dro")
 def dr_dsgd(
-  model, *, clients_per_round=None, local_steps=32, batch_size=32, backend="auto", chunk_size=None
+  model,
+  *,
+  clients_per_round=None,
+  local_steps=32,
+  local_epochs: Optional[int] = None,
+  batch_size=32,
+  backend="auto",
+  chunk_size=None,
 ) -> Algorithm:
   """DR-DSGD (Issaid 2022), federated form: local SGD on exp(loss / lambda), server averaging.
 
@@ -54,6 +61,10 @@ def dr_dsgd(
     clients_per_round: clients averaged each round (drawn without replacement); ``None``
       (default): all, the complete graph of the original.
     local_steps: the mixing interval ``I``: local steps between two averages (default 32).
+    local_epochs: instead of ``local_steps``, passes over each participant's own rows per round,
+      without replacement, in consecutive batches of ``batch_size`` of a fresh random order each
+      pass (a client with more rows takes more steps; see
+      :func:`fedjax_dro.core.local.local_schedule`); ``None`` (default): ``local_steps``.
     batch_size: examples per stochastic gradient (default 32); ``None``: full batches.
     backend: per-client execution, ``"auto"`` (default), ``"vmap"``, ``"map"`` or ``"chunked"``.
     chunk_size: clients per chunk of ``"chunked"``; ``None`` (default): planned from memory.

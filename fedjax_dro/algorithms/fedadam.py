@@ -40,7 +40,7 @@ Readings:
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -85,6 +85,7 @@ def fedadam(
   *,
   clients_per_round=None,
   local_steps=10,
+  local_epochs: Optional[int] = None,
   batch_size=None,
   backend="auto",
   chunk_size=None,
@@ -101,6 +102,10 @@ def fedadam(
     clients_per_round: the sampled set ``S_t`` of a round (uniform, without replacement);
       ``None`` (default): all clients.
     local_steps: ``K``, the local SGD steps of a client per round (default 10).
+    local_epochs: instead of ``local_steps``, passes over each participant's own rows per round,
+      without replacement, in consecutive batches of ``batch_size`` of a fresh random order each
+      pass (a client with more rows takes more steps; see
+      :func:`fedjax_dro.core.local.local_schedule`); ``None`` (default): ``local_steps``.
     batch_size: examples in each local SGD step; ``None`` (default): full client data.
     backend: per-client execution, ``"auto"`` (default), ``"vmap"``, ``"map"`` or ``"chunked"``.
     chunk_size: clients per chunk of ``"chunked"``; ``None`` (default): planned from memory.

@@ -10,7 +10,7 @@ server moves by ``server_lr`` times the average model difference, weighted by sa
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import jax.numpy as jnp
 
@@ -42,6 +42,7 @@ def fedavg(
   *,
   clients_per_round=None,
   local_steps=10,
+  local_epochs: Optional[int] = None,
   batch_size=None,
   backend="auto",
   chunk_size=None,
@@ -57,6 +58,10 @@ def fedavg(
     clients_per_round: clients drawn uniformly without replacement each round; ``None``
       (default): every client.
     local_steps: local SGD steps ``E`` each participant takes per round (default 10).
+    local_epochs: instead of ``local_steps``, passes over each participant's own rows per round,
+      without replacement, in consecutive batches of ``batch_size`` of a fresh random order each
+      pass (a client with more rows takes more steps; see
+      :func:`fedjax_dro.core.local.local_schedule`); ``None`` (default): ``local_steps``.
     batch_size: examples in each local minibatch; ``None`` (default): the client's full data.
     backend: per-client execution, ``"auto"`` (default), ``"vmap"``, ``"map"`` or ``"chunked"``.
     chunk_size: clients per chunk of ``"chunked"``; ``None`` (default): planned from memory.

@@ -23,7 +23,7 @@ Optimization", ICML 2019, arXiv:1905.03817) written in FGDRO's moving-average fo
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -54,7 +54,14 @@ def initial_state(params, num_clients):
 
 @register("fedavg_momentum")
 def fedavg_momentum(
-  model, *, clients_per_round=None, local_steps=32, batch_size=32, backend="auto", chunk_size=None
+  model,
+  *,
+  clients_per_round=None,
+  local_steps=32,
+  local_epochs: Optional[int] = None,
+  batch_size=32,
+  backend="auto",
+  chunk_size=None,
 ) -> Algorithm:
   """FedAvg-M: local SGD with FGDRO-KL's averaged momentum and uniform (ERM) weights.
 
@@ -66,6 +73,10 @@ def fedavg_momentum(
     clients_per_round: participants of a round (uniform, without replacement); ``None``
       (default): all, as in FGDRO's experiments.
     local_steps: the communication interval ``I``: momentum steps per round (default 32).
+    local_epochs: instead of ``local_steps``, passes over each participant's own rows per round,
+      without replacement, in consecutive batches of ``batch_size`` of a fresh random order each
+      pass (a client with more rows takes more steps; see
+      :func:`fedjax_dro.core.local.local_schedule`); ``None`` (default): ``local_steps``.
     batch_size: examples per local stochastic gradient (default 32); ``None``: full batches.
     backend: per-client execution, ``"auto"`` (default), ``"vmap"``, ``"map"`` or ``"chunked"``.
     chunk_size: clients per chunk of ``"chunked"``; ``None`` (default): planned from memory.

@@ -6,6 +6,8 @@ MLSys 2020, arXiv:1812.06127. Local problems are solved inexactly by ``local_ste
 
 from __future__ import annotations
 
+from typing import Optional
+
 import jax
 
 from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register
@@ -27,6 +29,7 @@ def fedprox(
   *,
   clients_per_round=None,
   local_steps=10,
+  local_epochs: Optional[int] = None,
   batch_size=None,
   backend="auto",
   chunk_size=None,
@@ -42,6 +45,10 @@ def fedprox(
       (default): all clients.
     local_steps: SGD steps on each participant's proximal objective per round (default 10): the
       inexact local solver.
+    local_epochs: instead of ``local_steps``, passes over each participant's own rows per round,
+      without replacement, in consecutive batches of ``batch_size`` of a fresh random order each
+      pass (a client with more rows takes more steps; see
+      :func:`fedjax_dro.core.local.local_schedule`); ``None`` (default): ``local_steps``.
     batch_size: examples in each local minibatch; ``None`` (default): the client's full data.
     backend: per-client execution, ``"auto"`` (default), ``"vmap"``, ``"map"`` or ``"chunked"``.
     chunk_size: clients per chunk of ``"chunked"``; ``None`` (default): planned from memory.

@@ -31,7 +31,7 @@ Readings where the paper is terse (each backed by a test in ``tests/algorithms/t
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -87,7 +87,14 @@ def initial_state(params, num_clients):
 
 @register("fgdro_cvar", family="dro")
 def fgdro_cvar(
-  model, *, clients_per_round=None, local_steps=32, batch_size=32, backend="auto", chunk_size=None
+  model,
+  *,
+  clients_per_round=None,
+  local_steps=32,
+  local_epochs: Optional[int] = None,
+  batch_size=32,
+  backend="auto",
+  chunk_size=None,
 ) -> Algorithm:
   """FGDRO-CVaR (Guo 2024, Alg. 1): local threshold s and loss estimators, top-K/N client losses.
 
@@ -100,6 +107,10 @@ def fgdro_cvar(
       all clients, as in the paper.
     local_steps: the communication interval ``I`` of the paper: local steps per round (default
       32).
+    local_epochs: instead of ``local_steps``, passes over each participant's own rows per round,
+      without replacement, in consecutive batches of ``batch_size`` of a fresh random order each
+      pass (a client with more rows takes more steps; see
+      :func:`fedjax_dro.core.local.local_schedule`); ``None`` (default): ``local_steps``.
     batch_size: examples of one ``z_{i,t}`` (default 32); ``None``: full batches.
     backend: per-client execution, ``"auto"`` (default), ``"vmap"``, ``"map"`` or ``"chunked"``.
     chunk_size: clients per chunk of ``"chunked"``; ``None`` (default): planned from memory.

@@ -35,7 +35,7 @@ Readings where the paper is terse (each backed by a test in ``tests/algorithms/t
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -102,7 +102,14 @@ def kl_round(model, settings, state, data, key, *, start, step, averaged):
 
 @register("fgdro_kl", family="dro")
 def fgdro_kl(
-  model, *, clients_per_round=None, local_steps=32, batch_size=32, backend="auto", chunk_size=None
+  model,
+  *,
+  clients_per_round=None,
+  local_steps=32,
+  local_epochs: Optional[int] = None,
+  batch_size=32,
+  backend="auto",
+  chunk_size=None,
 ) -> Algorithm:
   """FGDRO-KL (Guo 2024, Alg. 2): KL-regularised group DRO with local u, averaged v and m.
 
@@ -114,6 +121,10 @@ def fgdro_kl(
     clients_per_round: clients of a round, drawn without replacement; ``None`` (default): all,
       as in the paper.
     local_steps: the paper's communication interval ``I``, in local steps (default 32).
+    local_epochs: instead of ``local_steps``, passes over each participant's own rows per round,
+      without replacement, in consecutive batches of ``batch_size`` of a fresh random order each
+      pass (a client with more rows takes more steps; see
+      :func:`fedjax_dro.core.local.local_schedule`); ``None`` (default): ``local_steps``.
     batch_size: size of a local minibatch ``z_{i,t}`` (default 32); ``None``: full batches.
     backend: per-client execution, ``"auto"`` (default), ``"vmap"``, ``"map"`` or ``"chunked"``.
     chunk_size: clients per chunk of ``"chunked"``; ``None`` (default): planned from memory.

@@ -19,7 +19,7 @@ text calls "the second-order momentum"). Backed by the reference-loop test.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import jax.numpy as jnp
 
@@ -58,7 +58,14 @@ def initial_state(params, num_clients):
 
 @register("fgdro_kl_adam", family="dro")
 def fgdro_kl_adam(
-  model, *, clients_per_round=None, local_steps=32, batch_size=32, backend="auto", chunk_size=None
+  model,
+  *,
+  clients_per_round=None,
+  local_steps=32,
+  local_epochs: Optional[int] = None,
+  batch_size=32,
+  backend="auto",
+  chunk_size=None,
 ) -> Algorithm:
   """FGDRO-KL-Adam (Guo 2024, Alg. 3): FGDRO-KL with Adam-type local steps.
 
@@ -70,6 +77,10 @@ def fgdro_kl_adam(
     clients_per_round: how many clients take part in a round (drawn without replacement);
       ``None`` (default): every client, as in the paper.
     local_steps: ``I``, the number of local Adam steps between communications (default 32).
+    local_epochs: instead of ``local_steps``, passes over each participant's own rows per round,
+      without replacement, in consecutive batches of ``batch_size`` of a fresh random order each
+      pass (a client with more rows takes more steps; see
+      :func:`fedjax_dro.core.local.local_schedule`); ``None`` (default): ``local_steps``.
     batch_size: examples in a local minibatch (default 32); ``None``: the full client data.
     backend: per-client execution, ``"auto"`` (default), ``"vmap"``, ``"map"`` or ``"chunked"``.
     chunk_size: clients per chunk of ``"chunked"``; ``None`` (default): planned from memory.

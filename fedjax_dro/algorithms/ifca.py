@@ -49,7 +49,7 @@ Persistent per-client state: ``assignment`` ``[n]`` int32 (the cluster identitie
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -116,6 +116,7 @@ def ifca(
   init_scale=0.1,
   clients_per_round=None,
   local_steps=10,
+  local_epochs: Optional[int] = None,
   batch_size=None,
   backend="auto",
   chunk_size=None,
@@ -134,6 +135,10 @@ def ifca(
     clients_per_round: clients that train each round (uniform, without replacement); ``None``
       (default): all.
     local_steps: local SGD steps of a participant on its cluster's model (default 10).
+    local_epochs: instead of ``local_steps``, passes over each participant's own rows per round,
+      without replacement, in consecutive batches of ``batch_size`` of a fresh random order each
+      pass (a client with more rows takes more steps; see
+      :func:`fedjax_dro.core.local.local_schedule`); ``None`` (default): ``local_steps``.
     batch_size: examples per local step; ``None`` (default): full batches (the cluster choice
       always uses the full data).
     backend: per-client execution, ``"auto"`` (default), ``"vmap"``, ``"map"`` or ``"chunked"``.

@@ -9,7 +9,7 @@ Persistent per-client state: ``client_params`` ``[n, ...]``.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -30,7 +30,14 @@ HPARAMS = {"client_lr": HParam(0.1, "local SGD step size")}
 
 @register("local", family="personalized")
 def local(
-  model, *, clients_per_round=None, local_steps=1, batch_size=None, backend="auto", chunk_size=None
+  model,
+  *,
+  clients_per_round=None,
+  local_steps=1,
+  local_epochs: Optional[int] = None,
+  batch_size=None,
+  backend="auto",
+  chunk_size=None,
 ) -> Algorithm:
   """Local training: one model per client, no communication.
 
@@ -41,6 +48,10 @@ def local(
     clients_per_round: clients that train in a round (drawn without replacement); ``None``
       (default): all.
     local_steps: SGD steps per training client and round (default 1).
+    local_epochs: instead of ``local_steps``, passes over each participant's own rows per round,
+      without replacement, in consecutive batches of ``batch_size`` of a fresh random order each
+      pass (a client with more rows takes more steps; see
+      :func:`fedjax_dro.core.local.local_schedule`); ``None`` (default): ``local_steps``.
     batch_size: examples per SGD step; ``None`` (default): the client's full data.
     backend: per-client execution, ``"auto"`` (default), ``"vmap"``, ``"map"`` or ``"chunked"``.
     chunk_size: clients per chunk of ``"chunked"``; ``None`` (default): planned from memory.

@@ -21,7 +21,7 @@ Readings: there is no bias correction (the paper has none); ``m_bar = q_bar = 0`
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -66,7 +66,14 @@ def initial_state(params, num_clients):
 
 @register("local_adam")
 def local_adam(
-  model, *, clients_per_round=None, local_steps=32, batch_size=32, backend="auto", chunk_size=None
+  model,
+  *,
+  clients_per_round=None,
+  local_steps=32,
+  local_epochs: Optional[int] = None,
+  batch_size=32,
+  backend="auto",
+  chunk_size=None,
 ) -> Algorithm:
   """LocalAdam (Guo 2024, Alg. 4): Adam steps on the clients, model and moments averaged.
 
@@ -78,6 +85,10 @@ def local_adam(
       (default): all, as in the paper.
     local_steps: the communication interval ``I`` of the paper: Adam steps per round (default
       32).
+    local_epochs: instead of ``local_steps``, passes over each participant's own rows per round,
+      without replacement, in consecutive batches of ``batch_size`` of a fresh random order each
+      pass (a client with more rows takes more steps; see
+      :func:`fedjax_dro.core.local.local_schedule`); ``None`` (default): ``local_steps``.
     batch_size: examples per local stochastic gradient (default 32); ``None``: full batches.
     backend: per-client execution, ``"auto"`` (default), ``"vmap"``, ``"map"`` or ``"chunked"``.
     chunk_size: clients per chunk of ``"chunked"``; ``None`` (default): planned from memory.

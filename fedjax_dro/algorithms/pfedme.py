@@ -69,7 +69,7 @@ Persistent per-client state: ``personal`` ``[n, ...]`` (``theta_i``, params-shap
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -135,6 +135,7 @@ def pfedme(
   *,
   clients_per_round=None,
   local_steps=20,
+  local_epochs: Optional[int] = None,
   personal_steps=5,
   batch_size=20,
   backend="auto",
@@ -151,6 +152,10 @@ def pfedme(
     clients_per_round: the sampled clients ``S`` aggregated each round (uniform, without
       replacement); ``None`` (default): all.
     local_steps: ``R``, the local steps on ``w_i`` per round (default 20).
+    local_epochs: instead of ``local_steps``, passes over each participant's own rows per round,
+      without replacement, in consecutive batches of ``batch_size`` of a fresh random order each
+      pass (a client with more rows takes more steps; see
+      :func:`fedjax_dro.core.local.local_schedule`); ``None`` (default): ``local_steps``.
     personal_steps: ``K``, the inner gradient steps on ``theta_i`` per local step (default 5).
     batch_size: ``|D|``, the examples of a local minibatch (default 20); ``None``: full batches.
     backend: per-client execution, ``"auto"`` (default), ``"vmap"``, ``"map"`` or ``"chunked"``.

@@ -18,7 +18,7 @@ S), ``train_loss_max``, ``lambda_max``.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -58,7 +58,14 @@ def initial_state(params, num_clients):
 
 @register("qffl", family="dro")
 def qffl(
-  model, *, clients_per_round=None, local_steps=10, batch_size=None, backend="auto", chunk_size=None
+  model,
+  *,
+  clients_per_round=None,
+  local_steps=10,
+  local_epochs: Optional[int] = None,
+  batch_size=None,
+  backend="auto",
+  chunk_size=None,
 ) -> Algorithm:
   """q-FFL / q-FedAvg (Li 2020): losses^q-weighted updates for fairness.
 
@@ -69,6 +76,10 @@ def qffl(
     clients_per_round: the clients ``S`` of a round (uniform, without replacement); ``None``
       (default): every client.
     local_steps: SGD steps a client in ``S`` takes from ``w`` to its ``w_k`` (default 10).
+    local_epochs: instead of ``local_steps``, passes over each participant's own rows per round,
+      without replacement, in consecutive batches of ``batch_size`` of a fresh random order each
+      pass (a client with more rows takes more steps; see
+      :func:`fedjax_dro.core.local.local_schedule`); ``None`` (default): ``local_steps``.
     batch_size: local minibatch size; ``None`` (default): full batches (``F_k`` is always the
       full-data loss).
     backend: per-client execution, ``"auto"`` (default), ``"vmap"``, ``"map"`` or ``"chunked"``.

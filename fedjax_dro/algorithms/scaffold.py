@@ -11,18 +11,21 @@ Federated Learning", ICML 2020, arXiv:1910.06378, Algorithm 1 with control-varia
 Averages over the participants are unweighted, as in the paper; the fixed point is then the
 minimizer of the uniform average of the client objectives (tested on heterogeneous quadratics).
 Persistent per-client state: ``client_controls`` ``[n, ...]``.
+
+With ``local_epochs`` client ``i`` takes ``K_i = local_epochs * ceil(n_i / batch_size)`` steps
+and ``J`` above is its own ``K_i`` (``c_i+`` is still the mean corrected gradient of its steps).
 """
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 
 from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register
-from fedjax_dro.core.aggregation import tree_add, tree_stack, tree_zeros_like
-from fedjax_dro.core.local import local_round, round_metrics
+from fedjax_dro.core.aggregation import scatter_rows, tree_add, tree_stack, tree_zeros_like
+from fedjax_dro.core.local import local_round, local_step_counts, round_metrics
 from fedjax_dro.core.settings import participants, round_zero, settings_from, state_init
 
 
@@ -47,7 +50,14 @@ def initial_state(params, num_clients):
 
 @register("scaffold")
 def scaffold(
-  model, *, clients_per_round=None, local_steps=10, batch_size=None, backend="auto", chunk_size=None
+  model,
+  *,
+  clients_per_round=None,
+  local_steps=10,
+  local_epochs: Optional[int] = None,
+  batch_size=None,
+  backend="auto",
+  chunk_size=None,
 ) -> Algorithm:
   """SCAFFOLD option II (Karimireddy 2020): control variates correct client drift.
 
@@ -58,6 +68,10 @@ def scaffold(
     clients_per_round: the sampled set ``S`` of each round (uniform, without replacement);
       ``None`` (default): every client.
     local_steps: ``K``, the corrected local SGD steps per round (default 10).
+    local_epochs: instead of ``local_steps``, passes over each participant's own rows per round,
+      without replacement, in consecutive batches of ``batch_size`` of a fresh random order each
+      pass (a client with more rows takes more steps; see
+      :func:`fedjax_dro.core.local.local_schedule`); ``None`` (default): ``local_steps``.
     batch_size: examples in each local minibatch; ``None`` (default): full client data.
     backend: per-client execution, ``"auto"`` (default), ``"vmap"``, ``"map"`` or ``"chunked"``.
     chunk_size: clients per chunk of ``"chunked"``; ``None`` (default): planned from memory.
@@ -73,6 +87,8 @@ def scaffold(
     s = participants(settings, n)
     lr = hparams["client_lr"]
     correct = lambda w, g, c_i: jax.tree.map(lambda gi, ci, c: gi - ci + c, g, c_i, state.control)
+    if settings.local_epochs is not None:
+      return epochs_round(state, data, key, hparams, correct)
     # c_i+ = c_i - c + (x - y_i) / (J eta_l) = c_i - c - delta_i / (J eta_l), computed inside each
     # participant's update; only the mean delta leaves the round (no stacked deltas)
     new_control = lambda c_i, d: jax.tree.map(
@@ -97,6 +113,35 @@ def scaffold(
     control = tree_add(state.control, dc, s / n)
     new_state = ScaffoldState(params, control, update.client_state, state.round + 1)
     return new_state, round_metrics(update)
+
+  def epochs_round(state, data, key, hparams, correct):
+    # K_i differs between participants: c_i+ from each stacked delta, c from their mean
+    n, lr = data.num_clients, hparams["client_lr"]
+    update = local_round(
+      model,
+      settings,
+      state.params,
+      data,
+      key,
+      lr,
+      client_state=state.client_controls,
+      grad_transform=correct,
+    )
+    s = update.idx.shape[0]
+    steps = jnp.maximum(local_step_counts(settings, update.num_examples), 1)
+    old = jax.tree.map(lambda a: a[update.idx], state.client_controls)
+    new = jax.tree.map(
+      lambda ci, c, d: ci - c - d / (steps.reshape((-1,) + (1,) * c.ndim) * lr).astype(d.dtype),
+      old,
+      state.control,
+      update.deltas,
+    )
+    mean = lambda tree: jax.tree.map(lambda a: jnp.mean(a, axis=0).astype(a.dtype), tree)
+    params = tree_add(state.params, mean(update.deltas), hparams["server_lr"])
+    dc = mean(jax.tree.map(jnp.subtract, new, old))
+    control = tree_add(state.control, dc, s / n)
+    controls = scatter_rows(state.client_controls, update.idx, new)
+    return ScaffoldState(params, control, controls, state.round + 1), round_metrics(update)
 
   init = state_init(settings, initial_state)
   return build_algorithm("scaffold", model, settings, init, round_fn, HPARAMS)

@@ -37,3 +37,54 @@ def validate_clients_per_round(
   if clients_per_round < 1 or clients_per_round > num_clients:
     raise ValueError(f"{name} must be in [1, num_clients={num_clients}], got {clients_per_round}")
   return clients_per_round
+
+
+# ----------------------------------------------------------------------------------------------
+# The minibatch rows of one client's local steps (the key schedule every local update shares)
+# ----------------------------------------------------------------------------------------------
+def step_rows(key, num_examples, batch_size: int, num_steps: int):
+  """``[num_steps, batch_size]`` int32 rows of one client's ``local_steps`` minibatches.
+
+  Drawn uniformly with replacement from the client's valid rows ``[0, num_examples)`` (the data
+  layout puts them first): step ``t``'s rows are ``randint(split(key, num_steps)[t],
+  (batch_size,), 0, max(num_examples, 1))``. Every local update of the package (and the
+  reference loops of its tests) takes its minibatch rows from here.
+  """
+  bound = jnp.maximum(num_examples, 1)
+  draw = lambda k: jax.random.randint(k, (batch_size,), 0, bound)
+  return jax.vmap(draw)(jax.random.split(key, num_steps))
+
+
+def epoch_permutations(key, num_examples, max_examples: int, num_epochs: int):
+  """``[num_epochs, max_examples]`` int32: row ``e`` lists the client's valid rows
+  ``[0, num_examples)`` in a fresh uniformly random order (epoch ``e``'s pass), then its padding
+  rows in order.
+
+  One ``jax.random.bits`` draw of ``[num_epochs, max_examples]`` from ``key``, sorted (stable)
+  with the padding rows' keys set to the largest value, so valid rows always come first.
+  """
+  bits = jax.random.bits(key, (num_epochs, max_examples), jnp.uint32)
+  valid = jnp.arange(max_examples) < num_examples
+  keys = jnp.where(valid, bits, jnp.iinfo(jnp.uint32).max)
+  return jnp.argsort(keys, axis=-1, stable=True).astype(jnp.int32)
+
+
+def epoch_rows(key, num_examples, max_examples: int, batch_size: int, num_epochs: int):
+  """``(rows, row_mask, active)`` of one client's ``local_epochs`` passes over its data.
+
+  Each epoch takes :func:`epoch_permutations`'s row ``e`` in consecutive slices of
+  ``batch_size``: ``S = ceil(max_examples / batch_size)`` steps per epoch, ``num_epochs * S`` in
+  all (static). ``rows[t]`` (``[batch_size]`` int32) are step ``t``'s rows, ``row_mask[t]`` marks
+  those that are valid (a client's last batch of an epoch is partial when ``batch_size`` does not
+  divide ``num_examples``: its loss is the mean over its valid rows), and ``active[t]`` whether
+  the client takes step ``t`` at all (``ceil(num_examples / batch_size)`` steps an epoch; the
+  others leave its model unchanged).
+  """
+  steps = -(-max_examples // batch_size)
+  perm = epoch_permutations(key, num_examples, max_examples, num_epochs)
+  perm = jnp.pad(perm, ((0, 0), (0, steps * batch_size - max_examples)))
+  position = jnp.arange(steps * batch_size).reshape(steps, batch_size)
+  row_mask = jnp.broadcast_to(position < num_examples, (num_epochs, steps, batch_size))
+  active = jnp.broadcast_to(position[:, 0] < num_examples, (num_epochs, steps))
+  shape = (num_epochs * steps, batch_size)
+  return perm.reshape(shape), row_mask.reshape(shape), active.reshape(-1)

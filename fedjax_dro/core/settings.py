@@ -6,7 +6,9 @@
 
 from __future__ import annotations
 
+import inspect
 import numbers
+import sys
 from typing import Any, Callable, Mapping, NamedTuple, Optional
 
 import jax.numpy as jnp
@@ -18,14 +20,20 @@ from fedjax_dro.models.base import num_parameters
 
 
 class CommonSettings(NamedTuple):
-  """Validated shape-determining settings shared by the FedAvg family."""
+  """Validated shape-determining settings shared by the FedAvg family.
+
+  A client's local work per round is either ``local_steps`` minibatches drawn with replacement
+  or ``local_epochs`` passes without replacement over its own rows (exactly one is set, the other
+  is None; see :func:`fedjax_dro.core.local.local_schedule`).
+  """
 
   clients_per_round: Optional[int]
-  local_steps: int
+  local_steps: Optional[int]
   batch_size: Optional[int]
   backend: str
   chunk_size: Optional[int]
   weighting: str
+  local_epochs: Optional[int] = None
 
 
 MAX_COUNT = 2**31 - 1  # counts become int32 shapes and indices on the device
@@ -48,22 +56,36 @@ def _count(name: str, value, expected: str, optional: bool = True) -> Optional[i
 def common_settings(
   *,
   clients_per_round=None,
-  local_steps=1,
+  local_steps=None,
   batch_size=None,
   backend="auto",
   chunk_size=None,
   weighting="num_examples",
+  local_epochs=None,
 ) -> CommonSettings:
+  """Validates the settings; ``local_steps`` and ``local_epochs`` are exclusive (neither given:
+  one local step)."""
   clients_per_round = _count(
     "clients_per_round", clients_per_round, "a positive integer or None (all)"
   )
-  local_steps = _count("local_steps", local_steps, "a positive integer", optional=False)
+  if local_steps is not None and local_epochs is not None:
+    raise ValueError(
+      "give exactly one of local_steps (minibatches with replacement) and local_epochs (passes "
+      f"over each client's data), got local_steps={local_steps!r} and "
+      f"local_epochs={local_epochs!r}"
+    )
+  local_epochs = _count("local_epochs", local_epochs, "a positive integer or None")
+  if local_epochs is None:
+    local_steps = 1 if local_steps is None else local_steps
+    local_steps = _count("local_steps", local_steps, "a positive integer", optional=False)
   batch_size = _count("batch_size", batch_size, "a positive integer or None (full batch)")
   chunk_size = _count("chunk_size", chunk_size, "a positive integer or None")
   validate_backend(backend, chunk_size)
   if weighting not in ("num_examples", "uniform"):
     raise ValueError(f"weighting must be 'num_examples' or 'uniform', got {weighting!r}")
-  return CommonSettings(clients_per_round, local_steps, batch_size, backend, chunk_size, weighting)
+  return CommonSettings(
+    clients_per_round, local_steps, batch_size, backend, chunk_size, weighting, local_epochs
+  )
 
 
 def settings_from(arguments: Mapping[str, Any], **fixed) -> CommonSettings:
@@ -73,9 +95,40 @@ def settings_from(arguments: Mapping[str, Any], **fixed) -> CommonSettings:
   binds any other name); the :class:`CommonSettings` fields among them are taken, ``fixed``
   supplies those the factory does not expose (e.g. ``weighting="uniform"`` for an algorithm whose
   paper averages uniformly) and :func:`common_settings`'s defaults the rest.
+
+  A factory declares ``local_steps`` with its paper's default (``local_steps=10``) next to
+  ``local_epochs=None``: when ``local_epochs`` is given, ``local_steps`` left at the factory's
+  declared default counts as not given (read from the calling factory's signature), so only a
+  ``local_steps`` other than that default together with ``local_epochs`` is refused.
   """
   chosen = {name: arguments[name] for name in CommonSettings._fields if name in arguments}
+  if chosen.get("local_epochs") is not None and "local_steps" in chosen:
+    default = _caller_default(sys._getframe(1), "local_steps")
+    if default is not inspect.Parameter.empty and _same_count(chosen["local_steps"], default):
+      chosen["local_steps"] = None
   return common_settings(**{**chosen, **fixed})
+
+
+def _same_count(value, default) -> bool:
+  """``value`` is the declared ``default`` (the same integer, not a bool)."""
+  return (
+    value is default
+    or isinstance(value, numbers.Integral)
+    and not isinstance(value, (bool, np.bool_))
+    and isinstance(default, int)
+    and int(value) == default
+  )
+
+
+def _caller_default(frame, name: str):
+  """The declared default of parameter ``name`` of the module-level function running in
+  ``frame`` (through decorators that keep ``__wrapped__``); ``Parameter.empty`` if unknown."""
+  fn = frame.f_globals.get(frame.f_code.co_name)
+  fn = inspect.unwrap(fn) if callable(fn) else None
+  if getattr(fn, "__code__", None) is not frame.f_code:
+    return inspect.Parameter.empty
+  parameter = inspect.signature(fn).parameters.get(name)
+  return inspect.Parameter.empty if parameter is None else parameter.default
 
 
 def participants(settings: CommonSettings, num_clients: int) -> int:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from fedjax_dro import algorithms as A, run
-from fedjax_dro.core.sampling import sample_clients
+from fedjax_dro.core.sampling import sample_clients, step_rows
 from tests.helpers import dataset, linreg, numpy_linreg_grad, regression_clients
 
 L2 = 0.01
@@ -28,12 +28,13 @@ def _reference(name, data, rounds, seed, s, J, B, hp):
     dws, dbs, weights, new_c = [], [], [], []
     for k, i in enumerate(idx):
       uw, ub = w.copy(), b
-      for step_key in jax.random.split(client_keys[k], J):
+      # the minibatch rows of every step from the simulator's key schedule
+      all_rows = None if B is None else np.asarray(step_rows(client_keys[k], nex[i], B, J))
+      for t in range(J):
         if B is None:
           bx, by = x[i, : nex[i]], y[i, : nex[i]]
         else:
-          rows = np.asarray(jax.random.randint(step_key, (B,), 0, nex[i]))
-          bx, by = x[i, rows], y[i, rows]
+          bx, by = x[i, all_rows[t]], y[i, all_rows[t]]
         gw, gb = numpy_linreg_grad(uw, ub, bx, by, L2)
         if name == "fedprox":
           gw, gb = gw + hp["mu"] * (uw - w), gb + hp["mu"] * (ub - b)
@@ -146,8 +147,7 @@ def _momentum_reference(data, rounds, seed, s, J, B, hp):
     finals = []
     for k, i in enumerate(idx):
       uw, ub, umw, umb = w.copy(), b, mw.copy(), mb
-      for step_key in jax.random.split(jax.random.split(local_key, s)[k], J):
-        rows = np.asarray(jax.random.randint(step_key, (B,), 0, nex[i]))
+      for rows in np.asarray(step_rows(jax.random.split(local_key, s)[k], nex[i], B, J)):
         gw, gb = numpy_linreg_grad(uw, ub, x[i, rows], y[i, rows], L2)
         umw, umb = (
           (1 - hp["beta3"]) * umw + hp["beta3"] * gw,

@@ -1,0 +1,152 @@
+"""``local_epochs``: E passes over each client's own rows without replacement, against plain
+per-client NumPy loops (float64) that take only the permutations from the simulator's key
+schedule; clients of different sizes (fewer rows, fewer steps) and partial participation."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fedjax_dro import algorithms as A, run
+from fedjax_dro.core.local import local_schedule, local_step_counts
+from fedjax_dro.core.sampling import epoch_permutations, sample_clients, step_rows
+from fedjax_dro.core.settings import common_settings
+from tests.helpers import dataset, linreg, numpy_linreg_grad, regression_clients
+
+L2 = 0.01
+SIZES = [3, 7, 12, 5, 9, 16, 4]  # B = 4: 1, 2, 3, 2, 3, 4, 1 steps an epoch (4 static)
+
+
+def _reference(name, data, rounds, seed, s, E, B, hp):
+  """The round as a plain loop; only the participants and each epoch's order of a client's rows
+  come from the simulator's key schedule, the batches are cut here: consecutive slices of
+  ``B`` rows of that order, the last one holding the remaining rows."""
+  n, m, d = data.num_clients, data.x.shape[1], data.x.shape[-1]
+  x, y, nex = np.asarray(data.x), np.asarray(data.y), np.asarray(data.num_examples)
+  _, _, run_key = jax.random.split(jax.random.PRNGKey(seed), 3)
+  w, b = np.zeros(d), 0.0
+  c_w, c_b = np.zeros(d), 0.0
+  ci_w, ci_b = np.zeros((n, d)), np.zeros(n)
+  for r in range(rounds):
+    sample_key, local_key = jax.random.split(jax.random.fold_in(run_key, r))
+    idx = np.asarray(sample_clients(sample_key, n, s))
+    client_keys = jax.random.split(local_key, s)
+    dws, dbs, weights, new_c = [], [], [], []
+    for k, i in enumerate(idx):
+      perms = np.asarray(epoch_permutations(client_keys[k], nex[i], m, E))
+      uw, ub, steps = w.copy(), b, 0
+      for e in range(E):
+        order = perms[e, : nex[i]]
+        assert sorted(order) == list(range(nex[i]))  # a pass over the client's own rows
+        for start in range(0, nex[i], B):
+          rows = order[start : start + B]
+          gw, gb = numpy_linreg_grad(uw, ub, x[i, rows], y[i, rows], L2)
+          if name == "fedprox":
+            gw, gb = gw + hp["mu"] * (uw - w), gb + hp["mu"] * (ub - b)
+          if name == "scaffold":
+            gw, gb = gw - ci_w[i] + c_w, gb - ci_b[i] + c_b
+          uw, ub = uw - hp["client_lr"] * gw, ub - hp["client_lr"] * gb
+          steps += 1
+      assert steps == E * -(-nex[i] // B)
+      dws.append(uw - w)
+      dbs.append(ub - b)
+      weights.append(1.0 if name == "scaffold" else float(nex[i]))
+      if name == "scaffold":
+        scale = steps * hp["client_lr"]
+        new_c.append((ci_w[i] - c_w - (uw - w) / scale, ci_b[i] - c_b - (ub - b) / scale))
+    wts = np.array(weights) / np.sum(weights)
+    w = w + hp["server_lr"] * np.tensordot(wts, np.array(dws), 1)
+    b = b + hp["server_lr"] * float(np.dot(wts, dbs))
+    if name == "scaffold":
+      dcw = np.mean([nc[0] - ci_w[i] for nc, i in zip(new_c, idx)], axis=0)
+      dcb = np.mean([nc[1] - ci_b[i] for nc, i in zip(new_c, idx)])
+      for nc, i in zip(new_c, idx):
+        ci_w[i], ci_b[i] = nc
+      c_w, c_b = c_w + s / n * dcw, c_b + s / n * dcb
+  return w, b
+
+
+@pytest.mark.parametrize(
+  "name,epochs,s", [("fedavg", 2, 4), ("fedavg", 1, 7), ("fedprox", 2, 3), ("scaffold", 2, 4)]
+)
+def test_local_epochs_match_a_reference_loop_of_shuffled_passes(name, epochs, s):
+  data = regression_clients(n=len(SIZES), d=3, sizes=SIZES, seed=5)
+  model = linreg(3, l2=L2)
+  alg = A.get_algorithm(name).factory(
+    model, clients_per_round=s, local_epochs=epochs, batch_size=4, backend="vmap"
+  )
+  hp = {"client_lr": 0.05, "server_lr": 0.9}
+  if name == "fedprox":
+    hp["mu"] = 0.3
+  hist = run(alg, dataset(data), rounds=4, seed=2, hparams=hp, eval_every=4)
+  w_ref, b_ref = _reference(name, data, 4, 2, s, epochs, 4, hp)
+  params = hist.final_state.params
+  np.testing.assert_allclose(np.asarray(params["w"]), w_ref, rtol=0, atol=1e-10)
+  np.testing.assert_allclose(float(params["b"]), b_ref, rtol=0, atol=1e-10)
+
+
+def test_epoch_schedule_passes_over_each_clients_rows_once_per_epoch():
+  key = jax.random.PRNGKey(0)
+  for nex, batch in [(3, 4), (12, 4), (13, 4), (16, 5), (1, 1)]:
+    sched = local_schedule(key, jnp.int32(nex), 16, batch_size=batch, num_epochs=3)
+    per_epoch = -(-16 // batch)
+    assert sched.num_steps == 3 * per_epoch
+    rows, mask, active = (np.asarray(a) for a in (sched.rows, sched.row_mask, sched.active))
+    for e in range(3):
+      sl = slice(e * per_epoch, (e + 1) * per_epoch)
+      taken = rows[sl][mask[sl]]
+      assert sorted(taken) == list(range(nex))  # every own row once, no padding row
+      assert int(active[sl].sum()) == -(-nex // batch)
+      assert not mask[sl][~active[sl]].any()  # steps not taken have no valid row
+    assert not (rows[:per_epoch] == rows[per_epoch : 2 * per_epoch]).all() or nex == 1
+  counts = local_step_counts(
+    common_settings(local_epochs=2, batch_size=4), jnp.asarray([3, 4, 5, 16])
+  )
+  np.testing.assert_array_equal(np.asarray(counts), [2, 2, 4, 8])
+
+
+def test_full_batch_epochs_are_full_batch_steps():
+  data = regression_clients(n=4, d=2, sizes=[3, 6, 4, 5], seed=1)
+  model = linreg(2, l2=L2)
+  hp = {"client_lr": 0.1, "server_lr": 1.0}
+  h_e = run(A.fedavg(model, local_epochs=3, backend="vmap"), dataset(data), rounds=2, hparams=hp)
+  h_s = run(A.fedavg(model, local_steps=3, backend="vmap"), dataset(data), rounds=2, hparams=hp)
+  for k in ("w", "b"):
+    np.testing.assert_allclose(
+      np.asarray(h_e.final_state.params[k]), np.asarray(h_s.final_state.params[k]), atol=1e-12
+    )
+
+
+@pytest.mark.parametrize(
+  "kwargs,match",
+  [
+    (dict(local_steps=5, local_epochs=2), "local_steps.*local_epochs"),
+    (dict(local_epochs=0), "local_epochs"),
+    (dict(local_epochs=True), "local_epochs"),
+    (dict(local_epochs=1.5), "local_epochs"),
+    (dict(local_epochs=2**31), "local_epochs"),
+  ],
+)
+def test_bad_local_epochs(kwargs, match):
+  with pytest.raises(ValueError, match=match):
+    A.fedavg(linreg(2), batch_size=4, **kwargs)
+  with pytest.raises(ValueError, match=match):
+    common_settings(**kwargs)
+
+
+def test_local_steps_at_the_declared_default_gives_way_to_local_epochs():
+  alg = A.fedavg(linreg(2), local_epochs=2, batch_size=4)
+  assert alg.config["local_epochs"] == 2 and alg.config["local_steps"] is None
+  alg = A.fgdro_kl(linreg(2), local_epochs=1)  # declared default local_steps=32
+  assert alg.config["local_epochs"] == 1 and alg.config["local_steps"] is None
+  assert A.fedavg(linreg(2)).config["local_steps"] == 10  # neither given: the declared default
+  assert common_settings().local_steps == 1
+
+
+def test_step_rows_are_the_documented_randint_schedule():
+  """``local_steps``' rows: step t's are randint(split(key, J)[t], (B,), 0, max(n, 1))."""
+  key = jax.random.PRNGKey(7)
+  for n in (1, 5, 64):
+    rows = np.asarray(step_rows(key, jnp.int32(n), 6, 3))
+    for t, k in enumerate(jax.random.split(key, 3)):
+      np.testing.assert_array_equal(rows[t], np.asarray(jax.random.randint(k, (6,), 0, n)))
