@@ -4,6 +4,7 @@ from fedjax_dro.models.base import (
   Model,
   client_loss,
   client_loss_and_grad,
+  model_identity,
   num_parameters,
   per_client_eval,
 )
@@ -23,6 +24,7 @@ __all__ = [
   "client_loss_and_grad",
   "per_client_eval",
   "num_parameters",
+  "model_identity",
   "linear_regression",
   "logistic_regression",
   "softmax_regression",

@@ -15,10 +15,16 @@ from fedjax_dro.records import checkpoint, files, history, loggers, plots
 from fedjax_dro.records.checkpoint import (
   CheckpointError,
   CheckpointLock,
+  CheckpointManifestError,
   load_checkpoint,
   save_checkpoint,
 )
-from fedjax_dro.records.files import append_lines, atomic_write, check_writable_dir
+from fedjax_dro.records.files import (
+  FileWriteError,
+  append_lines,
+  atomic_write,
+  check_writable_dir,
+)
 from fedjax_dro.records.history import (
   History,
   JsonlWriter,
@@ -40,6 +46,8 @@ __all__ = [
   "plots",
   "CheckpointError",
   "CheckpointLock",
+  "CheckpointManifestError",
+  "FileWriteError",
   "load_checkpoint",
   "save_checkpoint",
   "append_lines",
