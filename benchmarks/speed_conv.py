@@ -110,8 +110,12 @@ def table(rows):
   """``{(platform-less) dtype: {n: {form: rate}}}`` in the layout of CONV_MEASUREMENTS."""
   out = {}
   for r in rows:
-    out.setdefault(r["dtype"], {})[r["num_clients"]] = {f: round(r[f], 1) for f in FORMS}
+    out.setdefault(r["dtype"], {})[r["num_clients"]] = {f: float(f"{r[f]:.3g}") for f in FORMS}
   return out
+
+
+def _num(x):
+  return f"{x:.0f}" if x >= 100 else f"{x:.3g}"
 
 
 def markdown(result):
@@ -125,7 +129,10 @@ def markdown(result):
     "",
     f"FedAvg client updates per second, the CNN {meta['model']} ({LOCAL_STEPS} local steps of "
     f"batch {BATCH}), per-client weights side by side under `vmap`; `lax` and `patches` compiled "
-    "in the same process and timed in interleaved passes (best call).",
+    "in the same process and timed in interleaved passes (best call; a form whose first call "
+    "took over a minute is that one call, listed in the JSON's `single_call`). Rows can come from "
+    "several invocations (`--merge`; the header names the last one): each row's two forms were "
+    "measured side by side in one process.",
     "",
     "| n | precision | lax.conv | patches | patches / lax | faster |",
     "|---|---|---|---|---|---|",
@@ -133,7 +140,7 @@ def markdown(result):
   for r in result["rows"]:
     faster = "patches" if r["patches"] > r["lax"] else "lax"
     lines.append(
-      f"| {r['num_clients']} | {r['precision']} | {r['lax']:.1f} | {r['patches']:.1f} | "
+      f"| {r['num_clients']} | {r['precision']} | {_num(r['lax'])} | {_num(r['patches'])} | "
       f"{r['ratio_patches_over_lax']:.2f} | {faster} |"
     )
   lines += [
@@ -150,7 +157,7 @@ def markdown(result):
   for (plat, dtype), by_n in CONV_MEASUREMENTS.items():
     n = max(by_n)
     lines.append(
-      f"| {plat} | {dtype} | {n} | {by_n[n]['lax']:.0f} | {by_n[n]['patches']:.0f} | "
+      f"| {plat} | {dtype} | {n} | {_num(by_n[n]['lax'])} | {_num(by_n[n]['patches'])} | "
       f"{conv_form(plat, dtype)} |"
     )
   lines.append("")
