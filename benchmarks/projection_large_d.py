@@ -26,6 +26,7 @@ need more than ``--memory-gb`` are listed as skipped.
     python benchmarks/projection_large_d.py --out benchmarks/results/projection_large_d.json
     python benchmarks/projection_large_d.py --quick      # n = 20, d = 2e4 (smoke, seconds)
     python benchmarks/projection_large_d.py --points 1000:1e6 --merge R.json --out R.json
+    python benchmarks/projection_large_d.py --points "" --plan-only 1000:1e6 --merge R.json ...
 """
 
 from __future__ import annotations
@@ -117,8 +118,9 @@ def _timed(compiled, z, r, repeats):
   return out, best
 
 
-def measure(n, d, dtype, tol, repeats):
-  """One grid point: cold and warm-started projections of one instance (see the docstring)."""
+def measure(n, d, dtype, tol, repeats, warm_start=True):
+  """One grid point: cold and (``warm_start``) warm-started projections of one instance (see
+  the docstring)."""
   z, r_np = instance(n, d, dtype)
   r = jnp.asarray(r_np, dtype)
   compiled = pairwise.compile_projection(z, r, tol=tol)
@@ -141,16 +143,44 @@ def measure(n, d, dtype, tol, repeats):
   }
   mu = out.multipliers
   del out
+  if not warm_start:
+    return rec
   z = _perturb(z, jax.random.PRNGKey(1))
   warm = jax.jit(lambda z, r, mu: pairwise.project_pairwise(z, r, tol=tol, initial_multipliers=mu))
   warm = warm.lower(z, r, mu).compile()  # compiled outside the timing
   t0 = time.perf_counter()
   out = jax.block_until_ready(warm(z, r, mu))
   rec["warm"] = _record(out, time.perf_counter() - t0)
-  rec["load_average_after"] = os.getloadavg()
   del out, z, mu
   gc.collect()
   return rec
+
+
+def plan(n, d, dtype, tol):
+  """The compiled program's memory plan and compile time, from abstract shapes (nothing of size
+  ``n d`` is allocated): for points too long to run here."""
+  z = jax.ShapeDtypeStruct((n, d), dtype)
+  r = jax.ShapeDtypeStruct((n, n), dtype)
+  t0 = time.perf_counter()
+  program = jax.jit(lambda z, r: pairwise.project_pairwise(z, r, tol=tol)).lower(z, r).compile()
+  compile_s = time.perf_counter() - t0
+  mem = program.memory_analysis()
+  copy = n * d * jnp.dtype(dtype).itemsize
+  return {
+    "n": n,
+    "d": d,
+    "dtype": jnp.dtype(dtype).name,
+    "tol": tol,
+    "status": "planned, not run",
+    "compile_s": compile_s,
+    "memory_copies": {
+      "arguments": mem.argument_size_in_bytes / copy,
+      "output": mem.output_size_in_bytes / copy,
+      "temporaries": mem.temp_size_in_bytes / copy,
+    },
+    "memory_gb": (mem.argument_size_in_bytes + mem.output_size_in_bytes + mem.temp_size_in_bytes)
+    / 2**30,
+  }
 
 
 def markdown(records, meta):
@@ -170,16 +200,30 @@ def markdown(records, meta):
     "|---|---|---|---|---|---|---|---|",
   ]
   for rec in records:
+    if rec["status"].startswith("planned"):
+      m = rec["memory_copies"]
+      lines.append(
+        f"| {rec['n']} | {rec['d']:.0e} | {rec['dtype']} | {rec['compile_s']:.1f} | "
+        f"{rec['status']} (total {rec['memory_gb']:.1f} GB) | - | in {m['arguments']:.2f}, out "
+        f"{m['output']:.2f}, temp {m['temporaries']:.2f} | - |"
+      )
+      continue
     if rec["status"] != "ok":
       lines.append(f"| {rec['n']} | {rec['d']:.0e} | {rec['dtype']} | {rec['status']} | | | | |")
       continue
-    c, w, m = rec["cold"], rec["warm"], rec["memory_copies"]
+    c, m = rec["cold"], rec["memory_copies"]
+    w = rec.get("warm")
     conv = lambda x: "" if x["converged"] else " (not converged)"  # noqa: E731
     lines.append(
       f"| {rec['n']} | {rec['d']:.0e} | {rec['dtype']} | {rec['compile_s']:.1f} | "
       f"{c['run_s']:.3g} / {c['iterations']} / {c['certified_relative_gap']:.1e}{conv(c)} / "
-      f"{c['violation_before_restoration_rel']:.1e} | {w['run_s']:.3g} / {w['iterations']} / "
-      f"{w['certified_relative_gap']:.1e}{conv(w)} | in {m['arguments']:.2f}, out "
+      f"{c['violation_before_restoration_rel']:.1e} | "
+      + (
+        f"{w['run_s']:.3g} / {w['iterations']} / {w['certified_relative_gap']:.1e}{conv(w)}"
+        if w
+        else "not run"
+      )
+      + f" | in {m['arguments']:.2f}, out "
       f"{m['output']:.2f}, temp {m['temporaries']:.2f} | "
       + (f"{rec['load_average_after'][0]:.1f} |" if "load_average_after" in rec else "- |")
     )
@@ -197,6 +241,8 @@ def main(argv=None):
     "--memory-gb", type=float, default=10.0, help="largest footprint (3 copies) to attempt"
   )
   p.add_argument("--repeats", type=int, default=2)
+  p.add_argument("--cold-only", action="store_true", help="no warm-started second projection")
+  p.add_argument("--dtypes", default="float32,float64", help="which of float32, float64 to run")
   p.add_argument(
     "--merge",
     default=None,
@@ -204,9 +250,16 @@ def main(argv=None):
     help="keep the records of this earlier results file for the points not measured now "
     "(to run the largest point alone, in its own process)",
   )
+  p.add_argument(
+    "--plan-only",
+    default=None,
+    metavar="POINTS",
+    help="n:d,... compiled from abstract shapes for XLA's memory plan, not run (float32 and "
+    "float64)",
+  )
   args = p.parse_args(argv)
-  if args.points:
-    grid = [tuple(int(float(v)) for v in pt.split(":")) for pt in args.points.split(",")]
+  if args.points is not None:  # "" measures nothing (with --plan-only)
+    grid = [tuple(int(float(v)) for v in pt.split(":")) for pt in args.points.split(",") if pt]
   else:
     grid = QUICK_GRID if args.quick else FULL_GRID
   meta = {
@@ -223,6 +276,8 @@ def main(argv=None):
   records = []
   for n, d in sorted(grid, key=lambda nd: nd[0] * nd[1]):
     for dtype, tol in ((jnp.float32, args.float32_tol), (jnp.float64, args.float64_tol)):
+      if jnp.dtype(dtype).name not in args.dtypes.split(","):
+        continue
       need = 3 * n * d * jnp.dtype(dtype).itemsize / 2**30
       name = jnp.dtype(dtype).name
       if need > min(args.memory_gb, available_gb()):
@@ -230,25 +285,37 @@ def main(argv=None):
         records.append({"n": n, "d": d, "dtype": name, "tol": tol, "status": status})
         print(f"n={n} d={d} {name}: {status}", flush=True)
         continue
-      rec = measure(n, d, dtype, tol, args.repeats)
+      rec = measure(n, d, dtype, tol, args.repeats, warm_start=not args.cold_only)
+      rec["load_average_after"] = os.getloadavg()
       records.append(rec)
+      if args.out:  # what is done so far survives an interrupted run (status "partial")
+        partial = {**meta, "status": "partial", "load_average_end": os.getloadavg()}
+        with open(args.out + ".partial", "w") as f:
+          json.dump({"meta": partial, "records": records}, f, indent=1, allow_nan=False)
       print(
         f"n={n} d={d} {name}: compile {rec['compile_s']:.1f}s cold {rec['cold']['run_s']:.2f}s "
         f"{rec['cold']['iterations']} it gap {rec['cold']['certified_relative_gap']:.1e}; warm "
         f"{rec['warm']['run_s']:.2f}s {rec['warm']['iterations']} it",
         flush=True,
       )
+  for pt in args.plan_only.split(",") if args.plan_only else []:
+    n, d = (int(float(v)) for v in pt.split(":"))
+    for dtype, tol in ((jnp.float32, args.float32_tol), (jnp.float64, args.float64_tol)):
+      records.append(plan(n, d, dtype, tol))
+      print(f"n={n} d={d} {jnp.dtype(dtype).name}: planned", records[-1]["memory_gb"], flush=True)
   meta["load_average_end"] = os.getloadavg()
   if args.merge:
     with open(args.merge) as f:
       earlier = json.load(f)
     done = {(r["n"], r["d"], r["dtype"]) for r in records}
     kept = [r for r in earlier["records"] if (r["n"], r["d"], r["dtype"]) not in done]
-    records = sorted(kept + records, key=lambda r: (r["n"] * r["d"], r["dtype"]))
+    records = sorted(kept + records, key=lambda r: (r["n"], r["d"], r["dtype"]))
     meta["merged_from"] = {"file": os.path.basename(args.merge), "meta": earlier["meta"]}
     meta["load_average_start"] = earlier["meta"]["load_average_start"]
   text = markdown(records, meta)
   print(text)
+  if args.out and os.path.exists(args.out + ".partial"):
+    os.remove(args.out + ".partial")
   if args.out:
     os.makedirs(os.path.dirname(os.path.abspath(args.out)) or ".", exist_ok=True)
     with open(args.out, "w") as f:
