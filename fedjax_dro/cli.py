@@ -470,7 +470,11 @@ def cmd_reproduce(args) -> int:
   _check_counts(args)
   _compile_cache(args)
   inputs = {}  # the user's data files, passed only to the experiments that read them
-  for option, name in (("--data-dir", "data_dir"), ("--features", "features")):
+  for option, name in (
+    ("--data-dir", "data_dir"),
+    ("--features", "features"),
+    ("--leaf-dir", "leaf_dir"),
+  ):
     value = getattr(args, name)
     if value is None:
       continue
@@ -549,6 +553,9 @@ def main(argv: Optional[List[str]] = None) -> int:
   )
   p_rep.add_argument(
     "--features", default=None, help=".npz of precomputed features the experiment reads"
+  )
+  p_rep.add_argument(
+    "--leaf-dir", default=None, help="folder of LEAF FEMNIST JSON files the experiment reads"
   )
   _add_compile_cache(p_rep)
   p_plot = sub.add_parser("plot", help="PNG plots of run / sweep output directories")
