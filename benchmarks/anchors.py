@@ -169,7 +169,7 @@ def local_work(spec, mean_examples, form="auto"):
     return kw, f"local_epochs={spec['local_epochs']}, batch {spec['batch_size']}"
   steps = math.ceil(mean_examples / spec["batch_size"])
   kw = {"local_steps": steps, "batch_size": spec["batch_size"]}
-  why = "asked for" if accepted else "fedavg has no local_epochs yet"
+  why = "chosen with --local-work steps" if accepted else "fedavg has no local_epochs yet"
   return kw, (
     f"local_steps={steps} = ceil({mean_examples:g} / {spec['batch_size']}) minibatches drawn "
     f"with replacement ({why})"
