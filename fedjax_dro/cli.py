@@ -92,6 +92,12 @@ def _add_common(p: argparse.ArgumentParser) -> None:
   )
   p.add_argument("--local-steps", type=int, default=None, help="local steps per round")
   p.add_argument(
+    "--local-epochs",
+    type=int,
+    default=None,
+    help="passes over each client's data per round, without replacement (instead of --local-steps)",
+  )
+  p.add_argument(
     "--batch-size", type=int, default=None, help="local minibatch size (default: full batch)"
   )
   p.add_argument(
@@ -159,6 +165,8 @@ def _factory_options(args) -> dict:
     opts["clients_per_round"] = args.clients_per_round
   if args.local_steps is not None:
     opts["local_steps"] = args.local_steps
+  if args.local_epochs is not None:
+    opts["local_epochs"] = args.local_epochs
   if args.batch_size is not None:
     opts["batch_size"] = args.batch_size
   opts["backend"] = args.backend

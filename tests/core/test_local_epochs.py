@@ -2,12 +2,14 @@
 per-client NumPy loops (float64) that take only the permutations from the simulator's key
 schedule; clients of different sizes (fewer rows, fewer steps) and partial participation."""
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_dro import algorithms as A, run
+from fedjax_dro import algorithms as A, cli, run
 from fedjax_dro.core.local import local_schedule, local_step_counts
 from fedjax_dro.core.sampling import epoch_permutations, sample_clients, step_rows
 from fedjax_dro.core.settings import common_settings
@@ -150,3 +152,17 @@ def test_step_rows_are_the_documented_randint_schedule():
     rows = np.asarray(step_rows(key, jnp.int32(n), 6, 3))
     for t, k in enumerate(jax.random.split(key, 3)):
       np.testing.assert_array_equal(rows[t], np.asarray(jax.random.randint(k, (6,), 0, n)))
+
+
+def test_cli_local_epochs(tmp_path, capsys):
+  """``--local-epochs`` reaches the factory (recorded in the run's config); with
+  ``--local-steps`` as well the run is refused naming both."""
+  out = tmp_path / "run"
+  args = ["run", "--rounds", "2", "--batch-size", "8", "--no-progress", "--out", str(out)]
+  assert cli.main(args + ["--local-epochs", "2"]) == 0
+  summary = json.loads((out / "summary.json").read_text())
+  settings = summary["config"]["settings"]
+  assert settings["local_epochs"] == 2 and settings["local_steps"] is None
+  assert cli.main(args + ["--local-epochs", "2", "--local-steps", "3"]) == 2
+  err = capsys.readouterr().err
+  assert "local_steps" in err and "local_epochs" in err
