@@ -294,8 +294,12 @@ def main(argv=None):
           json.dump({"meta": partial, "records": records}, f, indent=1, allow_nan=False)
       print(
         f"n={n} d={d} {name}: compile {rec['compile_s']:.1f}s cold {rec['cold']['run_s']:.2f}s "
-        f"{rec['cold']['iterations']} it gap {rec['cold']['certified_relative_gap']:.1e}; warm "
-        f"{rec['warm']['run_s']:.2f}s {rec['warm']['iterations']} it",
+        f"{rec['cold']['iterations']} it gap {rec['cold']['certified_relative_gap']:.1e}"
+        + (
+          f"; warm {rec['warm']['run_s']:.2f}s {rec['warm']['iterations']} it"
+          if "warm" in rec
+          else ""
+        ),
         flush=True,
       )
   for pt in args.plan_only.split(",") if args.plan_only else []:
