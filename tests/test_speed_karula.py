@@ -72,3 +72,17 @@ def test_projection_large_d_skips_points_beyond_the_memory_limit(tmp_path):
   bench = _load("projection_large_d")
   records = bench.main(["--points", "1000:1e6", "--memory-gb", "1", "--out", str(tmp_path / "x")])
   assert [r["status"].split(":")[0] for r in records] == ["skipped", "skipped"]
+
+
+def test_projection_large_d_cold_only_and_merge(tmp_path):
+  bench = _load("projection_large_d")
+  first = tmp_path / "a.json"
+  bench.main(["--points", "12:3000", "--dtypes", "float64", "--out", str(first), "--repeats", "1"])
+  out = tmp_path / "b.json"
+  args = ["--points", "12:3000", "--dtypes", "float32", "--cold-only", "--repeats", "1"]
+  records = bench.main(args + ["--merge", str(first), "--out", str(out)])
+  assert [(r["dtype"], "warm" in r) for r in records] == [("float32", False), ("float64", True)]
+  saved = json.loads(out.read_text())
+  assert saved["meta"]["merged_from"]["file"] == "a.json" and len(saved["records"]) == 2
+  assert "not run" in (tmp_path / "b.md").read_text()
+  assert not (tmp_path / "b.json.partial").exists()
