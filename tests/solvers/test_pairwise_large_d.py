@@ -126,3 +126,18 @@ def test_streamed_qr_over_several_blocks(dtype):
   gram = zc @ zc.T
   tol = 1e-12 if dtype == jnp.float64 else 2e-5
   np.testing.assert_allclose(y @ y.T, gram, rtol=0, atol=tol * np.abs(gram).max())
+
+
+def test_vmap_over_t_equals_separate_calls_and_t_zero_is_the_mean():
+  """Karula's sweeps vmap the projection over t: the row-space path under vmap (its conds become
+  selects) gives each t's own result; t = 0 is the common mean, huge t returns z unchanged."""
+  z, r = _instance(n=5, d=211)
+  ts = jnp.asarray([0.0, 0.5, 1e12])
+  project = lambda t: project_pairwise(z, t * r, tol=1e-10).theta  # noqa: E731
+  batched = jax.vmap(project)(ts)
+  for k in range(3):
+    np.testing.assert_array_equal(np.asarray(batched[k]), np.asarray(project(ts[k])))
+  np.testing.assert_allclose(
+    np.asarray(batched[0]), np.broadcast_to(z.mean(0), z.shape), atol=1e-12
+  )
+  np.testing.assert_array_equal(np.asarray(batched[2]), z)
