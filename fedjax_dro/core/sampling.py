@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 def sample_clients(
@@ -65,7 +66,7 @@ def epoch_permutations(key, num_examples, max_examples: int, num_epochs: int):
   """
   bits = jax.random.bits(key, (num_epochs, max_examples), jnp.uint32)
   valid = jnp.arange(max_examples) < num_examples
-  keys = jnp.where(valid, bits, jnp.iinfo(jnp.uint32).max)
+  keys = jnp.where(valid, bits, jnp.array(np.iinfo(np.uint32).max, jnp.uint32))
   return jnp.argsort(keys, axis=-1, stable=True).astype(jnp.int32)
 
 

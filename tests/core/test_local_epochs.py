@@ -13,7 +13,7 @@ from fedjax_dro import algorithms as A, cli, run
 from fedjax_dro.core.local import local_schedule, local_step_counts
 from fedjax_dro.core.sampling import epoch_permutations, sample_clients, step_rows
 from fedjax_dro.core.settings import common_settings
-from tests.helpers import dataset, linreg, numpy_linreg_grad, regression_clients
+from tests.helpers import dataset, linreg, numpy_linreg_grad, regression_clients, run_float32
 
 L2 = 0.01
 SIZES = [3, 7, 12, 5, 9, 16, 4]  # B = 4: 1, 2, 3, 2, 3, 4, 1 steps an epoch (4 static)
@@ -166,3 +166,24 @@ def test_cli_local_epochs(tmp_path, capsys):
   assert cli.main(args + ["--local-epochs", "2", "--local-steps", "3"]) == 2
   err = capsys.readouterr().err
   assert "local_steps" in err and "local_epochs" in err
+
+
+def test_local_epochs_run_with_x64_off():
+  # JAX's default (x64 off): the padding rows' sort key must be built as a uint32, not a Python
+  # int that overflows int32; rows stay a permutation of each client's valid rows.
+  run_float32(
+    "import numpy as np, jax\n"
+    "import fedjax_dro as fd\n"
+    "from fedjax_dro import algorithms as A, models\n"
+    "from fedjax_dro.core.sampling import epoch_permutations\n"
+    "from fedjax_dro.data import synthetic\n"
+    "perm = np.asarray(epoch_permutations(jax.random.PRNGKey(0), 5, 8, 2))\n"
+    "assert perm.dtype == np.int32 and all(sorted(p[:5]) == list(range(5)) for p in perm)\n"
+    "assert (perm[:, 5:] == np.arange(5, 8)).all()\n"
+    "ds = synthetic.synthetic_classification()\n"
+    "m = models.softmax_regression(ds.train.feature_shape[0], ds.num_classes)\n"
+    "alg = A.fedavg(m, local_epochs=1, batch_size=4, clients_per_round=5)\n"
+    "h = fd.run(alg, ds, rounds=2)\n"
+    "assert np.isfinite(np.asarray(h.train_metrics['train_loss'])).all()\n"
+    "print('ok')\n"
+  )
