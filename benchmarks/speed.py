@@ -42,6 +42,7 @@ repeatable rate, and every ratio divides like by like.
     python benchmarks/speed.py --quick              # tiny grid (smoke test, seconds)
     python benchmarks/speed.py --sections workloads --models mlp --max-clients 1000
     python benchmarks/speed.py --sections algorithms --merge   # add a section to the results
+    python benchmarks/speed.py --sections karula --merge   # Karula's round vs FedAvg's on a CNN
     python benchmarks/speed.py --render                # rewrite the markdown from the JSON
     python benchmarks/speed.py --preset gpu            # the GPU points in one call (speed_gpu.py)
     python benchmarks/speed.py --preset gpu --tiny     # the same code path, tiny sizes (tests)
@@ -53,8 +54,9 @@ repeatable rate, and every ratio divides like by like.
 
 This file is the command line; the measuring lives in the modules beside it:
 ``speed_workloads.py`` (models, data, the per-client loop, one backend timed, the dense rate),
-``speed_sections.py`` (every section but the ceiling), ``speed_ceiling.py`` (the matmul ceiling)
-and ``speed_report.py`` (markdown, acceptance checks, writing the results).
+``speed_sections.py`` (every section but the ceiling and Karula's), ``speed_ceiling.py`` (the
+matmul ceiling), ``speed_karula.py`` (Karula's round against FedAvg's on the CNN of the
+``karula-femnist`` stand-in, the projection on its own line) and ``speed_report.py`` (markdown, acceptance checks, writing the results).
 """
 
 from __future__ import annotations
@@ -75,6 +77,7 @@ if HERE not in sys.path:  # the speed_*.py modules beside this file, however it 
   sys.path.insert(0, HERE)
 
 import speed_ceiling
+import speed_karula
 import speed_report
 import speed_sections
 import speed_workloads
@@ -89,6 +92,7 @@ SECTIONS = (
   "folding",
   "devices",
   "sweep_cache",
+  "karula",
 )
 
 
@@ -113,7 +117,7 @@ def main(argv=None):
     "--preset",
     choices=("gpu",),
     default=None,
-    help="'gpu': every GPU point of issues 10 and 27 in one call (speed_gpu.py): the CNN at "
+    help="'gpu': every GPU acceptance point in one call (speed_gpu.py): the CNN at "
     "n = 1000 against the per-client loop, the MLP in bf16 against the bf16 dense rate, 10,000 "
     "CNN clients, the anchors",
   )
@@ -228,6 +232,9 @@ def main(argv=None):
     "folding": lambda: speed_sections.folding(args),
     "devices": lambda: speed_sections.devices_section(args),
     "sweep_cache": lambda: speed_sections.sweep_cache_section(args),
+    "karula": lambda: speed_karula.karula_section(
+      speed_karula.parser().parse_args(["--quick"] if args.quick else [])
+    ),
   }
   for name in SECTIONS:  # in this order, whatever the order of --sections
     if name in args.sections:

@@ -15,8 +15,8 @@ forms alike, and the ratio is measured side by side in one process. Through the 
     python benchmarks/speed_conv.py --quick    # n = 1 and 4, small images (seconds)
 
 Writes ``benchmarks/results/speed_conv.{json,md}`` (``--out``); the rates of a CPU run are the
-CPU rows of ``CONV_MEASUREMENTS`` (a test checks that they agree), the GPU rows are the H100
-figures of issue 27.
+CPU rows of ``CONV_MEASUREMENTS`` (a test checks that they agree), the GPU rows are H100
+figures measured with an earlier version of the library.
 """
 
 from __future__ import annotations
@@ -148,7 +148,7 @@ def markdown(result):
     '## What `conv="auto"` picks (`fedjax_dro.models.builtin.CONV_MEASUREMENTS`)',
     "",
     "The faster form at the largest measured n of each (platform, compute dtype). GPU: the H100",
-    "figures of issue 27 (n = 1000 clients of the same CNN, older code; the per-client loop ran",
+    "figures of an earlier version (n = 1000 clients of the same CNN, older code; the per-client loop ran",
     "358 updates/s). CPU: this benchmark.",
     "",
     "| platform | dtype | n | lax.conv | patches | auto |",

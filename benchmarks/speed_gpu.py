@@ -1,4 +1,4 @@
-"""``python benchmarks/speed.py --preset gpu``: every GPU point of issues 10 and 27 in one call.
+"""``python benchmarks/speed.py --preset gpu``: every GPU acceptance point in one call.
 
 Meant for one H100 in under 9 minutes (``--budget-s``, default 480 s: the anchors' whole runs are
 skipped, and projected, when they would not fit in what is left). In this order, each measured
@@ -157,7 +157,7 @@ def _run(args, argv):
 
 
 def acceptance(result):
-  """The GPU points of issues 10 and 27 read from this run's results."""
+  """The GPU acceptance points read from this run's results."""
   out = []
   for r in (result.get("workloads") or {}).get("rows", []):
     if r["model"].startswith("cnn") and "auto" in r:

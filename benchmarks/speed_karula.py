@@ -1,19 +1,18 @@
-"""Karula's round against FedAvg's on a small CNN (issue 26: at most 3x), side by side in one
+"""Karula's round against FedAvg's on a small CNN (the target: at most 3x), side by side in one
 process, through :func:`fedjax_dro.run`.
 
-Workload (like the issue's): ``--writers`` (default 100) clients, each a "writer" of 16x16
-digits: the shipped 8x8 UCI digits (:func:`fedjax_dro.data.load_digits`) upsampled 2x, dealt out
-to the writers, every writer with its own offset (up to 2 pixels each way) and ink intensity;
-the built-in CNN ``models.cnn((16, 16), 10, features=(8, 16))`` (dense 128, ~35k parameters),
-``conv="patches"`` (``--conv lax`` for the other form). It is a timing workload: the writers'
-styles make the clients differ, but it is not the stand-in of the reproduction.
+Workload: the stand-in of ``fedjax-dro reproduce karula-femnist``: ``--writers`` (default 100)
+writers of :func:`fedjax_dro.data.digits_by_writer` (16x16 digits, 40 per writer, 4 style groups;
+pixels standardized as in the reproduction); the built-in CNN ``models.cnn((16, 16), 10,
+features=(8, 16))`` (dense 128, ~35k parameters), ``conv="patches"`` (``--conv lax`` for the
+other form).
 
 * FedAvg: ``local_steps=10`` SGD steps of ``batch_size=32`` (its usual setting), full
   participation, ``client_lr = 0.1``.
 * Karula: the SAGA gradient oracle on a ``batch_size=32`` minibatch per client (one gradient per
   client and round), full participation, the dual projection (float32 default tolerance,
-  warm-started), ``D`` the L1 distance between the writers' style vectors (a stand-in for the
-  OT matrix, computed once), ``eta = 10`` (``eta / n = 0.1`` per client), ``t`` the median of
+  warm-started), ``D`` Karula's OT dissimilarities on pixels + label (the reproduction's
+  ``IMAGE_OT_OPTIONS``, computed once), ``eta = 10`` (``eta / n = 0.1`` per client), ``t`` the median of
   ``||theta_i - theta_j||^2 / D_ij`` after a run with inactive constraints (half the pairs
   would violate ``t D`` without the projection); the fraction of pairs with a positive
   multiplier at the end is reported (``active_fraction``).
@@ -51,7 +50,9 @@ import fedjax_dro as fd  # noqa: E402
 from fedjax_dro import models  # noqa: E402
 from fedjax_dro.algorithms import fedavg, karula  # noqa: E402
 from fedjax_dro.algorithms.karula import flatten_clients  # noqa: E402
-from fedjax_dro.data import FederatedDataset, from_client_arrays, load_digits  # noqa: E402
+from fedjax_dro.data import digits_by_writer  # noqa: E402
+from fedjax_dro.ot import dissimilarity_matrix  # noqa: E402
+from fedjax_dro.reproduce.karula_femnist import IMAGE_OT_OPTIONS, standardize_pixels  # noqa: E402
 from fedjax_dro.solvers.pairwise import project_pairwise  # noqa: E402
 
 FEDAVG = dict(local_steps=10, batch_size=32)
@@ -74,30 +75,14 @@ def parser():
 
 
 def writers_data(num_writers, side=16, seed=0):
-  """``(FederatedDataset, styles [n, 3])``: the digits dealt out to ``num_writers`` writers,
-  each with its own offset (rows, columns) and ink intensity (see the module docstring)."""
-  x, y = load_digits()
-  if side == 16:
-    x = np.kron(x, np.ones((1, 2, 2), np.float32))
-  rng = np.random.default_rng(seed)
-  order = rng.permutation(len(x))
-  styles = np.column_stack(
-    [rng.integers(-2, 3, num_writers), rng.integers(-2, 3, num_writers)]
-    + [rng.uniform(0.6, 1.4, num_writers)]
-  ).astype(np.float64)
-  xs, ys = [], []
-  for i, rows in enumerate(np.array_split(order, num_writers)):
-    img = np.roll(x[rows], (int(styles[i, 0]), int(styles[i, 1])), axis=(1, 2))
-    xs.append(np.clip(styles[i, 2] * img, 0.0, 1.0).astype(np.float32))
-    ys.append(y[rows])
-  train = from_client_arrays(xs, ys)
-  return FederatedDataset(train=train, test=train, task="classification", num_classes=10), styles
-
-
-def style_dissimilarity(styles):
-  """``D_ij = ||s_i - s_j||_1`` of the writers' (offset, 2 x intensity) style vectors."""
-  s = styles * np.array([1.0, 1.0, 2.0])
-  return np.abs(s[:, None, :] - s[None, :, :]).sum(-1) + (1.0 - np.eye(len(s))) * 0.5
+  """``(FederatedDataset, D)``: the reproduction's stand-in
+  (:func:`fedjax_dro.data.digits_by_writer`, 40 digits per writer, pixels standardized as in
+  ``reproduce karula-femnist``) and Karula's OT dissimilarities on it (pixels + label,
+  ``IMAGE_OT_OPTIONS``), computed once outside the timed calls."""
+  data = standardize_pixels(digits_by_writer(num_writers, image_size=side, seed=seed))
+  train = data.train
+  D = np.asarray(dissimilarity_matrix(train.x, train.y, train.mask, **IMAGE_OT_OPTIONS))
+  return data, D
 
 
 def _timed_runs(algs, data, rounds, repeats, params, compiled_before=None):
@@ -172,11 +157,10 @@ def karula_section(args) -> dict:
   repeats = 1 if quick else args.repeats
   features, dense = ((2, 4), 16) if quick else ((8, 16), 128)
   load_start = os.getloadavg()
-  data, styles = writers_data(writers, side=side)
+  data, D = writers_data(writers, side=side)
   model = models.cnn((side, side), 10, features=features, dense=dense, conv=args.conv)
   params = jax.tree.map(lambda a: a.astype(jnp.float32), model.init(jax.random.PRNGKey(0)))
   d = int(sum(a.size for a in jax.tree.leaves(params)))
-  D = style_dissimilarity(styles)
   eta = ETA_PER_CLIENT * writers
   # t: after a warm-up run without active constraints, half of the pairs would violate t D
   # (the same algorithm object: fd.run reuses its compiled rounds for the timed calls)

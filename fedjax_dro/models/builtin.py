@@ -247,7 +247,8 @@ CONV_FORMS = ("auto", "lax", "patches")
 # Client updates per second of the built-in CNN (28x28x1, 62 classes, convolutions 32/64, dense
 # 128; FedAvg, 4 local steps of batch 32) with per-client weights side by side under vmap, each
 # convolution form in the same process: (platform, compute dtype) -> {clients: {form: rate}}.
-# GPU: the H100 figures of issue 27 (n = 1000 clients, older code; the per-client loop ran 358).
+# GPU: measured on an H100 with an earlier version (n = 1000 clients of one CNN side by side;
+# the per-client loop ran 358).
 # CPU: benchmarks/speed_conv.py (results in benchmarks/results/speed_conv.{json,md}), 2 cores
 # shared with other jobs (load 9-14: low absolute rates, the ratios are the point; bf16 at
 # n = 100 not measured: lax's one call would take about an hour). ``conv="auto"`` takes the
