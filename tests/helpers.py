@@ -49,3 +49,18 @@ def run_float32(code: str) -> None:
     [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
   )
   assert res.returncode == 0 and "ok" in res.stdout, res.stderr
+
+
+def load_benchmark(name: str):
+  """The module ``benchmarks/<name>.py``, loaded from its file (``benchmarks/`` is not a package;
+  its directory goes on ``sys.path`` so the scripts' sibling imports resolve)."""
+  import importlib.util
+  import pathlib
+
+  bench_dir = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
+  if str(bench_dir) not in sys.path:
+    sys.path.insert(0, str(bench_dir))
+  spec = importlib.util.spec_from_file_location(name, bench_dir / f"{name}.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module

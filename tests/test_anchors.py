@@ -2,28 +2,17 @@
 placement of the generated federation, and the --quick run through fd.run (its logic, not its
 timings)."""
 
-import importlib.util
 import json
 import math
-import pathlib
-import sys
 
 import numpy as np
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-
-
-def _load():
-  sys.path.insert(0, str(ROOT / "benchmarks"))
-  spec = importlib.util.spec_from_file_location("anchors", ROOT / "benchmarks" / "anchors.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+from tests.helpers import load_benchmark
 
 
 def test_workloads_are_the_published_settings():
-  a = _load()
+  a = load_benchmark("anchors")
   femnist, cifar = a.WORKLOADS["flute_femnist"], a.WORKLOADS["pfl_cifar10"]
   assert (femnist["num_clients"], femnist["clients_per_round"], femnist["batch_size"]) == (
     3400,
@@ -39,7 +28,7 @@ def test_workloads_are_the_published_settings():
 
 
 def test_client_sizes_femnist_like_heavy_tail_and_cifar_fixed():
-  a = _load()
+  a = load_benchmark("anchors")
   rng = np.random.default_rng(0)
   sizes = a.client_sizes(a.WORKLOADS["flute_femnist"], 3400, rng)
   assert sizes.dtype == np.int32 and sizes.min() >= 1
@@ -54,7 +43,7 @@ def test_client_sizes_femnist_like_heavy_tail_and_cifar_fixed():
 def test_federation_on_host_or_device_holds_the_sizes(device_bytes):
   from fedjax_dro.data.host import HostFederatedData
 
-  a = _load()
+  a = load_benchmark("anchors")
   spec = dict(a.WORKLOADS["flute_femnist"], sizes={"kind": "lognormal", "mean": 9.0, "sigma": 0.5})
   train, eval_data, sizes, where = a.federation(spec, 7, (8, 8, 1), device_bytes)
   assert where == ("host" if device_bytes == 0 else "device")
@@ -67,7 +56,7 @@ def test_federation_on_host_or_device_holds_the_sizes(device_bytes):
 
 
 def test_local_work_epochs_or_ceil_mean_over_batch():
-  a = _load()
+  a = load_benchmark("anchors")
   spec = a.WORKLOADS["flute_femnist"]
   kw, text = a.local_work(spec, 226.0, "steps")
   assert kw == {"local_steps": math.ceil(226 / 20), "batch_size": 20} and "ceil" in text
@@ -80,7 +69,7 @@ def test_local_work_epochs_or_ceil_mean_over_batch():
 
 
 def test_quick_run_through_fd_run_writes_both_workloads(tmp_path):
-  a = _load()
+  a = load_benchmark("anchors")
   out = tmp_path / "anchors.json"
   result = a.main(["--quick", "--local-work", "steps", "--device-bytes", "0", "--out", str(out)])
   saved = json.loads(out.read_text())

@@ -1,24 +1,18 @@
 """Smoke tests of the benchmark scripts on tiny grids (their logic, not their timings)."""
 
-import importlib.util
 import json
 import pathlib
 
 import numpy as np
 import pytest
 
+from tests.helpers import load_benchmark
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def _load(name):
-  spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
 def test_projection_convergence_quick(capsys):
-  bench = _load("projection_convergence")
+  bench = load_benchmark("projection_convergence")
   assert bench.main(["--quick"]) == 0  # every run converged
   out = capsys.readouterr().out
   assert out.count("| separated |") == 2 and out.count("| all_active |") == 2
@@ -26,7 +20,7 @@ def test_projection_convergence_quick(capsys):
 
 @pytest.mark.slow
 def test_projection_scaling_quick_grid(tmp_path):
-  bench = _load("projection_scaling")
+  bench = load_benchmark("projection_scaling")
   out = tmp_path / "p.json"
   records = bench.main(
     [
@@ -58,7 +52,7 @@ def test_projection_scaling_quick_grid(tmp_path):
 
 @pytest.mark.slow
 def test_scale_quick(tmp_path):
-  bench = _load("scale")
+  bench = load_benchmark("scale")
   out = tmp_path / "scale.json"
   result = bench.main(["--quick", "--out", str(out)])
   assert json.loads(out.read_text())["sweep"]["configs"] == result["sweep"]["configs"] == 8
@@ -74,7 +68,7 @@ def test_scale_quick(tmp_path):
 
 def test_speed_quick_workloads_folding_and_sweep_cache(tmp_path):
   """benchmarks/speed.py on its quick grid: every requested section is measured and reported."""
-  bench = _load("speed")
+  bench = load_benchmark("speed")
   out = tmp_path / "speed.json"
   result = bench.main(
     [
@@ -142,7 +136,7 @@ def test_speed_devices_section_splits_the_cpu(tmp_path):
 def test_speed_render_derives_the_loop_ceiling(tmp_path):
   """--render rewrites the markdown from the JSON alone, and the softmax check states what 60x
   asks of the hardware: the speed-up at 100% of the dense rate is speed-up / share of it."""
-  bench = _load("speed")
+  bench = load_benchmark("speed")
   saved = json.loads((ROOT / "benchmarks" / "results" / "speed.json").read_text())
   (row,) = [
     r for r in saved["workloads"]["rows"] if (r["model"], r["num_clients"]) == ("softmax", 1000)
@@ -173,7 +167,7 @@ def test_step_products_are_the_step_matmuls():
   """step_products finds every product of a vmapped local step, inside the nested calls JAX
   traces it to: softmax regression's forward and weight gradient, the MLP's eight, with the
   closed-form FLOP count of each model's step."""
-  bench = _load("speed")
+  bench = load_benchmark("speed")
   for kind, clients, count, macs in (("softmax", 3, 2, 2 * 64 * 10), ("mlp", 2, 8, MLP_STEP_MACS)):
     model, params, data = bench.speed_workloads.make_workload(kind, 4)
     products = bench.speed_ceiling.step_products(model, params, data.x[0], data.y[0], clients)
@@ -217,7 +211,7 @@ def test_repeated_product_stays_in_the_loop():
   import jax
   import jax.numpy as jnp
 
-  bench = _load("speed")
+  bench = load_benchmark("speed")
   fn = functools.partial(jnp.einsum, "zmk,zkn->zmn")
   lhs = jnp.arange(120.0).reshape(3, 8, 5)
   rhs = jnp.arange(60.0).reshape(3, 5, 4)
@@ -241,7 +235,7 @@ def test_speed_ceiling_section_quick(tmp_path):
   """The ceiling section on its quick grid: the ceiling is the best chunk's rate, its FLOPs
   those of the step's products, shares of the dense rate and of the ceiling derived from the
   measured rates, and an acceptance line per workload."""
-  bench = _load("speed")
+  bench = load_benchmark("speed")
   out = tmp_path / "speed.json"
   result = bench.main(["--quick", "--sections", "ceiling", "--out", str(out)])
   ceiling = json.loads(out.read_text())["ceiling"]
@@ -278,7 +272,7 @@ def test_speed_ceiling_section_quick(tmp_path):
 
 def test_ceiling_lines_compare_the_targets():
   """A target above the ceiling is said to be, one below it within it (synthetic rows)."""
-  bench = _load("speed")
+  bench = load_benchmark("speed")
 
   def row(model, speedup, fraction):
     part = {"speedup_vs_loop": speedup, "fraction_of_dense": fraction, "chunk": 100}
@@ -304,7 +298,7 @@ def test_ceiling_lines_compare_the_targets():
 def test_karula_dissimilarity_quick(capsys):
   """benchmarks/karula_dissimilarity.py --quick: every task and variant row, separation scores in
   range, the oracle D separating the groups perfectly, one Karula error per t multiple."""
-  bench = _load("karula_dissimilarity")
+  bench = load_benchmark("karula_dissimilarity")
   assert bench.main(["--quick"]) == 0
   out = capsys.readouterr().out
   for row in (
@@ -324,7 +318,7 @@ def test_karula_dissimilarity_quick(capsys):
 
 
 def test_karula_dissimilarity_separation_scores():
-  bench = _load("karula_dissimilarity")
+  bench = load_benchmark("karula_dissimilarity")
   theta = np.repeat(np.array([[0.0], [1.0], [3.0]]), 2, axis=0)
   groups = np.array([0, 0, 1, 1, 2, 2])
   truth = np.abs(theta - theta.T)

@@ -1,24 +1,13 @@
 """`python benchmarks/speed.py --preset gpu --tiny`: the GPU entry point's code path with tiny
 sizes on any device: every part is measured and reported (its logic, not its timings)."""
 
-import importlib.util
 import json
-import pathlib
-import sys
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-
-
-def _load(name):
-  sys.path.insert(0, str(ROOT / "benchmarks"))
-  spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+from tests.helpers import load_benchmark
 
 
 def test_gpu_preset_tiny_runs_every_part(tmp_path):
-  bench = _load("speed")
+  bench = load_benchmark("speed")
   out = tmp_path / "speed_gpu.json"
   result = bench.main(["--preset", "gpu", "--tiny", "--out", str(out)])
   saved = json.loads(out.read_text())
@@ -43,7 +32,7 @@ def test_gpu_preset_tiny_runs_every_part(tmp_path):
 def test_tiny_needs_the_gpu_preset(capsys):
   import pytest
 
-  bench = _load("speed")
+  bench = load_benchmark("speed")
   with pytest.raises(SystemExit):
     bench.main(["--tiny"])
   assert "--tiny goes with --preset gpu" in capsys.readouterr().err

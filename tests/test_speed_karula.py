@@ -2,25 +2,16 @@
 ``benchmarks/projection_large_d.py`` (the projection at neural-network sizes) on their
 ``--quick`` settings: the records' logic and consistency, not their timings."""
 
-import importlib.util
 import json
-import pathlib
 
 import numpy as np
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-
-
-def _load(name):
-  spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+from tests.helpers import load_benchmark
 
 
 def test_speed_karula_quick(tmp_path):
-  bench = _load("speed_karula")
+  bench = load_benchmark("speed_karula")
   out = tmp_path / "k.json"
   res = bench.main(["--quick", "--out", str(out)])
   saved = json.loads(out.read_text())
@@ -42,7 +33,7 @@ def test_speed_karula_quick(tmp_path):
 
 
 def test_workload_is_the_reproduction_stand_in_with_ot_dissimilarities():
-  bench = _load("speed_karula")
+  bench = load_benchmark("speed_karula")
   data, D = bench.writers_data(6, side=8)
   assert data.train.num_clients == 6 and data.train.feature_shape == (8, 8)
   np.testing.assert_allclose(D, D.T, atol=1e-6)
@@ -50,7 +41,7 @@ def test_workload_is_the_reproduction_stand_in_with_ot_dissimilarities():
 
 
 def test_projection_large_d_quick(tmp_path):
-  bench = _load("projection_large_d")
+  bench = load_benchmark("projection_large_d")
   out = tmp_path / "p.json"
   records = bench.main(["--quick", "--out", str(out), "--repeats", "1"])
   saved = json.loads(out.read_text())
@@ -68,13 +59,13 @@ def test_projection_large_d_quick(tmp_path):
 
 
 def test_projection_large_d_skips_points_beyond_the_memory_limit(tmp_path):
-  bench = _load("projection_large_d")
+  bench = load_benchmark("projection_large_d")
   records = bench.main(["--points", "1000:1e6", "--memory-gb", "1", "--out", str(tmp_path / "x")])
   assert [r["status"].split(":")[0] for r in records] == ["skipped", "skipped"]
 
 
 def test_projection_large_d_cold_only_and_merge(tmp_path):
-  bench = _load("projection_large_d")
+  bench = load_benchmark("projection_large_d")
   first = tmp_path / "a.json"
   bench.main(["--points", "12:3000", "--dtypes", "float64", "--out", str(first), "--repeats", "1"])
   out = tmp_path / "b.json"

@@ -2,25 +2,13 @@
 (the parts' traced times add up to the traced round), the classification of HLO instructions,
 and the self times of nested trace events."""
 
-import importlib.util
-import pathlib
-
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-
-
-def _load():
-  spec = importlib.util.spec_from_file_location(
-    "speed_profile", ROOT / "benchmarks" / "speed_profile.py"
-  )
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+from tests.helpers import load_benchmark
 
 
 def test_self_times_subtract_nested_events():
-  prof = _load()
+  prof = load_benchmark("speed_profile")
   ev = lambda name, ts, dur, tid=1: {"ph": "X", "name": name, "ts": ts, "dur": dur, "tid": tid}
   events = [ev("while", 0, 100), ev("a", 10, 30), ev("b", 50, 20), ev("c", 55, 5), ev("d", 0, 7, 2)]
   totals = prof.self_times(events)
@@ -28,7 +16,7 @@ def test_self_times_subtract_nested_events():
 
 
 def test_classification_of_instructions():
-  prof = _load()
+  prof = load_benchmark("speed_profile")
   body = "jit(f)/while/body/closed_call/vmap()/while/body/closed_call/"
   assert prof.classify("f", "fusion", body + "jit(_randint)/vmap()/add") == "index generation"
   assert prof.classify("g", "fusion", body + "gather") == "minibatch gathers"
@@ -47,7 +35,7 @@ def test_classification_of_instructions():
 
 
 def test_quick_profile_accounts_for_the_round(tmp_path):
-  prof = _load()
+  prof = load_benchmark("speed_profile")
   (row,) = prof.main(["--quick", "--out", str(tmp_path / "p.json"), "--md", str(tmp_path / "p.md")])
   parts = row["parts"]
   assert set(parts) == set(prof.PARTS)
