@@ -86,8 +86,9 @@ def ditto(
       without replacement, in consecutive batches of ``batch_size`` of a fresh random order each
       pass (a client with more rows takes more steps; see
       :func:`fedjax_dro.core.local.local_schedule`); ``None`` (default): ``local_steps``.
-    personal_steps: SGD steps on the personal model per participant and round; ``None``
-      (default): ``local_steps``.
+    personal_steps: SGD steps on the personal model per participant and round (minibatches
+      drawn with replacement); ``None`` (default): the global pass's local work, ``local_steps``
+      steps or, with ``local_epochs``, the same passes over the same minibatches.
     batch_size: examples per step, shared by the two passes; ``None`` (default): full batches.
     backend: per-client execution, ``"auto"`` (default), ``"vmap"``, ``"map"`` or ``"chunked"``.
     chunk_size: clients per chunk of ``"chunked"``; ``None`` (default): planned from memory.
@@ -105,7 +106,8 @@ def ditto(
   ):
     raise ValueError(f"personal_steps must be a positive integer or None, got {personal_steps!r}")
   settings = settings_from(locals())
-  steps = personal_steps or local_steps
+  # None: the personal pass repeats the global pass's local work (steps or epochs)
+  steps = personal_steps
 
   init = state_init(settings, lambda p, n: DittoState(p, tree_stack(p, n), round_zero()))
 
@@ -152,7 +154,7 @@ def ditto(
     init,
     round_fn,
     HPARAMS,
-    personal_steps=steps,
+    personal_steps=steps if steps is not None else settings.local_steps,
     client_models=lambda s: s.personal,
     personalized=True,
   )

@@ -113,7 +113,9 @@ def drfa(
       (needs full participation).
     clients_per_round: ``m``, the clients drawn for training (and for the dual estimate) each
       round; ``None`` (default): all ``n``.
-    local_steps: ``tau``, local SGD steps per round (default 10).
+    local_steps: ``tau``, local SGD steps per round (default 10). DRFA has no ``local_epochs``
+      form: its dual estimate evaluates every sampled client's iterate after the same step
+      ``t'`` drawn from ``[tau]`` (Algorithm 1), which needs one step count shared by all.
     batch_size: examples per local SGD step and per snapshot loss; ``None`` (default): full batch.
     backend: per-client execution, ``"auto"`` (default), ``"vmap"``, ``"map"`` or ``"chunked"``.
     chunk_size: clients per chunk of ``"chunked"``; ``None`` (default): planned from memory.

@@ -53,7 +53,7 @@ ratios and ``round``. Metrics: ``train_loss`` (unweighted mean of L^r), ``train_
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -67,7 +67,7 @@ from fedjax_dro.algorithms.base import (
 )
 from fedjax_dro.core.aggregation import tree_add, weighted_sum
 from fedjax_dro.core.clients import map_clients_weighted_sum
-from fedjax_dro.core.local import local_sgd, map_client_data
+from fedjax_dro.core.local import local_sgd, local_step_counts, map_client_data
 from fedjax_dro.core.precision import params_float_dtype
 from fedjax_dro.core.settings import backend_for, round_zero, settings_from
 from fedjax_dro.models.base import client_loss_and_grad
@@ -188,6 +188,7 @@ def scaff_pd(
   psi: str = "chi2",
   parameter_rule: str = "user",
   local_steps: int = 10,
+  local_epochs: Optional[int] = None,
   batch_size=None,
   backend: str = "auto",
   chunk_size=None,
@@ -204,6 +205,13 @@ def scaff_pd(
       ``"condition_5_1"`` or ``"condition_5_2"`` (the paper's step-size conditions; see the
       module docstring).
     local_steps: ``J``, the bias-corrected local steps per round (default 10).
+    local_epochs: instead of ``local_steps``, passes over each client's own rows per round,
+      without replacement, in consecutive batches of ``batch_size`` of a fresh random order each
+      pass (see :func:`fedjax_dro.core.local.local_schedule`). Client ``i`` then takes ``J_i =
+      local_epochs * ceil(N_i / batch_size)`` steps and its direction is ``du_i = (x^r -
+      u_i^{J_i}) / (eta_l J_i)``, the step-count normalization SCAFFOLD uses for uneven local
+      work, so that ``du_i`` stays an average corrected gradient. ``None`` (default):
+      ``local_steps``.
     batch_size: local minibatch size; ``None`` (default): full batches, deterministic gradients.
     backend: per-client execution, ``"auto"`` (default), ``"vmap"``, ``"map"`` or ``"chunked"``.
     chunk_size: clients per chunk of ``"chunked"``; ``None`` (default): planned from memory.
@@ -268,7 +276,7 @@ def scaff_pd(
 
     # (3) bias-corrected local steps and lambda-weighted primal step
     c = weighted_sum(grads, lam)
-    lr, J = hparams["client_lr"], settings.local_steps
+    lr = hparams["client_lr"]
 
     def local_update(xd, yd, nex, k, c_i):
       correct = lambda w, g: jax.tree.map(lambda gi, ci, cc: gi - ci + cc, g, c_i, c)
@@ -279,12 +287,15 @@ def scaff_pd(
         yd,
         nex,
         k,
-        num_steps=J,
+        num_steps=settings.local_steps,
         batch_size=settings.batch_size,
         lr=lr,
         grad_transform=correct,
+        num_epochs=settings.local_epochs,
       )
-      return jax.tree.map(lambda a, b: (a - b) / (lr * J), x, u), ()
+      # J, or under local_epochs the client's own J_i (1 for a client without rows: u = x)
+      steps = jnp.maximum(local_step_counts(settings, nex), 1)
+      return jax.tree.map(lambda a, b: (a - b) / (lr * steps), x, u), ()
 
     # sum_i lam_i du_i accumulated chunk by chunk: the clients' du are never stacked
     lam_du, _ = map_clients_weighted_sum(

@@ -10,36 +10,45 @@ import jax.numpy as jnp
 
 from fedjax_dro.core.aggregation import scatter_rows
 from fedjax_dro.core.clients import map_clients, map_clients_weighted_sum
-from fedjax_dro.core.sampling import epoch_rows, sample_clients, step_rows
+from fedjax_dro.core.sampling import (
+  epoch_permutations,
+  epoch_step_rows,
+  epoch_steps,
+  pad_permutations,
+  sample_clients,
+  step_rows,
+)
 from fedjax_dro.core.settings import aggregation_weights, backend_for, participants
 from fedjax_dro.models.base import Model, client_loss
 
 
 class LocalSchedule(NamedTuple):
-  """The minibatches of one client's local steps (the inputs a ``lax.scan`` over them takes).
+  """The minibatches of one client's local steps (what the loop over them reads).
 
   Attributes:
-    num_steps: the static number of steps ``T``.
-    rows: ``[T, batch_size]`` int32 rows of each step's minibatch; None: the full client data.
-    row_mask: ``[T, batch_size]`` valid rows of each minibatch (``local_epochs``' partial last
-      batches); None: all valid.
-    active: ``[T]`` whether the client takes each step (``local_epochs``: a client with fewer rows
-      takes fewer steps); None: every step.
+    num_steps: the static number of steps ``T`` (``local_epochs``: the largest count any client
+      of the federation can take, the length of the losses a loop returns).
     step_keys: ``local_steps`` with a ``batch_size``: the ``[T]`` step keys, each step drawing its
       rows ``[0, bound)`` inside the scan (the rows of :func:`~fedjax_dro.core.sampling.step_rows`,
       drawn where they are used: drawn all before the scan, the softmax round measured ~2.8x
       slower on the 2-core CPU).
     bound: the number of rows the step keys draw from (``max(num_examples, 1)``).
-    batch_size: the rows each step key draws.
+    batch_size: the rows of each minibatch (None: full-batch steps).
+    steps: ``local_epochs``: the traced number of steps this client takes (``num_epochs *
+      ceil(num_examples / batch_size)``); the loop stops there, so a round's local work lasts as
+      long as its largest *participating* client needs (under ``vmap`` the loop runs until every
+      client of the batch is done, the finished ones keeping their carry). None: all ``T``.
+    perm: ``local_epochs`` with a ``batch_size``: ``[num_epochs, T']`` each epoch's order of the
+      client's rows (:func:`~fedjax_dro.core.sampling.epoch_permutations`, padded to whole
+      batches), cut into steps by :func:`~fedjax_dro.core.sampling.epoch_step_rows`.
   """
 
   num_steps: int
-  rows: Any = None
-  row_mask: Any = None
-  active: Any = None
   step_keys: Any = None
   bound: Any = None
   batch_size: Optional[int] = None
+  steps: Any = None
+  perm: Any = None
 
 
 def local_schedule(
@@ -58,12 +67,11 @@ def local_schedule(
     step is a full-batch step.
   * ``num_epochs`` (``local_epochs``): ``num_epochs`` passes over the client's own
     ``num_examples`` rows without replacement, each in a fresh random order cut into consecutive
-    batches of ``batch_size`` (:func:`~fedjax_dro.core.sampling.epoch_rows`). The last batch of
-    an epoch holds the ``num_examples mod batch_size`` remaining rows when that is not zero (no
+    batches of ``batch_size`` (:func:`~fedjax_dro.core.sampling.epoch_step_rows`). The last batch
+    of an epoch holds the ``num_examples mod batch_size`` remaining rows when that is not zero (no
     row is dropped): its loss is the mean over those rows. A client takes ``num_epochs *
-    ceil(num_examples / batch_size)`` steps; the static count is ``num_epochs *
-    ceil(max_examples / batch_size)`` and the steps beyond a client's own leave its model
-    unchanged. With ``batch_size=None`` an epoch is one full-batch step.
+    ceil(num_examples / batch_size)`` steps and the loop over them stops there. With
+    ``batch_size=None`` an epoch is one full-batch step (none for a client without rows).
   """
   if (num_steps is None) == (num_epochs is None):
     raise ValueError(
@@ -76,9 +84,14 @@ def local_schedule(
     bound = jnp.maximum(num_examples, 1)
     return LocalSchedule(num_steps, step_keys=keys, bound=bound, batch_size=batch_size)
   if batch_size is None:
-    return LocalSchedule(num_epochs, active=jnp.broadcast_to(num_examples > 0, (num_epochs,)))
-  rows, row_mask, active = epoch_rows(key, num_examples, max_examples, batch_size, num_epochs)
-  return LocalSchedule(rows.shape[0], rows, row_mask, active)
+    steps = jnp.where(num_examples > 0, num_epochs, 0).astype(jnp.int32)
+    return LocalSchedule(num_epochs, steps=steps)
+  perm = pad_permutations(
+    epoch_permutations(key, num_examples, max_examples, num_epochs), batch_size
+  )
+  total = num_epochs * -(-max_examples // batch_size)
+  steps = epoch_steps(num_examples, batch_size, num_epochs)
+  return LocalSchedule(total, batch_size=batch_size, steps=steps, perm=perm)
 
 
 def settings_schedule(settings, key, num_examples, max_examples: int, num_steps=None):
@@ -96,28 +109,49 @@ def settings_schedule(settings, key, num_examples, max_examples: int, num_steps=
   )
 
 
+def schedule_batch(schedule: LocalSchedule, j, x, y, num_examples, step_key=None):
+  """``(bx, by, bmask)``: the minibatch of step ``j`` of ``schedule`` (``step_key``: that step's
+  key under ``local_steps``)."""
+  if step_key is not None:  # step_rows' draw of this step
+    rows = jax.random.randint(step_key, (schedule.batch_size,), 0, schedule.bound)
+    return x[rows], y[rows], jnp.ones(rows.shape, bool)
+  if schedule.perm is not None:
+    rows, bmask = epoch_step_rows(schedule.perm, j, num_examples, schedule.batch_size)
+    return x[rows], y[rows], bmask
+  return x, y, jnp.arange(x.shape[0]) < num_examples
+
+
 def scan_schedule(step: Callable, carry, schedule: LocalSchedule, x, y, num_examples):
-  """``lax.scan`` of ``step(carry, bx, by, bmask) -> (carry, loss)`` over the minibatches of
-  ``schedule``; a step the client does not take keeps its carry (``jnp.where``) and reports a
-  loss of 0. Returns ``(final carry, losses[T])``."""
+  """The loop of ``step(carry, bx, by, bmask) -> (carry, loss)`` over the minibatches of
+  ``schedule``. Returns ``(final carry, losses[T])``: ``losses[j]`` is step ``j``'s minibatch
+  loss, 0 for the steps a client does not take.
 
-  def body(c, inputs):
-    rows, row_mask, active, step_key = inputs
-    if step_key is not None:  # step_rows' draw of this step
-      rows = jax.random.randint(step_key, (schedule.batch_size,), 0, schedule.bound)
-    if rows is None:
-      bx, by, bmask = x, y, jnp.arange(x.shape[0]) < num_examples
-    else:
-      bx, by = x[rows], y[rows]
-      bmask = jnp.ones(rows.shape, bool) if row_mask is None else row_mask
-    new, loss = step(c, bx, by, bmask)
-    if active is None:
-      return new, loss
-    kept = jax.tree.map(lambda a, b: jnp.where(active, a, b), new, c)
-    return kept, jnp.where(active, loss, jnp.zeros_like(loss))
+  ``local_steps``: a ``lax.scan`` of ``T`` steps. ``local_epochs``: a ``lax.while_loop`` that
+  stops after the client's own ``schedule.steps``, so a round costs what its largest
+  participating client (of a ``vmap`` batch or chunk) needs, not the federation's largest.
+  """
+  if schedule.steps is None:
 
-  inputs = (schedule.rows, schedule.row_mask, schedule.active, schedule.step_keys)
-  return jax.lax.scan(body, carry, inputs, length=schedule.num_steps)
+    def body(c, step_key):
+      return step(c, *schedule_batch(schedule, None, x, y, num_examples, step_key))
+
+    return jax.lax.scan(body, carry, schedule.step_keys, length=schedule.num_steps)
+
+  def one(j, c):
+    return step(c, *schedule_batch(schedule, j, x, y, num_examples))
+
+  loss_shape = jax.eval_shape(lambda c: one(jnp.int32(0), c)[1], carry)
+  losses = jnp.zeros((schedule.num_steps,) + loss_shape.shape, loss_shape.dtype)
+
+  def body(state):
+    j, c, losses = state
+    new, loss = one(j, c)
+    return j + 1, new, losses.at[j].set(loss)
+
+  _, carry, losses = jax.lax.while_loop(
+    lambda state: state[0] < schedule.steps, body, (jnp.int32(0), carry, losses)
+  )
+  return carry, losses
 
 
 def local_sgd(
@@ -170,7 +204,7 @@ def local_step_counts(settings, num_examples, num_steps: Optional[int] = None):
     return jnp.full(nex.shape, num_steps or settings.local_steps, jnp.int32)
   if settings.batch_size is None:
     return jnp.where(nex > 0, settings.local_epochs, 0).astype(jnp.int32)
-  return settings.local_epochs * (-(-nex // settings.batch_size))
+  return epoch_steps(nex, settings.batch_size, settings.local_epochs)
 
 
 def run_clients(fn: Callable, clients, keys, *extra, backend: str, chunk_size: Optional[int]):

@@ -70,22 +70,31 @@ def epoch_permutations(key, num_examples, max_examples: int, num_epochs: int):
   return jnp.argsort(keys, axis=-1, stable=True).astype(jnp.int32)
 
 
-def epoch_rows(key, num_examples, max_examples: int, batch_size: int, num_epochs: int):
-  """``(rows, row_mask, active)`` of one client's ``local_epochs`` passes over its data.
+def epoch_steps(num_examples, batch_size: int, num_epochs: int):
+  """The number of local steps one client with ``num_examples`` rows takes in ``num_epochs``
+  passes of ``batch_size``: ``num_epochs * ceil(num_examples / batch_size)`` (int32)."""
+  nex = jnp.asarray(num_examples, jnp.int32)
+  return jnp.int32(num_epochs) * (-(-nex // batch_size))
 
-  Each epoch takes :func:`epoch_permutations`'s row ``e`` in consecutive slices of
-  ``batch_size``: ``S = ceil(max_examples / batch_size)`` steps per epoch, ``num_epochs * S`` in
-  all (static). ``rows[t]`` (``[batch_size]`` int32) are step ``t``'s rows, ``row_mask[t]`` marks
-  those that are valid (a client's last batch of an epoch is partial when ``batch_size`` does not
-  divide ``num_examples``: its loss is the mean over its valid rows), and ``active[t]`` whether
-  the client takes step ``t`` at all (``ceil(num_examples / batch_size)`` steps an epoch; the
-  others leave its model unchanged).
+
+def epoch_step_rows(perm, step, num_examples, batch_size: int):
+  """``(rows, row_mask)`` of a client's local step ``step`` under ``local_epochs``.
+
+  ``perm`` is :func:`epoch_permutations`' ``[num_epochs, max_examples]`` (padded on the right to
+  a multiple of ``batch_size``). With ``S = ceil(num_examples / batch_size)`` steps an epoch,
+  step ``j`` is slice ``j mod S`` of epoch ``j // S``'s order: ``[batch_size]`` int32 rows and
+  the mask of those that are valid (the epoch's last batch holds the ``num_examples mod
+  batch_size`` remaining rows when that is not zero; no row is dropped or repeated).
   """
-  steps = -(-max_examples // batch_size)
-  perm = epoch_permutations(key, num_examples, max_examples, num_epochs)
-  perm = jnp.pad(perm, ((0, 0), (0, steps * batch_size - max_examples)))
-  position = jnp.arange(steps * batch_size).reshape(steps, batch_size)
-  row_mask = jnp.broadcast_to(position < num_examples, (num_epochs, steps, batch_size))
-  active = jnp.broadcast_to(position[:, 0] < num_examples, (num_epochs, steps))
-  shape = (num_epochs * steps, batch_size)
-  return perm.reshape(shape), row_mask.reshape(shape), active.reshape(-1)
+  per_epoch = jnp.maximum(-(-jnp.asarray(num_examples, jnp.int32) // batch_size), 1)
+  epoch, slot = step // per_epoch, step % per_epoch
+  start = slot * batch_size
+  rows = jax.lax.dynamic_slice(perm, (epoch, start), (1, batch_size))[0]
+  return rows, start + jnp.arange(batch_size) < num_examples
+
+
+def pad_permutations(perm, batch_size: int):
+  """``perm`` padded on the right with row 0 to a multiple of ``batch_size`` columns (the slices
+  of :func:`epoch_step_rows` never read past it; the padding rows are masked)."""
+  width = perm.shape[-1]
+  return jnp.pad(perm, ((0, 0), (0, -(-width // batch_size) * batch_size - width)))

@@ -14,7 +14,7 @@ from fedjax_dro.algorithms.fedavg import fedavg
 from fedjax_dro.algorithms.ifca import ifca
 from fedjax_dro.algorithms.local import local
 from fedjax_dro.algorithms.pfedme import pfedme
-from fedjax_dro.core.sampling import sample_clients
+from fedjax_dro.core.sampling import epoch_permutations, sample_clients
 from fedjax_dro.data import from_client_arrays
 from tests.helpers import dataset, linreg, numpy_linreg_grad, regression_clients
 
@@ -99,15 +99,29 @@ def ref_pfedme(data, seed, R, K, B, hp, personal_updates="all", weighting="unifo
   return w, theta, np.array(train_losses)
 
 
-def ref_ditto(data, seed, J, B, hp):
+def _epoch_batches(x, y, nex, i, key, B, epochs):
+  """``local_epochs``: each epoch's order of client ``i``'s rows from the simulator's key
+  schedule, cut here into consecutive batches of ``B`` (the last one partial)."""
+  perms = np.asarray(epoch_permutations(key, nex[i], x.shape[1], epochs))
+  for e in range(epochs):
+    order = perms[e, : nex[i]]
+    for start in range(0, nex[i], B):
+      rows = order[start : start + B]
+      yield x[i, rows], y[i, rows]
+
+
+def ref_ditto(data, seed, J, B, hp, epochs=None):
   x, y, nex = _arrays(data)
   w, v = np.zeros(D + 1), np.zeros((N, D + 1))
   for idx, client_keys in _rounds(seed, ROUNDS, N, S):
     deltas, weights = [], []
     for k, i in enumerate(idx):
       wi = w.copy()
-      for step_key in jax.random.split(client_keys[k], J):
-        bx, by = _batch(x, y, nex, i, step_key, B)
+      if epochs is None:
+        batches = (_batch(x, y, nex, i, sk, B) for sk in jax.random.split(client_keys[k], J))
+      else:  # both passes on the same epochs' minibatches
+        batches = _epoch_batches(x, y, nex, i, client_keys[k], B, epochs)
+      for bx, by in batches:
         v[i] = v[i] - hp["personal_lr"] * (_grad(v[i], bx, by) + hp["lam"] * (v[i] - w))
         wi = wi - hp["client_lr"] * _grad(wi, bx, by)
       deltas.append(wi - w)
@@ -252,14 +266,13 @@ def test_pfedme_all_updates_every_personal_model_under_partial_participation():
   assert np.all(np.abs(theta_all[others] - theta_part[others]).max(axis=1) > 1e-3)
 
 
-@pytest.mark.parametrize("batch_size", [4, None])
-def test_ditto_matches_reference_loop(batch_size):
+@pytest.mark.parametrize("batch_size,epochs", [(4, None), (None, None), (4, 2)])
+def test_ditto_matches_reference_loop(batch_size, epochs):
   data, seed = _data(), 4
-  alg = ditto(
-    linreg(D, l2=L2), clients_per_round=S, local_steps=3, batch_size=batch_size, backend="vmap"
-  )
+  work = {"local_steps": 3} if epochs is None else {"local_epochs": epochs}
+  alg = ditto(linreg(D, l2=L2), clients_per_round=S, batch_size=batch_size, backend="vmap", **work)
   hist = run(alg, dataset(data), rounds=ROUNDS, seed=seed, hparams=DITTO_HP, eval_every=ROUNDS)
-  w, v = ref_ditto(data, seed, 3, batch_size, DITTO_HP)
+  w, v = ref_ditto(data, seed, 3, batch_size, DITTO_HP, epochs)
   np.testing.assert_allclose(_flat(hist.final_state.params), w, rtol=0, atol=1e-10)
   np.testing.assert_allclose(_flat(alg.client_models(hist.final_state)), v, rtol=0, atol=1e-10)
 

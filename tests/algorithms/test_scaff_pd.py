@@ -9,6 +9,7 @@ import pytest
 
 from fedjax_dro import algorithms as A, models, run, sweep
 from fedjax_dro.algorithms.scaff_pd import next_step_ratio, parameter_schedule
+from fedjax_dro.core.sampling import epoch_permutations
 from fedjax_dro.data.synthetic import synthetic_shift
 from fedjax_dro.models.base import client_loss
 from fedjax_dro.reproduce import with_distances
@@ -87,7 +88,20 @@ def run_keys(seed):
   return jax.random.split(jax.random.PRNGKey(seed), 3)[2]
 
 
-def ref_scaff_pd(data, rounds, seed, J, B, hp, psi, rule):
+def np_epoch_batches(data, i, key, batch_size, epochs):
+  """Client ``i``'s ``local_epochs`` minibatches: each epoch's order of its rows from the
+  simulator's key schedule, cut here into consecutive batches (the last one partial)."""
+  nex, m = int(data.num_examples[i]), data.x.shape[1]
+  x, y = np.asarray(data.x[i]), np.asarray(data.y[i])
+  perms = np.asarray(epoch_permutations(key, nex, m, epochs))
+  for e in range(epochs):
+    order = perms[e, :nex]
+    for start in range(0, nex, batch_size):
+      rows = order[start : start + batch_size]
+      yield x[rows], y[rows]
+
+
+def ref_scaff_pd(data, rounds, seed, J, B, hp, psi, rule, epochs=None):
   n, d = data.num_clients, data.x.shape[-1]
   w, b = np.zeros(d), 0.0
   lam, prev = np.full(n, 1.0 / n), None
@@ -112,11 +126,16 @@ def ref_scaff_pd(data, rounds, seed, J, B, hp, psi, rule):
     Cw, Cb = lam @ cw, lam @ cb
     duw, dub = np.zeros((n, d)), np.zeros(n)
     for i in range(n):
-      uw, ub = w.copy(), b
-      for step_key in jax.random.split(lkeys[i], J):
-        _, gw, gb = np_loss_grad(uw, ub, *np_batch(data, i, step_key, B), L2)
+      uw, ub, steps = w.copy(), b, 0
+      if epochs is None:
+        batches = (np_batch(data, i, k, B) for k in jax.random.split(lkeys[i], J))
+      else:
+        batches = np_epoch_batches(data, i, lkeys[i], B, epochs)
+      for batch in batches:
+        _, gw, gb = np_loss_grad(uw, ub, *batch, L2)
         uw, ub = uw - hp["client_lr"] * (gw - cw[i] + Cw), ub - hp["client_lr"] * (gb - cb[i] + Cb)
-      duw[i], dub[i] = (w - uw) / (hp["client_lr"] * J), (b - ub) / (hp["client_lr"] * J)
+        steps += 1
+      duw[i], dub[i] = (w - uw) / (hp["client_lr"] * steps), (b - ub) / (hp["client_lr"] * steps)
     w, b = w - tau * lam @ duw, b - tau * lam @ dub
     prev = L
     if rule == "condition_5_1":
@@ -125,19 +144,22 @@ def ref_scaff_pd(data, rounds, seed, J, B, hp, psi, rule):
 
 
 @pytest.mark.parametrize(
-  "psi,rule,batch_size",
+  "psi,rule,batch_size,epochs",
   [
-    ("chi2", "condition_5_1", 4),
-    ("cvar", "user", None),
-    ("qffl", "user", None),
-    ("chi2", "condition_5_2", None),
+    ("chi2", "condition_5_1", 4, None),
+    ("cvar", "user", None, None),
+    ("qffl", "user", None, None),
+    ("chi2", "condition_5_2", None, None),
+    ("chi2", "user", 4, 2),  # local_epochs over clients of 3 to 16 rows: J_i from 2 to 8
   ],
 )
-def test_matches_numpy_reference(psi, rule, batch_size):
-  data = regression_clients(n=5, d=3, seed=1, shift=0.2)
+def test_matches_numpy_reference(psi, rule, batch_size, epochs):
+  sizes = None if epochs is None else [3, 7, 12, 5, 16]
+  data = regression_clients(n=5, d=3, seed=1, shift=0.2, sizes=sizes)
   model = linreg(3, l2=L2)
+  work = {"local_steps": 3} if epochs is None else {"local_epochs": epochs}
   alg = A.scaff_pd(
-    model, psi=psi, parameter_rule=rule, local_steps=3, batch_size=batch_size, backend="vmap"
+    model, psi=psi, parameter_rule=rule, batch_size=batch_size, backend="vmap", **work
   )
   hp = {
     "client_lr": 0.02,
@@ -154,7 +176,7 @@ def test_matches_numpy_reference(psi, rule, batch_size):
   }
   hp = {k: v for k, v in hp.items() if k in alg.hparams}
   hist = run(alg, dataset(data), rounds=4, seed=3, hparams=hp, eval_every=4)
-  w, b, lam = ref_scaff_pd(data, 4, 3, 3, batch_size, hp, psi, rule)
+  w, b, lam = ref_scaff_pd(data, 4, 3, 3, batch_size, hp, psi, rule, epochs)
   st = hist.final_state
   np.testing.assert_allclose(np.asarray(st.params["w"]), w, rtol=0, atol=1e-10)
   np.testing.assert_allclose(float(st.params["b"]), b, rtol=0, atol=1e-10)

@@ -11,7 +11,7 @@ import pytest
 
 from fedjax_dro import algorithms as A, cli, run
 from fedjax_dro.core.local import local_schedule, local_step_counts
-from fedjax_dro.core.sampling import epoch_permutations, sample_clients, step_rows
+from fedjax_dro.core.sampling import epoch_permutations, epoch_step_rows, sample_clients, step_rows
 from fedjax_dro.core.settings import common_settings
 from tests.helpers import dataset, linreg, numpy_linreg_grad, regression_clients, run_float32
 
@@ -89,22 +89,57 @@ def test_local_epochs_match_a_reference_loop_of_shuffled_passes(name, epochs, s)
 
 def test_epoch_schedule_passes_over_each_clients_rows_once_per_epoch():
   key = jax.random.PRNGKey(0)
-  for nex, batch in [(3, 4), (12, 4), (13, 4), (16, 5), (1, 1)]:
+  for nex, batch in [(3, 4), (12, 4), (13, 4), (16, 5), (1, 1), (0, 4)]:
     sched = local_schedule(key, jnp.int32(nex), 16, batch_size=batch, num_epochs=3)
-    per_epoch = -(-16 // batch)
-    assert sched.num_steps == 3 * per_epoch
-    rows, mask, active = (np.asarray(a) for a in (sched.rows, sched.row_mask, sched.active))
+    per_epoch = -(-nex // batch)
+    assert sched.num_steps == 3 * -(-16 // batch)  # the losses' length: the largest client's
+    assert int(sched.steps) == 3 * per_epoch  # the loop stops at the client's own count
+    epochs = []
     for e in range(3):
-      sl = slice(e * per_epoch, (e + 1) * per_epoch)
-      taken = rows[sl][mask[sl]]
+      taken = []
+      for j in range(e * per_epoch, (e + 1) * per_epoch):
+        rows, mask = (np.asarray(a) for a in epoch_step_rows(sched.perm, j, nex, batch))
+        assert mask.any()  # every step the client takes has a valid row
+        assert mask[: int(mask.sum())].all()  # valid rows first (only the last batch is partial)
+        taken += list(rows[mask])
       assert sorted(taken) == list(range(nex))  # every own row once, no padding row
-      assert int(active[sl].sum()) == -(-nex // batch)
-      assert not mask[sl][~active[sl]].any()  # steps not taken have no valid row
-    assert not (rows[:per_epoch] == rows[per_epoch : 2 * per_epoch]).all() or nex == 1
+      epochs.append(taken)
+    assert nex <= 1 or epochs[0] != epochs[1]  # a fresh order every epoch
   counts = local_step_counts(
     common_settings(local_epochs=2, batch_size=4), jnp.asarray([3, 4, 5, 16])
   )
   np.testing.assert_array_equal(np.asarray(counts), [2, 2, 4, 8])
+
+
+def test_epoch_loop_runs_to_the_largest_participating_client():
+  """The local loop stops at the participants' own step counts: with the federation's largest
+  client absent from a round, the round runs fewer loop iterations (the body's executions are
+  counted with a host callback) and its result is that of the full-length masked loop."""
+  from fedjax_dro.core.local import scan_schedule
+
+  calls = []
+
+  def step(w, bx, by, bmask):
+    jax.debug.callback(lambda: calls.append(1))
+    return w + jnp.sum(jnp.where(bmask, bx, 0.0)), jnp.sum(bmask).astype(jnp.float32)
+
+  x = jnp.arange(40, dtype=jnp.float32)
+  y = jnp.zeros(40)
+
+  def client(nex, key):
+    sched = local_schedule(key, nex, 40, batch_size=4, num_epochs=2)
+    return scan_schedule(step, jnp.float32(0.0), sched, x, y, nex)
+
+  keys = jax.random.split(jax.random.PRNGKey(1), 3)
+  w, losses = jax.jit(jax.vmap(client))(jnp.asarray([5, 9, 2]), keys)
+  jax.block_until_ready(w)
+  assert len(calls) == 2 * 3  # the largest of the three takes 2 x ceil(9 / 4) steps, not 2 x 10
+  # each client summed its own rows once per epoch, and reports the rows of each step it took
+  np.testing.assert_allclose(np.asarray(w), [2 * sum(range(5)), 2 * sum(range(9)), 2.0])
+  np.testing.assert_array_equal(
+    np.asarray(losses[:, :7]), [[4, 1, 4, 1, 0, 0, 0], [4, 4, 1, 4, 4, 1, 0], [2, 2, 0, 0, 0, 0, 0]]
+  )
+  assert losses.shape == (3, 20)
 
 
 def test_full_batch_epochs_are_full_batch_steps():
