@@ -22,9 +22,9 @@ dense layer (LEAF's FEMNIST CNN layout, with 3x3 kernels where LEAF has 5x5); CI
 convolutions 32/64 and a 128 dense layer (a simple CNN; pfl's own layer sizes are not restated
 here).
 
-Local work: one local epoch of batch B where the algorithms accept ``local_epochs`` (the factory's
-signature is read at run time); until then ``local_steps = ceil(mean examples / B)`` minibatches
-drawn with replacement (12 for FEMNIST, 5 for CIFAR-10), which the results say.
+Local work: one local epoch of batch B (``local_epochs=1``; each participant's loop stops at its
+own ceil(size / B) steps); ``--local-work steps`` runs ``local_steps = ceil(mean examples / B)``
+minibatches drawn with replacement instead (12 for FEMNIST, 5 for CIFAR-10). The results say which.
 
 Timing, through :func:`fedjax_dro.run` (the user path): a first run of ``--rounds`` rounds
 (compiles the rounds and the evaluation: ``first_run_s``), then the same run with another seed
