@@ -176,6 +176,41 @@ def _loop_and_auto(kind, model, data, params, precision, quick):
   return loop, auto
 
 
+def softmax_product_chain(n, chunks, repeats):
+  """The softmax round's matrix products alone, as the round runs them: ``LOCAL_STEPS``
+  dependent steps (each step's weights come from the previous step's gradient) of the forward
+  product and the weight gradient, in the layout measured fastest for this chain on the 2-core
+  CPU (examples ``[c, B, d]`` as stored, weights carried ``[c, k, d]``, logits ``[c, k, B]``),
+  over chunks of ``c`` clients (``lax.map``). No sampling, softmax or update beyond the
+  product's own: a lower bound on the round that, unlike the ceiling, keeps the steps'
+  dependence and the operands' trips through memory. Returns ``{"by_chunk": [...], "best_s",
+  "chunk"}`` (seconds for ``n`` clients)."""
+  d, k = 64, 10
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.standard_normal((n, BATCH, d), dtype=np.float32))
+  w = jnp.zeros((n, k, d), jnp.float32)
+
+  def steps(xc, wc):
+    for _ in range(LOCAL_STEPS):
+      logits = jnp.einsum("cbd,ckd->ckb", xc, wc, precision="highest")
+      wc = wc - 1e-3 * jnp.einsum("cbd,ckb->ckd", xc, logits, precision="highest")
+    return wc
+
+  by_chunk = []
+  for c in chunks:
+    if n % c:
+      continue
+    fn = jax.jit(
+      lambda x, w, c=c: jax.lax.map(
+        lambda a: steps(*a), (x.reshape(n // c, c, BATCH, d), w.reshape(n // c, c, k, d))
+      )
+    )
+    jax.block_until_ready(fn(x, w))
+    by_chunk.append({"chunk": c, "s": time_calls(functools.partial(fn, x, w), repeats)})
+  best = min(by_chunk, key=lambda r: r["s"])
+  return {"by_chunk": by_chunk, "best_s": best["s"], "chunk": best["chunk"]}
+
+
 def matmul_ceiling(args, dense):
   """The most client updates per second that XLA's own matmul kernels allow on this device.
 
@@ -261,6 +296,10 @@ def matmul_ceiling(args, dense):
       "by_chunk": by_chunk,
       "auto_of_ceiling": auto["updates_per_s"] / best["updates_per_s"],
     }
+    if kind == "softmax":
+      chain = softmax_product_chain(n, _ceiling_chunks(n, args.quick), 3 if args.quick else 15)
+      ceiling_s = n / best["updates_per_s"]
+      row["product_chain"] = {**chain, "of_ceiling_time": chain["best_s"] / ceiling_s}
     rows.append(row)
   # the yardstick again, after the products: the best of the two
   again = dense_rates(args.quick).get(precision, {}).get("flops_per_s")

@@ -265,33 +265,40 @@ def test_speed_ceiling_section_quick(tmp_path):
         part["updates_per_s"] / r["loop_updates_per_s"]
       )
     assert r["auto_of_ceiling"] == pytest.approx(r["auto"]["updates_per_s"] / c["updates_per_s"])
+  chain = result["ceiling"]["rows"][0]["product_chain"]  # softmax only
+  assert [c["chunk"] for c in chain["by_chunk"]] == [1, 10] and chain["best_s"] > 0
+  assert "product_chain" not in result["ceiling"]["rows"][1]
   lines = [a for a in result["acceptance"] if a.startswith("ceiling, ")]
   assert [a.split(":")[0] for a in lines] == ["ceiling, softmax n=10", "ceiling, mlp n=10"]
   assert "## Matmul ceiling" in (tmp_path / "speed.md").read_text()
 
 
 def test_ceiling_lines_compare_the_targets():
-  """A target above the ceiling is said to be, one below it within it (synthetic rows)."""
+  """Each row's share of the ceiling is compared with its target (50% softmax, 66% MLP), and the
+  softmax product chain is reported against the ceiling's time (synthetic rows)."""
   bench = load_benchmark("speed")
 
-  def row(model, speedup, fraction):
+  def row(model, speedup, fraction, share):
     part = {"speedup_vs_loop": speedup, "fraction_of_dense": fraction, "chunk": 100}
-    auto = {"speedup_vs_loop": speedup / 4, "fraction_of_dense": fraction / 4}
+    auto = {"speedup_vs_loop": speedup * share, "fraction_of_dense": fraction * share}
     return {
       "model": model,
       "num_clients": 1000,
       "auto": auto,
       "ceiling": part,
-      "auto_of_ceiling": 0.25,
+      "auto_of_ceiling": share,
     }
 
-  result = {"ceiling": {"rows": [row("softmax", 54.0, 0.44), row("mlp", 2.5, 0.62)]}}
+  chained = {**row("softmax", 54.0, 0.44, 0.25), "product_chain": {"of_ceiling_time": 1.6}}
+  result = {"ceiling": {"rows": [chained, row("mlp", 2.5, 0.62, 0.7)]}}
   softmax, mlp = bench.speed_report.ceiling_lines(result)
   assert softmax.startswith("ceiling, softmax n=1000: auto 13.5x the loop, 11%")
   assert "ceiling 54.0x the loop, 44% (100 clients side by side" in softmax
-  assert "auto reaches 25% of it" in softmax
-  assert softmax.endswith("(target 60x the loop: above the ceiling)")
-  assert mlp.endswith("(target 60% of the dense rate: within the ceiling)")
+  assert "auto reaches 25% of it (target 50% of the ceiling: not met)" in softmax
+  assert softmax.endswith("in their fastest layout, take 1.6x the ceiling's time")
+  assert mlp.endswith("auto reaches 70% of it (target 66% of the ceiling: met)")
+  low = bench.speed_report.ceiling_lines({"ceiling": {"rows": [row("mlp", 2.5, 0.62, 0.65)]}})
+  assert low[0].endswith("(target 66% of the ceiling: not met)")
 
 
 @pytest.mark.slow
