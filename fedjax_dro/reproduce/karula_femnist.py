@@ -175,8 +175,6 @@ def _select(label, make, spec, ds, *, cv_rounds, folds, seed):
   grid = spec["grid"]
   if all(len(v) == 1 for v in grid.values()):
     return {k: v[0] for k, v in grid.items()}, None
-  if label == "Karula":
-    return _select_by_runs(make, spec, ds, cv_rounds=cv_rounds, folds=folds, seed=seed)
   options = "num_clusters" in grid
   cv = cross_validate(
     make if options else make(),
@@ -191,40 +189,6 @@ def _select(label, make, spec, ds, *, cv_rounds, folds, seed):
     eval_every=cv_rounds,
   )
   return dict(cv.best), float(cv.best_score)
-
-
-def _select_by_runs(make, spec, ds, *, cv_rounds, folds, seed):
-  """Karula's CV as :func:`fedjax_dro.model_selection.cross_validate` computes it (the same folds,
-  held-out example-weighted log-loss, mean over folds, ties to the first point), with one run
-  per grid point and fold instead of one vmapped sweep per fold: the vmapped Karula program
-  with the CNN stalled in XLA's CPU runtime (every thread idle, twice, at 100 writers and 20
-  rounds), while single runs complete."""
-  from fedjax_dro import run
-  from fedjax_dro.core.metrics import evaluate_clients
-  from fedjax_dro.model_selection import kfold_split
-
-  alg = make()
-  ((name, values),) = spec["grid"].items()
-  splits = kfold_split(ds.train, folds, seed=seed)
-  scores = []
-  for value in values:
-    per_fold = []
-    for train_k, held_k in splits:
-      hparams = {**spec["fixed"], name: float(value)}
-      try:
-        hist = run(alg, train_k, rounds=cv_rounds, seed=seed, hparams=hparams, eval_every=cv_rounds)
-      except Exception:  # a diverged run scores NaN and is never picked, as in cross_validate
-        per_fold.append(float("nan"))
-        continue
-      models = alg.client_models(hist.final_state)
-      loss = np.asarray(evaluate_clients(alg.model, models, held_k, personalized=True)["loss"])
-      w = np.asarray(held_k.num_examples, np.float64)
-      per_fold.append(float(np.sum(loss * w) / w.sum()))
-    scores.append(float(np.mean(per_fold)))
-  if np.all(np.isnan(scores)):
-    raise ValueError(f"Karula diverged at every grid point {list(values)} in cross-validation")
-  best = int(np.nanargmin(scores))
-  return {name: values[best]}, scores[best]
 
 
 def _train(make, spec, chosen, ds, *, rounds, seed):

@@ -9,8 +9,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.scipy.linalg import cho_solve
 
+from fedjax_dro.solvers.linalg import cho_solve_lower, cholesky, qr_r
 from fedjax_dro.solvers.pairwise.problem import (
   DEFAULT_MAX_ITERATIONS,
   Prepared,
@@ -96,7 +96,7 @@ def _gram_factor(b):
   ~3e-4 (relative objective) away from the closed-form solution while the certificate, computed
   from the perturbed Gram matrix, reported 6.5e-5.
   """
-  return jnp.linalg.qr(b.T, mode="r").T
+  return qr_r(b.T).T
 
 
 def _dual_problem(prep: Prepared) -> _DualProblem:
@@ -131,8 +131,8 @@ def _dual_eval(prob: _DualProblem, mu) -> _DualEval:
   and one ``n x n x k`` product for the pairwise distances.
   """
   A = _laplacian_system(prob.w, mu)
-  chol = jnp.linalg.cholesky(A)
-  X = cho_solve((chol, True), prob.y)  # Theta(mu) in Y coordinates
+  chol = cholesky(A)
+  X = cho_solve_lower(chol, prob.y)  # Theta(mu) in Y coordinates
   K = X @ X.T
   dk = jnp.sum(X * X, axis=1)
   tr_xy = jnp.sum(X * prob.y)
@@ -163,7 +163,7 @@ def _dual_gap(prob: _DualProblem, mu, ev: _DualEval):
 def _dual_hinv(prob: _DualProblem, ev: _DualEval):
   """Inverse of the exact diagonal of ``-Hessian(g)``: ``1 / ((a_e^T M a_e) d_e^2)``."""
   n = ev.d2.shape[0]
-  M = cho_solve((ev.chol, True), jnp.eye(n, dtype=ev.d2.dtype))
+  M = cho_solve_lower(ev.chol, jnp.eye(n, dtype=ev.d2.dtype))
   dm = jnp.diag(M)
   p = jnp.maximum(dm[:, None] + dm[None, :] - M - M.T, 0.0)  # a_e^T M a_e
   rmean = jnp.sum(jnp.where(prob.edge, prob.rc, 0.0)) / jnp.maximum(jnp.sum(prob.edge), 1)
@@ -378,7 +378,7 @@ def _solve_contracted(prep: Prepared, tol, max_iterations: int, mu_init, memory:
   else:
     mu0 = _contract_multipliers(prep, prob, mu_init.astype(prep.zc.dtype))
   st = _dual_loop(prob, mu0, tol, max_iterations, memory)
-  chol = jnp.linalg.cholesky(_laplacian_system(prob.w, st.best_mu))
+  chol = cholesky(_laplacian_system(prob.w, st.best_mu))
   return st, prob, chol, tol
 
 
@@ -386,7 +386,7 @@ def run_dual(
   prep: Prepared, tol, max_iterations: int, mu_init=None, memory: int = _LBFGS_MEMORY
 ) -> SolverOutput:
   st, prob, chol, tol = _solve_contracted(prep, tol, max_iterations, mu_init, memory)
-  theta_c = cho_solve((chol, True), prob.b)  # M B, the only O(n^2 d) step
+  theta_c = cho_solve_lower(chol, prob.b)  # M B, the only O(n^2 d) step
   theta = theta_c[prep.labels] + prep.shift
   mu = _expand_multipliers(prep, prob, st.best_mu)
   return SolverOutput(theta, mu, st.iteration, st.best_gap, st.best_gap <= tol)
@@ -414,7 +414,7 @@ def row_space_factor(z, shift):
 
   def absorb(upper, cols, start):
     centred = (cols - lax.dynamic_slice_in_dim(shift, start, cols.shape[1])).T
-    return jnp.linalg.qr(jnp.concatenate([upper, centred], axis=0), mode="r")[:n]
+    return qr_r(jnp.concatenate([upper, centred], axis=0))[:n]
 
   def body(k, upper):
     start = k * block
@@ -460,7 +460,7 @@ def project_dual_row_space(
   def solve():
     st, prob, chol, tol_eff = _solve_contracted(prep, tol, max_iterations, mu_init, memory)
     members = (labels[None, :] == jnp.arange(n)[:, None]).astype(dtype)  # S [n, n]
-    t_mat = cho_solve((chol, True), members)[labels]  # Theta - shift = T Z_c
+    t_mat = cho_solve_lower(chol, members)[labels]  # Theta - shift = T Z_c
     mu = _expand_multipliers(prep, prob, st.best_mu)
     return t_mat, mu, st.iteration, st.best_gap, st.best_gap <= tol_eff
 

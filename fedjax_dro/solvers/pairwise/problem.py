@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from fedjax_dro.solvers.linalg import qr
 from fedjax_dro.solvers.validation import concrete_or_none as _concrete_or_none
 
 METHODS = ("dual", "admm", "dykstra")
@@ -163,7 +164,7 @@ def _row_space_reduce(prep: Prepared):
   rounding) with ``[m, n]`` instead of ``[m, d]`` edge arrays. ``O(n^2 d)`` once.
   """
   n = prep.zc.shape[0]
-  basis, upper = jnp.linalg.qr(prep.zc.T)  # [d, n], [n, n]
+  basis, upper = qr(prep.zc.T)  # [d, n], [n, n]
   y = upper.T
   yavg = average_components(y, prep.labels, prep.counts)
   zero = jnp.zeros((n,), y.dtype)
