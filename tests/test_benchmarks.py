@@ -104,6 +104,7 @@ def test_speed_quick_workloads_folding_and_sweep_cache(tmp_path):
   assert "rows share the CPU cache target" in (tmp_path / "speed.md").read_text()
 
 
+@pytest.mark.slow  # ~30 s; --devices splitting the CPU is tested in tests/engine/test_scale.py
 def test_speed_devices_section_splits_the_cpu(tmp_path):
   """speed.py's devices section in a fresh process: --cpu-devices 2 makes two CPU devices without
   XLA_FLAGS, and the sweep is timed on one device, configurations split and clients split."""

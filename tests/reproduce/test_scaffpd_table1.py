@@ -128,6 +128,7 @@ def test_cli_quick_run_on_a_features_file(tmp_path):
   assert f"| SCAFF-PD | {100 * scaff['avg_acc']:.2f} | {100 * scaff['worst20_acc']:.2f} |" in table
 
 
+@pytest.mark.slow  # ~35 s; the pipeline runs in the features-file test, the generator below
 def test_quick_stand_in_run_is_labelled_stand_in(tmp_path):
   out = str(tmp_path / "standin")
   res = reproduce.scaffpd_table1(out, quick=True, verbose=False)
