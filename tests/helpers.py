@@ -64,3 +64,18 @@ def load_benchmark(name: str):
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
+
+
+def numpy_epoch_batches(x, y, num_examples: int, key, batch_size: int, epochs: int):
+  """One client's ``local_epochs`` minibatches for a reference loop: each epoch's order of its
+  ``num_examples`` rows from the simulator's key schedule (``epoch_permutations``), cut here into
+  consecutive batches of ``batch_size`` (the last one partial). ``x``, ``y``: the client's padded
+  rows (NumPy)."""
+  from fedjax_dro.core.sampling import epoch_permutations
+
+  perms = np.asarray(epoch_permutations(key, num_examples, x.shape[0], epochs))
+  for e in range(epochs):
+    order = perms[e, :num_examples]
+    for start in range(0, num_examples, batch_size):
+      rows = order[start : start + batch_size]
+      yield x[rows], y[rows]

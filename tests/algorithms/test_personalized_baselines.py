@@ -14,9 +14,15 @@ from fedjax_dro.algorithms.fedavg import fedavg
 from fedjax_dro.algorithms.ifca import ifca
 from fedjax_dro.algorithms.local import local
 from fedjax_dro.algorithms.pfedme import pfedme
-from fedjax_dro.core.sampling import epoch_permutations, sample_clients
+from fedjax_dro.core.sampling import sample_clients
 from fedjax_dro.data import from_client_arrays
-from tests.helpers import dataset, linreg, numpy_linreg_grad, regression_clients
+from tests.helpers import (
+  dataset,
+  linreg,
+  numpy_epoch_batches,
+  numpy_linreg_grad,
+  regression_clients,
+)
 
 L2 = 0.01
 N, D, S = 6, 3, 3  # clients, features, clients per round
@@ -99,17 +105,6 @@ def ref_pfedme(data, seed, R, K, B, hp, personal_updates="all", weighting="unifo
   return w, theta, np.array(train_losses)
 
 
-def _epoch_batches(x, y, nex, i, key, B, epochs):
-  """``local_epochs``: each epoch's order of client ``i``'s rows from the simulator's key
-  schedule, cut here into consecutive batches of ``B`` (the last one partial)."""
-  perms = np.asarray(epoch_permutations(key, nex[i], x.shape[1], epochs))
-  for e in range(epochs):
-    order = perms[e, : nex[i]]
-    for start in range(0, nex[i], B):
-      rows = order[start : start + B]
-      yield x[i, rows], y[i, rows]
-
-
 def ref_ditto(data, seed, J, B, hp, epochs=None):
   x, y, nex = _arrays(data)
   w, v = np.zeros(D + 1), np.zeros((N, D + 1))
@@ -120,7 +115,7 @@ def ref_ditto(data, seed, J, B, hp, epochs=None):
       if epochs is None:
         batches = (_batch(x, y, nex, i, sk, B) for sk in jax.random.split(client_keys[k], J))
       else:  # both passes on the same epochs' minibatches
-        batches = _epoch_batches(x, y, nex, i, client_keys[k], B, epochs)
+        batches = numpy_epoch_batches(x[i], y[i], int(nex[i]), client_keys[k], B, epochs)
       for bx, by in batches:
         v[i] = v[i] - hp["personal_lr"] * (_grad(v[i], bx, by) + hp["lam"] * (v[i] - w))
         wi = wi - hp["client_lr"] * _grad(wi, bx, by)

@@ -9,12 +9,17 @@ import pytest
 
 from fedjax_dro import algorithms as A, models, run, sweep
 from fedjax_dro.algorithms.scaff_pd import next_step_ratio, parameter_schedule
-from fedjax_dro.core.sampling import epoch_permutations
 from fedjax_dro.data.synthetic import synthetic_shift
 from fedjax_dro.models.base import client_loss
 from fedjax_dro.reproduce import with_distances
 from fedjax_dro.solvers.saddle import solve_saddle
-from tests.helpers import dataset, linreg, numpy_linreg_grad, regression_clients
+from tests.helpers import (
+  dataset,
+  linreg,
+  numpy_epoch_batches,
+  numpy_linreg_grad,
+  regression_clients,
+)
 
 L2 = 0.01
 
@@ -88,19 +93,6 @@ def run_keys(seed):
   return jax.random.split(jax.random.PRNGKey(seed), 3)[2]
 
 
-def np_epoch_batches(data, i, key, batch_size, epochs):
-  """Client ``i``'s ``local_epochs`` minibatches: each epoch's order of its rows from the
-  simulator's key schedule, cut here into consecutive batches (the last one partial)."""
-  nex, m = int(data.num_examples[i]), data.x.shape[1]
-  x, y = np.asarray(data.x[i]), np.asarray(data.y[i])
-  perms = np.asarray(epoch_permutations(key, nex, m, epochs))
-  for e in range(epochs):
-    order = perms[e, :nex]
-    for start in range(0, nex, batch_size):
-      rows = order[start : start + batch_size]
-      yield x[rows], y[rows]
-
-
 def ref_scaff_pd(data, rounds, seed, J, B, hp, psi, rule, epochs=None):
   n, d = data.num_clients, data.x.shape[-1]
   w, b = np.zeros(d), 0.0
@@ -130,7 +122,8 @@ def ref_scaff_pd(data, rounds, seed, J, B, hp, psi, rule, epochs=None):
       if epochs is None:
         batches = (np_batch(data, i, k, B) for k in jax.random.split(lkeys[i], J))
       else:
-        batches = np_epoch_batches(data, i, lkeys[i], B, epochs)
+        xi, yi = np.asarray(data.x[i]), np.asarray(data.y[i])
+        batches = numpy_epoch_batches(xi, yi, int(data.num_examples[i]), lkeys[i], B, epochs)
       for batch in batches:
         _, gw, gb = np_loss_grad(uw, ub, *batch, L2)
         uw, ub = uw - hp["client_lr"] * (gw - cw[i] + Cw), ub - hp["client_lr"] * (gb - cb[i] + Cb)
