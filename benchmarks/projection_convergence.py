@@ -1,4 +1,4 @@
-"""Does the dual projection reach its tolerance on hard Karula-like instances? (issue 12)
+"""Does the dual projection reach its tolerance on hard Karula-like instances?
 
 For n in {100, 300, 1000} clients and d = 10^4 parameters, float64 at tol 1e-6 and float32 at
 tol 1e-4, this runs the default ``dual`` method of

@@ -15,7 +15,7 @@ Measures, on the device JAX runs on (CPU or one accelerator):
 * ``ceiling``: what XLA's own matmul kernels allow: the matrix products of one local step of
   ``c`` clients side by side, each timed alone in its fastest layout, summed (everything else
   in a round taken as free), best over ``c``, against the loop and ``auto`` measured beside it
-  (softmax regression and the MLP at n = 1000: the CPU targets of issue 10);
+  (softmax regression and the MLP at n = 1000: the CPU targets);
 * ``precision``: every precision policy (float32, tf32, bf16) per workload at one n;
 * ``algorithms``: the round time of every registered algorithm relative to FedAvg at equal
   settings (Karula's pairwise projection timed on its own line);

@@ -1,5 +1,5 @@
 """The report of ``benchmarks/speed.py``: the markdown of a results file, its acceptance checks
-(the targets of issue 10 and what they ask of the hardware), and writing both next to each other.
+(the targets and what they ask of the hardware), and writing both next to each other.
 Derived from the JSON alone, so ``--render`` rewrites the markdown without measuring."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import os
 from speed_workloads import BACKENDS, BATCH, EXAMPLES, LOCAL_STEPS, LOOP_CLIENTS, plan_label
 
 # Why an algorithm's round costs more than 2x FedAvg's at equal settings: what it computes that
-# FedAvg does not (the acceptance of issue 27 asks for every round within 2x, exceptions
+# FedAvg does not (the acceptance asks for every round within 2x, exceptions
 # explained). Shown under each algorithms table for the algorithms over 2x.
 ROUND_COSTS = {
   "pfedme": "K = `personal_steps` (5 by default, the paper's) inner gradient steps on the "
