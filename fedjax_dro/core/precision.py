@@ -20,7 +20,10 @@ returns them in the master dtype), the aggregation and the optimizer state are f
 ``precision=None`` (the default) picks per platform (:func:`default_precision`): ``"float32"``
 on CPU, where lower precision buys nothing (XLA's CPU kernels run float32 products at full
 precision), and ``"tf32"`` on GPU/TPU, the usual accelerator trade (float32 storage, TF32
-products). ``"bf16"`` is never a default: it changes results visibly (see ``tests/core/test_precision.py``
+products). The default never casts a float64 model down: with ``jax_enable_x64`` and float64
+parameters it computes as ``"float32"`` does (in float64, products at full precision) on every
+platform, so that results under x64 do not depend on the device; ``precision="tf32"`` or
+``"bf16"`` asked for explicitly casts them down as described above. ``"bf16"`` is never a default: it changes results visibly (see ``tests/core/test_precision.py``
 for the tolerance measured on a small task) and is asked for explicitly.
 """
 
@@ -96,16 +99,19 @@ def with_precision(model: Model, precision) -> Model:
   matmul precision and casts floating outputs back to the parameters' dtype. Wrapping a wrapped
   model re-wraps the original ``apply`` (policies do not nest).
   """
+  by_default = precision is None
   precision = resolve_precision(precision)
   apply = (
     getattr(model.apply, "__wrapped__", model.apply) if model_precision(model) else model.apply
   )
-  compute = _COMPUTE_DTYPE[precision]
-  matmul = _MATMUL_PRECISION[precision]
 
   @functools.wraps(apply)
   def wrapped(params, x):
     master = _master_dtype(params)
+    policy = precision
+    if by_default and master == jnp.float64:
+      policy = "float32"  # the default never casts a float64 model down (x64 asks for float64)
+    compute, matmul = _COMPUTE_DTYPE[policy], _MATMUL_PRECISION[policy]
     if compute is not None:
       params = jax.tree.map(lambda a: a.astype(compute) if _is_float(a) else a, params)
       x = x.astype(compute) if _is_float(x) else x

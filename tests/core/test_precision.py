@@ -102,6 +102,40 @@ def test_float64_stays_float64_unless_asked():
   )
 
 
+def test_default_keeps_float64_models_in_float64_on_accelerators(monkeypatch):
+  # precision=None on a GPU/TPU is "tf32" for float32 models, but a float64 model (x64) is
+  # computed in float64 at full precision, as on CPU: x64 results do not depend on the device.
+  import fedjax_dro.core.precision as precision_module
+
+  monkeypatch.setattr(precision_module, "default_precision", lambda platform=None: "tf32")
+  model = models.mlp((5,), 3, (4,))
+  m = with_precision(model, None)
+  assert model_precision(m) == "tf32"
+  seen = []
+
+  def spy(params, x):
+    seen.append((jax.tree.leaves(params)[0].dtype, x.dtype))
+    return model.apply(params, x)
+
+  spied = with_precision(model._replace(apply=spy), None)
+  p64 = model.init(jax.random.PRNGKey(0))
+  x64 = jnp.ones((2, 5), jnp.float64)
+  np.testing.assert_array_equal(spied.apply(p64, x64), model.apply(p64, x64))
+  assert seen[-1] == (jnp.float64, jnp.float64)
+  text = str(jax.make_jaxpr(jax.grad(lambda w: m.apply(w, x64).sum()))(p64))
+  assert text.count("Precision.HIGHEST") >= 2 * 3
+  assert text.count("Precision.HIGH") == text.count("Precision.HIGHEST")  # no TF32 product
+  # float32 parameters get the accelerator policy: float32 compute, TF32 products
+  p32 = jax.tree.map(lambda a: a.astype(jnp.float32), p64)
+  spied.apply(p32, x64)
+  assert seen[-1] == (jnp.float32, jnp.float32)
+  text = str(jax.make_jaxpr(jax.grad(lambda w: m.apply(w, x64).sum()))(p32))
+  assert text.count("Precision.HIGH") >= 2 * 3 and "Precision.HIGHEST" not in text
+  # asked for explicitly, tf32 still casts a float64 model down
+  with_precision(model._replace(apply=spy), "tf32").apply(p64, x64)
+  assert seen[-1] == (jnp.float32, jnp.float32)
+
+
 def test_matmul_precision_is_traced_into_forward_and_backward():
   model = models.mlp((5,), 3, (4,))
   params = model.init(jax.random.PRNGKey(0))
