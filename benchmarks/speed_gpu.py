@@ -220,9 +220,9 @@ def markdown(result):
     f"{meta['budget_s']:.0f} s); load average before / after: {meta['load_before']} / "
     f"{meta.get('load_after')}.",
     "",
-    "## Acceptance (this run)",
-    "",
   ]
+  lines += [f"- Note: {n}" for n in meta.get("notes", [])]
+  lines += ["", "## Acceptance (this run)", ""]
   lines += [f"- {a}" for a in acceptance(result)]
   lines.append("")
   body = speed_report.markdown(

@@ -7,6 +7,7 @@ call; why the best and not the median is said in ``speed.py``'s docstring."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 
 import jax
@@ -85,15 +86,17 @@ def make_workload(kind, n):
 
 def step_flops(model, params, x, y):
   """XLA's FLOP count of one local step (forward + backward on one minibatch, no loops)."""
-  nex = jnp.int32(x.shape[0])
+  # Counted by the CPU compiler whatever the device: on a GPU the cost analysis reports no FLOPs
+  # (the products are cuBLAS / cuDNN custom calls), also for a lowering to the CPU platform.
+  cpu = jax.devices("cpu")[0]
+  params, x, y = jax.device_put((params, x, y), cpu)
+  with jax.default_device(cpu):
+    nex = jnp.int32(x.shape[0])
 
-  def step(w, key):
-    return client_loss_and_grad(model, w, x, y, nex, key, BATCH)
+    def step(w, key):
+      return client_loss_and_grad(model, w, x, y, nex, key, BATCH)
 
-  # Counted on the CPU lowering whatever the device: a GPU lowering hands its products to cuBLAS
-  # and cuDNN custom calls, which XLA's cost analysis does not count (it reported no FLOPs there).
-  lowered = jax.jit(step).trace(params, jax.random.PRNGKey(0)).lower(lowering_platforms=("cpu",))
-  cost = lowered.cost_analysis()
+    cost = jax.jit(step).lower(params, jax.random.PRNGKey(0)).compile().cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   return float((cost or {}).get("flops", float("nan")))
 
@@ -196,9 +199,10 @@ def dense_rates(quick):
     for n in sizes:
       a = jax.random.normal(jax.random.PRNGKey(0), (n, n), dtype)
       b = jax.random.normal(jax.random.PRNGKey(1), (n, n), dtype)
-      with jax.default_matmul_precision(mm):
-        f = jax.jit(lambda a, b: a @ b)
-        jax.block_until_ready(f(a, b))
+      # the precision on the product itself: a context around the first call only would leave
+      # the timed calls (outside it) at JAX's default, which is TF32 for float32 on GPUs
+      f = jax.jit(functools.partial(jnp.matmul, precision=None if mm == "default" else mm))
+      jax.block_until_ready(f(a, b))
       t = time_calls(lambda: f(a, b), 3 if quick else 7)  # noqa: B023
       rate = 2 * n**3 / t
       if rate > best["flops_per_s"]:
