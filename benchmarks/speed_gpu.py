@@ -7,11 +7,13 @@ through the sections of ``speed.py`` (``speed_sections.py``) and ``anchors.py``:
 1. ``cnn``: the built-in CNN (28x28x1, 62 classes) at n = 1000 clients with ``conv="auto"``,
    ``"lax"`` and ``"patches"``, the ``auto`` backend against the per-client jitted loop on the
    same device (FedAvg, 4 local steps of batch 32, the platform's default precision);
-2. ``mlp_precision``: the MLP 784-200-200-62 at n = 1000 in float32, tf32 and bf16, each against
+2. ``cnn_bf16``: the same CNN at n = 1000 in bf16, ``conv="lax"`` and ``"patches"`` side by side
+   (does ``conv="auto"`` pick the faster form in bf16 on this device?);
+3. ``mlp_precision``: the MLP 784-200-200-62 at n = 1000 in float32, tf32 and bf16, each against
    the device's measured dense-matmul rate of the same precision (the bf16 target: 30% of it);
-3. ``cnn_10k``: 10,000 CNN clients (``conv="auto"``, the ``auto`` backend): the run completes
+4. ``cnn_10k``: 10,000 CNN clients (``conv="auto"``, the ``auto`` backend): the run completes
    (an allocation failure is recorded, not raised) and its rate;
-4. ``anchors``: FLUTE's FEMNIST and pfl-research's CIFAR-10 workloads through ``fd.run``
+5. ``anchors``: FLUTE's FEMNIST and pfl-research's CIFAR-10 workloads through ``fd.run``
    (``anchors.py``): the whole 1500 rounds on an accelerator where the budget allows.
 
 ``--tiny`` runs the same code path with tiny sizes (n = 4 and 8 instead of 1000 and 10,000, the
@@ -36,6 +38,7 @@ import speed_sections
 import speed_workloads
 
 from fedjax_dro.core.precision import default_precision
+from fedjax_dro.models import conv_form
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BUDGET_S = 480.0
@@ -126,6 +129,21 @@ def _run(args, argv):
     errors,
   )
   save()
+  # the two convolution forms in bf16 side by side: checks conv="auto"'s bf16 choice on this device
+  result["cnn_bf16"] = _guarded(
+    "cnn_bf16",
+    lambda: speed_sections.workloads(
+      _section_args(
+        base,
+        models=["cnn-lax", "cnn-patches"],
+        client_grid=[n_cnn],
+        precision="bf16",
+      ),
+      dense,
+    ),
+    errors,
+  )
+  save()
   result["precision"] = _guarded(
     "mlp_precision",
     lambda: speed_sections.precisions(
@@ -175,6 +193,19 @@ def acceptance(result):
         f"{r['auto']['speedup_vs_loop']:.1f}x the per-client loop "
         f"({r['loop']['updates_per_s']:.0f}/s) on the same device (target: 25x)"
       )
+  forms = {
+    r["model"]: r["auto"]["updates_per_s"]
+    for r in (result.get("cnn_bf16") or {}).get("rows", [])
+    if "auto" in r
+  }
+  if {"cnn-lax", "cnn-patches"} <= set(forms):
+    faster = max(("lax", "patches"), key=lambda f: forms[f"cnn-{f}"])
+    chosen = conv_form(result["meta"]["platform"], "bfloat16")
+    out.append(
+      f"CNN n={n_of(result, 'cnn_bf16')} bf16: lax {forms['cnn-lax']:.0f}, patches "
+      f'{forms["cnn-patches"]:.0f} updates/s; conv="auto" computes bf16 with {chosen} here: '
+      + ("the faster form" if chosen == faster else f"NOT the faster form ({faster})")
+    )
   for r in (result.get("precision") or {}).get("rows", []):
     if r["precision"] == "bf16":
       f = r["fraction_of_dense"]
@@ -205,6 +236,11 @@ def acceptance(result):
   return out
 
 
+def n_of(result, section):
+  rows = (result.get(section) or {}).get("rows", [])
+  return rows[0]["num_clients"] if rows else None
+
+
 def markdown(result):
   meta = result["meta"]
   lines = [
@@ -226,9 +262,12 @@ def markdown(result):
   lines += [f"- {a}" for a in acceptance(result)]
   lines.append("")
   body = speed_report.markdown(
-    {k: v for k, v in result.items() if k not in ("anchors", "acceptance")}
+    {k: v for k, v in result.items() if k not in ("anchors", "acceptance", "cnn_bf16")}
   )
   lines += body.split("\n")[4:]  # the speed report's sections, without its title and device line
+  if result.get("cnn_bf16"):
+    bf16 = speed_report.markdown({"meta": meta, "workloads": result["cnn_bf16"]}).split("\n")[4:]
+    lines += ["## The convolution forms in bf16", ""] + bf16[2:]
   if result.get("anchors"):
     anchor_md = anchors.markdown({"meta": _anchor_meta(meta), "rows": result["anchors"]})
     lines += ["", "## Anchors"] + anchor_md.split("\n")[5:]

@@ -187,6 +187,14 @@ def plan_label(row):
   return "vmap" if p["backend"] == "vmap" else f"chunks of {p['chunk_size']}"
 
 
+def dense_product(precision):
+  """The jitted ``a @ b`` the yardstick times for ``precision``, the precision set on the product
+  itself (a ``default_matmul_precision`` context around the first call alone would leave the
+  timed calls at JAX's default, which is TF32 for float32 operands on NVIDIA GPUs)."""
+  mm = MATMUL_PRECISION[precision]
+  return jax.jit(functools.partial(jnp.matmul, precision=None if mm == "default" else mm))
+
+
 def dense_rates(quick):
   """The device's dense-matmul rate per precision: best over a few square sizes (FLOP/s)."""
   cpu = jax.default_backend() == "cpu"
@@ -194,14 +202,11 @@ def dense_rates(quick):
   out = {}
   for precision in PRECISIONS:
     dtype = jnp.bfloat16 if precision == "bf16" else jnp.float32
-    mm = MATMUL_PRECISION[precision]
     best = {"flops_per_s": 0.0}
     for n in sizes:
       a = jax.random.normal(jax.random.PRNGKey(0), (n, n), dtype)
       b = jax.random.normal(jax.random.PRNGKey(1), (n, n), dtype)
-      # the precision on the product itself: a context around the first call only would leave
-      # the timed calls (outside it) at JAX's default, which is TF32 for float32 on GPUs
-      f = jax.jit(functools.partial(jnp.matmul, precision=None if mm == "default" else mm))
+      f = dense_product(precision)
       jax.block_until_ready(f(a, b))
       t = time_calls(lambda: f(a, b), 3 if quick else 7)  # noqa: B023
       rate = 2 * n**3 / t

@@ -2,6 +2,7 @@
 sizes on any device: every part is measured and reported (its logic, not its timings)."""
 
 import json
+import math
 
 from tests.helpers import load_benchmark
 
@@ -16,6 +17,9 @@ def test_gpu_preset_tiny_runs_every_part(tmp_path):
   assert rows == {("cnn-auto", 4), ("cnn-auto", 8)}  # n = 1000 and 10,000 on a GPU
   for r in saved["workloads"]["rows"]:
     assert r["auto"]["speedup_vs_loop"] == r["auto"]["updates_per_s"] / r["loop"]["updates_per_s"]
+  assert all(math.isfinite(r["flops_per_update"]) for r in saved["workloads"]["rows"])
+  forms = {(r["model"], r["num_clients"], r["precision"]) for r in saved["cnn_bf16"]["rows"]}
+  assert forms == {("cnn-lax", 4, "bf16"), ("cnn-patches", 4, "bf16")}
   precisions = [r["precision"] for r in saved["precision"]["rows"]]
   assert precisions == ["float32", "tf32", "bf16"]
   for r in saved["precision"]["rows"]:
@@ -26,7 +30,23 @@ def test_gpu_preset_tiny_runs_every_part(tmp_path):
   assert all("full_run_s" not in r for r in result["anchors"])  # CPU: projections only
   md = (tmp_path / "speed_gpu.md").read_text()
   assert "tiny sizes" in md and "## Anchors" in md and "bf16 dense rate" in md
-  assert md.count("## Acceptance") == 1
+  assert md.count("## Acceptance") == 1 and "## The convolution forms in bf16" in md
+  assert 'conv="auto" computes bf16 with' in md
+
+
+def test_dense_yardstick_sets_the_precision_on_the_timed_product():
+  # timed outside any matmul-precision context, as the yardstick times it: float32 must be
+  # HIGHEST (true float32 on a GPU, where JAX's default for float32 products is TF32)
+  import jax
+  import jax.numpy as jnp
+
+  workloads = load_benchmark("speed_workloads")
+  a = jnp.ones((4, 4), jnp.float32)
+  text = str(jax.make_jaxpr(workloads.dense_product("float32"))(a, a))
+  assert "Precision.HIGHEST" in text
+  text = str(jax.make_jaxpr(workloads.dense_product("tf32"))(a, a))
+  assert "Precision.HIGH" in text and "Precision.HIGHEST" not in text
+  assert "Precision.HIGH" not in str(jax.make_jaxpr(workloads.dense_product("bf16"))(a, a))
 
 
 def test_tiny_needs_the_gpu_preset(capsys):
