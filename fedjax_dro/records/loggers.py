@@ -293,13 +293,13 @@ def tracking_flags(
       raise ValueError("--log-dir is given but --log-to is not: which trackers should write there?")
     return [], None
   names = _tracker_names(log_to)
-  log_dir = log_dir or out or "fedjax-dro-logs"
-  check_writable_dir(log_dir, "--log-dir")
   try:
     for name in names:
       _import(name)
   except ImportError as e:
     raise ValueError(f"--log-to: {e}") from None
+  log_dir = log_dir or out or "fedjax-dro-logs"
+  check_writable_dir(log_dir, "--log-dir")  # after the checks: a refused command creates nothing
   return names, log_dir
 
 

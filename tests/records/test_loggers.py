@@ -284,7 +284,9 @@ def test_unknown_tracker_and_missing_extra_are_clear_errors(tmp_path, capsys, mo
     TensorBoardLogger(str(tmp_path / "tb"))
   with pytest.raises(ModuleNotFoundError, match=r'pip install "fedjax_dro\[mlflow\]"'):
     MLflowLogger(str(tmp_path / "mlruns"))
+  monkeypatch.chdir(tmp_path)  # where the default --log-dir would go
   assert cli.main(["run", "--rounds", "1", "--log-to", "mlflow", "--no-progress"]) == 2
   err = capsys.readouterr().err.strip()
   assert err.startswith("error: --log-to") and "fedjax_dro[mlflow]" in err, err
+  assert not os.path.exists(tmp_path / "fedjax-dro-logs")  # a refused command creates nothing
   assert not os.path.exists(tmp_path / "tb")
