@@ -247,14 +247,15 @@ CONV_FORMS = ("auto", "lax", "patches")
 # Client updates per second of the built-in CNN (28x28x1, 62 classes, convolutions 32/64, dense
 # 128; FedAvg, 4 local steps of batch 32) with per-client weights side by side under vmap, each
 # convolution form in the same process: (platform, compute dtype) -> {clients: {form: rate}}.
-# GPU: measured on an H100 with an earlier version (n = 1000 clients of one CNN side by side;
-# the per-client loop ran 358).
+# GPU, float32 row: an NVIDIA H200 with this version, tf32 products (the GPU default policy),
+# n = 1000 clients (benchmarks/results/speed_gpu.md; an H100 with an earlier version gave the same
+# order: lax 919, patches 3132). GPU, bfloat16 row: an H100 with an earlier version, n = 1000.
 # CPU: benchmarks/speed_conv.py (results in benchmarks/results/speed_conv.{json,md}), 2 cores
 # shared with other jobs (load 9-14: low absolute rates, the ratios are the point; bf16 at
 # n = 100 not measured: lax's one call would take about an hour). ``conv="auto"`` takes the
 # faster form at the largest measured n (see conv_form).
 CONV_MEASUREMENTS = {
-  ("gpu", "float32"): {1000: {"lax": 919.0, "patches": 3132.0}},
+  ("gpu", "float32"): {1000: {"lax": 3520.2, "patches": 9501.2}},
   ("gpu", "bfloat16"): {1000: {"lax": 6216.0, "patches": 3766.0}},
   ("cpu", "float32"): {1: {"lax": 0.996, "patches": 14.9}, 100: {"lax": 0.0841, "patches": 5.28}},
   ("cpu", "bfloat16"): {1: {"lax": 0.165, "patches": 1.21}},
