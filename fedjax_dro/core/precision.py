@@ -23,8 +23,9 @@ precision), and ``"tf32"`` on GPU/TPU, the usual accelerator trade (float32 stor
 products). The default never casts a float64 model down: with ``jax_enable_x64`` and float64
 parameters it computes as ``"float32"`` does (in float64, products at full precision) on every
 platform, so that results under x64 do not depend on the device; ``precision="tf32"`` or
-``"bf16"`` asked for explicitly casts them down as described above. ``"bf16"`` is never a default: it changes results visibly (see ``tests/core/test_precision.py``
-for the tolerance measured on a small task) and is asked for explicitly.
+``"bf16"`` asked for explicitly casts them down as described above. ``"bf16"`` is never a
+default: it changes results visibly (see ``tests/core/test_precision.py`` for the tolerance
+measured on a small task) and is asked for explicitly.
 """
 
 from __future__ import annotations
@@ -97,7 +98,9 @@ def with_precision(model: Model, precision) -> Model:
   ``init``, ``loss`` and ``metrics`` are unchanged; ``apply(params, x)`` casts the floating leaves
   of ``params`` and a floating ``x`` to the compute dtype, traces the model under the policy's
   matmul precision and casts floating outputs back to the parameters' dtype. Wrapping a wrapped
-  model re-wraps the original ``apply`` (policies do not nest).
+  model re-wraps the original ``apply`` (policies do not nest). With ``precision=None``, float64
+  parameters are computed as ``"float32"`` does on every platform (the recorded policy is still
+  the platform's default, which applies to float32 parameters).
   """
   by_default = precision is None
   precision = resolve_precision(precision)
