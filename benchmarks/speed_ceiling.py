@@ -211,6 +211,109 @@ def softmax_product_chain(n, chunks, repeats):
   return {"by_chunk": by_chunk, "best_s": best["s"], "chunk": best["chunk"]}
 
 
+# The rungs of the hand-written softmax round, each doing a subset of the previous one's work.
+HAND_WRITTEN_RUNGS = (
+  ("same computation", "FedAvg's round as fd.compile_rounds runs it, written by hand"),
+  ("weight gradient only", "no loss value, no bias: the closed-form gradient of the weights"),
+  ("no sampling", "each step's batch a contiguous slice of the client's rows (not a sampler)"),
+  ("no softmax", "the gradient (logits - one_hot) / B: products, a subtraction, the update"),
+  ("no softmax, weights [k, d]", "the same, weights carried transposed through the steps"),
+)
+
+
+def softmax_round_by_hand(rung, num_clients, chunk, lr):
+  """A jitted FedAvg round of the softmax workload written by hand, ``(params, x, y,
+  num_examples, key) -> params``, at one rung of :data:`HAND_WRITTEN_RUNGS`, over chunks of
+  ``chunk`` clients (``lax.map``; ``vmap`` when ``chunk >= num_clients``).
+
+  ``"same computation"`` is the round of ``fedavg(softmax_regression(64, 10), local_steps=4,
+  batch_size=32)`` with full participation, its keys split as the simulator splits them, so it
+  returns the simulator's round to float32 rounding (tested): ``LOCAL_STEPS`` steps of the
+  gradient of the mean cross-entropy (``value_and_grad``, bias included) on ``BATCH`` rows drawn
+  with replacement from the client's own, and the sample-weighted mean of the model differences.
+  Each later rung drops work from the one before (the bias, when dropped, stays as received).
+  """
+  names = [r for r, _ in HAND_WRITTEN_RUNGS]
+  if rung not in names:
+    raise ValueError(f"rung must be one of {names}, got {rung!r}")
+  level = names.index(rung)
+
+  def client(params, x, y, nex, key):
+    m = x.shape[0]
+    w = params["w"].T if level >= 4 else params["w"]
+    carry = {"w": w, "b": params["b"]} if level == 0 else {"w": w}
+
+    def step(p, a):
+      step_key, j = a
+      if level >= 2:
+        bx = jax.lax.dynamic_slice_in_dim(x, (j * BATCH) % m, BATCH)
+        by = jax.lax.dynamic_slice_in_dim(y, (j * BATCH) % m, BATCH)
+      else:
+        rows = jax.random.randint(step_key, (BATCH,), 0, jnp.maximum(nex, 1))
+        bx, by = x[rows], y[rows]
+      if level == 0:
+
+        def loss(p):
+          logits = bx @ p["w"] + p["b"]
+          picked = jnp.take_along_axis(logits, by[:, None], axis=-1)[:, 0]
+          return jnp.mean(jax.nn.logsumexp(logits, axis=-1) - picked)
+
+        g = jax.grad(loss)(p)
+      else:
+        logits = bx @ p["w"].T if level >= 4 else bx @ p["w"]
+        probs = logits if level >= 3 else jax.nn.softmax(logits)
+        err = (probs - jax.nn.one_hot(by, logits.shape[-1], dtype=logits.dtype)) / BATCH
+        g = {"w": err.T @ bx if level >= 4 else bx.T @ err}
+      return jax.tree.map(lambda a, b: a - lr * b, p, g), None
+
+    steps = (jax.random.split(key, LOCAL_STEPS), jnp.arange(LOCAL_STEPS))
+    carry, _ = jax.lax.scan(step, carry, steps)
+    delta = {"w": carry["w"] - w}
+    delta["w"] = delta["w"].T if level >= 4 else delta["w"]
+    delta["b"] = carry["b"] - params["b"] if level == 0 else jnp.zeros_like(params["b"])
+    return delta
+
+  @jax.jit
+  def round_fn(params, x, y, num_examples, key):
+    _, local_key = jax.random.split(key)  # the simulator's: participants' key, local work's key
+    keys = jax.random.split(local_key, num_clients)
+    weights = num_examples.astype(jnp.float32)
+    weights = weights / jnp.sum(weights)
+
+    def weighted(a):
+      xc, yc, nex, k, wt = a
+      return jax.tree.map(lambda t: wt * t, client(params, xc, yc, nex, k))
+
+    args = (x, y, num_examples, keys, weights)
+    if chunk >= num_clients:
+      deltas = jax.vmap(weighted)(args)
+    else:
+      deltas = jax.lax.map(weighted, args, batch_size=chunk)
+    return jax.tree.map(lambda p, d: p + jnp.sum(d, 0), params, deltas)
+
+  return round_fn
+
+
+def softmax_hand_written(params, data, lr, chunks, repeats):
+  """Each rung of :data:`HAND_WRITTEN_RUNGS` timed on the softmax workload's data over chunks of
+  ``c`` clients: ``{rung: {"by_chunk": [{"chunk", "s"}], "best_s", "chunk"}}`` (seconds for
+  all clients). What a round written by hand, with none of the simulator's generality, gives on
+  this device, and how much of it each part of the work costs."""
+  n = data.num_clients
+  key = jax.random.PRNGKey(1)
+  out = {}
+  for rung, _ in HAND_WRITTEN_RUNGS:
+    by_chunk = []
+    for c in chunks:
+      fn = softmax_round_by_hand(rung, n, c, lr)
+      call = functools.partial(fn, params, data.x, data.y, data.num_examples, key)
+      jax.block_until_ready(call())
+      by_chunk.append({"chunk": c, "s": time_calls(call, repeats)})
+    best = min(by_chunk, key=lambda r: r["s"])
+    out[rung] = {"by_chunk": by_chunk, "best_s": best["s"], "chunk": best["chunk"]}
+  return out
+
+
 def matmul_ceiling(args, dense):
   """The most client updates per second that XLA's own matmul kernels allow on this device.
 
@@ -300,6 +403,14 @@ def matmul_ceiling(args, dense):
       chain = softmax_product_chain(n, _ceiling_chunks(n, args.quick), 3 if args.quick else 15)
       ceiling_s = n / best["updates_per_s"]
       row["product_chain"] = {**chain, "of_ceiling_time": chain["best_s"] / ceiling_s}
+      by_hand = softmax_hand_written(
+        params, data, 0.05, _ceiling_chunks(n, args.quick), 3 if args.quick else 15
+      )
+      for r in by_hand.values():
+        r["updates_per_s"] = n / r["best_s"]
+        r["of_ceiling"] = r["updates_per_s"] / best["updates_per_s"]
+        r["auto_of_this"] = auto["updates_per_s"] / r["updates_per_s"]
+      row["hand_written"] = by_hand
     rows.append(row)
   # the yardstick again, after the products: the best of the two
   again = dense_rates(args.quick).get(precision, {}).get("flops_per_s")

@@ -8,6 +8,7 @@ import json
 import math
 import os
 
+from speed_ceiling import HAND_WRITTEN_RUNGS
 from speed_workloads import BACKENDS, BATCH, EXAMPLES, LOCAL_STEPS, LOOP_CLIENTS, plan_label
 
 # Why an algorithm's round costs more than 2x FedAvg's at equal settings: what it computes that
@@ -144,6 +145,9 @@ def markdown(result) -> str:
         ch = r["product_chain"]
         ms = ", ".join(f"{x['chunk']}: {1e3 * x['s']:.2f}" for x in ch["by_chunk"])
         lines.append(f"| {r['model']} | {r['num_clients']} | {ms} | {ch['of_ceiling_time']:.2f}x |")
+    for r in ceiling["rows"]:
+      if r.get("hand_written"):
+        lines += _hand_written_table(r)
     lines.append("")
   pr = result.get("precision")
   if pr and pr.get("rows"):
@@ -345,6 +349,14 @@ def ceiling_lines(result):
         f"; the products alone, chained over the {LOCAL_STEPS} steps in their fastest layout, "
         f"take {chain['of_ceiling_time']:.1f}x the ceiling's time"
       )
+    hand = r.get("hand_written")
+    if hand:
+      same, leanest = hand[HAND_WRITTEN_RUNGS[0][0]], max(hand.values(), key=_rate)
+      line += (
+        f"; the same round written by hand reaches {100 * same['of_ceiling']:.0f}% of it (auto "
+        f"runs at {same['auto_of_this']:.2f}x its rate), the leanest hand-written round "
+        f"{100 * leanest['of_ceiling']:.0f}%"
+      )
     out.append(line)
   return out
 
@@ -415,3 +427,31 @@ def write_results(result, out, markdown_out=None):
   with open(md_path, "w") as f:
     f.write(markdown(result))
   return md_path
+
+
+def _rate(part):
+  return part["updates_per_s"]
+
+
+def _hand_written_table(r):
+  """The markdown lines of a ceiling row's hand-written rounds (the softmax workload)."""
+  lines = [
+    "",
+    f"The softmax round written by hand ({r['num_clients']} clients; each rung does a subset of",
+    "the work of the one above; ms for all clients by chunk c; `auto` is this section's",
+    "measurement of the simulator, `same computation` returns the simulator's round):",
+    "",
+    "| round | what it does | ms by c | best updates/s | % of the ceiling |",
+    "|---|---|---|---|---|",
+    f"| `auto` | the simulator (`fd.compile_rounds`) | | {_fmt_rate(r['auto']['updates_per_s'])} "
+    f"| {100 * r['auto_of_ceiling']:.0f}% |",
+  ]
+  for rung, what in HAND_WRITTEN_RUNGS:
+    h = r["hand_written"].get(rung)
+    if h is None:
+      continue
+    ms = ", ".join(f"{x['chunk']}: {1e3 * x['s']:.2f}" for x in h["by_chunk"])
+    lines.append(
+      f"| {rung} | {what} | {ms} | {_fmt_rate(h['updates_per_s'])} | {100 * h['of_ceiling']:.0f}% |"
+    )
+  return lines

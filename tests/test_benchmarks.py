@@ -269,6 +269,18 @@ def test_speed_ceiling_section_quick(tmp_path):
   chain = result["ceiling"]["rows"][0]["product_chain"]  # softmax only
   assert [c["chunk"] for c in chain["by_chunk"]] == [1, 10] and chain["best_s"] > 0
   assert "product_chain" not in result["ceiling"]["rows"][1]
+  hand = result["ceiling"]["rows"][0]["hand_written"]
+  rungs = [name for name, _ in bench.speed_ceiling.HAND_WRITTEN_RUNGS]
+  assert list(hand) == rungs and "hand_written" not in result["ceiling"]["rows"][1]
+  for h in hand.values():
+    assert [c["chunk"] for c in h["by_chunk"]] == [1, 10]
+    assert h["best_s"] == min(c["s"] for c in h["by_chunk"])
+    assert h["updates_per_s"] == pytest.approx(10 / h["best_s"])
+    assert h["of_ceiling"] == pytest.approx(
+      h["updates_per_s"] / rows["softmax"]["ceiling"]["updates_per_s"]
+    )
+  md = (tmp_path / "speed.md").read_text()
+  assert all(f"| {name} |" in md for name in rungs) and "| `auto` |" in md
   lines = [a for a in result["acceptance"] if a.startswith("ceiling, ")]
   assert [a.split(":")[0] for a in lines] == ["ceiling, softmax n=10", "ceiling, mlp n=10"]
   assert "## Matmul ceiling" in (tmp_path / "speed.md").read_text()
@@ -297,6 +309,15 @@ def test_ceiling_lines_compare_the_targets():
   assert "ceiling 54.0x the loop, 44% (100 clients side by side" in softmax
   assert "auto reaches 25% of it (target 50% of the ceiling: not met)" in softmax
   assert softmax.endswith("in their fastest layout, take 1.6x the ceiling's time")
+  hand = {"same computation": {"of_ceiling": 0.27, "auto_of_this": 0.93, "updates_per_s": 9.0}}
+  hand["no softmax"] = {"of_ceiling": 0.31, "auto_of_this": 0.8, "updates_per_s": 10.0}
+  (by_hand,) = bench.speed_report.ceiling_lines(
+    {"ceiling": {"rows": [{**chained, "hand_written": hand}]}}
+  )
+  assert by_hand.endswith(
+    "; the same round written by hand reaches 27% of it (auto runs at 0.93x its rate), "
+    "the leanest hand-written round 31%"
+  )
   assert mlp.endswith("auto reaches 70% of it (target 66% of the ceiling: met)")
   low = bench.speed_report.ceiling_lines({"ceiling": {"rows": [row("mlp", 2.5, 0.62, 0.65)]}})
   assert low[0].endswith("(target 66% of the ceiling: not met)")
@@ -335,3 +356,36 @@ def test_karula_dissimilarity_separation_scores():
   assert perfect["within_between"] == 0.0
   reversed_ = bench.separation(truth.max() - truth, theta, groups)
   assert reversed_["auc"] == 0.0 and reversed_["spearman"] < 0
+
+
+def test_softmax_round_by_hand_is_the_simulators_round():
+  """The hand-written softmax round at its first rung returns the simulator's FedAvg round (same
+  keys, same data; float32 rounding) whatever its chunking, a different key gives another
+  round, the transposed-weights rung equals the rung above it, and an unknown rung is refused."""
+  import jax
+
+  from fedjax_dro.algorithms import fedavg
+  from fedjax_dro.algorithms.base import make_hparams
+
+  bench = load_benchmark("speed")
+  ceiling, workloads = bench.speed_ceiling, bench.speed_workloads
+  n, lr, key = 12, 0.05, jax.random.PRNGKey(3)
+  model, params, data = workloads.make_workload("softmax", n)
+  alg = fedavg(model, local_steps=workloads.LOCAL_STEPS, batch_size=workloads.BATCH)
+  state = alg.init(params, data, jax.random.PRNGKey(0))
+  new, _ = jax.jit(alg.round)(state, data, key, make_hparams(alg, {"client_lr": lr}))
+  args = (params, data.x, data.y, data.num_examples)
+  for chunk in (1, 5, n):
+    mine = ceiling.softmax_round_by_hand("same computation", n, chunk, lr)(*args, key)
+    for name in ("w", "b"):
+      np.testing.assert_allclose(mine[name], new.params[name], rtol=0, atol=1e-7)
+  moved = float(np.max(np.abs(new.params["w"] - params["w"])))
+  assert moved > 1e-3  # the round moves the model far more than the tolerance
+  other = ceiling.softmax_round_by_hand("same computation", n, 5, lr)(*args, jax.random.PRNGKey(4))
+  assert float(np.max(np.abs(other["w"] - new.params["w"]))) > 1e-4
+  plain = ceiling.softmax_round_by_hand("no softmax", n, 5, lr)(*args, key)
+  transposed = ceiling.softmax_round_by_hand("no softmax, weights [k, d]", n, 5, lr)(*args, key)
+  np.testing.assert_allclose(transposed["w"], plain["w"], rtol=0, atol=1e-6)
+  np.testing.assert_array_equal(plain["b"], params["b"])
+  with pytest.raises(ValueError, match="rung must be one of"):
+    ceiling.softmax_round_by_hand("no products", n, 5, lr)
