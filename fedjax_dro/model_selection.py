@@ -378,3 +378,85 @@ def select_hparams(
     os.makedirs(out_dir, exist_ok=True)
     atomic_write(os.path.join(out_dir, "cv.json"), json_text(cv.to_json(), indent=2))
   return {**(hparams or {}), **cv.best}
+
+
+def grid_edge(values: Sequence[float], value: float) -> Optional[str]:
+  """``"low"`` or ``"high"`` when ``value`` is the smallest or largest of the positive grid
+  ``values`` (matched to the nearest value on a log scale, so float32 round trips still match),
+  ``None`` when it is an interior value or the grid has fewer than two values."""
+  values = sorted(float(v) for v in values)
+  if len(values) < 2:
+    return None
+  at = float(value)
+  nearest = min(range(len(values)), key=lambda i: abs(math.log(values[i] / at)))
+  return "low" if nearest == 0 else ("high" if nearest == len(values) - 1 else None)
+
+
+def widen_at_edges(
+  evaluate: Callable[[Dict[str, List[float]]], List[Dict[str, Any]]],
+  grid: Dict[str, Sequence[float]],
+  *,
+  axes: Sequence[str],
+  key: Callable[[Dict[str, Any]], Any],
+  max_widenings: int = 4,
+) -> Tuple[List[Dict[str, Any]], Dict[str, List[float]], List[Tuple[str, float]]]:
+  """Grid search that widens geometric axes while the best point sits on one of their edges.
+
+  ``evaluate(subgrid)`` runs the product grid ``subgrid`` (a dict of value lists, every axis of
+  ``grid``) and returns one result per point, each a dict with ``"hparams"`` (the point's values).
+  After the first evaluation of ``grid``, while the best result (the largest ``key(result)``)
+  takes the smallest or largest value of an axis named in ``axes`` (in ``axes`` order), that
+  axis gains one more value beyond the edge, in the ratio of its two outermost values
+  (``[0.1, 0.3, 1.0]`` at its high edge gains ``3.33``), and only the new points (the new value
+  with every value of the other axes) are evaluated. It stops when the best point is interior on
+  every axis of ``axes`` or after ``max_widenings`` widenings: a grid chosen too narrow for a
+  problem (a step size grid in units of a loose smoothness bound) is corrected by evidence, and
+  a choice still on an edge at the end is visible in the returned grid.
+
+  Args:
+    evaluate: ``subgrid -> [result]`` as above.
+    grid: the initial grid; every axis of ``axes`` has at least two distinct positive values.
+    axes: the axes that may be widened (geometric: step sizes, penalty strengths).
+    key: the score of a result, larger is better (ties go to the earlier result).
+    max_widenings: the most values added in all (0: a plain grid search).
+
+  Returns:
+    ``(results, grid, widened)``: every result in evaluation order, the final grid (each axis
+    sorted), and the ``(axis, value)`` pairs added, in order.
+  """
+  if not isinstance(grid, dict) or not grid:
+    raise TypeError(f"grid must be a non-empty dict of value lists, got {grid!r}")
+  if isinstance(max_widenings, bool) or not isinstance(max_widenings, int) or max_widenings < 0:
+    raise ValueError(f"max_widenings must be a non-negative integer, got {max_widenings!r}")
+  grid = {k: sorted(float(v) for v in values) for k, values in grid.items()}
+  for name in axes:
+    if name not in grid:
+      raise ValueError(f"axes names {name!r}, which is not an axis of grid {sorted(grid)}")
+    values = grid[name]
+    if len(set(values)) < 2 or values[0] <= 0 or not all(map(math.isfinite, values)):
+      raise ValueError(
+        f"grid[{name!r}] must hold at least two distinct positive finite values to be widened "
+        f"geometrically, got {values!r}"
+      )
+  results = list(evaluate({k: list(v) for k, v in grid.items()}))
+  widened: List[Tuple[str, float]] = []
+  while len(widened) < max_widenings and results:
+    best = max(results, key=key)  # the first of equal scores
+    step = None
+    for name in axes:
+      values = grid[name]
+      edge = grid_edge(values, best["hparams"][name])
+      if edge == "high":
+        step = (name, values[-1] * (values[-1] / values[-2]))
+      elif edge == "low":
+        step = (name, values[0] * (values[0] / values[1]))
+      if step is not None:
+        break
+    if step is None:
+      break
+    name, value = step
+    subgrid = {k: ([value] if k == name else list(v)) for k, v in grid.items()}
+    results += list(evaluate(subgrid))
+    grid[name] = sorted(grid[name] + [value])
+    widened.append((name, value))
+  return results, grid, widened

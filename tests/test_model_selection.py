@@ -1,6 +1,7 @@
 """K-fold cross-validation: the split, agreement with a brute-force loop of separate runs, factory
 options in the grid, the CLI, and bad input."""
 
+import itertools
 import json
 
 import numpy as np
@@ -9,7 +10,7 @@ import pytest
 from fedjax_dro import models, run
 from fedjax_dro.algorithms import fedavg, karula
 from fedjax_dro.data import from_client_arrays
-from fedjax_dro.model_selection import cross_validate, kfold_split
+from fedjax_dro.model_selection import cross_validate, kfold_split, widen_at_edges
 from tests.helpers import dataset
 
 D = 3
@@ -189,3 +190,76 @@ def test_cv_compiles_the_round_once_for_all_folds():
   counted = alg._replace(round=chex.assert_max_traces(alg.round, n=1))
   cv = cross_validate(counted, dataset(data), {"client_lr": [0.01, 0.1]}, folds=3, rounds=4)
   assert np.all(np.isfinite(cv.scores))
+
+
+def _product(subgrid):
+  names = sorted(subgrid)
+  return [dict(zip(names, vals)) for vals in itertools.product(*(subgrid[k] for k in names))]
+
+
+def _recording(score):
+  """An ``evaluate`` scoring each point with ``score(point)`` and recording every subgrid."""
+  calls = []
+
+  def evaluate(subgrid):
+    calls.append({k: list(v) for k, v in subgrid.items()})
+    return [{"hparams": p, "score": score(p)} for p in _product(subgrid)]
+
+  return evaluate, calls
+
+
+def test_widen_at_edges_walks_to_an_interior_optimum_evaluating_only_new_points():
+  """The optimum (lr = 1e-3, b = 2) lies below the initial lr grid: the lr axis gains 1e-3 and
+  1e-4 (the ratio of its outermost values), each with every b, and stops once 1e-3 is interior;
+  the b axis, whose best value 2 is interior from the start, is never widened."""
+  evaluate, calls = _recording(lambda p: -((np.log10(p["lr"]) + 3) ** 2) - (p["b"] - 2) ** 2)
+  results, grid, widened = widen_at_edges(
+    evaluate, {"lr": [0.1, 0.01], "b": [1, 2, 3]}, axes=["lr", "b"], key=lambda r: r["score"]
+  )
+  assert [(k, pytest.approx(v)) for k, v in widened] == [("lr", 1e-3), ("lr", 1e-4)]
+  assert grid["lr"] == pytest.approx([1e-4, 1e-3, 1e-2, 1e-1]) and grid["b"] == [1.0, 2.0, 3.0]
+  assert [sorted(c["lr"]) for c in calls] == [[0.01, 0.1], [pytest.approx(1e-3)], [1e-4]]
+  assert all(c["b"] == [1.0, 2.0, 3.0] for c in calls)
+  assert (
+    len(results) == 12 and len({(r["hparams"]["lr"], r["hparams"]["b"]) for r in results}) == 12
+  )
+  best = max(results, key=lambda r: r["score"])["hparams"]
+  assert best["lr"] == pytest.approx(1e-3) and best["b"] == 2.0
+
+
+def test_widen_at_edges_high_edge_cap_and_unwidened_axes():
+  """A score increasing in lr widens upward until the cap; an axis not in ``axes`` keeps its
+  edge; ``max_widenings=0`` is one plain evaluation of the grid."""
+  evaluate, calls = _recording(lambda p: p["lr"] + p["c"])
+  _, grid, widened = widen_at_edges(
+    evaluate,
+    {"lr": [1.0, 3.0], "c": [0, 1]},
+    axes=["lr"],
+    key=lambda r: r["score"],
+    max_widenings=2,
+  )
+  assert [v for _, v in widened] == [pytest.approx(9.0), pytest.approx(27.0)]
+  assert grid["c"] == [0.0, 1.0] and len(calls) == 3
+  evaluate, calls = _recording(lambda p: p["lr"])
+  results, grid, widened = widen_at_edges(
+    evaluate, {"lr": [1.0, 3.0]}, axes=["lr"], key=lambda r: r["score"], max_widenings=0
+  )
+  assert widened == [] and len(calls) == 1 and len(results) == 2
+
+
+@pytest.mark.parametrize(
+  "grid, axes, kwargs, error, match",
+  [
+    ({"lr": [1.0, 2.0]}, ["mu"], {}, ValueError, "axes names 'mu'"),
+    ({"lr": [1.0]}, ["lr"], {}, ValueError, "at least two distinct positive"),
+    ({"lr": [-1.0, 2.0]}, ["lr"], {}, ValueError, "at least two distinct positive"),
+    ({"lr": [1.0, 2.0]}, ["lr"], {"max_widenings": -1}, ValueError, "max_widenings must be"),
+    ({"lr": [1.0, 2.0]}, ["lr"], {"max_widenings": True}, ValueError, "max_widenings must be"),
+    ([1.0, 2.0], ["lr"], {}, TypeError, "grid must be a non-empty dict"),
+  ],
+)
+def test_widen_at_edges_bad_inputs(grid, axes, kwargs, error, match):
+  evaluate, calls = _recording(lambda p: 0.0)
+  with pytest.raises(error, match=match):
+    widen_at_edges(evaluate, grid, axes=axes, key=lambda r: r["score"], **kwargs)
+  assert calls == []

@@ -35,7 +35,10 @@ tuned on grids relative to ``L_hat = 0.5 mean ||x||^2`` over the training rows (
 smoothness scale of the cross-entropy, so that the grids fit any features file): local / primal
 steps c / L_hat with c in {1, 3, 10, 30, 100} (SCAFF-PD: {10, 30, 100}, tau = c' J / L_hat with
 c' in {1, 3, 10}, sigma in {0.005, 0.01, 0.02}), AFL's dual step in {0.01, 0.1, 1}, DRFA's gamma in {0.001,
-0.01}, AgnosticFedAvg's domain step in {0.03, 0.1, 0.3}, q-FFL's L = 1 / step. For every
+0.01}, AgnosticFedAvg's domain step in {0.03, 0.1, 0.3}, q-FFL's L = 1 / step; while the best
+point sits on an edge of one of these axes, the axis gains one value beyond it in the ratio of
+its outermost values, up to ``MAX_WIDENINGS`` = 4 per algorithm and alpha
+(:func:`fedjax_dro.model_selection.widen_at_edges`; a choice still on an edge is listed). For every
 algorithm the configuration with the best final-round validation worst-20% accuracy is reported
 (the same rule for all seven). The DRO objective of SCAFF-PD and DRFA is eq. (1.1) with the
 chi^2 penalty psi = (rho / (2N)) sum_i (N lambda_i - 1)^2 of eq. (3.3), rho = 0.1 in Table 1 (the
@@ -97,6 +100,7 @@ L2 = 1e-4
 LOCAL_STEPS, BATCH_SIZE = 10, 16
 HOLDOUT_FRACTION = 1 / 6  # held-out share of every class when the file has no split
 LRS = (1.0, 3.0, 10.0, 30.0, 100.0)  # local / primal step sizes, in units of 1 / L_hat
+MAX_WIDENINGS = 4  # values added beyond a grid's edges per algorithm and alpha (widen_at_edges)
 STAND_IN = {"num_classes": 100, "dim": 512, "train_per_class": 100, "test_per_class": 40}
 QUICK_STAND_IN = {"num_classes": 100, "dim": 32, "train_per_class": 12, "test_per_class": 4}
 
@@ -305,6 +309,7 @@ def scaffpd_table1(
   from fedjax_dro.algorithms import get_algorithm
   from fedjax_dro.data import class_weighted_accuracy, from_client_arrays, label_proportions
   from fedjax_dro.engine import sweep
+  from fedjax_dro.model_selection import widen_at_edges
 
   if rounds is None:
     rounds = 4 if quick else 40
@@ -364,27 +369,36 @@ def scaffpd_table1(
         alg = factory(model, **settings, **spec.get("options", {}))
         algs[key] = with_per_class_accuracy(alg, holdouts, num_classes)
       t0 = time.perf_counter()
-      res = sweep(
-        algs[key], data, rounds=rounds, grid=grid, hparams=spec["fixed"] or None, eval_every=rounds
+
+      def evaluate(subgrid, alg=algs[key], data=data, props=props, fixed=spec["fixed"]):
+        res = sweep(
+          alg, data, rounds=rounds, grid=subgrid, hparams=fixed or None, eval_every=rounds
+        )
+        return _score(res, props, class_weighted_accuracy)
+
+      scored, grid, widened = widen_at_edges(
+        evaluate,
+        grid,
+        axes=[k for k, v in grid.items() if k != "rho" and len(set(v)) > 1],
+        key=_table_key,
+        max_widenings=MAX_WIDENINGS,
       )
       tkey = f"alpha={alpha:g} {spec['label']}"
       timings[tkey] = time.perf_counter() - t0
-      scored = _score(res, props, class_weighted_accuracy)
-      table_rows = [s for s in scored if s["hparams"].get("rho", RHO) == RHO]
-      rows[spec["label"]] = _row(spec, max(table_rows, key=lambda s: s["val_key"]))
+      rows[spec["label"]] = _row(spec, max(scored, key=_table_key), grid=grid, widened=widened)
       r = rows[spec["label"]]
       log(
         f"[scaffpd-table1] alpha={alpha:g} {spec['label']:<15} avg {r['avg_acc']:.3f} "
-        f"worst-20% {r['worst20_acc']:.3f}  {r['hparams']}  ({len(res.configs)} runs, "
-        f"{timings[tkey]:.0f}s)"
+        f"worst-20% {r['worst20_acc']:.3f}  {r['hparams']}  ({len(scored)} runs, "
+        f"{len(widened)} widenings, {timings[tkey]:.0f}s)"
       )
       if fig3_here:
         fig3 = {"alpha": alpha, "rhos": {}}
         for rho in grid["rho"]:
           best = max((s for s in scored if s["hparams"]["rho"] == rho), key=lambda s: s["val_key"])
-          fig3["rhos"][f"{rho:g}"] = _row(spec, best, curves=True)
+          fig3["rhos"][f"{rho:g}"] = _row(spec, best, curves=True, grid=grid)
       if spec["label"] == "SCAFFOLD" and alpha == FIG3_ALPHA:
-        scaffold_curves = _row(spec, max(scored, key=lambda s: s["val_key"]), curves=True)
+        scaffold_curves = _row(spec, max(scored, key=_table_key), curves=True, grid=grid)
     sizes = np.array([r.size for r in clients])
     before = np.array([r.size for r in p["part"]["before"]])
     partitions_out = {
@@ -478,20 +492,27 @@ def _score(res, props, class_weighted_accuracy) -> List[Dict[str, Any]]:
   return out
 
 
-def _row(spec, s, curves: bool = False) -> Dict[str, Any]:
-  """The reported numbers of one selected sweep row."""
+def _table_key(s):
+  """The selection key of a scored sweep row for Table 1: its validation key at the table's rho
+  (rows of Fig. 3's other rho values never compete for the table)."""
+  return s["val_key"] if s["hparams"].get("rho", RHO) == RHO else (-math.inf, -math.inf)
+
+
+def _row(spec, s, curves: bool = False, grid=None, widened=()) -> Dict[str, Any]:
+  """The reported numbers of one selected sweep row (``grid``: the grid searched, widened at its
+  edges; default the spec's)."""
+  from fedjax_dro.model_selection import grid_edge
+
   test = s["client_acc"]["test"]
+  tuned = {k: v for k, v in (grid or spec["grid"]).items() if k in spec["grid"]}
   row = {
     "algorithm": spec["name"],
     "options": dict(spec.get("options", {})),
     "hparams": {**spec["fixed"], **s["hparams"]},
-    "grid": {k: [float(v) for v in vals] for k, vals in spec["grid"].items()},
+    "grid": {k: [float(v) for v in vals] for k, vals in tuned.items()},
+    "widened": [[k, float(v)] for k, v in widened],
     # grid axes whose selected value is the smallest or largest tried (a wider grid might do better)
-    "at_grid_edge": sorted(
-      k
-      for k, vals in spec["grid"].items()
-      if len(vals) > 1 and s["hparams"][k] in (float(min(vals)), float(max(vals)))
-    ),
+    "at_grid_edge": sorted(k for k, vals in tuned.items() if grid_edge(vals, s["hparams"][k])),
     "validation_worst20_acc": s["val_key"][0],
     "avg_acc": math.nan if test is None else float(np.mean(test[-1])),
     "worst20_acc": math.nan if test is None else worst_fraction_accuracy(test[-1]),
