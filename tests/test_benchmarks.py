@@ -389,3 +389,19 @@ def test_softmax_round_by_hand_is_the_simulators_round():
   np.testing.assert_array_equal(plain["b"], params["b"])
   with pytest.raises(ValueError, match="rung must be one of"):
     ceiling.softmax_round_by_hand("no products", n, 5, lr)
+
+
+def test_speed_head_quick(tmp_path):
+  """benchmarks/speed_head.py --quick: both forms of each k measured, the ratio derived from the
+  rates, the table in HEAD_MEASUREMENTS' layout, and the markdown's auto section."""
+  bench = load_benchmark("speed_head")
+  out = tmp_path / "head.json"
+  result = bench.main(["--quick", "--out", str(out)])
+  rows = json.loads(out.read_text())["rows"]
+  assert [r["num_classes"] for r in rows] == [2, 62] and rows == result["rows"]
+  for r in rows:
+    assert r["plain"] > 0 and r["transposed"] > 0
+    assert r["ratio_transposed_over_plain"] == pytest.approx(r["transposed"] / r["plain"])
+  assert set(result["table"]["cpu"]) == {2, 62}
+  md = (tmp_path / "head.md").read_text()
+  assert "| 2 |" in md and "| 62 |" in md and '## What `head="auto"` picks' in md

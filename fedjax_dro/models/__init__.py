@@ -12,6 +12,7 @@ from fedjax_dro.models.builtin import (
   cnn,
   conv_form,
   from_flax,
+  head_form,
   linear_regression,
   logistic_regression,
   mlp,
@@ -31,5 +32,6 @@ __all__ = [
   "mlp",
   "cnn",
   "conv_form",
+  "head_form",
   "from_flax",
 ]

@@ -162,13 +162,75 @@ def _softmax_metrics(logits, y):
   return {"accuracy": (jnp.argmax(logits, -1) == y.astype(jnp.int32)).astype(logits.dtype)}
 
 
-def softmax_regression(num_features: int, num_classes: int, *, l2: float = 0.0) -> Model:
+# FedAvg rounds of softmax regression through ``fd.compile_rounds`` (d = 64, 4 local steps of
+# batch 32, 1000 clients side by side, float32), client updates / s with the weights read as
+# stored ("plain") and through a transposed copy ("transposed"), by number of classes k:
+# benchmarks/speed_head.py, results in benchmarks/results/speed_head.{json,md}, 2-core CPU. Other
+# platforms have no measurements and read the weights as stored.
+HEAD_MEASUREMENTS = {
+  "cpu": {
+    2: {"plain": 54100.0, "transposed": 78600.0},
+    10: {"plain": 45500.0, "transposed": 53900.0},
+    16: {"plain": 44300.0, "transposed": 48500.0},
+    32: {"plain": 31100.0, "transposed": 24700.0},
+    62: {"plain": 21100.0, "transposed": 18600.0},
+  },
+}
+
+
+def _head_limit(rates_by_k):
+  """The largest k below which every measured k is faster transposed (0: none)."""
+  limit = 0
+  for k in sorted(rates_by_k):
+    if rates_by_k[k]["transposed"] <= rates_by_k[k]["plain"]:
+      break
+    limit = k
+  return limit
+
+
+# platform -> the most classes for which ``head="auto"`` reads the weights transposed.
+HEAD_TRANSPOSED_MAX_CLASSES = {p: _head_limit(r) for p, r in HEAD_MEASUREMENTS.items()}
+
+
+def head_form(num_classes: int, platform: Optional[str] = None) -> str:
+  """How ``models.softmax_regression(..., head="auto")`` reads its weights: ``"transposed"`` or
+  ``"plain"``.
+
+  ``"transposed"`` computes the logits from a transposed copy of ``w`` (``[k, d]``) held behind
+  ``lax.optimization_barrier``: the model, its parameters and its results are the same, but
+  the weight gradient of the backward pass comes out as ``(g^T x)^T``, with the class dimension
+  leading, which XLA's CPU backend runs faster under ``vmap`` when ``k`` is small (without the
+  barrier its simplifier folds the transposes away). It is chosen on platforms and class counts
+  where :data:`HEAD_MEASUREMENTS` measured it faster (:data:`HEAD_TRANSPOSED_MAX_CLASSES`).
+
+  Args:
+    num_classes: ``k``.
+    platform: ``"cpu"``, ``"gpu"``, ... (default ``jax.default_backend()``).
+  """
+  platform = platform or jax.default_backend()
+  if not isinstance(platform, str):
+    raise TypeError(f"platform must be a string such as 'cpu' or 'gpu', got {platform!r}")
+  platform = "gpu" if platform in ("cuda", "rocm") else platform
+  limit = HEAD_TRANSPOSED_MAX_CLASSES.get(platform, 0)
+  return "transposed" if num_classes <= limit else "plain"
+
+
+HEAD_FORMS = ("auto", "plain", "transposed")
+
+
+def softmax_regression(
+  num_features: int, num_classes: int, *, l2: float = 0.0, head: str = "auto"
+) -> Model:
   """Multinomial logistic regression; integer labels in ``[0, num_classes)``.
 
   Args:
     num_features: ``d``, the length of each example's feature vector.
     num_classes: ``k``, the number of classes (outputs).
     l2: coefficient of ``l2/2 ||params||^2`` added to every client objective (default 0).
+    head: how the product with ``w`` (``[d, k]``) is computed, with identical parameters and
+      results: ``"plain"`` (``x @ w``), ``"transposed"`` (from a transposed copy of ``w`` behind
+      an optimization barrier; see :func:`head_form`) or ``"auto"`` (default): the form measured
+      faster on the platform for ``k`` classes, chosen when the model is traced.
 
   Returns:
     A classification :class:`~fedjax_dro.models.base.Model` (softmax cross-entropy).
@@ -176,6 +238,8 @@ def softmax_regression(num_features: int, num_classes: int, *, l2: float = 0.0) 
   _check_positive_int(num_features, "num_features")
   _check_positive_int(num_classes, "num_classes")
   _check_l2(l2)
+  if not isinstance(head, str) or head not in HEAD_FORMS:
+    raise ValueError(f"head must be one of {HEAD_FORMS}, got {head!r}")
 
   def init(key):
     del key
@@ -185,7 +249,12 @@ def softmax_regression(num_features: int, num_classes: int, *, l2: float = 0.0) 
     }
 
   def apply(params, x):
-    return x.reshape(x.shape[0], -1) @ params["w"] + params["b"]
+    x = x.reshape(x.shape[0], -1)
+    form = head_form(num_classes) if head == "auto" else head  # resolved when traced
+    if form == "transposed":
+      w_t = jax.lax.optimization_barrier(params["w"].T)
+      return jnp.einsum("nd,kd->nk", x, w_t) + params["b"]
+    return x @ params["w"] + params["b"]
 
   return Model(
     init,
@@ -194,7 +263,9 @@ def softmax_regression(num_features: int, num_classes: int, *, l2: float = 0.0) 
     _softmax_metrics,
     task="classification",
     l2=float(l2),
-    name=f"softmax_regression(d={num_features}, k={num_classes})",
+    name=f"softmax_regression(d={num_features}, k={num_classes}"
+    + ("" if head == "auto" else f", head={head}")
+    + ")",
   )
 
 
