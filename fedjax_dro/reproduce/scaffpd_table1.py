@@ -35,10 +35,9 @@ tuned on grids relative to ``L_hat = 0.5 mean ||x||^2`` over the training rows (
 smoothness scale of the cross-entropy, so that the grids fit any features file): local / primal
 steps c / L_hat with c in {1, 3, 10, 30, 100} (SCAFF-PD: {10, 30, 100}, tau = c' J / L_hat with
 c' in {1, 3, 10}, sigma in {0.005, 0.01, 0.02}), AFL's dual step in {0.01, 0.1, 1}, DRFA's gamma in {0.001,
-0.01}, AgnosticFedAvg's domain step in {0.03, 0.1, 0.3}, q-FFL's L = 1 / step; while the best
-point sits on an edge of one of these axes, the axis gains one value beyond it in the ratio of
-its outermost values, up to ``MAX_WIDENINGS`` = 4 per algorithm and alpha
-(:func:`fedjax_dro.model_selection.widen_at_edges`; a choice still on an edge is listed). For every
+0.01}, AgnosticFedAvg's domain step in {0.03, 0.1, 0.3}, q-FFL's L = 1 / step, each axis widened
+while the best point sits on its edge (:func:`fedjax_dro.model_selection.widen_at_edges`, up to
+``MAX_WIDENINGS`` = 4 values per algorithm and alpha; a choice left on an edge is listed). For every
 algorithm the configuration with the best final-round validation worst-20% accuracy is reported
 (the same rule for all seven). The DRO objective of SCAFF-PD and DRFA is eq. (1.1) with the
 chi^2 penalty psi = (rho / (2N)) sum_i (N lambda_i - 1)^2 of eq. (3.3), rho = 0.1 in Table 1 (the
@@ -376,13 +375,9 @@ def scaffpd_table1(
         )
         return _score(res, props, class_weighted_accuracy)
 
-      scored, grid, widened = widen_at_edges(
-        evaluate,
-        grid,
-        axes=[k for k, v in grid.items() if k != "rho" and len(set(v)) > 1],
-        key=_table_key,
-        max_widenings=MAX_WIDENINGS,
-      )
+      axes = [k for k, v in grid.items() if k != "rho" and len(set(v)) > 1]
+      kw = dict(axes=axes, key=_table_key, max_widenings=MAX_WIDENINGS)
+      scored, grid, widened = widen_at_edges(evaluate, grid, **kw)
       tkey = f"alpha={alpha:g} {spec['label']}"
       timings[tkey] = time.perf_counter() - t0
       rows[spec["label"]] = _row(spec, max(scored, key=_table_key), grid=grid, widened=widened)
@@ -493,8 +488,7 @@ def _score(res, props, class_weighted_accuracy) -> List[Dict[str, Any]]:
 
 
 def _table_key(s):
-  """The selection key of a scored sweep row for Table 1: its validation key at the table's rho
-  (rows of Fig. 3's other rho values never compete for the table)."""
+  """A scored row's selection key for Table 1 (Fig. 3's other rho values never compete)."""
   return s["val_key"] if s["hparams"].get("rho", RHO) == RHO else (-math.inf, -math.inf)
 
 
