@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 
@@ -34,7 +33,14 @@ if HERE not in sys.path:
 
 import jax
 import numpy as np
-from speed_workloads import BATCH, LOCAL_STEPS, best_per_round, float32_params
+from speed_workloads import (
+  BATCH,
+  LOCAL_STEPS,
+  best_interleaved,
+  float32_params,
+  meta_line,
+  run_meta,
+)
 
 import fedjax_dro as fd
 from fedjax_dro import models
@@ -89,11 +95,8 @@ def measure(
         jax.block_until_ready(progs[form]()[0])
         best[form] = time.perf_counter() - t0
         single[form] = best[form] > max_call_s
-      for _ in range(passes):
-        for form in FORMS:
-          if not single[form]:
-            timing = progs[form].time(repeats=repeats, warmup=0)
-            best[form] = min(best[form], best_per_round(timing))
+      skip = [form for form in FORMS if single[form]]
+      best = best_interleaved(progs, passes, repeats, best=best, skip=skip)
       row = {"num_clients": n, "precision": precision, "dtype": DTYPE_OF[precision]}
       row.update({form: n / best[form] for form in FORMS})
       row["ratio_patches_over_lax"] = row["patches"] / row["lax"]
@@ -123,9 +126,7 @@ def markdown(result):
   lines = [
     "# Convolution forms of the CNN (`benchmarks/speed_conv.py`)",
     "",
-    f"Device: **{meta['device_kind']}** ({meta['platform']}, {meta['cpu_count']} CPU cores), jax "
-    f"{meta['jax']}; load average before / after: {meta['load_before']} / {meta['load_after']}. "
-    f"Command: `{meta['command']}`.",
+    meta_line(meta),
     "",
     f"FedAvg client updates per second, the CNN {meta['model']} ({LOCAL_STEPS} local steps of "
     f"batch {BATCH}), per-client weights side by side under `vmap`; `lax` and `patches` compiled "
@@ -213,20 +214,8 @@ def main(argv=None):
 
 def write(rows, out, argv, model, load_before):
   """The results file of ``rows`` (written after every row: a long CPU run keeps what it has)."""
-  device = jax.devices()[0]
   result = {
-    "meta": {
-      "platform": jax.default_backend(),
-      "device_kind": getattr(device, "device_kind", str(device)),
-      "cpu_count": os.cpu_count(),
-      "machine": platform.machine(),
-      "jax": jax.__version__,
-      "command": "python benchmarks/speed_conv.py " + " ".join(argv),
-      "model": model,
-      "load_before": round(load_before, 2),
-      "load_after": round(os.getloadavg()[0], 2),
-      "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-    },
+    "meta": run_meta("speed_conv.py", argv, load_before, model=model),
     "rows": rows,
     "table": {dtype: {str(n): v for n, v in t.items()} for dtype, t in table(rows).items()},
   }

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -30,7 +29,15 @@ if HERE not in sys.path:
 
 import jax
 import numpy as np
-from speed_workloads import BATCH, EXAMPLES, LOCAL_STEPS, best_per_round, float32_params
+from speed_workloads import (
+  BATCH,
+  EXAMPLES,
+  LOCAL_STEPS,
+  best_interleaved,
+  float32_params,
+  meta_line,
+  run_meta,
+)
 
 import fedjax_dro as fd
 from fedjax_dro import models
@@ -64,11 +71,7 @@ def measure(num_clients, classes, passes=5, repeats=3):
         alg, data, rounds=1, hparams={"client_lr": 0.05}, init_params=float32_params(model)
       )
       jax.block_until_ready(progs[form]()[0])
-    best = {form: float("inf") for form in FORMS}
-    for _ in range(passes):
-      for form in FORMS:
-        timing = progs[form].time(repeats=repeats, warmup=0)
-        best[form] = min(best[form], best_per_round(timing))
+    best = best_interleaved(progs, passes, repeats)
     row = {"num_classes": k, "num_clients": num_clients}
     row.update({form: num_clients / best[form] for form in FORMS})
     row["ratio_transposed_over_plain"] = row["transposed"] / row["plain"]
@@ -87,9 +90,7 @@ def markdown(result):
   lines = [
     "# Softmax regression's head forms (`benchmarks/speed_head.py`)",
     "",
-    f"Device: **{meta['device_kind']}** ({meta['platform']}, {meta['cpu_count']} CPU cores), jax "
-    f"{meta['jax']}; load average before / after: {meta['load_before']} / {meta['load_after']}. "
-    f"Command: `{meta['command']}`.",
+    meta_line(meta),
     "",
     f"FedAvg client updates per second of softmax regression (d = {FEATURES}, {LOCAL_STEPS} local "
     f"steps of batch {BATCH}, float32, `auto` backend, {result['rows'][0]['num_clients']} clients) "
@@ -134,21 +135,8 @@ def main(argv=None):
     rows = measure(args.clients or 8, (2, 62), passes=1, repeats=1)
   else:
     rows = measure(args.clients or 1000, CLASSES)
-  device = jax.devices()[0]
-  result = {
-    "meta": {
-      "platform": device.platform,
-      "device_kind": getattr(device, "device_kind", device.platform),
-      "cpu_count": os.cpu_count(),
-      "jax": jax.__version__,
-      "python": platform.python_version(),
-      "load_before": round(load_before, 2),
-      "load_after": round(os.getloadavg()[0], 2),
-      "command": "python benchmarks/speed_head.py " + " ".join(argv),
-    },
-    "rows": rows,
-    "table": {device.platform: table(rows)},
-  }
+  meta = run_meta("speed_head.py", argv, load_before)
+  result = {"meta": meta, "rows": rows, "table": {meta["platform"]: table(rows)}}
   out_dir = os.path.dirname(os.path.abspath(args.out))
   os.makedirs(out_dir, exist_ok=True)
   with open(args.out, "w") as f:

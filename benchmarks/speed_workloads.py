@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
+import platform
 import time
 
 import jax
@@ -215,3 +217,43 @@ def dense_rates(quick):
     out[precision] = best
     print(f"dense {precision}: {best['flops_per_s'] / 1e9:.1f} GFLOP/s (n={best['size']})")
   return out
+
+
+def run_meta(script, argv, load_before, **extra):
+  """The ``meta`` block of a side-by-side benchmark's JSON: device, versions, command, load."""
+  device = jax.devices()[0]
+  return {
+    "platform": jax.default_backend(),
+    "device_kind": getattr(device, "device_kind", str(device)),
+    "cpu_count": os.cpu_count(),
+    "machine": platform.machine(),
+    "jax": jax.__version__,
+    "python": platform.python_version(),
+    "command": f"python benchmarks/{script} " + " ".join(argv),
+    **extra,
+    "load_before": round(load_before, 2),
+    "load_after": round(os.getloadavg()[0], 2),
+    "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+  }
+
+
+def meta_line(meta):
+  """The markdown line naming the device, JAX version, load and command of :func:`run_meta`."""
+  return (
+    f"Device: **{meta['device_kind']}** ({meta['platform']}, {meta['cpu_count']} CPU cores), jax "
+    f"{meta['jax']}; load average before / after: {meta['load_before']} / {meta['load_after']}. "
+    f"Command: `{meta['command']}`."
+  )
+
+
+def best_interleaved(progs, passes, repeats, best=None, skip=()):
+  """Seconds per round of each compiled program of ``progs`` (name -> ``fd.compile_rounds``),
+  timed in ``passes`` interleaved passes (a, b, a, b, ...), the best call of all kept (starting
+  from ``best``; the names in ``skip`` keep their given time): a slow stretch of a shared
+  machine hits every form alike."""
+  best = dict(best or {name: float("inf") for name in progs})
+  for _ in range(passes):
+    for name, prog in progs.items():
+      if name not in skip:
+        best[name] = min(best[name], best_per_round(prog.time(repeats=repeats, warmup=0)))
+  return best
