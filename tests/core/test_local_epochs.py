@@ -142,6 +142,70 @@ def test_epoch_loop_runs_to_the_largest_participating_client():
   assert losses.shape == (3, 20)
 
 
+@pytest.mark.parametrize("block", [2, 3, 4, 7])
+def test_epoch_loop_in_blocks_of_steps_is_the_same_loop(block):
+  """With the exit condition tested every ``block`` steps, the loop computes what the one-step
+  loop computes (steps past a client's own count are masked: its carry kept, its loss 0), and
+  runs ceil(largest participant's steps / block) blocks of ``block`` steps."""
+  from fedjax_dro.core.local import local_step_block, scan_schedule
+
+  calls = []
+
+  def step(w, bx, by, bmask):
+    jax.debug.callback(lambda: calls.append(1))
+    return w + jnp.sum(jnp.where(bmask, bx, 0.0)), jnp.sum(bmask).astype(jnp.float32)
+
+  x = jnp.arange(40, dtype=jnp.float32)
+  y = jnp.zeros(40)
+
+  def client(nex, key):
+    sched = local_schedule(key, nex, 40, batch_size=4, num_epochs=2)
+    return scan_schedule(step, jnp.float32(0.0), sched, x, y, nex)
+
+  keys = jax.random.split(jax.random.PRNGKey(1), 3)
+  nex = jnp.asarray([5, 9, 2])
+  w1, losses1 = jax.jit(jax.vmap(client))(nex, keys)
+  jax.block_until_ready(w1)
+  calls.clear()
+  with local_step_block(block):
+    w, losses = jax.jit(jax.vmap(client))(nex, keys)
+  jax.block_until_ready(w)
+  assert len(calls) == -(-6 // block) * block  # the largest takes 6 steps
+  np.testing.assert_array_equal(np.asarray(w), np.asarray(w1))
+  np.testing.assert_array_equal(np.asarray(losses), np.asarray(losses1))
+
+
+@pytest.mark.parametrize("name", ["fedavg", "scaffold"])
+def test_local_epochs_in_blocks_match_the_reference_loop(name):
+  from fedjax_dro.core.local import local_step_block
+
+  data = regression_clients(n=len(SIZES), d=3, sizes=SIZES, seed=5)
+  hp = {"client_lr": 0.05, "server_lr": 0.9}
+  with local_step_block(3):
+    alg = A.get_algorithm(name).factory(
+      linreg(3, l2=L2), clients_per_round=4, local_epochs=2, batch_size=4, backend="vmap"
+    )
+    hist = run(alg, dataset(data), rounds=4, seed=2, hparams=hp, eval_every=4)
+  w_ref, b_ref = _reference(name, data, 4, 2, 4, 2, 4, hp)
+  np.testing.assert_allclose(np.asarray(hist.final_state.params["w"]), w_ref, rtol=0, atol=1e-10)
+  np.testing.assert_allclose(float(hist.final_state.params["b"]), b_ref, rtol=0, atol=1e-10)
+
+
+def test_step_block_by_platform_and_bad_block():
+  from fedjax_dro.core.local import STEP_BLOCK_AUTO, local_step_block, step_block
+
+  assert step_block("cpu") == 1
+  assert step_block("cuda") == STEP_BLOCK_AUTO["gpu"]
+  assert step_block("tpu") == 1
+  with local_step_block(5):
+    assert step_block("cpu") == 5
+  assert step_block("cpu") == 1
+  for bad in (0, -1, 2.0, True, None):
+    with pytest.raises(ValueError, match="local_step_block needs a positive integer"):
+      with local_step_block(bad):
+        pass
+
+
 def test_full_batch_epochs_are_full_batch_steps():
   data = regression_clients(n=4, d=2, sizes=[3, 6, 4, 5], seed=1)
   model = linreg(2, l2=L2)
