@@ -58,8 +58,15 @@ import numpy as np
 import fedjax_dro as fd
 from fedjax_dro import models
 from fedjax_dro.algorithms import fedavg
+from fedjax_dro.core.local import local_step_block, step_block
 from fedjax_dro.data import FederatedData
 from fedjax_dro.data.host import HostFederatedData, HostStore
+from fedjax_dro.engine.prepare import derive_keys
+from fedjax_dro.engine.programs import predicted_participants
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import roofline  # noqa: E402
+import speed_trace  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -191,9 +198,54 @@ def _timed_run(alg, train, eval_data, rounds, seed, params):
   return time.perf_counter() - t0, hist
 
 
-def measure(name, spec, *, quick, rounds, full, device_bytes, budget_s=None, work="auto"):
+def executed_steps(alg, sizes, kw, seed, rounds, block):
+  """``(executed, useful)`` local steps per round, averaged over rounds ``0 .. rounds - 1`` of
+  ``seed``: ``executed`` = the loop's steps (its participants side by side run until the
+  largest is done, in whole blocks of ``block`` steps), ``useful`` = the sum of the
+  participants' own steps (``local_steps``, or ``local_epochs * ceil(size / batch)``)."""
+  run_key = derive_keys(seed)[2]
+  idx = predicted_participants(alg, len(sizes), run_key, range(rounds))
+  if "local_epochs" in kw:
+    own = kw["local_epochs"] * -(-np.asarray(sizes)[idx] // kw["batch_size"])
+    longest = own.max(axis=1)
+    executed = -(-longest // block) * block
+  else:
+    own = np.full(idx.shape, kw["local_steps"])
+    executed = own.max(axis=1)
+  return float(executed.mean()), float(own.sum(axis=1).mean())
+
+
+def round_roofline(model, params, train, cohort, batch, executed, peaks, s_per_round):
+  """The roofline of a round: ``executed`` local steps of the ``cohort`` participants side by
+  side (``roofline.cohort_step_cost``: one step's FLOPs and bytes), on the measured ``peaks``
+  (``{"flops_per_s", "bytes_per_s"}``), against the measured seconds per round."""
+  x = jnp.asarray(np.asarray(train.x[:cohort, :batch]))
+  y = jnp.asarray(np.asarray(train.y[:cohort, :batch]))
+  cost = roofline.cohort_step_cost(model, params, x, y, batch)
+  row = roofline.roofline_row(
+    cost, executed, peaks["flops_per_s"], peaks["bytes_per_s"], s_per_round
+  )
+  return {"step_cost": cost, "executed_steps": executed, **row}
+
+
+def measure(
+  name,
+  spec,
+  *,
+  quick,
+  rounds,
+  full,
+  device_bytes,
+  budget_s=None,
+  work="auto",
+  peaks=None,
+  profile=False,
+  keep_trace=None,
+):
   """One workload's row: the measured rounds, the projection (or the whole run) and the
-  published figures."""
+  published figures; with ``peaks`` (``{"flops_per_s", "bytes_per_s"}``) the round's roofline
+  (``roofline``), with ``profile`` a trace of the measured rounds (``trace``: kernels, copies
+  and device busy time, per executed local step)."""
   start = time.perf_counter()
   num_clients = QUICK["num_clients"] if quick else spec["num_clients"]
   cohort = QUICK["clients_per_round"] if quick else spec["clients_per_round"]
@@ -248,7 +300,30 @@ def measure(name, spec, *, quick, rounds, full, device_bytes, budget_s=None, wor
     "s_per_round": s_per_round,
     "projected_run_s": compile_s + total_rounds * s_per_round,
     "published": spec["published"],
+    "step_block": step_block(),
   }
+  block = step_block() if "local_epochs" in kw else 1
+  row["executed_steps_per_round"], row["useful_client_steps_per_round"] = executed_steps(
+    alg, sizes, kw, 1, rounds, block
+  )
+  if peaks is not None:
+    row["roofline"] = round_roofline(
+      model,
+      params,
+      train,
+      cohort,
+      spec["batch_size"],
+      row["executed_steps_per_round"],
+      peaks,
+      s_per_round,
+    )
+  if profile:
+    _, summary = speed_trace.traced(
+      lambda: _timed_run(alg, train, eval_data, rounds, 1, params)[1].final_state,
+      keep_trace=keep_trace,
+    )
+    steps = row["executed_steps_per_round"] * rounds
+    row["trace"] = {**summary, **speed_trace.per_step(summary, steps), "rounds": rounds}
   if full:
     remaining = None if budget_s is None else budget_s - (time.perf_counter() - start)
     if remaining is None or row["projected_run_s"] < remaining:
@@ -263,6 +338,108 @@ def measure(name, spec, *, quick, rounds, full, device_bytes, budget_s=None, wor
     row["host_store_stats"] = dict(train.store.stats)
     train.store.close()
   print(json.dumps({k: v for k, v in row.items() if k != "published"}), flush=True)
+  return row
+
+
+SWEEP_LRS = (0.0125, 0.025, 0.05, 0.1)  # 4 client learning rates x 16 seeds = 64 configurations
+SWEEP_SEEDS = 16
+
+
+def measure_sweep(name, spec, *, quick, rounds, peaks=None, lrs=SWEEP_LRS, seeds=SWEEP_SEEDS):
+  """The workload as one ``fd.sweep`` over ``len(lrs) x seeds`` configurations against one
+  ``fd.run`` of it, both over ``rounds`` rounds, side by side in this process: each timed whole
+  on its first call (compilation included) and again on a second call (its compiled program
+  reused), the federation on the device. With ``peaks``: the roofline of one configuration's
+  round and of the sweep's (``configs`` times that work)."""
+  num_clients = QUICK["num_clients"] if quick else spec["num_clients"]
+  cohort = QUICK["clients_per_round"] if quick else spec["clients_per_round"]
+  image = (8, 8, spec["image"][2]) if quick else spec["image"]
+  spec_used = dict(spec)
+  if quick:
+    spec_used["sizes"] = dict(spec["sizes"], mean=QUICK["mean"])
+  train, eval_data, sizes, where = federation(spec_used, num_clients, image, float("inf"))
+  model = models.cnn(
+    image,
+    spec["classes"],
+    features=QUICK["features"] if quick else spec["features"],
+    dense=QUICK["dense"] if quick else spec["dense"],
+  )
+  params = model.init(jax.random.PRNGKey(0))
+  kw, work = local_work(spec_used, float(spec_used["sizes"]["mean"]), "auto")
+  grid = {"client_lr": [float(v) for v in lrs]}
+  seed_list = list(range(seeds))
+  configs = len(lrs) * seeds
+
+  def one_run(seed, alg):
+    t0 = time.perf_counter()
+    fd.run(
+      alg,
+      train,
+      rounds=rounds,
+      seed=seed,
+      eval_data=eval_data,
+      eval_every=rounds,
+      hparams={"client_lr": float(lrs[len(lrs) // 2])},
+    )
+    return time.perf_counter() - t0
+
+  def one_sweep(alg):
+    t0 = time.perf_counter()
+    res = fd.sweep(
+      alg, train, rounds=rounds, grid=grid, seeds=seed_list, eval_data=eval_data, eval_every=rounds
+    )
+    return time.perf_counter() - t0, res  # its results are fetched to the host: finished
+
+  alg = fedavg(model, clients_per_round=cohort, **kw)
+  run_whole = one_run(0, alg)
+  run_again = one_run(1, alg)
+  salg = fedavg(model, clients_per_round=cohort, **kw)
+  sweep_whole, first = one_sweep(salg)
+  sweep_again, again = one_sweep(salg)
+  row = {
+    "workload": name,
+    "title": spec["title"],
+    "quick": quick,
+    "num_clients": num_clients,
+    "clients_per_round": cohort,
+    "local_work": work,
+    "rounds": rounds,
+    "configs": configs,
+    "grid": grid,
+    "seeds": seeds,
+    "data_on": where,
+    "run_whole_s": run_whole,
+    "run_compiled_s": run_again,
+    "sweep_whole_s": sweep_whole,
+    "sweep_compiled_s": sweep_again,
+    "ratio_whole": sweep_whole / run_whole,
+    "ratio_compiled": sweep_again / run_again,
+    "sweep_compile_s": first.compile_time,
+    "sweep_second_compile_s": again.compile_time,
+    "diverged": int(np.sum(again.diverged)),
+  }
+  if peaks is not None:
+    block = step_block() if "local_epochs" in kw else 1
+    executed, _ = executed_steps(alg, sizes, kw, 1, rounds, block)
+    one = round_roofline(
+      model, params, train, cohort, spec["batch_size"], executed, peaks, run_again / rounds
+    )
+    row["roofline_run"] = one
+    row["roofline_sweep"] = {
+      **roofline.bound(
+        one["step_cost"]["flops"] * executed * configs,
+        one["step_cost"]["bytes"] * executed * configs,
+        peaks["flops_per_s"],
+        peaks["bytes_per_s"],
+      ),
+      "measured_s": sweep_again / rounds,
+    }
+    row["roofline_sweep"]["share"] = roofline.share(
+      row["roofline_sweep"]["bound_s"], sweep_again / rounds
+    )
+    # what the sweep's bound allows against one run as measured: the least ratio possible
+    row["least_ratio_by_roofline"] = row["roofline_sweep"]["bound_s"] / (run_again / rounds)
+  print(json.dumps({k: v for k, v in row.items() if not k.startswith("roofline")}), flush=True)
   return row
 
 
@@ -323,7 +500,107 @@ def markdown(result):
           f"{_fmt_s(p['wall_s'])} on {p['hardware']} = {ours / p['wall_s']:.3g}"
         )
   lines.append("")
+  lines += roofline_markdown(result)
   return "\n".join(lines)
+
+
+def _roofline_cells(r):
+  """``bound ms (limited by), % of the bound`` of a row's roofline."""
+  return (
+    f"{r['bound_s'] * 1e3:.2f} ({r['limited_by']}; {r['intensity']:.0f} FLOP/B, ridge "
+    f"{r['ridge']:.0f})",
+    f"{100 * r['share']:.0f}%",
+  )
+
+
+def roofline_markdown(result):
+  """The markdown of the rooflines, the loop-block variants, the traces and the sweep."""
+  lines = []
+  peaks = result.get("peaks")
+  rows = [r for r in result.get("rows", []) + result.get("blocks", []) if "roofline" in r]
+  if peaks and rows:
+    lines += [
+      "## Rounds against the roofline",
+      "",
+      f"Peaks measured in this process: dense {peaks['precision']} "
+      f"{peaks['flops_per_s'] / 1e12:.2f} TFLOP/s, copy bandwidth "
+      f"{peaks['bytes_per_s'] / 1e9:.0f} GB/s. A round's bound = the local steps it executes "
+      "(its participants side by side run until the largest is done, in whole blocks of the "
+      "loop's exit test) x one step of the cohort (FLOPs counted by the CPU compiler, bytes by "
+      "the device's cost analysis of the loop-free step program; sampling and aggregation left "
+      "out: a lower bound).",
+      "",
+      "| workload | exit test every k steps | steps executed / round (participants' own) | "
+      "MFLOP / step | MB / step | ms / round | bound ms (limited by) | % of the bound |",
+      "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+      rf = r["roofline"]
+      bound_cell, share_cell = _roofline_cells(rf)
+      lines.append(
+        f"| {r['title']}{' (quick sizes)' if r['quick'] else ''} | {r['step_block']} | "
+        f"{r['executed_steps_per_round']:.1f} ({r['useful_client_steps_per_round']:.1f}) | "
+        f"{rf['step_cost']['flops'] / 1e6:.0f} | {rf['step_cost']['bytes'] / 1e6:.0f} | "
+        f"{r['s_per_round'] * 1e3:.2f} | {bound_cell} | {share_cell} |"
+      )
+    lines.append("")
+  traced = [r for r in result.get("rows", []) + result.get("blocks", []) if "trace" in r]
+  if traced:
+    lines += [
+      "## What the device executed (jax.profiler trace of the measured rounds)",
+      "",
+      "| workload | exit test every k steps | kernels / step | kernel us / step | "
+      "device-to-host copies / step | device busy over the traced span |",
+      "|---|---|---|---|---|---|",
+    ]
+    for r in traced:
+      t = r["trace"]
+      if not t.get("device_events"):
+        lines.append(
+          f"| {r['title']} | {r['step_block']} | - | - | - | no device streams in the trace (CPU) |"
+        )
+        continue
+      lines.append(
+        f"| {r['title']} | {r['step_block']} | {t['kernels_per_step']:.1f} | "
+        f"{t['kernel_us_per_step']:.0f} | {t['d2h_per_step']:.2f} | "
+        f"{100 * t['busy_share']:.0f}% |"
+      )
+    lines.append("")
+    for r in traced:
+      if r["trace"].get("top"):
+        lines += [
+          f"Top kernels, {r['title']} (exit test every {r['step_block']} steps): "
+          + "; ".join(f"`{n[:60]}` x{c} {us / 1e3:.1f} ms" for n, c, us in r["trace"]["top"][:6]),
+          "",
+        ]
+  for r in result.get("sweep", []) or []:
+    lines += [
+      "## A sweep of the workload against one run",
+      "",
+      f"{r['title']}{' (quick sizes)' if r['quick'] else ''}: `fd.sweep` over {r['configs']} "
+      f"configurations ({len(r['grid']['client_lr'])} client learning rates x {r['seeds']} "
+      f"seeds) against one `fd.run`, {r['rounds']} rounds each, federation on the {r['data_on']}.",
+      "",
+      "| | one run | the sweep | sweep / run |",
+      "|---|---|---|---|",
+      f"| whole call, compilation included | {_fmt_s(r['run_whole_s'])} | "
+      f"{_fmt_s(r['sweep_whole_s'])} | {r['ratio_whole']:.2f}x |",
+      f"| second call (compiled program reused) | {_fmt_s(r['run_compiled_s'])} | "
+      f"{_fmt_s(r['sweep_compiled_s'])} | {r['ratio_compiled']:.2f}x |",
+      "",
+    ]
+    if "roofline_sweep" in r:
+      one, sw = r["roofline_run"], r["roofline_sweep"]
+      lines += [
+        f"Roofline: one configuration's round is bounded at {one['bound_s'] * 1e3:.2f} ms "
+        f"({one['limited_by']}-bound; measured {one['measured_s'] * 1e3:.2f} ms, "
+        f"{100 * one['share']:.0f}% of it); the sweep's round, {r['configs']} times that work, "
+        f"at {sw['bound_s'] * 1e3:.1f} ms (measured {sw['measured_s'] * 1e3:.1f} ms, "
+        f"{100 * sw['share']:.0f}% of it). The least sweep / run ratio the device's peaks allow "
+        f"against the run as measured: {r['least_ratio_by_roofline']:.1f}x.",
+        "",
+      ]
+  return lines
 
 
 def run_all(
@@ -335,10 +612,13 @@ def run_all(
   budget_s=None,
   workloads=tuple(WORKLOADS),
   work="auto",
+  peaks=None,
+  profile=False,
 ):
   """The workloads' rows (``quick``: tiny sizes, 2 rounds). ``budget_s``: seconds for all of
   them; a whole run (``full``) that its projection says would not fit in what is left is
-  skipped, and says so."""
+  skipped, and says so. ``peaks``: the device's rates (:func:`measure_peaks`), for the rounds'
+  rooflines; ``profile``: a trace of each workload's measured rounds."""
   cpu = jax.default_backend() == "cpu"
   if device_bytes is None:
     device_bytes = (2 if cpu else 24) * 2**30
@@ -358,8 +638,47 @@ def run_all(
         device_bytes=device_bytes,
         budget_s=left,
         work=work,
+        peaks=peaks,
+        profile=profile,
       )
     )
+  return rows
+
+
+def measure_peaks(quick=False):
+  """The device's peak rates for the rooflines: the dense-matmul rate of the default precision
+  policy (``speed_workloads.dense_rates``) and the copy bandwidth (``roofline.copy_bandwidth``)."""
+  import speed_workloads
+
+  from fedjax_dro.core.precision import default_precision
+
+  precision = default_precision()
+  dense = speed_workloads.dense_rates(quick)
+  key = precision if precision in dense else "float32"
+  copy = roofline.copy_bandwidth(quick)
+  return {
+    "precision": key,
+    "flops_per_s": dense[key]["flops_per_s"],
+    "bytes_per_s": copy["bytes_per_s"],
+    "dense": dense,
+    "copy": copy,
+  }
+
+
+def run_blocks(blocks, *, quick=False, rounds=None, device_bytes=None, peaks=None, profile=False):
+  """The FEMNIST workload's measured rounds with the epoch loop's exit tested every ``k`` local
+  steps, for each ``k`` of ``blocks`` (``core.local.local_step_block``), side by side."""
+  rows = []
+  for k in blocks:
+    with local_step_block(int(k)):
+      rows += run_all(
+        quick=quick,
+        rounds=rounds,
+        device_bytes=device_bytes,
+        workloads=("flute_femnist",),
+        peaks=peaks,
+        profile=profile,
+      )
   return rows
 
 
@@ -409,6 +728,20 @@ def main(argv=None):
     help="one local epoch (local_epochs=1), ceil(mean examples / batch) local steps, or 'auto': "
     "epochs where fedavg accepts local_epochs",
   )
+  parser.add_argument(
+    "--roofline", action="store_true", help="measure the device's peaks; each round's roofline"
+  )
+  parser.add_argument("--profile", action="store_true", help="trace the measured rounds")
+  parser.add_argument(
+    "--blocks",
+    default="",
+    help="comma-separated k: also the FEMNIST rounds with the epoch loop's exit tested every k "
+    "local steps (core.local.local_step_block)",
+  )
+  parser.add_argument(
+    "--sweep", action="store_true", help="also the FEMNIST workload as a 64-configuration sweep"
+  )
+  parser.add_argument("--sweep-rounds", type=int, default=None, help="rounds of the sweep anchor")
   parser.add_argument("--out", default=os.path.join(HERE, "results", "anchors.json"))
   args = parser.parse_args(argv)
   names = [w for w in args.workloads.split(",") if w]
@@ -417,7 +750,16 @@ def main(argv=None):
       parser.error(f"unknown workload {w!r}; choose from {tuple(WORKLOADS)}")
   if args.rounds is not None and args.rounds < 1:
     parser.error("--rounds must be >= 1")
+  try:
+    blocks = [int(k) for k in args.blocks.split(",") if k]
+  except ValueError:
+    parser.error(f"--blocks must be comma-separated positive integers, got {args.blocks!r}")
+  if any(k < 1 for k in blocks):
+    parser.error(f"--blocks must be comma-separated positive integers, got {args.blocks!r}")
+  if args.sweep_rounds is not None and args.sweep_rounds < 1:
+    parser.error("--sweep-rounds must be >= 1")
   load_before = os.getloadavg()[0]
+  peaks = measure_peaks(args.quick) if args.roofline else None
   rows = run_all(
     quick=args.quick,
     rounds=args.rounds,
@@ -425,8 +767,35 @@ def main(argv=None):
     device_bytes=args.device_bytes,
     workloads=names,
     work=args.local_work,
+    peaks=peaks,
+    profile=args.profile,
   )
   result = {"meta": meta(argv, load_before), "rows": rows}
+  if peaks is not None:
+    result["peaks"] = peaks
+  if blocks:
+    result["blocks"] = run_blocks(
+      blocks,
+      quick=args.quick,
+      rounds=args.rounds,
+      device_bytes=args.device_bytes,
+      peaks=peaks,
+      profile=args.profile,
+    )
+  if args.sweep:
+    cpu = jax.default_backend() == "cpu"
+    sweep_rounds = args.sweep_rounds or (2 if args.quick or cpu else 20)
+    spec = WORKLOADS["flute_femnist"]
+    result["sweep"] = [
+      measure_sweep(
+        "flute_femnist",
+        spec,
+        quick=args.quick,
+        rounds=sweep_rounds,
+        peaks=peaks,
+        **({"lrs": SWEEP_LRS[:2], "seeds": 2} if args.quick else {}),
+      )
+    ]
   md = write(result, args.out)
   print(markdown(result))
   print(f"wrote {args.out} and {md}")

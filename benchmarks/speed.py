@@ -24,6 +24,9 @@ Measures, on the device JAX runs on (CPU or one accelerator):
   (:func:`fedjax_dro.core.local.federated_gradient` against one local step per client,
   ``local_round``) and the evaluation of a global model (the ``auto`` backend against one ``vmap``
   over all clients);
+* ``roofline``: softmax and the MLP at n = 1000, the CNN at n = 100, each ``auto`` round against
+  its roofline (``roofline.py``: max(FLOPs / the dense rate, bytes / the copy bandwidth), both
+  peaks measured in the same process);
 * ``run``: :func:`fedjax_dro.run` (the CLI's path) against the compiled chunk it executes, and
   what its first chunk costs once (compilation of the rounds and of the evaluation, the first
   call, the evaluation).
@@ -76,6 +79,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:  # the speed_*.py modules beside this file, however it is loaded
   sys.path.insert(0, HERE)
 
+import roofline
 import speed_ceiling
 import speed_karula
 import speed_report
@@ -93,6 +97,7 @@ SECTIONS = (
   "devices",
   "sweep_cache",
   "karula",
+  "roofline",
 )
 
 
@@ -124,6 +129,12 @@ def main(argv=None):
   parser.add_argument("--tiny", action="store_true", help="with --preset gpu: tiny sizes (a test)")
   parser.add_argument(
     "--budget-s", type=float, default=None, help="with --preset gpu: seconds for the whole call"
+  )
+  parser.add_argument(
+    "--sweep-rounds", type=int, default=20, help="with --preset gpu: rounds of the sweep anchor"
+  )
+  parser.add_argument(
+    "--trace-dir", default=None, help="with --preset gpu: keep the FEMNIST round's trace here"
   )
   parser.add_argument("--markdown-out", default=None)
   parser.add_argument("--merge", action="store_true", help="keep other sections of --out")
@@ -194,6 +205,11 @@ def main(argv=None):
     [("softmax", 10), ("mlp", 10)] if args.quick else [("softmax", 1000), ("mlp", 1000)]
   )
   args.folding_workloads = [("softmax", 1000), ("mlp", 1000), ("cnn-patches", 100)]
+  args.roofline_workloads = (
+    [("softmax", 10), ("mlp", 10)]
+    if args.quick
+    else [("softmax", 1000), ("mlp", 1000), ("cnn-patches", 100)]
+  )
   if args.quick:
     args.folding_workloads = [("softmax", 10), ("mlp", 10)]
 
@@ -232,6 +248,9 @@ def main(argv=None):
     "folding": lambda: speed_sections.folding(args),
     "devices": lambda: speed_sections.devices_section(args),
     "sweep_cache": lambda: speed_sections.sweep_cache_section(args),
+    "roofline": lambda: speed_sections.rooflines(
+      args, dense, roofline.copy_bandwidth(args.quick)["bytes_per_s"]
+    ),
     "karula": lambda: speed_karula.karula_section(
       speed_karula.parser().parse_args(["--quick"] if args.quick else [])
     ),

@@ -33,15 +33,18 @@ import time
 
 import anchors
 import jax
+import roofline
 import speed_report
 import speed_sections
 import speed_workloads
 
+from fedjax_dro.core.local import step_block
 from fedjax_dro.core.precision import default_precision
 from fedjax_dro.models import conv_form
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BUDGET_S = 480.0
+BLOCKS = (1, 4, 8)  # the epoch loop's exit test every k local steps, side by side
 
 
 def default_out():
@@ -78,7 +81,7 @@ def _run(args, argv):
   start = time.perf_counter()
   tiny = args.tiny
   budget = args.budget_s if args.budget_s is not None else BUDGET_S
-  n_cnn, n_big = (4, 8) if tiny else (1000, 10_000)
+  cpu = jax.default_backend() == "cpu"
   base = _section_args(
     args,
     quick=tiny,
@@ -120,67 +123,116 @@ def _run(args, argv):
 
   dense = result["dense"] = speed_workloads.dense_rates(tiny)
   save()
-  cnn_models = ["cnn-auto"] if tiny else ["cnn-auto", "cnn-lax", "cnn-patches"]
-  result["workloads"] = _guarded(
-    "cnn",
-    lambda: speed_sections.workloads(
-      _section_args(base, models=cnn_models, client_grid=[n_cnn]), dense
-    ),
-    errors,
-  )
+  peaks = result["peaks"] = _guarded("peaks", lambda: _peaks(dense, tiny), errors)
   save()
-  # the two convolution forms in bf16 side by side: checks conv="auto"'s bf16 choice on this device
-  result["cnn_bf16"] = _guarded(
-    "cnn_bf16",
-    lambda: speed_sections.workloads(
-      _section_args(
-        base,
-        models=["cnn-lax", "cnn-patches"],
-        client_grid=[n_cnn],
-        precision="bf16",
-      ),
-      dense,
-    ),
-    errors,
-  )
-  save()
-  result["precision"] = _guarded(
-    "mlp_precision",
-    lambda: speed_sections.precisions(
-      _section_args(base, models=["mlp"], precision_clients=n_cnn), dense
-    ),
-    errors,
-  )
-  save()
-  big = _guarded(
-    "cnn_10k",
-    lambda: speed_sections.workloads(
-      _section_args(base, models=["cnn-auto"], client_grid=[n_big]), dense
-    ),
-    errors,
-  )
-  if big and big["rows"]:
-    result["workloads"] = result["workloads"] or {"precision": big["precision"], "rows": []}
-    result["workloads"]["rows"] += big["rows"]
-  result["cnn_10k"] = {
-    "num_clients": n_big,
-    "completed": bool(big and big["rows"]),
-    "error": errors.get("cnn_10k"),
-    "updates_per_s": big["rows"][0]["auto"]["updates_per_s"] if big and big["rows"] else None,
-  }
-  save()
-  left = budget - (time.perf_counter() - start)
+
+  def left():
+    return budget - (time.perf_counter() - start)
+
+  # 1. the FEMNIST-sized anchor: the whole run at the default exit-test block, its roofline and
+  # a trace of its measured rounds
+  keep = os.path.join(args.trace_dir, "femnist_trace.json.gz") if args.trace_dir else None
   result["anchors"] = _guarded(
-    "anchors",
-    lambda: anchors.run_all(quick=tiny, full=jax.default_backend() != "cpu", budget_s=left),
+    "femnist",
+    lambda: [
+      anchors.measure(
+        "flute_femnist",
+        anchors.WORKLOADS["flute_femnist"],
+        quick=tiny,
+        rounds=2 if tiny else 50,
+        full=not cpu,
+        device_bytes=(2 if cpu else 24) * 2**30,
+        budget_s=left(),
+        peaks=peaks,
+        profile=True,
+        keep_trace=keep,
+      )
+    ],
     errors,
   )
+  save()
+  # 2. the same rounds with the loop's exit tested every k steps, for the other k
+  result["blocks"] = _guarded(
+    "blocks",
+    lambda: anchors.run_blocks(
+      [k for k in BLOCKS if k != step_block()],
+      quick=tiny,
+      rounds=2 if tiny else 50,
+      device_bytes=(2 if cpu else 24) * 2**30,
+      peaks=peaks,
+      profile=True,
+    ),
+    errors,
+  )
+  save()
+  # 3. the 64-configuration sweep against one run
+  result["sweep"] = _guarded(
+    "sweep",
+    lambda: [
+      anchors.measure_sweep(
+        "flute_femnist",
+        anchors.WORKLOADS["flute_femnist"],
+        quick=tiny,
+        rounds=2 if tiny else args.sweep_rounds,
+        peaks=peaks,
+        **({"lrs": anchors.SWEEP_LRS[:2], "seeds": 2} if tiny else {}),
+      )
+    ],
+    errors,
+  )
+  save()
+  # 4. the CNN and the MLP at n = 1000 against their rooflines
+  n_cnn = 4 if tiny else 1000
+  result["roofline"] = _guarded(
+    "roofline",
+    lambda: speed_sections.rooflines(
+      _section_args(base, roofline_workloads=[("cnn-auto", n_cnn), ("mlp", n_cnn)]),
+      dense,
+      peaks["bytes_per_s"],
+    ),
+    errors,
+  )
+  save()
+  # 5. the CIFAR-10 anchor, whole where the budget allows
+  if left() > 30 or tiny:
+    cifar = _guarded(
+      "cifar",
+      lambda: anchors.measure(
+        "pfl_cifar10",
+        anchors.WORKLOADS["pfl_cifar10"],
+        quick=tiny,
+        rounds=2 if tiny else 50,
+        full=not cpu,
+        device_bytes=(2 if cpu else 24) * 2**30,
+        budget_s=left(),
+        peaks=peaks,
+      ),
+      errors,
+    )
+    if cifar:
+      result["anchors"] = (result["anchors"] or []) + [cifar]
+  else:
+    errors["cifar"] = f"skipped: {left():.0f} s of the budget left"
   result["meta"]["wall_s"] = time.perf_counter() - start
   result["meta"]["load_after"] = round(os.getloadavg()[0], 2)
   md_path = write(result, out)
   print(markdown(result))
   print(f"wrote {out} and {md_path}")
   return result
+
+
+def _peaks(dense, tiny):
+  """The rooflines' peaks: the default precision's dense rate and the copy bandwidth."""
+  precision = default_precision()
+  key = precision if precision in dense else "float32"
+  copy = roofline.copy_bandwidth(tiny)
+  return {
+    "precision": key,
+    "flops_per_s": dense[key]["flops_per_s"],
+    "bytes_per_s": copy["bytes_per_s"],
+    "dense": dense,
+    "copy": copy,
+  }
 
 
 def acceptance(result):
@@ -226,11 +278,44 @@ def acceptance(result):
     )
   for r in result.get("anchors") or []:
     whole = (
-      f"whole run {r['full_run_s']:.0f} s measured"
+      f"whole run {r['full_run_s']:.1f} s measured"
       if "full_run_s" in r
-      else f"whole run projected {r['projected_run_s']:.0f} s"
+      else f"whole run projected {r['projected_run_s']:.1f} s"
     )
-    out.append(f"anchor {r['workload']}: {r['s_per_round'] * 1e3:.1f} ms / round, {whole}")
+    line = f"anchor {r['workload']}: {r['s_per_round'] * 1e3:.1f} ms / round, {whole}"
+    if r["workload"] == "flute_femnist":
+      took = r.get("full_run_s", r["projected_run_s"])
+      line += f" (target <= 10 s: {'PASS' if took <= 10 else 'FAIL'})"
+    if "roofline" in r:
+      rf = r["roofline"]
+      line += (
+        f"; roofline {rf['bound_s'] * 1e3:.2f} ms / round ({rf['limited_by']}-bound), "
+        f"{100 * rf['share']:.0f}% of it; 1500 rounds at the bound: "
+        f"{1500 * rf['bound_s']:.1f} s + compile {r['compile_s']:.1f} s"
+      )
+    out.append(line)
+  for r in result.get("blocks") or []:
+    out.append(
+      f"anchor {r['workload']} with the exit test every {r['step_block']} steps: "
+      f"{r['s_per_round'] * 1e3:.1f} ms / round"
+    )
+  for r in result.get("sweep") or []:
+    line = (
+      f"sweep of {r['configs']} configurations, {r['rounds']} rounds: {r['ratio_whole']:.1f}x "
+      f"one run whole (compile included), {r['ratio_compiled']:.1f}x compiled (target <= 3x: "
+      f"{'PASS' if r['ratio_whole'] <= 3 else 'FAIL'})"
+    )
+    if "least_ratio_by_roofline" in r:
+      line += f"; the least ratio the roofline allows: {r['least_ratio_by_roofline']:.1f}x"
+    out.append(line)
+  for r in (result.get("roofline") or {}).get("rows", []):
+    line = (
+      f"{r['model']} n={r['num_clients']}: {100 * r['share']:.0f}% of its roofline "
+      f"({r['limited_by']}-bound, {r['intensity']:.1f} FLOP/byte)"
+    )
+    if r["model"].startswith("cnn"):
+      line += f" (target 40%: {'PASS' if r['share'] >= 0.4 else 'FAIL'})"
+    out.append(line)
   for name, err in (result.get("errors") or {}).items():
     out.append(f"error in {name}: {err}")
   return out
@@ -262,14 +347,26 @@ def markdown(result):
   lines += [f"- {a}" for a in acceptance(result)]
   lines.append("")
   body = speed_report.markdown(
-    {k: v for k, v in result.items() if k not in ("anchors", "acceptance", "cnn_bf16")}
+    {
+      k: v
+      for k, v in result.items()
+      if k not in ("anchors", "acceptance", "cnn_bf16", "blocks", "sweep", "peaks")
+    }
   )
   lines += body.split("\n")[4:]  # the speed report's sections, without its title and device line
   if result.get("cnn_bf16"):
     bf16 = speed_report.markdown({"meta": meta, "workloads": result["cnn_bf16"]}).split("\n")[4:]
     lines += ["## The convolution forms in bf16", ""] + bf16[2:]
-  if result.get("anchors"):
-    anchor_md = anchors.markdown({"meta": _anchor_meta(meta), "rows": result["anchors"]})
+  if result.get("anchors") or result.get("blocks") or result.get("sweep"):
+    anchor_md = anchors.markdown(
+      {
+        "meta": _anchor_meta(meta),
+        "rows": result.get("anchors") or [],
+        "peaks": result.get("peaks"),
+        "blocks": result.get("blocks") or [],
+        "sweep": result.get("sweep") or [],
+      }
+    )
     lines += ["", "## Anchors"] + anchor_md.split("\n")[5:]
   return "\n".join(lines)
 

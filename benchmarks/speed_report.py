@@ -92,6 +92,7 @@ def markdown(result) -> str:
       s = ", ".join(f"{x['model']} n={x['num_clients']}" for x in wl["skipped"])
       lines += ["", f"Skipped (over --max-gflop-per-round): {s}."]
     lines.append("")
+  lines += roofline_lines(result.get("roofline"))
   ceiling = result.get("ceiling")
   if ceiling and ceiling.get("rows"):
     lines += [
@@ -454,4 +455,34 @@ def _hand_written_table(r):
     lines.append(
       f"| {rung} | {what} | {ms} | {_fmt_rate(h['updates_per_s'])} | {100 * h['of_ceiling']:.0f}% |"
     )
+  return lines
+
+
+def roofline_lines(section):
+  """The markdown of a ``roofline`` section (``speed_sections.rooflines``)."""
+  if not section or not section.get("rows"):
+    return []
+  lines = [
+    f"## Rounds against the roofline ({section['precision']})",
+    "",
+    f"Peaks measured in the same process: dense {section['precision']} "
+    f"{section['peak_flops_per_s'] / 1e9:.1f} GFLOP/s, copy bandwidth "
+    f"{section['bytes_per_s'] / 1e9:.1f} GB/s. Bound = max(FLOPs / dense rate, bytes / "
+    "bandwidth) of the round's local steps (FLOPs counted by the CPU compiler, bytes by the "
+    "device's cost analysis of one loop-free step of 64 clients side by side; aggregation left "
+    "out: a lower bound); % = bound / measured round time.",
+    "",
+    "| model | n | MFLOP / update | MB / update | FLOP / byte (ridge) | auto updates/s [plan] | "
+    "ms / round | bound ms (limited by) | % of the bound |",
+    "|---|---|---|---|---|---|---|---|---|",
+  ]
+  for r in section["rows"]:
+    u = r["per_update"]
+    lines.append(
+      f"| {r['model']} | {r['num_clients']} | {u['flops'] / 1e6:.2f} | {u['bytes'] / 1e6:.2f} | "
+      f"{r['intensity']:.1f} ({r['ridge']:.1f}) | {_fmt_rate(r['updates_per_s'])} [{r['plan']}] | "
+      f"{r['measured_s'] * 1e3:.2f} | {r['bound_s'] * 1e3:.3f} ({r['limited_by']}) | "
+      f"{100 * r['share']:.0f}% |"
+    )
+  lines.append("")
   return lines

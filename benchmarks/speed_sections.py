@@ -433,3 +433,37 @@ def folding(args):
     rows.append(row)
     print(json.dumps(row), flush=True)
   return {"rows": rows}
+
+
+def rooflines(args, dense, bandwidth):
+  """Each of ``args.roofline_workloads`` (model, n) against its roofline: the ``auto`` backend's
+  round timed here, beside the bound of its work on this device's measured peaks (the dense rate
+  of the round's precision and ``bandwidth``, the copy bandwidth in bytes/s). A client update's
+  work is ``LOCAL_STEPS`` times the cost of one local step of ``c = min(n, 64)`` clients side by
+  side (``roofline.cohort_step_cost``) divided by ``c``; the round's is ``n`` updates."""
+  import roofline
+
+  precision = args.precision or default_precision()
+  peak = dense.get(precision, dense.get("float32", {})).get("flops_per_s")
+  rows = []
+  for kind, n in args.roofline_workloads:
+    n = min(n, args.max_clients)
+    model, params, data = make_workload(kind, n)
+    model = with_precision(model, precision)
+    c = min(n, 64)
+    cost = roofline.cohort_step_cost(model, params, data.x[:c, :BATCH], data.y[:c, :BATCH], BATCH)
+    per_update = {k: cost[k] * LOCAL_STEPS / c for k in ("flops", "bytes")}
+    timed = backend_row(model, data, params, "auto", precision, 0.05, 2 if args.quick else 3)
+    row = {
+      "model": kind,
+      "num_clients": n,
+      "precision": precision,
+      "step_cost": cost,
+      "per_update": per_update,
+      "updates_per_s": timed["updates_per_s"],
+      "plan": plan_label(timed),
+      **roofline.roofline_row(per_update, n, peak, bandwidth, timed["s_per_round"]),
+    }
+    rows.append(row)
+    print(json.dumps({k: v for k, v in row.items() if k != "step_cost"}), flush=True)
+  return {"precision": precision, "peak_flops_per_s": peak, "bytes_per_s": bandwidth, "rows": rows}
