@@ -318,10 +318,13 @@ def measure(
       s_per_round,
     )
   if profile:
-    _, summary = speed_trace.traced(
-      lambda: _timed_run(alg, train, eval_data, rounds, 1, params)[1].final_state,
-      keep_trace=keep_trace,
-    )
+    try:
+      _, summary = speed_trace.traced(
+        lambda: _timed_run(alg, train, eval_data, rounds, 1, params)[1].final_state,
+        keep_trace=keep_trace,
+      )
+    except Exception as e:  # a profiler that cannot run here is a result, not a lost row
+      summary = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
     steps = row["executed_steps_per_round"] * rounds
     row["trace"] = {**summary, **speed_trace.per_step(summary, steps), "rounds": rounds}
   if full:
@@ -555,6 +558,9 @@ def roofline_markdown(result):
     ]
     for r in traced:
       t = r["trace"]
+      if t.get("error"):
+        lines.append(f"| {r['title']} | {r['step_block']} | - | - | - | {t['error'][:80]} |")
+        continue
       if not t.get("device_events"):
         lines.append(
           f"| {r['title']} | {r['step_block']} | - | - | - | no device streams in the trace (CPU) |"
