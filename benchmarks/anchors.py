@@ -58,7 +58,7 @@ import numpy as np
 import fedjax_dro as fd
 from fedjax_dro import models
 from fedjax_dro.algorithms import fedavg
-from fedjax_dro.core.local import local_step_block, step_block
+from fedjax_dro.core.local import epoch_chunk, local_epoch_chunk, local_step_block, step_block
 from fedjax_dro.data import FederatedData
 from fedjax_dro.data.host import HostFederatedData, HostStore
 from fedjax_dro.engine.prepare import derive_keys
@@ -198,34 +198,43 @@ def _timed_run(alg, train, eval_data, rounds, seed, params):
   return time.perf_counter() - t0, hist
 
 
-def executed_steps(alg, sizes, kw, seed, rounds, block):
-  """``(executed, useful)`` local steps per round, averaged over rounds ``0 .. rounds - 1`` of
-  ``seed``: ``executed`` = the loop's steps (its participants side by side run until the
-  largest is done, in whole blocks of ``block`` steps), ``useful`` = the sum of the
-  participants' own steps (``local_steps``, or ``local_epochs * ceil(size / batch)``)."""
+def executed_steps(alg, sizes, kw, seed, rounds, block, chunk=None):
+  """``(executed, useful)`` local client-steps per round, averaged over rounds ``0 .. rounds -
+  1`` of ``seed``: ``executed`` = the steps the participants run side by side (each group runs
+  until its largest is done, in whole blocks of ``block`` steps, the others masked), counted
+  per participant; ``useful`` = the sum of the participants' own steps (``local_steps``, or
+  ``local_epochs * ceil(size / batch)``). ``chunk``: the participants sorted by their steps in
+  groups of ``chunk`` (``core.local.local_epoch_chunk``; None: one group)."""
   run_key = derive_keys(seed)[2]
   idx = predicted_participants(alg, len(sizes), run_key, range(rounds))
+  s = idx.shape[1]
   if "local_epochs" in kw:
     own = kw["local_epochs"] * -(-np.asarray(sizes)[idx] // kw["batch_size"])
-    longest = own.max(axis=1)
-    executed = -(-longest // block) * block
   else:
     own = np.full(idx.shape, kw["local_steps"])
-    executed = own.max(axis=1)
+    block = 1
+  ranked = np.sort(own, axis=1)
+  size = s if chunk is None or "local_epochs" not in kw else min(chunk, s)
+  executed = np.zeros(idx.shape[0])
+  for start in range(0, s, size):
+    group = ranked[:, start : start + size]
+    executed += group.shape[1] * (-(-group.max(axis=1) // block) * block)
   return float(executed.mean()), float(own.sum(axis=1).mean())
 
 
 def round_roofline(model, params, train, cohort, batch, executed, peaks, s_per_round):
-  """The roofline of a round: ``executed`` local steps of the ``cohort`` participants side by
-  side (``roofline.cohort_step_cost``: one step's FLOPs and bytes), on the measured ``peaks``
-  (``{"flops_per_s", "bytes_per_s"}``), against the measured seconds per round."""
+  """The roofline of a round of ``executed`` local client-steps: one step of the ``cohort``
+  participants side by side (``roofline.cohort_step_cost``: its FLOPs and bytes) divided by
+  ``cohort`` is a client-step's work; on the measured ``peaks`` (``{"flops_per_s",
+  "bytes_per_s"}``), against the measured seconds per round."""
   x = jnp.asarray(np.asarray(train.x[:cohort, :batch]))
   y = jnp.asarray(np.asarray(train.y[:cohort, :batch]))
   cost = roofline.cohort_step_cost(model, params, x, y, batch)
+  per_client_step = {k: cost[k] / cohort for k in ("flops", "bytes")}
   row = roofline.roofline_row(
-    cost, executed, peaks["flops_per_s"], peaks["bytes_per_s"], s_per_round
+    per_client_step, executed, peaks["flops_per_s"], peaks["bytes_per_s"], s_per_round
   )
-  return {"step_cost": cost, "executed_steps": executed, **row}
+  return {"step_cost": cost, "client_step": per_client_step, "executed_steps": executed, **row}
 
 
 def measure(
@@ -301,10 +310,11 @@ def measure(
     "projected_run_s": compile_s + total_rounds * s_per_round,
     "published": spec["published"],
     "step_block": step_block(),
+    "epoch_chunk": epoch_chunk(),
   }
   block = step_block() if "local_epochs" in kw else 1
   row["executed_steps_per_round"], row["useful_client_steps_per_round"] = executed_steps(
-    alg, sizes, kw, 1, rounds, block
+    alg, sizes, kw, 1, rounds, block, epoch_chunk() if cohort < num_clients else None
   )
   if peaks is not None:
     row["roofline"] = round_roofline(
@@ -325,8 +335,7 @@ def measure(
       )
     except Exception as e:  # a profiler that cannot run here is a result, not a lost row
       summary = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
-    steps = row["executed_steps_per_round"] * rounds
-    row["trace"] = {**summary, **speed_trace.per_step(summary, steps), "rounds": rounds}
+    row["trace"] = {**summary, **speed_trace.per_round(summary, rounds), "rounds": rounds}
   if full:
     remaining = None if budget_s is None else budget_s - (time.perf_counter() - start)
     if remaining is None or row["projected_run_s"] < remaining:
@@ -348,12 +357,23 @@ SWEEP_LRS = (0.0125, 0.025, 0.05, 0.1)  # 4 client learning rates x 16 seeds = 6
 SWEEP_SEEDS = 16
 
 
-def measure_sweep(name, spec, *, quick, rounds, peaks=None, lrs=SWEEP_LRS, seeds=SWEEP_SEEDS):
+def measure_sweep(
+  name,
+  spec,
+  *,
+  quick,
+  rounds,
+  peaks=None,
+  lrs=SWEEP_LRS,
+  seeds=SWEEP_SEEDS,
+  backend="auto",
+):
   """The workload as one ``fd.sweep`` over ``len(lrs) x seeds`` configurations against one
   ``fd.run`` of it, both over ``rounds`` rounds, side by side in this process: each timed whole
   on its first call (compilation included) and again on a second call (its compiled program
   reused), the federation on the device. With ``peaks``: the roofline of one configuration's
-  round and of the sweep's (``configs`` times that work)."""
+  round and of the sweep's (``configs`` times that work). ``backend``: the participants'
+  backend (of the sweep and the run alike)."""
   num_clients = QUICK["num_clients"] if quick else spec["num_clients"]
   cohort = QUICK["clients_per_round"] if quick else spec["clients_per_round"]
   image = (8, 8, spec["image"][2]) if quick else spec["image"]
@@ -393,10 +413,10 @@ def measure_sweep(name, spec, *, quick, rounds, peaks=None, lrs=SWEEP_LRS, seeds
     )
     return time.perf_counter() - t0, res  # its results are fetched to the host: finished
 
-  alg = fedavg(model, clients_per_round=cohort, **kw)
+  alg = fedavg(model, clients_per_round=cohort, backend=backend, **kw)
   run_whole = one_run(0, alg)
   run_again = one_run(1, alg)
-  salg = fedavg(model, clients_per_round=cohort, **kw)
+  salg = fedavg(model, clients_per_round=cohort, backend=backend, **kw)
   sweep_whole, first = one_sweep(salg)
   sweep_again, again = one_sweep(salg)
   row = {
@@ -410,6 +430,7 @@ def measure_sweep(name, spec, *, quick, rounds, peaks=None, lrs=SWEEP_LRS, seeds
     "configs": configs,
     "grid": grid,
     "seeds": seeds,
+    "backend": backend,
     "data_on": where,
     "run_whole_s": run_whole,
     "run_compiled_s": run_again,
@@ -423,15 +444,17 @@ def measure_sweep(name, spec, *, quick, rounds, peaks=None, lrs=SWEEP_LRS, seeds
   }
   if peaks is not None:
     block = step_block() if "local_epochs" in kw else 1
-    executed, _ = executed_steps(alg, sizes, kw, 1, rounds, block)
+    chunk = epoch_chunk() if backend == "auto" and cohort < num_clients else cohort
+    executed, useful = executed_steps(alg, sizes, kw, 1, rounds, block, chunk)
     one = round_roofline(
       model, params, train, cohort, spec["batch_size"], executed, peaks, run_again / rounds
     )
     row["roofline_run"] = one
+    # the sweep: every configuration's participants' own steps (a lower bound of its work)
     row["roofline_sweep"] = {
       **roofline.bound(
-        one["step_cost"]["flops"] * executed * configs,
-        one["step_cost"]["bytes"] * executed * configs,
+        one["client_step"]["flops"] * useful * configs,
+        one["client_step"]["bytes"] * useful * configs,
         peaks["flops_per_s"],
         peaks["bytes_per_s"],
       ),
@@ -516,6 +539,12 @@ def _roofline_cells(r):
   )
 
 
+def _chunk_cell(r):
+  """The participants' chunking of a row: its sorted chunk size, or 'no' (the backend's plan)."""
+  c = r.get("epoch_chunk")
+  return "no (one group)" if c is None or c >= r["clients_per_round"] else str(c)
+
+
 def roofline_markdown(result):
   """The markdown of the rooflines, the loop-block variants, the traces and the sweep."""
   lines = []
@@ -527,23 +556,27 @@ def roofline_markdown(result):
       "",
       f"Peaks measured in this process: dense {peaks['precision']} "
       f"{peaks['flops_per_s'] / 1e12:.2f} TFLOP/s, copy bandwidth "
-      f"{peaks['bytes_per_s'] / 1e9:.0f} GB/s. A round's bound = the local steps it executes "
-      "(its participants side by side run until the largest is done, in whole blocks of the "
-      "loop's exit test) x one step of the cohort (FLOPs counted by the CPU compiler, bytes by "
+      f"{peaks['bytes_per_s'] / 1e9:.0f} GB/s. A round's bound = the client-steps it executes "
+      "(participants side by side run until the largest of their group is done, in whole "
+      "blocks of the loop's exit test; sorted by step count into chunks where the table says "
+      "so) x the work of one client-step (one step of the cohort side by side, divided by its "
+      "size) (FLOPs counted by the CPU compiler, bytes by "
       "the device's cost analysis of the loop-free step program; sampling and aggregation left "
       "out: a lower bound).",
       "",
-      "| workload | exit test every k steps | steps executed / round (participants' own) | "
-      "MFLOP / step | MB / step | ms / round | bound ms (limited by) | % of the bound |",
-      "|---|---|---|---|---|---|---|---|",
+      "| workload | exit test every k steps | participants sorted, in chunks of | client-steps "
+      "executed / round (participants' own) | MFLOP / client-step | MB / client-step | "
+      "ms / round | bound ms (limited by) | % of the bound |",
+      "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
       rf = r["roofline"]
       bound_cell, share_cell = _roofline_cells(rf)
       lines.append(
         f"| {r['title']}{' (quick sizes)' if r['quick'] else ''} | {r['step_block']} | "
+        f"{_chunk_cell(r)} | "
         f"{r['executed_steps_per_round']:.1f} ({r['useful_client_steps_per_round']:.1f}) | "
-        f"{rf['step_cost']['flops'] / 1e6:.0f} | {rf['step_cost']['bytes'] / 1e6:.0f} | "
+        f"{rf['client_step']['flops'] / 1e6:.0f} | {rf['client_step']['bytes'] / 1e6:.1f} | "
         f"{r['s_per_round'] * 1e3:.2f} | {bound_cell} | {share_cell} |"
       )
     lines.append("")
@@ -552,30 +585,29 @@ def roofline_markdown(result):
     lines += [
       "## What the device executed (jax.profiler trace of the measured rounds)",
       "",
-      "| workload | exit test every k steps | kernels / step | kernel us / step | "
-      "device-to-host copies / step | device busy over the traced span |",
-      "|---|---|---|---|---|---|",
+      "| workload | exit test every k steps | participants sorted, in chunks of | kernels / round | "
+      "kernel ms / round | device-to-host copies / round | device busy over the traced span |",
+      "|---|---|---|---|---|---|---|",
     ]
     for r in traced:
       t = r["trace"]
+      head = f"| {r['title']} | {r['step_block']} | {_chunk_cell(r)} |"
       if t.get("error"):
-        lines.append(f"| {r['title']} | {r['step_block']} | - | - | - | {t['error'][:80]} |")
+        lines.append(f"{head} - | - | - | {t['error'][:80]} |")
         continue
       if not t.get("device_events"):
-        lines.append(
-          f"| {r['title']} | {r['step_block']} | - | - | - | no device streams in the trace (CPU) |"
-        )
+        lines.append(f"{head} - | - | - | no device streams in the trace (CPU) |")
         continue
       lines.append(
-        f"| {r['title']} | {r['step_block']} | {t['kernels_per_step']:.1f} | "
-        f"{t['kernel_us_per_step']:.0f} | {t['d2h_per_step']:.2f} | "
-        f"{100 * t['busy_share']:.0f}% |"
+        f"{head} {t['kernels_per_round']:.0f} | {t['kernel_ms_per_round']:.2f} | "
+        f"{t['d2h_per_round']:.1f} | {100 * t['busy_share']:.0f}% |"
       )
     lines.append("")
     for r in traced:
       if r["trace"].get("top"):
         lines += [
-          f"Top kernels, {r['title']} (exit test every {r['step_block']} steps): "
+          f"Top kernels, {r['title']} (exit test every {r['step_block']} steps, chunks: "
+          f"{_chunk_cell(r)}): "
           + "; ".join(f"`{n[:60]}` x{c} {us / 1e3:.1f} ms" for n, c, us in r["trace"]["top"][:6]),
           "",
         ]
@@ -585,7 +617,8 @@ def roofline_markdown(result):
       "",
       f"{r['title']}{' (quick sizes)' if r['quick'] else ''}: `fd.sweep` over {r['configs']} "
       f"configurations ({len(r['grid']['client_lr'])} client learning rates x {r['seeds']} "
-      f"seeds) against one `fd.run`, {r['rounds']} rounds each, federation on the {r['data_on']}.",
+      f"seeds) against one `fd.run`, {r['rounds']} rounds each, federation on the {r['data_on']}, "
+      f"backend `{r.get('backend', 'auto')}`.",
       "",
       "| | one run | the sweep | sweep / run |",
       "|---|---|---|---|",
@@ -598,7 +631,8 @@ def roofline_markdown(result):
     if "roofline_sweep" in r:
       one, sw = r["roofline_run"], r["roofline_sweep"]
       lines += [
-        f"Roofline: one configuration's round is bounded at {one['bound_s'] * 1e3:.2f} ms "
+        f"Roofline (the sweep's bound counts each configuration's participants' own steps): one "
+        f"configuration's round is bounded at {one['bound_s'] * 1e3:.2f} ms "
         f"({one['limited_by']}-bound; measured {one['measured_s'] * 1e3:.2f} ms, "
         f"{100 * one['share']:.0f}% of it); the sweep's round, {r['configs']} times that work, "
         f"at {sw['bound_s'] * 1e3:.1f} ms (measured {sw['measured_s'] * 1e3:.1f} ms, "
@@ -671,12 +705,16 @@ def measure_peaks(quick=False):
   }
 
 
-def run_blocks(blocks, *, quick=False, rounds=None, device_bytes=None, peaks=None, profile=False):
-  """The FEMNIST workload's measured rounds with the epoch loop's exit tested every ``k`` local
-  steps, for each ``k`` of ``blocks`` (``core.local.local_step_block``), side by side."""
+def run_variants(
+  variants, *, quick=False, rounds=None, device_bytes=None, peaks=None, profile=False
+):
+  """The FEMNIST workload's measured rounds under each ``(k, c)`` of ``variants`` side by side:
+  the epoch loop's exit tested every ``k`` local steps (``core.local.local_step_block``) and the
+  participants sorted by step count in chunks of ``c`` (``core.local.local_epoch_chunk``; None:
+  the backend's plan, unsorted)."""
   rows = []
-  for k in blocks:
-    with local_step_block(int(k)):
+  for k, c in variants:
+    with local_step_block(int(k)), local_epoch_chunk(None if c is None else int(c)):
       rows += run_all(
         quick=quick,
         rounds=rounds,
@@ -686,6 +724,11 @@ def run_blocks(blocks, *, quick=False, rounds=None, device_bytes=None, peaks=Non
         profile=profile,
       )
   return rows
+
+
+def run_blocks(blocks, **kw):
+  """:func:`run_variants` of the exit-test blocks ``blocks`` (the platform's chunks)."""
+  return run_variants([(k, epoch_chunk()) for k in blocks], **kw)
 
 
 def meta(argv, load_before):

@@ -81,7 +81,6 @@ if HERE not in sys.path:  # the speed_*.py modules beside this file, however it 
 
 import roofline
 import speed_ceiling
-import speed_karula
 import speed_report
 import speed_sections
 import speed_workloads
@@ -99,6 +98,14 @@ SECTIONS = (
   "karula",
   "roofline",
 )
+
+
+def _karula_section(args):
+  import speed_karula  # imports ott-jax (the OT dissimilarities): only where this section runs
+
+  return speed_karula.karula_section(
+    speed_karula.parser().parse_args(["--quick"] if args.quick else [])
+  )
 
 
 def main(argv=None):
@@ -132,6 +139,17 @@ def main(argv=None):
   )
   parser.add_argument(
     "--sweep-rounds", type=int, default=20, help="with --preset gpu: rounds of the sweep anchor"
+  )
+  parser.add_argument(
+    "--gpu-sections",
+    default=None,
+    help="with --preset gpu: comma-separated sections (default: femnist, variants, sweep, "
+    "roofline, cifar)",
+  )
+  parser.add_argument(
+    "--merge-from",
+    default=None,
+    help="with --preset gpu: keep the sections not measured here from this results file",
   )
   parser.add_argument(
     "--trace-dir", default=None, help="with --preset gpu: keep the FEMNIST round's trace here"
@@ -251,9 +269,7 @@ def main(argv=None):
     "roofline": lambda: speed_sections.rooflines(
       args, dense, roofline.copy_bandwidth(args.quick)["bytes_per_s"]
     ),
-    "karula": lambda: speed_karula.karula_section(
-      speed_karula.parser().parse_args(["--quick"] if args.quick else [])
-    ),
+    "karula": lambda: _karula_section(args),
   }
   for name in SECTIONS:  # in this order, whatever the order of --sections
     if name in args.sections:

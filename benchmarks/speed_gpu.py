@@ -38,13 +38,26 @@ import speed_report
 import speed_sections
 import speed_workloads
 
-from fedjax_dro.core.local import step_block
+from fedjax_dro.core.local import epoch_chunk, step_block
 from fedjax_dro.core.precision import default_precision
 from fedjax_dro.models import conv_form
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BUDGET_S = 480.0
-BLOCKS = (1, 4, 8)  # the epoch loop's exit test every k local steps, side by side
+# The FEMNIST round's variants side by side: (exit test every k local steps, participants sorted
+# by step count in chunks of c; None: one group, the backend's plan)
+VARIANTS = ((1, None), (1, 1), (1, 2), (4, 5))
+# The sweep's participants one at a time in each configuration (the 64 configurations side by
+# side): the auto plan ran out of the H100's memory at 64 configurations (43 GiB asked for)
+SWEEP_BACKEND = "map"
+GPU_SECTIONS = ("femnist", "variants", "sweep", "roofline", "cifar")
+# the keys of the results each section writes (--merge-from keeps the others)
+SECTION_KEYS = {
+  "anchors": ("femnist", "cifar"),
+  "blocks": ("variants",),
+  "sweep": ("sweep",),
+  "roofline": ("roofline",),
+}
 
 
 def default_out():
@@ -114,6 +127,22 @@ def _run(args, argv):
     },
     "errors": {},
   }
+  sections = [x for x in (args.gpu_sections or ",".join(GPU_SECTIONS)).split(",") if x]
+  for x in sections:
+    if x not in GPU_SECTIONS:
+      raise ValueError(f"--gpu-sections: unknown section {x!r}; choose from {GPU_SECTIONS}")
+  if args.merge_from:  # the sections not measured here are kept from an earlier results file
+    with open(args.merge_from) as f:
+      earlier = json.load(f)
+    kept = [k for k in SECTION_KEYS if not set(SECTION_KEYS[k]) & set(sections) and k in earlier]
+    result.update({k: earlier[k] for k in kept})
+    result["meta"]["kept_from"] = {
+      "command": earlier["meta"]["command"],
+      "device_kind": earlier["meta"]["device_kind"],
+      "keys": kept,
+    }
+    result["errors"] = {k: v for k, v in earlier.get("errors", {}).items() if k in kept}
+  result["meta"]["gpu_sections"] = sections
   errors = result["errors"]
   out = args.out_gpu or default_out()
 
@@ -129,90 +158,100 @@ def _run(args, argv):
   def left():
     return budget - (time.perf_counter() - start)
 
-  # 1. the FEMNIST-sized anchor: the whole run at the default exit-test block, its roofline and
-  # a trace of its measured rounds
-  keep = os.path.join(args.trace_dir, "femnist_trace.json.gz") if args.trace_dir else None
-  result["anchors"] = _guarded(
-    "femnist",
-    lambda: [
-      anchors.measure(
+  device_bytes = (2 if cpu else 24) * 2**30
+  rounds = 2 if tiny else 50
+  anchor_rows = {r["workload"]: r for r in result.get("anchors") or []}
+  # 1. the FEMNIST-sized anchor: the whole run at the platform's defaults, its roofline and a
+  # trace of its measured rounds
+  if "femnist" in sections:
+    keep = os.path.join(args.trace_dir, "femnist_trace.json.gz") if args.trace_dir else None
+    row = _guarded(
+      "femnist",
+      lambda: anchors.measure(
         "flute_femnist",
         anchors.WORKLOADS["flute_femnist"],
         quick=tiny,
-        rounds=2 if tiny else 50,
+        rounds=rounds,
         full=not cpu,
-        device_bytes=(2 if cpu else 24) * 2**30,
+        device_bytes=device_bytes,
         budget_s=left(),
         peaks=peaks,
         profile=True,
         keep_trace=keep,
-      )
-    ],
-    errors,
-  )
-  save()
-  # 2. the same rounds with the loop's exit tested every k steps, for the other k
-  result["blocks"] = _guarded(
-    "blocks",
-    lambda: anchors.run_blocks(
-      [k for k in BLOCKS if k != step_block()],
-      quick=tiny,
-      rounds=2 if tiny else 50,
-      device_bytes=(2 if cpu else 24) * 2**30,
-      peaks=peaks,
-      profile=True,
-    ),
-    errors,
-  )
-  save()
-  # 3. the 64-configuration sweep against one run
-  result["sweep"] = _guarded(
-    "sweep",
-    lambda: [
-      anchors.measure_sweep(
-        "flute_femnist",
-        anchors.WORKLOADS["flute_femnist"],
+      ),
+      errors,
+    )
+    anchor_rows.pop("flute_femnist", None)
+    if row:
+      anchor_rows = {"flute_femnist": row, **anchor_rows}
+    result["anchors"] = list(anchor_rows.values())
+    save()
+  # 2. the same rounds under the other ways of running the participants
+  if "variants" in sections:
+    here = (step_block(), epoch_chunk())
+    result["blocks"] = _guarded(
+      "variants",
+      lambda: anchors.run_variants(
+        [v for v in VARIANTS if v != here],
         quick=tiny,
-        rounds=2 if tiny else args.sweep_rounds,
+        rounds=rounds,
+        device_bytes=device_bytes,
         peaks=peaks,
-        **({"lrs": anchors.SWEEP_LRS[:2], "seeds": 2} if tiny else {}),
-      )
-    ],
-    errors,
-  )
-  save()
+        profile=True,
+      ),
+      errors,
+    )
+    save()
+  # 3. the 64-configuration sweep against one run
+  if "sweep" in sections:
+    result["sweep"] = _guarded(
+      "sweep",
+      lambda: [
+        anchors.measure_sweep(
+          "flute_femnist",
+          anchors.WORKLOADS["flute_femnist"],
+          quick=tiny,
+          rounds=2 if tiny else args.sweep_rounds,
+          peaks=peaks,
+          backend=SWEEP_BACKEND,
+          **({"lrs": anchors.SWEEP_LRS[:2], "seeds": 2} if tiny else {}),
+        )
+      ],
+      errors,
+    )
+    save()
   # 4. the CNN and the MLP at n = 1000 against their rooflines
-  n_cnn = 4 if tiny else 1000
-  result["roofline"] = _guarded(
-    "roofline",
-    lambda: speed_sections.rooflines(
-      _section_args(base, roofline_workloads=[("cnn-auto", n_cnn), ("mlp", n_cnn)]),
-      dense,
-      peaks["bytes_per_s"],
-    ),
-    errors,
-  )
-  save()
+  if "roofline" in sections:
+    n_cnn = 4 if tiny else 1000
+    result["roofline"] = _guarded(
+      "roofline",
+      lambda: speed_sections.rooflines(
+        _section_args(base, roofline_workloads=[("cnn-auto", n_cnn), ("mlp", n_cnn)]),
+        dense,
+        peaks["bytes_per_s"],
+      ),
+      errors,
+    )
+    save()
   # 5. the CIFAR-10 anchor, whole where the budget allows
-  if left() > 30 or tiny:
-    cifar = _guarded(
+  if "cifar" in sections:
+    row = _guarded(
       "cifar",
       lambda: anchors.measure(
         "pfl_cifar10",
         anchors.WORKLOADS["pfl_cifar10"],
         quick=tiny,
-        rounds=2 if tiny else 50,
+        rounds=rounds,
         full=not cpu,
-        device_bytes=(2 if cpu else 24) * 2**30,
+        device_bytes=device_bytes,
         budget_s=left(),
         peaks=peaks,
       ),
       errors,
     )
-    if cifar:
-      result["anchors"] = (result["anchors"] or []) + [cifar]
-  else:
-    errors["cifar"] = f"skipped: {left():.0f} s of the budget left"
+    if row:
+      anchor_rows["pfl_cifar10"] = row
+    result["anchors"] = list(anchor_rows.values())
   result["meta"]["wall_s"] = time.perf_counter() - start
   result["meta"]["load_after"] = round(os.getloadavg()[0], 2)
   md_path = write(result, out)

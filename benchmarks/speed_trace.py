@@ -6,8 +6,8 @@ and for how long, the top kernels by total time, the copies between host and dev
 ``while_loop`` on a GPU copies its predicate to the host on every iteration: a device-to-host
 copy and a wait per iteration), and how busy the device was over the traced span (the union of
 its kernels' intervals over the span from the first to the last: the rest of the span the device
-waited for the host). Divided by the local steps the traced rounds executed, these are the
-per-step figures the anchors report (``anchors.py``).
+waited for the host). Divided by the traced rounds, these are the per-round figures the anchors
+report (``anchors.py``).
 
 On a CPU there are no device streams: the summary says so (``device_events = 0``) and the work
 runs as host threads, which ``speed_profile.py`` reads instead.
@@ -124,12 +124,12 @@ def traced(fn, keep_trace: str = None):
   return out, device_summary(events)
 
 
-def per_step(summary: dict, steps: float) -> dict:
-  """Kernels, kernel time and device-to-host copies per executed local step of a summary."""
-  if not steps:
+def per_round(summary: dict, rounds: int) -> dict:
+  """Kernels, kernel milliseconds and device-to-host copies per round of a summary."""
+  if not rounds or summary.get("error"):
     return {}
   return {
-    "kernels_per_step": summary.get("kernels", 0) / steps,
-    "kernel_us_per_step": summary.get("kernel_us", 0.0) / steps,
-    "d2h_per_step": (summary.get("copies") or {}).get("d2h", 0) / steps,
+    "kernels_per_round": summary.get("kernels", 0) / rounds,
+    "kernel_ms_per_round": summary.get("kernel_us", 0.0) / rounds / 1e3,
+    "d2h_per_round": (summary.get("copies") or {}).get("d2h", 0) / rounds,
   }

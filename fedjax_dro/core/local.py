@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_dro.core.aggregation import scatter_rows
-from fedjax_dro.core.clients import map_clients, map_clients_weighted_sum
+from fedjax_dro.core.clients import map_clients, map_clients_weighted_sum, plan_clients
 from fedjax_dro.core.sampling import (
   epoch_permutations,
   epoch_step_rows,
@@ -124,12 +124,13 @@ def schedule_batch(schedule: LocalSchedule, j, x, y, num_examples, step_key=None
 
 # Local steps per test of the epoch loop's exit condition, by platform (``local_epochs``; see
 # :func:`scan_schedule`). XLA's GPU runtime copies a ``while_loop``'s predicate to the host and
-# waits for it on every iteration, which stalls the queue of kernels once per local step; a block
-# of k steps is a fixed-length ``lax.scan`` (a loop of known trip count, run without that round
-# trip) inside the ``while_loop``, so the host waits once per k steps, at the price of at most
-# k - 1 masked steps at the end. The CPU runtime evaluates the predicate where it runs and
-# gains nothing: 1 there.
-STEP_BLOCK_AUTO = {"cpu": 1, "gpu": 4}
+# waits for it on every iteration; a block of k steps is a fixed-length ``lax.scan`` (a loop of
+# known trip count, run without that round trip) inside the ``while_loop``, so the host waits
+# once per k steps, at the price of up to k - 1 masked steps at the end. Measured on an H100
+# (``benchmarks/anchors.py``, the FEMNIST-sized round): the device stays busy over 90% of the
+# round at k = 1 and the masked steps cost more than the round trips saved (k = 1, 4, 8: 22.7,
+# 26.6, 27.7 ms a round), so 1 everywhere; ``local_step_block`` chooses another k.
+STEP_BLOCK_AUTO = {"cpu": 1, "gpu": 1}
 _STEP_BLOCK: list = []  # the override of local_step_block(), innermost last
 
 
@@ -157,6 +158,58 @@ def step_block(platform: Optional[str] = None) -> int:
   platform = platform or jax.default_backend()
   platform = "gpu" if platform in ("cuda", "rocm") else platform
   return STEP_BLOCK_AUTO.get(platform, 1)
+
+
+# Participants per chunk of a ``local_epochs`` round, by platform (None: as the backend plans).
+# Side by side, a round's participants run until the one with the most steps is done, the others
+# masked; on a GPU a masked step costs what a real one does (each client's weights are read and
+# written every step: the round is bound by memory traffic), so the participants of a sampled
+# round are sorted by their step counts and run in chunks of this many, each chunk until its own
+# largest is done (``benchmarks/anchors.py``: the FEMNIST-sized round on an H100). The CPU runs
+# the chunk's loop as well and keeps the backend's plan: None.
+EPOCH_CHUNK_AUTO = {"cpu": None, "gpu": 5}
+_EPOCH_CHUNK: list = []  # the override of local_epoch_chunk(), innermost last
+_UNSET = object()
+
+
+@contextlib.contextmanager
+def local_epoch_chunk(size: Optional[int]):
+  """Within the block, ``local_epochs`` rounds with partial participation run their participants
+  sorted by step count in chunks of ``size`` (None: in the backend's own plan, unsorted; default:
+  :data:`EPOCH_CHUNK_AUTO` of the platform). Results do not depend on it (each participant keeps
+  its own key and minibatches; sums run in another order: equal to rounding); only the speed
+  and the memory of a round do. Takes effect on programs traced inside the block."""
+  if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 1):
+    raise ValueError(f"local_epoch_chunk needs a positive integer or None, got {size!r}")
+  _EPOCH_CHUNK.append(size)
+  try:
+    yield
+  finally:
+    _EPOCH_CHUNK.pop()
+
+
+def epoch_chunk(platform: Optional[str] = None) -> Optional[int]:
+  """The participants per step-sorted chunk of a ``local_epochs`` round: the innermost
+  :func:`local_epoch_chunk`, else :data:`EPOCH_CHUNK_AUTO` of ``platform`` (default
+  ``jax.default_backend()``; ``cuda`` and ``rocm`` count as ``gpu``; other platforms None)."""
+  if _EPOCH_CHUNK:
+    return _EPOCH_CHUNK[-1]
+  platform = platform or jax.default_backend()
+  platform = "gpu" if platform in ("cuda", "rocm") else platform
+  return EPOCH_CHUNK_AUTO.get(platform)
+
+
+def step_sorted_order(counts, chunk: int):
+  """``[s]`` positions: the participants sorted by ``counts`` (their local steps) and laid out so
+  that each chunk of :func:`~fedjax_dro.core.clients.map_clients` with ``chunk_size=chunk``
+  holds consecutive ranks. When ``chunk`` divides ``s`` into several chunks the chunks are
+  strided (chunk ``j`` holds positions ``j, j + s / chunk, ...``), else contiguous."""
+  s = counts.shape[0]
+  ranked = jnp.argsort(counts, stable=True)
+  full, rest = divmod(s, chunk)
+  if rest == 0 and full > 1:
+    return ranked.reshape(full, chunk).T.reshape(-1)
+  return ranked
 
 
 def scan_schedule(step: Callable, carry, schedule: LocalSchedule, x, y, num_examples):
@@ -391,23 +444,46 @@ def local_round(
 
   keys = jax.random.split(local_key, s)
   weights = aggregation_weights(settings, clients.num_examples)
+  chunk_size = settings.chunk_size
+  # local_epochs, sampled participants: sorted by step count into chunks (EPOCH_CHUNK_AUTO)
+  chunk = epoch_chunk() if settings.local_epochs is not None and num_steps is None else None
+  sorted_round = chunk is not None and chunk < s and clients is not data and backend == "auto"
+  if sorted_round:
+    # never larger chunks than the memory plan of the auto backend allows
+    planned, planned_size = plan_clients(
+      client_update,
+      (clients.x, clients.y, clients.num_examples, keys, starts, rows),
+      stacked=(lambda out: out[1]) if mean_only else None,
+    )
+    chunk = chunk if planned == "vmap" else min(chunk, planned_size or 1)
+    order = step_sorted_order(local_step_counts(settings, clients.num_examples), chunk)
+    inverse = jnp.argsort(order)
+    ran = jax.tree.map(lambda a: a[order], (clients, keys, starts, rows, weights))
+    backend, chunk_size = ("map", None) if chunk == 1 else ("chunked", chunk)
+  else:
+    ran = (clients, keys, starts, rows, weights)
+  r_clients, r_keys, r_starts, r_rows, r_weights = ran
   if mean_only:
     deltas, losses = map_clients_weighted_sum(
       client_update,
-      weights / jnp.sum(weights),
-      clients.x,
-      clients.y,
-      clients.num_examples,
-      keys,
-      starts,
-      rows,
+      r_weights / jnp.sum(r_weights),
+      r_clients.x,
+      r_clients.y,
+      r_clients.num_examples,
+      r_keys,
+      r_starts,
+      r_rows,
       backend=backend,
-      chunk_size=settings.chunk_size,
+      chunk_size=chunk_size,
     )
   else:
     deltas, losses = run_clients(
-      client_update, clients, keys, starts, rows, backend=backend, chunk_size=settings.chunk_size
+      client_update, r_clients, r_keys, r_starts, r_rows, backend=backend, chunk_size=chunk_size
     )
+  if sorted_round:  # back to the order of idx
+    losses = jax.tree.map(lambda a: a[inverse], losses)
+    if not mean_only:
+      deltas = jax.tree.map(lambda a: a[inverse], deltas)
   if state_update is None:
     return LocalRound(idx, deltas, weights, losses, clients.num_examples)
   losses, new_rows = losses

@@ -115,7 +115,7 @@ def test_epoch_loop_runs_to_the_largest_participating_client():
   """The local loop stops at the participants' own step counts: with the federation's largest
   client absent from a round, the round runs fewer loop iterations (the body's executions are
   counted with a host callback) and its result is that of the full-length masked loop."""
-  from fedjax_dro.core.local import scan_schedule
+  from fedjax_dro.core.local import local_step_block, scan_schedule
 
   calls = []
 
@@ -131,7 +131,8 @@ def test_epoch_loop_runs_to_the_largest_participating_client():
     return scan_schedule(step, jnp.float32(0.0), sched, x, y, nex)
 
   keys = jax.random.split(jax.random.PRNGKey(1), 3)
-  w, losses = jax.jit(jax.vmap(client))(jnp.asarray([5, 9, 2]), keys)
+  with local_step_block(1):  # the exit tested every step (a GPU's default tests every 4)
+    w, losses = jax.jit(jax.vmap(client))(jnp.asarray([5, 9, 2]), keys)
   jax.block_until_ready(w)
   assert len(calls) == 2 * 3  # the largest of the three takes 2 x ceil(9 / 4) steps, not 2 x 10
   # each client summed its own rows once per epoch, and reports the rows of each step it took
@@ -189,6 +190,86 @@ def test_local_epochs_in_blocks_match_the_reference_loop(name):
   w_ref, b_ref = _reference(name, data, 4, 2, 4, 2, 4, hp)
   np.testing.assert_allclose(np.asarray(hist.final_state.params["w"]), w_ref, rtol=0, atol=1e-10)
   np.testing.assert_allclose(float(hist.final_state.params["b"]), b_ref, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", ["fedavg", "scaffold"])
+@pytest.mark.parametrize("chunk", [1, 2, 3])
+def test_step_sorted_chunks_match_the_reference_loop(name, chunk):
+  """Participants sorted by step count and run in chunks (2: strided chunks of the 4
+  participants, 3: a contiguous chunk and a remainder, 1: one at a time) give the reference
+  loop's model: each participant keeps its key, minibatches and aggregation weight."""
+  from fedjax_dro.core.local import local_epoch_chunk
+
+  data = regression_clients(n=len(SIZES), d=3, sizes=SIZES, seed=5)
+  hp = {"client_lr": 0.05, "server_lr": 0.9}
+  with local_epoch_chunk(chunk):
+    alg = A.get_algorithm(name).factory(
+      linreg(3, l2=L2), clients_per_round=4, local_epochs=2, batch_size=4
+    )
+    hist = run(alg, dataset(data), rounds=4, seed=2, hparams=hp, eval_every=4)
+  w_ref, b_ref = _reference(name, data, 4, 2, 4, 2, 4, hp)
+  np.testing.assert_allclose(np.asarray(hist.final_state.params["w"]), w_ref, rtol=0, atol=1e-10)
+  np.testing.assert_allclose(float(hist.final_state.params["b"]), b_ref, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("mean_only", [False, True])
+def test_step_sorted_round_returns_rows_in_the_order_of_idx(mean_only):
+  """``local_round`` under step-sorted chunks returns every per-participant output (deltas,
+  losses, the updated client state) in the order of ``idx``, as the unsorted round does, and
+  the chunks really are sorted: the participants' step counts differ."""
+  from fedjax_dro.core.local import local_epoch_chunk, local_round, step_sorted_order
+  from fedjax_dro.core.settings import common_settings
+
+  data = regression_clients(n=len(SIZES), d=3, sizes=SIZES, seed=5)
+  model = linreg(3, l2=L2)
+  settings = common_settings(clients_per_round=6, local_epochs=1, batch_size=4)
+  params = model.init(jax.random.PRNGKey(0))
+  state = jax.tree.map(lambda a: jnp.zeros((data.num_clients,) + a.shape, a.dtype), params)
+
+  def one(chunk):
+    with local_epoch_chunk(chunk):
+      return jax.jit(
+        lambda p, st, k: local_round(
+          model,
+          settings,
+          p,
+          data,
+          k,
+          0.05,
+          client_state=st,
+          state_update=lambda row, d: jax.tree.map(jnp.add, row, d),
+          mean_only=mean_only,
+        )
+      )(params, state, jax.random.PRNGKey(3))
+
+  plain, chunked = one(None), one(2)
+  assert len(set(np.asarray(local_step_counts(settings, plain.num_examples)).tolist())) > 1
+  for a, b in zip(jax.tree.leaves(plain), jax.tree.leaves(chunked)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-12)
+  # the layout: strided chunks of consecutive ranks
+  order = np.asarray(step_sorted_order(jnp.asarray([5, 1, 4, 2, 6, 3]), 2))
+  assert [sorted(np.asarray([5, 1, 4, 2, 6, 3])[order[j::3]]) for j in range(3)] == [
+    [1, 2],
+    [3, 4],
+    [5, 6],
+  ]
+  order = np.asarray(step_sorted_order(jnp.asarray([5, 1, 4, 2, 6]), 2))  # contiguous + rest
+  assert np.asarray([5, 1, 4, 2, 6])[order].tolist() == [1, 2, 4, 5, 6]
+
+
+def test_epoch_chunk_by_platform_and_bad_chunk():
+  from fedjax_dro.core.local import EPOCH_CHUNK_AUTO, epoch_chunk, local_epoch_chunk
+
+  assert epoch_chunk("cpu") is None
+  assert epoch_chunk("cuda") == EPOCH_CHUNK_AUTO["gpu"]
+  with local_epoch_chunk(3):
+    assert epoch_chunk("cpu") == 3
+    with local_epoch_chunk(None):
+      assert epoch_chunk("gpu") is None
+  for bad in (0, -2, 1.5, True):
+    with pytest.raises(ValueError, match="local_epoch_chunk needs a positive integer or None"):
+      with local_epoch_chunk(bad):
+        pass
 
 
 def test_step_block_by_platform_and_bad_block():
