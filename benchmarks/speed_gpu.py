@@ -1,25 +1,34 @@
-"""``python benchmarks/speed.py --preset gpu``: every GPU acceptance point in one call.
+"""``python benchmarks/speed.py --preset gpu``: the GPU measurements in one call.
 
-Meant for one H100 in under 9 minutes (``--budget-s``, default 480 s: the anchors' whole runs are
-skipped, and projected, when they would not fit in what is left). In this order, each measured
-through the sections of ``speed.py`` (``speed_sections.py``) and ``anchors.py``:
+Meant for one H100 or H200 in under 8 minutes (``--budget-s``, default 480 s: the anchors'
+whole runs are skipped, and projected, when they would not fit in what is left). The results
+are written after each section (a call cut off at its limit keeps what it measured). First the
+device's peaks: the dense-matmul rate of each precision and the copy bandwidth (the two terms of
+the roofline, ``roofline.py``). Then the sections of ``--gpu-sections``, in this order:
 
-1. ``cnn``: the built-in CNN (28x28x1, 62 classes) at n = 1000 clients with ``conv="auto"``,
-   ``"lax"`` and ``"patches"``, the ``auto`` backend against the per-client jitted loop on the
-   same device (FedAvg, 4 local steps of batch 32, the platform's default precision);
-2. ``cnn_bf16``: the same CNN at n = 1000 in bf16, ``conv="lax"`` and ``"patches"`` side by side
-   (does ``conv="auto"`` pick the faster form in bf16 on this device?);
-3. ``mlp_precision``: the MLP 784-200-200-62 at n = 1000 in float32, tf32 and bf16, each against
-   the device's measured dense-matmul rate of the same precision (the bf16 target: 30% of it);
-4. ``cnn_10k``: 10,000 CNN clients (``conv="auto"``, the ``auto`` backend): the run completes
-   (an allocation failure is recorded, not raised) and its rate;
-5. ``anchors``: FLUTE's FEMNIST and pfl-research's CIFAR-10 workloads through ``fd.run``
-   (``anchors.py``): the whole 1500 rounds on an accelerator where the budget allows.
+1. ``femnist``: FLUTE's FEMNIST-sized FedAvg workload through ``fd.run`` (``anchors.py``): 50
+   measured rounds, the whole 1500-round run (compilation included), the round against its
+   roofline, and a ``jax.profiler`` trace of the measured rounds (kernels, kernel time and
+   device-to-host copies per round, how busy the device was: ``speed_trace.py``);
+2. ``variants``: the same rounds under the other ways of running the participants
+   (:data:`VARIANTS`: the epoch loop's exit tested every k steps, the participants sorted by
+   step count in chunks of c), side by side with their rooflines and traces;
+3. ``sweep``: the workload as a 64-configuration ``fd.sweep`` (4 client learning rates x 16
+   seeds) against one run of it, each timed whole and again compiled, with both rooflines;
+4. ``roofline``: the built-in CNN and the MLP 784-200-200-62 at n = 1000 against their
+   rooflines (``speed_sections.rooflines``);
+5. ``cifar``: pfl-research's CIFAR-10 workload, whole where the budget allows.
 
-``--tiny`` runs the same code path with tiny sizes (n = 4 and 8 instead of 1000 and 10,000, the
-anchors' quick sizes) on any device: the test of this entry point. Writes
-``benchmarks/results/speed_gpu.{json,md}`` on a GPU (``speed_gpu_<platform>`` elsewhere;
-``--out``).
+Not run unless named (:data:`EXTRA_SECTIONS`): ``cnn`` (the CNN at n = 1000 with each
+convolution form against the per-client jitted loop), ``cnn_bf16`` (both forms in bf16: does
+``conv="auto"`` pick the faster?), ``mlp_precision`` (the MLP in float32, tf32 and bf16 against
+the dense rate of each), ``cnn_10k`` (10,000 CNN clients complete).
+
+``--merge-from FILE`` keeps the sections of an earlier results file that this call does not
+measure (the kept keys and the command that measured them are recorded in ``meta.kept_from``).
+``--tiny`` runs the same code path with tiny sizes on any device: the test of this entry point.
+Writes ``benchmarks/results/speed_gpu.{json,md}`` on a GPU (``speed_gpu_<platform>``
+elsewhere; ``--out``).
 """
 
 from __future__ import annotations
@@ -51,12 +60,20 @@ VARIANTS = ((1, None), (1, 1), (1, 2), (4, 5))
 # side): the auto plan ran out of the H100's memory at 64 configurations (43 GiB asked for)
 SWEEP_BACKEND = "map"
 GPU_SECTIONS = ("femnist", "variants", "sweep", "roofline", "cifar")
+# also measurable, not run by default: the CNN at n = 1000 against the per-client loop with both
+# convolution forms, both forms in bf16, the MLP in each precision, 10,000 CNN clients
+EXTRA_SECTIONS = ("cnn", "cnn_bf16", "mlp_precision", "cnn_10k")
+ANCHOR_SECTION = {"flute_femnist": "femnist", "pfl_cifar10": "cifar"}
 # the keys of the results each section writes (--merge-from keeps the others)
 SECTION_KEYS = {
   "anchors": ("femnist", "cifar"),
   "blocks": ("variants",),
   "sweep": ("sweep",),
   "roofline": ("roofline",),
+  "workloads": ("cnn", "cnn_10k"),
+  "cnn_bf16": ("cnn_bf16",),
+  "precision": ("mlp_precision",),
+  "cnn_10k": ("cnn_10k",),
 }
 
 
@@ -129,13 +146,21 @@ def _run(args, argv):
   }
   sections = [x for x in (args.gpu_sections or ",".join(GPU_SECTIONS)).split(",") if x]
   for x in sections:
-    if x not in GPU_SECTIONS:
-      raise ValueError(f"--gpu-sections: unknown section {x!r}; choose from {GPU_SECTIONS}")
+    if x not in GPU_SECTIONS + EXTRA_SECTIONS:
+      raise ValueError(
+        f"--gpu-sections: unknown section {x!r}; choose from {GPU_SECTIONS + EXTRA_SECTIONS}"
+      )
   if args.merge_from:  # the sections not measured here are kept from an earlier results file
     with open(args.merge_from) as f:
       earlier = json.load(f)
     kept = [k for k in SECTION_KEYS if not set(SECTION_KEYS[k]) & set(sections) and k in earlier]
     result.update({k: earlier[k] for k in kept})
+    rows = [
+      r for r in earlier.get("anchors") or [] if ANCHOR_SECTION[r["workload"]] not in sections
+    ]
+    if rows and "anchors" not in kept:  # the anchors of the sections not measured here
+      result["anchors"] = rows
+      kept.append("anchors: " + ", ".join(r["workload"] for r in rows))
     result["meta"]["kept_from"] = {
       "command": earlier["meta"]["command"],
       "device_kind": earlier["meta"]["device_kind"],
@@ -188,7 +213,8 @@ def _run(args, argv):
     save()
   # 2. the same rounds under the other ways of running the participants
   if "variants" in sections:
-    here = (step_block(), epoch_chunk())
+    cohort = anchors.QUICK["clients_per_round"] if tiny else 10
+    here = (step_block(), epoch_chunk(participants=cohort))
     result["blocks"] = _guarded(
       "variants",
       lambda: anchors.run_variants(
@@ -252,12 +278,67 @@ def _run(args, argv):
     if row:
       anchor_rows["pfl_cifar10"] = row
     result["anchors"] = list(anchor_rows.values())
+  _extra_sections(result, sections, base, dense, tiny, errors, save)
   result["meta"]["wall_s"] = time.perf_counter() - start
   result["meta"]["load_after"] = round(os.getloadavg()[0], 2)
   md_path = write(result, out)
   print(markdown(result))
   print(f"wrote {out} and {md_path}")
   return result
+
+
+def _extra_sections(result, sections, base, dense, tiny, errors, save):
+  """The sections of :data:`EXTRA_SECTIONS` that ``sections`` names."""
+  n_cnn, n_big = (4, 8) if tiny else (1000, 10_000)
+  if "cnn" in sections:
+    models = ["cnn-auto"] if tiny else ["cnn-auto", "cnn-lax", "cnn-patches"]
+    result["workloads"] = _guarded(
+      "cnn",
+      lambda: speed_sections.workloads(
+        _section_args(base, models=models, client_grid=[n_cnn]), dense
+      ),
+      errors,
+    )
+    save()
+  if "cnn_bf16" in sections:  # checks conv="auto"'s bf16 choice on this device
+    result["cnn_bf16"] = _guarded(
+      "cnn_bf16",
+      lambda: speed_sections.workloads(
+        _section_args(
+          base, models=["cnn-lax", "cnn-patches"], client_grid=[n_cnn], precision="bf16"
+        ),
+        dense,
+      ),
+      errors,
+    )
+    save()
+  if "mlp_precision" in sections:
+    result["precision"] = _guarded(
+      "mlp_precision",
+      lambda: speed_sections.precisions(
+        _section_args(base, models=["mlp"], precision_clients=n_cnn), dense
+      ),
+      errors,
+    )
+    save()
+  if "cnn_10k" in sections:
+    big = _guarded(
+      "cnn_10k",
+      lambda: speed_sections.workloads(
+        _section_args(base, models=["cnn-auto"], client_grid=[n_big]), dense
+      ),
+      errors,
+    )
+    if big and big["rows"]:
+      result["workloads"] = result.get("workloads") or {"precision": big["precision"], "rows": []}
+      result["workloads"]["rows"] += big["rows"]
+    result["cnn_10k"] = {
+      "num_clients": n_big,
+      "completed": bool(big and big["rows"]),
+      "error": errors.get("cnn_10k"),
+      "updates_per_s": big["rows"][0]["auto"]["updates_per_s"] if big and big["rows"] else None,
+    }
+    save()
 
 
 def _peaks(dense, tiny):
@@ -330,13 +411,24 @@ def acceptance(result):
       line += (
         f"; roofline {rf['bound_s'] * 1e3:.2f} ms / round ({rf['limited_by']}-bound), "
         f"{100 * rf['share']:.0f}% of it; 1500 rounds at the bound: "
-        f"{1500 * rf['bound_s']:.1f} s + compile {r['compile_s']:.1f} s"
+        f"{1500 * rf['bound_s']:.1f} s + compile {r['compile_s']:.1f} s; with no masked "
+        f"step at all (the participants' own steps alone): {1500 * own_bound(r):.1f} s + "
+        f"compile"
       )
     out.append(line)
   for r in result.get("blocks") or []:
     out.append(
-      f"anchor {r['workload']} with the exit test every {r['step_block']} steps: "
-      f"{r['s_per_round'] * 1e3:.1f} ms / round"
+      f"anchor {r['workload']} with the exit test every {r['step_block']} steps, participants "
+      f"in chunks of {r.get('epoch_chunk') or 'all'}: {r['s_per_round'] * 1e3:.1f} ms / round"
+      + (f" ({r['call']})" if r.get("call") else "")
+    )
+  femnist = [r for r in result.get("anchors") or [] if r["workload"] == "flute_femnist"]
+  if not result.get("sweep") and femnist and "roofline" in femnist[0]:
+    r = femnist[0]
+    out.append(
+      f"sweep of 64 configurations: not measured; by the roofline its round costs at least 64 x "
+      f"{own_bound(r) * 1e3:.2f} ms (each configuration's participants' own steps at the copy "
+      f"bandwidth) = {64 * own_bound(r) / r['s_per_round']:.1f}x one run's measured round"
     )
   for r in result.get("sweep") or []:
     line = (
@@ -358,6 +450,13 @@ def acceptance(result):
   for name, err in (result.get("errors") or {}).items():
     out.append(f"error in {name}: {err}")
   return out
+
+
+def own_bound(row):
+  """The roofline of an anchor row's round counting only the participants' own client-steps
+  (no masked step): its bound scaled by own / executed client-steps."""
+  rf = row["roofline"]
+  return rf["bound_s"] * row["useful_client_steps_per_round"] / row["executed_steps_per_round"]
 
 
 def n_of(result, section):

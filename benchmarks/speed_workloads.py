@@ -186,7 +186,9 @@ def plan_label(row):
   if not plans:
     return ""
   p = plans[0]
-  return "vmap" if p["backend"] == "vmap" else f"chunks of {p['chunk_size']}"
+  if p["backend"] in ("vmap", "map"):
+    return p["backend"]
+  return f"chunks of {p['chunk_size']}"
 
 
 def dense_product(precision):

@@ -4,15 +4,62 @@ sizes on any device: every part is measured and reported (its logic, not its tim
 import json
 import math
 
+import pytest
+
 from tests.helpers import load_benchmark
 
 
 def test_gpu_preset_tiny_runs_every_part(tmp_path):
   bench = load_benchmark("speed")
+  gpu = load_benchmark("speed_gpu")
   out = tmp_path / "speed_gpu.json"
-  result = bench.main(["--preset", "gpu", "--tiny", "--out", str(out)])
+  sections = ",".join(gpu.GPU_SECTIONS + gpu.EXTRA_SECTIONS)
+  result = bench.main(
+    ["--preset", "gpu", "--tiny", "--gpu-sections", sections, "--out", str(out)]
+    + ["--trace-dir", str(tmp_path)]
+  )
   saved = json.loads(out.read_text())
   assert saved["errors"] == {} and saved["meta"]["tiny"] and saved["meta"]["preset"] == "gpu"
+  # the peaks of the rooflines
+  peaks = saved["peaks"]
+  assert (
+    peaks["bytes_per_s"] > 0 and peaks["flops_per_s"] == saved["dense"]["float32"]["flops_per_s"]
+  )
+  # the anchors, each against its roofline; the FEMNIST one traced
+  assert [r["workload"] for r in saved["anchors"]] == ["flute_femnist", "pfl_cifar10"]
+  assert all("full_run_s" not in r for r in result["anchors"])  # CPU: projections only
+  for r in saved["anchors"]:
+    rf = r["roofline"]
+    assert rf["share"] == rf["bound_s"] / r["s_per_round"]
+    assert rf["bound_s"] == max(rf["compute_s"], rf["memory_s"])
+    assert (
+      rf["memory_s"]
+      == rf["client_step"]["bytes"] * r["executed_steps_per_round"] / (peaks["bytes_per_s"])
+    )
+  assert "trace" in saved["anchors"][0]
+  # the variants: every (exit-test block, chunk) of VARIANTS but the platform's own
+  variants = {(r["step_block"], r["epoch_chunk"]) for r in saved["blocks"]}
+  assert variants == set(gpu.VARIANTS) - {(1, None)}  # the CPU's defaults: k = 1, one group
+  # the sweep against one run
+  (sweep,) = saved["sweep"]
+  assert sweep["configs"] == 4 and sweep["diverged"] == 0 and sweep["backend"] == "map"
+  assert sweep["ratio_whole"] == sweep["sweep_whole_s"] / sweep["run_whole_s"]
+  one = sweep["roofline_run"]
+  assert sweep["roofline_sweep"]["memory_s"] == pytest.approx(
+    sweep["configs"]
+    * sweep["useful_client_steps_per_round"]
+    * one["client_step"]["bytes"]
+    / peaks["bytes_per_s"]
+  )
+  assert sweep["least_ratio_by_roofline"] == pytest.approx(
+    sweep["roofline_sweep"]["bound_s"] / (sweep["run_compiled_s"] / sweep["rounds"])
+  )
+  # the CNN and the MLP against their rooflines
+  rows = saved["roofline"]["rows"]
+  assert [(r["model"], r["num_clients"]) for r in rows] == [("cnn-auto", 4), ("mlp", 4)]
+  for r in rows:
+    assert r["share"] == pytest.approx(r["bound_s"] * r["updates_per_s"] / r["num_clients"])
+  # the extra sections
   rows = {(r["model"], r["num_clients"]) for r in saved["workloads"]["rows"]}
   assert rows == {("cnn-auto", 4), ("cnn-auto", 8)}  # n = 1000 and 10,000 on a GPU
   for r in saved["workloads"]["rows"]:
@@ -26,12 +73,39 @@ def test_gpu_preset_tiny_runs_every_part(tmp_path):
     rate = saved["dense"][r["precision"]]["flops_per_s"]
     assert abs(r["fraction_of_dense"] - r["updates_per_s"] * r["flops_per_update"] / rate) < 1e-9
   assert saved["cnn_10k"]["completed"] and saved["cnn_10k"]["num_clients"] == 8
-  assert [r["workload"] for r in saved["anchors"]] == ["flute_femnist", "pfl_cifar10"]
-  assert all("full_run_s" not in r for r in result["anchors"])  # CPU: projections only
   md = (tmp_path / "speed_gpu.md").read_text()
   assert "tiny sizes" in md and "## Anchors" in md and "bf16 dense rate" in md
   assert md.count("## Acceptance") == 1 and "## The convolution forms in bf16" in md
   assert 'conv="auto" computes bf16 with' in md
+  for title in ("## Rounds against the roofline", "## A sweep of the workload against one run"):
+    assert title in md
+  assert "What the device executed" in md and "no device streams in the trace (CPU)" in md
+
+
+def test_gpu_preset_merges_an_earlier_results_file(tmp_path):
+  """--merge-from keeps the sections not measured (and says which), replaces the others."""
+  bench = load_benchmark("speed")
+  earlier = tmp_path / "earlier.json"
+  bench.main(["--preset", "gpu", "--tiny", "--gpu-sections", "cifar", "--out", str(earlier)])
+  out = tmp_path / "now.json"
+  bench.main(
+    ["--preset", "gpu", "--tiny", "--gpu-sections", "roofline", "--merge-from", str(earlier)]
+    + ["--out", str(out)]
+  )
+  saved = json.loads(out.read_text())
+  assert [r["workload"] for r in saved["anchors"]] == ["pfl_cifar10"]  # kept whole
+  assert saved["meta"]["kept_from"]["keys"] == ["anchors"]
+  assert [r["model"] for r in saved["roofline"]["rows"]] == ["cnn-auto", "mlp"]  # measured
+  again = tmp_path / "again.json"
+  bench.main(
+    ["--preset", "gpu", "--tiny", "--gpu-sections", "femnist", "--merge-from", str(out)]
+    + ["--out", str(again)]
+  )
+  saved = json.loads(again.read_text())
+  assert [r["workload"] for r in saved["anchors"]] == ["flute_femnist", "pfl_cifar10"]
+  assert saved["meta"]["kept_from"]["keys"] == ["roofline", "anchors: pfl_cifar10"]
+  with pytest.raises(ValueError, match="unknown section 'nope'"):
+    bench.main(["--preset", "gpu", "--tiny", "--gpu-sections", "nope", "--out", str(out)])
 
 
 def test_dense_yardstick_sets_the_precision_on_the_timed_product():

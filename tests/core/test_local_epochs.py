@@ -258,10 +258,13 @@ def test_step_sorted_round_returns_rows_in_the_order_of_idx(mean_only):
 
 
 def test_epoch_chunk_by_platform_and_bad_chunk():
-  from fedjax_dro.core.local import EPOCH_CHUNK_AUTO, epoch_chunk, local_epoch_chunk
+  from fedjax_dro.core.local import EPOCH_GROUPS_AUTO, epoch_chunk, local_epoch_chunk
 
-  assert epoch_chunk("cpu") is None
-  assert epoch_chunk("cuda") == EPOCH_CHUNK_AUTO["gpu"]
+  assert epoch_chunk("cpu", participants=10) is None
+  groups = EPOCH_GROUPS_AUTO["gpu"]
+  assert epoch_chunk("cuda", participants=10) == -(-10 // groups)
+  assert epoch_chunk("gpu", participants=9) == -(-9 // groups)
+  assert epoch_chunk("gpu") is None  # no cohort size known
   with local_epoch_chunk(3):
     assert epoch_chunk("cpu") == 3
     with local_epoch_chunk(None):
