@@ -448,7 +448,8 @@ def acceptance(result):
       line += f" (target 40%: {'PASS' if r['share'] >= 0.4 else 'FAIL'})"
     out.append(line)
   for name, err in (result.get("errors") or {}).items():
-    out.append(f"error in {name}: {err}")
+    # brackets would read as cross-references in the documentation's markdown
+    out.append(f"error in {name}: " + err.replace("[", "(").replace("]", ")"))
   return out
 
 
