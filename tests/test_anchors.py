@@ -83,3 +83,32 @@ def test_quick_run_through_fd_run_writes_both_workloads(tmp_path):
   md = (tmp_path / "anchors.md").read_text()
   assert "(projection)" in md and "8 min 22 s on 4 GPUs" in md and "5 h 50 min" in md
   assert "one A100" in md
+
+
+def test_quick_roofline_blocks_and_bad_flags(tmp_path):
+  """--roofline, --profile and --blocks on the quick FEMNIST workload: every row has its
+  roofline (the bound its executed client-steps allow), the block rows their exit-test block."""
+  a = load_benchmark("anchors")
+  out = tmp_path / "anchors.json"
+  result = a.main(
+    ["--quick", "--workloads", "flute_femnist", "--roofline", "--profile", "--blocks", "2"]
+    + ["--out", str(out)]
+  )
+  peaks = result["peaks"]
+  (row,) = result["rows"]
+  (block,) = result["blocks"]
+  assert row["step_block"] == 1 and block["step_block"] == 2
+  for r in (row, block):
+    rf = r["roofline"]
+    assert rf["memory_s"] == pytest.approx(
+      rf["client_step"]["bytes"] * r["executed_steps_per_round"] / peaks["bytes_per_s"]
+    )
+    assert r["executed_steps_per_round"] >= r["useful_client_steps_per_round"]
+    assert "trace" in r
+  # blocks of 2 steps execute at least as many client-steps as blocks of 1
+  assert block["executed_steps_per_round"] >= row["executed_steps_per_round"]
+  md = (tmp_path / "anchors.md").read_text()
+  assert "## Rounds against the roofline" in md and "What the device executed" in md
+  for bad in ("0", "x"):
+    with pytest.raises(SystemExit):
+      a.main(["--quick", "--blocks", bad, "--out", str(out)])
