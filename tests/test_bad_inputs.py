@@ -403,6 +403,13 @@ CASES = {
     ValueError,
     "data.y",
   ),
+  "softmax transposed head on 1-feature data": (
+    lambda: _run(
+      alg=_fedavg(models.softmax_regression(2, 3, head="transposed")), data=_classes(3, d=1)
+    ),
+    ValueError,
+    "data.x",
+  ),
   "softmax labels beyond the classes": (
     lambda: _run(alg=_fedavg(models.softmax_regression(2, 3)), data=_classes(5)),
     ValueError,
@@ -478,6 +485,11 @@ CASES = {
   ),
   "client_lr underflowing float32": (
     lambda: _run(hparams={"client_lr": 1e-60}, init_params=F32_PARAMS),
+    ValueError,
+    "client_lr",
+  ),
+  "client_lr below float32's smallest normal (make_hparams)": (
+    lambda: A.make_hparams(_fedavg(), {"client_lr": 3e-39}, dtype=jnp.float32),
     ValueError,
     "client_lr",
   ),
@@ -699,6 +711,10 @@ CLI_CASES = {
   "--seeds negative": (["sweep", "--seeds", "-1", "--rounds", "1"], "seeds"),
   "--hparam not a number": (["run", "--hparam", "client_lr=abc"], "--hparam"),
   "--hparam without =": (["run", "--hparam", "client_lr"], "--hparam"),
+  "--hparam underflowing float32": (
+    ["run", "--hparam", "client_lr=1e-310", "--rounds", "1"],
+    "client_lr",
+  ),
   "--eval-every zero": (["run", "--eval-every", "0", "--rounds", "1"], "--eval-every"),
   "--grid empty value": (["sweep", "--grid", "client_lr="], "--grid"),
   "--option without =": (["run", "--option", "clients_per_round"], "--option"),

@@ -106,6 +106,13 @@ def make_hparams(
         f"hyper-parameter {name!r} = {value!r} overflows {jnp.dtype(dtype).name} (largest "
         f"{limit:.3g}); the simulator computes in {jnp.dtype(dtype).name}"
       )
+    # below the smallest normal number XLA flushes to 0 (numpy's subnormals are not kept)
+    smallest = float(jnp.finfo(dtype).tiny)
+    if np.any((arr != 0) & (np.abs(arr) < smallest)):
+      raise ValueError(
+        f"hyper-parameter {name!r} = {value!r} underflows to 0 in {jnp.dtype(dtype).name} "
+        f"(smallest normal {smallest:.3g}); the simulator computes in {jnp.dtype(dtype).name}"
+      )
     if spec.minimum is not None:
       bad = arr <= spec.minimum if spec.strict else arr < spec.minimum
       if np.any(bad):

@@ -29,6 +29,7 @@ Every failure is a ``ValueError`` / ``TypeError`` naming the argument (``data.x`
 
 from __future__ import annotations
 
+import math
 import numbers
 from typing import Any, Dict, Optional, Tuple
 
@@ -217,6 +218,13 @@ def check_model_data(model, data, *, name: str = "data", init_params=None) -> No
   params = jax.eval_shape(model.init, key)
   x, y, mask = _host_arrays(data)
   feature_shape, x_dtype = tuple(x.shape[2:]), x.dtype
+  size = getattr(model, "input_size", None)
+  if size is not None and math.prod(feature_shape) != size:
+    raise ValueError(
+      f"the model {model.name!r} takes examples of {size} features, but {name}.x has feature "
+      f"shape {feature_shape} ({math.prod(feature_shape)} features). Build the model for these "
+      f"features (e.g. models.mlp({feature_shape}, ...)) or reshape the data"
+    )
   batch = jax.ShapeDtypeStruct((min(int(x.shape[1]), 8),) + feature_shape, x_dtype)
   try:
     out = jax.eval_shape(model.apply, params, batch)
@@ -335,11 +343,12 @@ def _check_hparams_dtype(alg, hp, *, batched, num_rows, init_params) -> None:
         f"hparams[{name!r}] = {arr[big].reshape(-1)[0].item()!r} overflows {finfo.dtype}, the "
         f"dtype of the model's parameters (largest {float(finfo.max):.3g})"
       )
-    tiny = (arr != 0) & (arr.astype(finfo.dtype) == 0)
+    tiny = (arr != 0) & (np.abs(arr) < float(finfo.tiny))  # XLA flushes subnormals to 0
     if np.any(tiny):
       raise ValueError(
         f"hparams[{name!r}] = {arr[tiny].reshape(-1)[0].item()!r} underflows to 0 in "
-        f"{finfo.dtype}, the dtype of the model's parameters"
+        f"{finfo.dtype}, the dtype of the model's parameters (smallest normal "
+        f"{float(finfo.tiny):.3g})"
       )
 
 

@@ -28,6 +28,10 @@ class Model(NamedTuple):
     name: short description.
     identity: the builder and all its settings (what a resumed checkpoint must match; see
       :func:`model_identity`); empty: the name, task and l2 say it all.
+    input_size: the number of features of one example (the product of its feature shape) the
+      model is built for, checked against the data before anything is traced (a product that
+      broadcasts a size-1 axis would otherwise train on data of the wrong shape); None: not
+      declared (checked by applying the model abstractly only).
   """
 
   init: Callable[[Array], Params]
@@ -38,6 +42,7 @@ class Model(NamedTuple):
   l2: float = 0.0
   name: str = "model"
   identity: str = ""
+  input_size: Optional[int] = None
 
 
 def model_identity(model: Model) -> str:

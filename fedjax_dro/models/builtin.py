@@ -3,6 +3,7 @@ and an adapter for any user flax (linen) module."""
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Callable, Optional, Sequence, Union
 
@@ -109,6 +110,7 @@ def linear_regression(
     name=f"linear_regression(d={num_features}, l2={l2})",
     identity=f"linear_regression({num_features}, fit_intercept={fit_intercept}, "
     f"num_outputs={num_outputs}, init_scale={init_scale!r})",
+    input_size=int(num_features),
   )
 
 
@@ -148,6 +150,7 @@ def logistic_regression(num_features: int, *, l2: float = 0.0) -> Model:
     task="classification",
     l2=float(l2),
     name=f"logistic_regression(d={num_features}, l2={l2})",
+    input_size=int(num_features),
   )
 
 
@@ -266,6 +269,7 @@ def softmax_regression(
     name=f"softmax_regression(d={num_features}, k={num_classes}"
     + ("" if head == "auto" else f", head={head}")
     + ")",
+    input_size=int(num_features),
   )
 
 
@@ -504,7 +508,7 @@ def mlp(
     jnp.zeros((1,) + tuple(input_shape), _dtype()),
     l2=l2,
     name=f"mlp({tuple(input_shape)}-{'-'.join(map(str, hidden))}-{num_classes})",
-  )
+  )._replace(input_size=math.prod(input_shape))
 
 
 def cnn(
@@ -564,4 +568,4 @@ def cnn(
     jnp.zeros((1,) + tuple(input_shape), _dtype()),
     l2=l2,
     name=f"cnn({tuple(input_shape)}, k={num_classes}, {form})",
-  )
+  )._replace(input_size=math.prod(input_shape))

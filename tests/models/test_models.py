@@ -86,3 +86,60 @@ def test_flax_model_init_is_one_program_with_the_op_by_op_values(make_model):
     eager = model.init.__wrapped__(key)  # module.init(key, sample_input)["params"], no outer jit
     for a, b in zip(jax.tree.leaves(compiled), jax.tree.leaves(eager)):
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def _mismatched_models():
+  """Every built-in model, each head and convolution form, built for 4 features (or a 4x4x1
+  image) where the data will have another count."""
+  from fedjax_dro import models as M
+
+  out = {
+    "linear_regression": M.linear_regression(4),
+    "linear_regression k=2": M.linear_regression(4, num_outputs=2),
+    "logistic_regression": M.logistic_regression(4),
+    "mlp": M.mlp((4,), 3, hidden=(5,)),
+  }
+  for head in ("plain", "transposed", "auto"):
+    out[f"softmax_regression head={head}"] = M.softmax_regression(4, 3, head=head)
+  for conv in ("lax", "patches", "auto"):
+    out[f"cnn conv={conv}"] = M.cnn((4, 4, 1), 3, features=(2,), dense=None, conv=conv)
+  return out
+
+
+@pytest.mark.parametrize("name", list(_mismatched_models()))
+@pytest.mark.parametrize("features", [1, 3, 16 + 1])
+def test_every_model_refuses_data_of_another_feature_count(name, features):
+  """A model built for 4 features (16 for the CNN's 4x4 image) refuses data of another count
+  before anything is traced, naming the counts; a size-1 feature axis that a product would
+  broadcast is refused too (the transposed softmax head's einsum broadcast it)."""
+  from fedjax_dro import algorithms as A, run
+  from fedjax_dro.data import from_client_arrays
+
+  model = _mismatched_models()[name]
+  if features == 4 or (name.startswith("cnn") and features == 16):
+    pytest.skip("the model's own feature count")
+  rng = np.random.default_rng(0)
+  xs = [rng.standard_normal((5, features)) for _ in range(3)]
+  ys = [rng.integers(0, 2, 5).astype(np.int32) for _ in range(3)]
+  if model.task == "regression":
+    ys = [y.astype(np.float64) for y in ys]
+  with pytest.raises(ValueError, match=r"takes examples of (4|16) features, but data\.x has"):
+    run(A.fedavg(model), from_client_arrays(xs, ys), rounds=1)
+
+
+def test_models_accept_their_feature_count_in_any_shape():
+  """The check counts features: an MLP for (4,) takes (2, 2) examples, a CNN for (4, 4, 1)
+  takes (4, 4) images, as applying them always did."""
+  from fedjax_dro import algorithms as A, models as M, run
+  from fedjax_dro.data import from_client_arrays
+
+  rng = np.random.default_rng(0)
+  ys = [rng.integers(0, 3, 5).astype(np.int32) for _ in range(2)]
+  for model, shape in [
+    (M.mlp((4,), 3, hidden=(5,)), (2, 2)),
+    (M.cnn((4, 4, 1), 3, features=(2,), dense=None), (4, 4)),
+  ]:
+    xs = [rng.standard_normal((5,) + shape) for _ in range(2)]
+    hist = run(A.fedavg(model), from_client_arrays(xs, ys), rounds=1)
+    assert np.isfinite(hist.final["loss"]["mean"])
+    assert model.input_size == 4 * (4 if shape == (4, 4) else 1)
