@@ -46,6 +46,8 @@ class RunPlan:
       (None: at every evaluation); always after the last round.
     keep_checkpoints: how many of the newest checkpoints to keep.
     mesh: the ``jax.sharding.Mesh`` of a sharded run, or None.
+    check_finite: whether the run stops at a non-finite round (and so refuses to resume from a
+      checkpoint whose state is not finite).
   """
 
   alg: Algorithm
@@ -67,6 +69,7 @@ class RunPlan:
   checkpoint_every: Optional[int] = None
   keep_checkpoints: int = 2
   mesh: Any = None
+  check_finite: bool = True
 
   @property
   def num_chunks(self) -> int:

@@ -287,6 +287,7 @@ def run(
     checkpoint_every=checkpoint_every,
     keep_checkpoints=keep_checkpoints,
     mesh=mesh,
+    check_finite=check_finite,
   )
   lock = CheckpointLock(checkpoint_dir) if plan.write_checkpoints else nullcontext()
   with lock:
@@ -305,7 +306,11 @@ def run_chunks(plan: RunPlan, state, status, history: History, loggers=()) -> Hi
   config = history.config
   metric_chunks: Dict[str, list] = {}
   wall, first_chunk = 0.0, 0
-  resumed = load_checkpoint(plan.checkpoint_dir, config, state) if plan.checkpoint_dir else None
+  resumed = (
+    load_checkpoint(plan.checkpoint_dir, config, state, require_finite=plan.check_finite)
+    if plan.checkpoint_dir
+    else None
+  )
   if resumed is not None:
     payload, state = resumed
     print(

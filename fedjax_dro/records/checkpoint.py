@@ -635,6 +635,26 @@ def _read_state(m, npz_path, json_path, directory, expected):
     raise CheckpointError(f"{npz_path}: a state array cannot be restored ({e})") from None
 
 
+def _check_finite_state(npz_path: str, state, restored) -> None:
+  """Refuses restored state arrays of a floating or complex dtype that hold NaN or inf."""
+  places = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(state)[0]]
+  for i, (place, leaf) in enumerate(zip(places, restored)):
+    if isinstance(leaf, jax.Array) and jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+      continue
+    arr = np.asarray(leaf)
+    if arr.dtype.kind not in "fcV" and not jnp.issubdtype(arr.dtype, jnp.floating):
+      continue
+    values = arr.astype(np.complex128 if arr.dtype.kind == "c" else np.float64)
+    bad = ~np.isfinite(values)
+    if np.any(bad):
+      raise CheckpointError(
+        f"{npz_path}: state array state_{i:04d} (the algorithm state's {place or 'root'}) holds "
+        f"{int(np.sum(bad))} NaN or infinite value(s); a run that stops at non-finite rounds "
+        "never writes one, so this file was changed after it was written (resume from an "
+        "earlier checkpoint, or run with check_finite=False to accept it)"
+      )
+
+
 def _read_log(m, json_path, directory, rounds, chunk):
   """``(train_metrics, evaluations)`` of the first ``log.bytes`` bytes of the history log."""
   path = os.path.join(directory, LOG_FILE)
@@ -760,12 +780,15 @@ def _summary_from_json(summary, where):
   return out
 
 
-def load_checkpoint(directory: str, config: Dict[str, Any], state):
+def load_checkpoint(directory: str, config: Dict[str, Any], state, require_finite: bool = True):
   """``(payload, restored_state)`` of the newest checkpoint in ``directory``, or None if there
   is none. ``payload`` holds ``next_chunk``, ``rounds_done``, ``status``, ``wall_time``,
   ``train_metrics``, ``evaluations`` and ``path`` (the manifest). Raises
   :class:`CheckpointError` (a ``ValueError``; :class:`CheckpointManifestError` for a manifest
-  field) naming the file for anything that does not match; nothing is modified."""
+  field) naming the file for anything that does not match; nothing is modified.
+  ``require_finite``: a state array holding NaN or infinite values is refused, naming the file,
+  the array and its place in the state (a run that stops at non-finite rounds never writes one;
+  resumed, it would stop at its next round)."""
   rounds = scan(directory)
   if not rounds:
     return None
@@ -775,6 +798,8 @@ def load_checkpoint(directory: str, config: Dict[str, Any], state):
   leaves, treedef = jax.tree.flatten(state)
   expected = _expected_arrays(m, json_path, leaves)
   restored = _read_state(m, npz_path, json_path, directory, expected)
+  if require_finite:
+    _check_finite_state(npz_path, state, restored)
   train_metrics, evaluations, dtypes = _read_log(m, json_path, directory, run_rounds, chunk)
   for name, kinds in dtypes.items():
     if len(set(kinds)) > 1:

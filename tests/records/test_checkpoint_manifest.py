@@ -189,7 +189,32 @@ def _custom(fn):
 
 
 # description: (call, exception, what the message names) -- rows of docs/bad_inputs.md
+def _non_finite(value):
+  """An .npz edit: the same arrays, the first floating one's first entry set to ``value``."""
+
+  def edit(blob):
+    with np.load(io.BytesIO(blob)) as z:
+      arrays = {k: np.array(z[k]) for k in z.files}
+    name = next(k for k in sorted(arrays) if arrays[k].dtype.kind == "f" and arrays[k].size)
+    arrays[name].reshape(-1)[0] = value
+    out = io.BytesIO()
+    np.savez(out, **arrays)
+    return out.getvalue()
+
+  return edit
+
+
 CHECKPOINT_CASES = {
+  "checkpoint state holding NaN (hashes consistent)": (
+    lambda: npz_edit(_non_finite(np.nan)),
+    CheckpointError,
+    "NaN or infinite",
+  ),
+  "checkpoint state holding -inf (hashes consistent)": (
+    lambda: npz_edit(_non_finite(-np.inf)),
+    CheckpointError,
+    f"{NEWEST}.npz: state array state_",
+  ),
   "checkpoint .npz with a flipped byte (SHA-256 recomputed)": (
     lambda: npz_edit(_flip),
     CheckpointError,
@@ -560,3 +585,22 @@ def resume_line_behaviour():
   expected = f"resuming from round 6 (checkpoint {os.path.join(ckpt, 'ckpt-00000006.json')})"
   assert expected in err.getvalue(), err.getvalue()
   assert [e["round"] for e in hist.evaluations] == [2, 4, 6, 8]
+
+
+def test_non_finite_checkpoint_state_resumes_with_check_finite_off():
+  """The refusal follows the run's check_finite: a run that accepts non-finite rounds resumes
+  from such a state (and records the non-finite values it computes)."""
+  ckpt = _copy()
+  npz, path = os.path.join(ckpt, NEWEST + ".npz"), os.path.join(ckpt, NEWEST + ".json")
+  with open(npz, "rb") as f:
+    blob = _non_finite(np.nan)(f.read())
+  _write(npz, blob)
+  m = _read_json(path)
+  m["sha256"] = hashlib.sha256(blob).hexdigest()
+  _write(path, json.dumps(m).encode())
+  p = _pristine()
+  with _no_hang():
+    hist = run(
+      p["alg"], p["ds"], rounds=ROUNDS, eval_every=EVERY, checkpoint_dir=ckpt, check_finite=False
+    )
+  assert hist.config["rounds"] == ROUNDS
