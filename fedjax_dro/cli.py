@@ -401,11 +401,29 @@ def cmd_run(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-  from fedjax_dro.engine import is_writer, sweep
+  from fedjax_dro.engine import is_writer
 
   _distributed(args)
   _cpu_devices(args)
   _check_paths(args)
+  with _out_lock(args, is_writer()):
+    return _sweep_locked(args)
+
+
+def _out_lock(args, writer: bool = True):
+  """One writer per ``--out`` directory (:class:`~fedjax_dro.records.files.DirectoryLock`):
+  a second command writing there is refused with one line naming the holder."""
+  from contextlib import nullcontext
+
+  from fedjax_dro.records.files import DirectoryLock
+
+  out = getattr(args, "out", None)
+  return DirectoryLock(out, "--out") if out is not None and writer else nullcontext()
+
+
+def _sweep_locked(args) -> int:
+  from fedjax_dro.engine import is_writer, sweep
+
   _check_counts(args)
   trackers, log_dir = tracking_flags(args.log_to, args.log_dir, args.out)
   _compile_cache(args)
@@ -472,9 +490,14 @@ def cmd_plot(args) -> int:
 
 
 def cmd_reproduce(args) -> int:
+  _check_paths(args)  # before any computing: --out /etc/passwd is refused at once
+  with _out_lock(args):
+    return _reproduce_locked(args)
+
+
+def _reproduce_locked(args) -> int:
   from fedjax_dro.reproduce import EXPERIMENTS, reproduce
 
-  _check_paths(args)  # before any computing: --out /etc/passwd is refused at once
   _check_counts(args)
   _compile_cache(args)
   inputs = {}  # the user's data files, passed only to the experiments that read them

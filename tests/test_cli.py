@@ -112,3 +112,57 @@ def test_compile_cache_keeps_compiled_programs_between_commands(tmp_path):
   assert f"Persistent compilation cache hit for {rounds}" in logs[1]
   assert f"MISS for {rounds}" not in logs[1]
   assert outs[0] == outs[1]
+
+
+def test_one_writer_per_output_directory(tmp_path):
+  """Two commands writing one --out directory at once: the first proceeds, the second (a run or
+  a sweep) is refused with one line naming the holder's process and leaves the first's files
+  alone; once the holder is SIGKILLed, the next run takes the directory over."""
+  import os
+  import signal
+  import subprocess
+  import sys
+  import time
+
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+  out = tmp_path / "out"
+
+  def cli(*argv, **kw):
+    return [sys.executable, "-m", "fedjax_dro", *argv, "--out", str(out)]
+
+  holder = subprocess.Popen(
+    cli("run", "--rounds", "1000000", "--eval-every", "20", "--no-progress"),
+    env=env,
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
+  try:
+    deadline = time.time() + 240
+    while not (out / "metrics.jsonl").exists():  # the holder is writing
+      assert holder.poll() is None, holder.stderr.read()[-2000:]
+      assert time.time() < deadline, "the first run wrote nothing in 240 s"
+      time.sleep(0.2)
+    written = (out / "metrics.jsonl").stat().st_size
+    for argv in (("run", "--rounds", "2", "--no-progress"), ("sweep", "--rounds", "1")):
+      second = subprocess.run(cli(*argv), env=env, capture_output=True, text=True, timeout=300)
+      assert second.returncode == 2, second.stderr[-2000:]
+      lines = second.stderr.strip().splitlines()
+      assert len(lines) == 1 and "is in use by another run" in lines[0], second.stderr[-2000:]
+      assert f"process {holder.pid}" in lines[0]
+    assert holder.poll() is None  # the first run goes on
+    assert (out / "metrics.jsonl").stat().st_size >= written
+  finally:
+    holder.send_signal(signal.SIGKILL)
+    holder.wait(timeout=60)
+  third = subprocess.run(
+    cli("run", "--rounds", "2", "--no-progress"),
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert third.returncode == 0, third.stderr[-2000:]
+  with open(out / "summary.json") as f:
+    assert json.load(f)["config"]["rounds"] == 2

@@ -17,13 +17,13 @@ state and the history so far (and, with ``out_dir``, the metrics already written
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import numbers
 import os
 import sys
 import time
 import warnings
-from contextlib import nullcontext
 from typing import Any, Dict, Optional, Union
 
 import jax
@@ -70,7 +70,7 @@ from fedjax_dro.records.checkpoint import (
   save_checkpoint,
   scan as scan_checkpoints,
 )
-from fedjax_dro.records.files import atomic_write
+from fedjax_dro.records.files import DirectoryLock, atomic_write
 from fedjax_dro.records.history import (
   History,
   JsonlWriter,
@@ -289,8 +289,11 @@ def run(
     mesh=mesh,
     check_finite=check_finite,
   )
-  lock = CheckpointLock(checkpoint_dir) if plan.write_checkpoints else nullcontext()
-  with lock:
+  with contextlib.ExitStack() as locks:  # one writer per output directory
+    if plan.out_dir is not None:
+      locks.enter_context(DirectoryLock(plan.out_dir, "out_dir"))
+    if plan.write_checkpoints:
+      locks.enter_context(CheckpointLock(checkpoint_dir))
     return run_chunks(plan, state, status, history, loggers=loggers if writer else ())
 
 

@@ -45,22 +45,21 @@ format stay side by side, so that every field written is a field checked.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import io
 import json
 import math
 import os
 import re
-import stat
 import struct
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Tuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from fedjax_dro.records.files import (
+  DirectoryLock,
   FileWriteError,
   UnreadableFileError,
   atomic_write,
@@ -173,40 +172,13 @@ def _summary_to_json(obj):
 # ----------------------------------------------------------------------------------------------
 # The directory
 # ----------------------------------------------------------------------------------------------
-class CheckpointLock:
-  """Exclusive lock on ``directory`` for one run (``with CheckpointLock(d): ...``)."""
+class CheckpointLock(DirectoryLock):
+  """Exclusive lock on ``directory`` for one run (``with CheckpointLock(d): ...``): a
+  :class:`~fedjax_dro.records.files.DirectoryLock` on its ``.lock`` file, refused with a
+  :class:`CheckpointError` naming ``checkpoint_dir``."""
 
   def __init__(self, directory: str):
-    self.directory = directory
-    self._fd: Optional[int] = None
-
-  def __enter__(self):
-    os.makedirs(self.directory, exist_ok=True)
-    path = os.path.join(self.directory, LOCK_FILE)
-    try:
-      fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
-    except OSError as e:
-      raise CheckpointError(f"{path} cannot be opened as a lock file ({e.strerror or e})") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-      os.close(fd)
-      raise CheckpointError(f"{path} is not a regular file: it cannot be the lock file")
-    try:
-      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-      os.close(fd)
-      raise CheckpointError(
-        f"checkpoint_dir {self.directory!r} is in use by another run (a live process holds "
-        f"{path}); wait for it to finish or use another directory"
-      ) from None
-    self._fd = fd
-    return self
-
-  def __exit__(self, *exc):
-    if self._fd is not None:
-      fcntl.flock(self._fd, fcntl.LOCK_UN)
-      os.close(self._fd)
-      self._fd = None
-    return False
+    super().__init__(directory, "checkpoint_dir", LOCK_FILE, CheckpointError)
 
 
 def scan(directory: str) -> List[int]:

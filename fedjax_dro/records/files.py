@@ -18,6 +18,7 @@ checks every member's header (dtype, shape, size) before allocating its array. B
 from __future__ import annotations
 
 import errno as errno_codes
+import fcntl
 import io
 import os
 import stat
@@ -148,6 +149,70 @@ def check_writable_dir(path, name: str) -> None:
     raise ValueError(
       f"{name} {path!r} is not a writable directory ({e.strerror or e}); choose another path"
     ) from None
+
+
+# ----------------------------------------------------------------------------------------------
+# One writer per directory
+# ----------------------------------------------------------------------------------------------
+OUT_LOCK_FILE = ".fedjax-dro.lock"
+
+
+def _lock_holder(fd: int) -> str:
+  """``"process PID"`` as the lock file's holder wrote it, else ``"a live process"``."""
+  try:
+    text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+  except OSError:
+    text = ""
+  return f"process {int(text)}" if text.isdigit() else "a live process"
+
+
+class DirectoryLock:
+  """Exclusive lock on ``directory`` for one writer (``with DirectoryLock(d, "--out"): ...``).
+
+  An advisory ``flock`` on the regular file ``lock_file`` inside the directory (created if
+  missing, never followed through a symbolic link): a second writer is refused at once with
+  ``error`` naming ``name`` and the directory; the operating system releases the lock when its
+  holder exits, however it exits (a SIGKILLed holder leaves the file, not the lock, so the next
+  writer takes it over).
+  """
+
+  def __init__(self, directory: str, name: str, lock_file: str = OUT_LOCK_FILE, error=ValueError):
+    self.directory, self.name, self.lock_file, self.error = directory, name, lock_file, error
+    self._fd: Optional[int] = None
+
+  def __enter__(self):
+    os.makedirs(self.directory, exist_ok=True)
+    path = os.path.join(self.directory, self.lock_file)
+    try:
+      fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    except OSError as e:
+      raise self.error(f"{path} cannot be opened as a lock file ({e.strerror or e})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+      os.close(fd)
+      raise self.error(f"{path} is not a regular file: it cannot be the lock file")
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      holder = _lock_holder(fd)
+      os.close(fd)
+      raise self.error(
+        f"{self.name} {self.directory!r} is in use by another run ({holder} holds {path}); "
+        "wait for it to finish or use another directory"
+      ) from None
+    try:  # the holder's process id, for the message of the writers it refuses
+      os.ftruncate(fd, 0)
+      os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except OSError:
+      pass  # a full disk: the lock holds all the same
+    self._fd = fd
+    return self
+
+  def __exit__(self, *exc):
+    if self._fd is not None:
+      fcntl.flock(self._fd, fcntl.LOCK_UN)
+      os.close(self._fd)
+      self._fd = None
+    return False
 
 
 # ----------------------------------------------------------------------------------------------
