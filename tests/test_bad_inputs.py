@@ -23,6 +23,7 @@ from fedjax_dro.data import (
   load_cifar10,
   load_cifar100,
   load_features,
+  load_leaf_json,
   load_tiny_imagenet,
   train_test_split,
   validate_data,
@@ -112,6 +113,17 @@ def _npz(name, loader, **arrays):
 
 def _features_file(**arrays):
   return _npz("features.npz", load_features, **arrays)
+
+
+def _leaf_text(text):
+  """``load_leaf_json`` of a file holding ``text``."""
+  path = os.path.join(_fresh_dir(), "leaf.json")
+  with open(path, "w") as f:
+    f.write(text)
+  return load_leaf_json(path)
+
+
+_LEAF_HEAD = '{"users": ["u"], "num_samples": [1], "user_data": {"u": {"x": '
 
 
 def _tiny_npz(**change):
@@ -646,6 +658,21 @@ CASES = {
     lambda: _features_file(features=F32_X, labels=Y4 + 0.5),
     TypeError,
     "'labels'",
+  ),
+  "features file with a label of 1e9": (
+    lambda: _features_file(features=F32_X, labels=np.array([0, 1, 2, 10**9])),
+    ValueError,
+    "'labels'",
+  ),
+  "LEAF file nested 30,000 levels": (
+    lambda: _leaf_text(_LEAF_HEAD + "[" * 30_000 + "]" * 30_000),
+    ValueError,
+    "leaf.json",
+  ),
+  "LEAF file of a million empty lists": (
+    lambda: _leaf_text(_LEAF_HEAD + "[[" + "[]," * 1_000_000 + '[]]], "y": [0]}}}'),
+    ValueError,
+    "leaf.json",
   ),
   "features file with negative labels": (
     lambda: _features_file(features=F32_X, labels=Y4 - 1),

@@ -155,6 +155,48 @@ def load_npz(
   return from_arrays(x, y.astype(np.int32), cid, num_clients=n)
 
 
+# Classes a label file may imply beyond its number of rows: labels are class indices 0..K-1, and
+# a label far beyond the rows (1e9) would make every per-class array of that size downstream.
+MIN_CLASS_LIMIT = 65536
+
+
+def check_class_count(max_label: int, rows: int, where: str) -> None:
+  """Refuses labels implying more classes (``max_label + 1``) than ``max(rows, 65536)``."""
+  limit = max(int(rows), MIN_CLASS_LIMIT)
+  if int(max_label) + 1 > limit:
+    raise ValueError(
+      f"{where}: label {int(max_label)} implies {int(max_label) + 1} classes for {rows} rows "
+      f"(at most max(rows, {MIN_CLASS_LIMIT}) = {limit}); labels must be class indices "
+      "0..K-1: relabel with np.unique(labels, return_inverse=True)[1]"
+    )
+
+
+def _read_leaf_document(path: str):
+  """The parsed JSON of one LEAF file, refused before parsing when its count of JSON arrays and
+  objects cannot be LEAF's (one flat list of numbers per example: a 28x28 row is ~2-4 KB of
+  text), and refused, not crashed, when nested deeper than Python's JSON reader goes. Parsing
+  takes about 16-20x the file's size in memory at most (Python numbers and lists)."""
+  with open(path, "rb") as f:
+    blob = f.read()
+  containers = blob.count(b"[") + blob.count(b"{")
+  limit = max(100_000, len(blob) // 16)
+  if containers > limit:
+    raise ValueError(
+      f"LEAF file {path!r}: {containers} JSON arrays and objects in {len(blob)} bytes (at most "
+      f"{limit} in a LEAF file of this size, whose x rows are flat lists of numbers); refused "
+      "before parsing"
+    )
+  try:
+    return json.loads(blob.decode("utf-8"))
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise ValueError(f"LEAF file {path!r} is not valid JSON: {e}") from None
+  except RecursionError:
+    raise ValueError(
+      f"LEAF file {path!r} is nested too deeply for a LEAF file (users -> user_data -> x -> "
+      "rows of numbers: 4 levels)"
+    ) from None
+
+
 def _json_files(path_or_dir: PathLike) -> List[str]:
   path = _existing_path(path_or_dir, "LEAF path")
   if os.path.isdir(path):
@@ -166,9 +208,15 @@ def _json_files(path_or_dir: PathLike) -> List[str]:
 
 
 def _has_str(obj) -> bool:
-  if isinstance(obj, str):
-    return True
-  return isinstance(obj, list) and any(_has_str(v) for v in obj)
+  """Whether ``obj`` or a list nested in it holds a string (iterative: any depth)."""
+  stack = [obj]
+  while stack:
+    item = stack.pop()
+    if isinstance(item, str):
+      return True
+    if isinstance(item, list):
+      stack.extend(item)
+  return False
 
 
 def _user_arrays(path: str, user: str, entry, n_samples, feature_shape):
@@ -207,8 +255,12 @@ def _user_arrays(path: str, user: str, entry, n_samples, feature_shape):
         f"load_leaf_json"
       ) from e
     raise ValueError(f"{where}: x is not a rectangular array of numbers (ragged?): {e}") from e
-  except TypeError as e:
-    raise TypeError(f"{where}: x must hold numbers: {e}") from e
+  except (TypeError, RecursionError) as e:
+    raise TypeError(f"{where}: x must hold rows of numbers: {str(e)[:200]}") from None
+  if x.ndim != 2:
+    raise ValueError(
+      f"{where}: x rows must be flat lists of numbers, got rows of shape {x.shape[1:]}"
+    )
   if not np.all(np.isfinite(x)):
     raise ValueError(f"{where}: x has null, NaN or infinite values")
   if feature_shape is not None:
@@ -267,11 +319,7 @@ def load_leaf_json(
   owner = {}
   xs, ys = [], []
   for path in _json_files(path_or_dir):
-    try:
-      with open(path, encoding="utf-8") as f:
-        doc = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-      raise ValueError(f"LEAF file {path!r} is not valid JSON: {e}") from e
+    doc = _read_leaf_document(path)
     if not isinstance(doc, dict):
       raise ValueError(f"LEAF file {path!r}: the top level must be a JSON object")
     for key in ("users", "num_samples", "user_data"):
@@ -322,4 +370,10 @@ def load_leaf_json(
       ys.append(y.astype(np.int32))
   if not users_all:
     raise ValueError(f"LEAF path {os.fspath(path_or_dir)!r} has no users")
+  if num_classes is None:
+    check_class_count(
+      max(int(y.max()) for y in ys),
+      sum(len(y) for y in ys),
+      f"LEAF path {os.fspath(path_or_dir)!r}",
+    )
   return from_client_arrays(xs, ys, dtype=np.float32), users_all

@@ -17,7 +17,7 @@ from typing import Dict, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from fedjax_dro.data.loaders import read_npz_member
+from fedjax_dro.data.loaders import check_class_count, read_npz_member
 
 PathLike = Union[str, os.PathLike]
 
@@ -159,6 +159,7 @@ def _check_features(
       f"{x.reshape(-1)[np.ravel_multi_index(bad, x.shape)]} at row {bad[0]}, column {bad[1]}"
     )
   y = check_labels(labels, f"{where}, {lkey!r}", n=x.shape[0])
+  check_class_count(int(y.max()), x.shape[0], f"{where}, {lkey!r}")
   return FeatureSet(x32, y, _check_split(split, f"{where}, {skey!r}", x.shape[0]), int(y.max()) + 1)
 
 

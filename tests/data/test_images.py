@@ -489,3 +489,92 @@ def test_load_leaf_json_duplicate_user_across_files_invalid_json_and_shape(tmp_p
     load_leaf_json(empty)
   with pytest.raises(FileNotFoundError):
     load_leaf_json(tmp_path / "absent.json")
+
+
+def _hostile(fn, timeout_s=60, memory_gb=None):
+  """Runs ``fn`` in a forked child under a CPU-time limit (and an address-space limit when
+  ``memory_gb`` is given), so a regression fails the test instead of swapping or hanging;
+  returns ``(exception type name, message)`` of what ``fn`` raised (None if nothing)."""
+  import multiprocessing
+  import resource
+
+  def child(conn):
+    resource.setrlimit(resource.RLIMIT_CPU, (timeout_s, timeout_s))
+    if memory_gb is not None:
+      used = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+      limit = int(used + memory_gb * 2**30) + 8 * 2**30  # room for the mappings JAX reserved
+      resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+    try:
+      fn()
+      conn.send(None)
+    except BaseException as e:  # the test asserts which
+      conn.send((type(e).__name__, str(e)[:500]))
+
+  ctx = multiprocessing.get_context("fork")
+  parent, kid = ctx.Pipe()
+  proc = ctx.Process(target=child, args=(kid,))
+  proc.start()
+  proc.join(timeout_s + 30)
+  if proc.is_alive():
+    proc.kill()
+    raise AssertionError(f"still running after {timeout_s + 30} s")
+  assert parent.poll(), f"the reader died (exit code {proc.exitcode}): over its limits?"
+  return parent.recv()
+
+
+def test_leaf_hostile_files_are_refused_in_bounded_time_and_memory(tmp_path):
+  """LEAF files nested 200,000 and 50,000 levels deep, one of 20 MB of empty lists, and labels of 1e9
+  (in a LEAF file and a features file): each refused with one ValueError naming the file."""
+  from fedjax_dro.data import load_leaf_json
+  from fedjax_dro.data.readers import load_features, write_features
+
+  with pytest.raises(ValueError, match="implies 1000000001 classes"):  # nor written
+    write_features(str(tmp_path / "w.npz"), np.zeros((3, 2)), np.array([0, 1, 10**9]))
+
+  deep = tmp_path / "deep.json"  # more arrays than a LEAF file of its size can hold
+  deep.write_text('{"users": ["u"], "num_samples": [1], "user_data": {"u": {"x": ' + "[" * 200_000)
+  nested = tmp_path / "nested.json"  # few arrays, nested deeper than the JSON reader goes
+  nested.write_text(
+    '{"users": ["u"], "num_samples": [1], "user_data": {"u": {"x": ' + "[" * 50_000 + "]" * 50_000
+  )
+  empties = tmp_path / "empties.json"
+  with open(empties, "w") as f:
+    f.write('{"users": ["u"], "num_samples": [1], "user_data": {"u": {"x": [[')
+    f.write("[]," * 7_000_000 + "[]]], " + '"y": [0]}}}')
+  big_label = tmp_path / "label.json"
+  big_label.write_text(
+    json.dumps(
+      {
+        "users": ["u"],
+        "num_samples": [2],
+        "user_data": {"u": {"x": [[0.0], [1.0]], "y": [0, 10**9]}},
+      }
+    )
+  )
+  for path, fragment in [
+    (deep, "200005 JSON arrays and objects"),
+    (nested, "nested too deeply"),
+    (empties, "JSON arrays and objects"),
+    (big_label, "label 1000000000 implies 1000000001 classes"),
+  ]:
+    got = _hostile(lambda p=path: load_leaf_json(str(p)), memory_gb=2)
+    assert got is not None and got[0] == "ValueError", got
+    assert str(path) in got[1] and fragment in got[1], got
+  features = tmp_path / "features.npz"
+  np.savez(features, features=np.zeros((3, 2)), labels=np.array([0, 1, 10**9]))
+  got = _hostile(lambda: load_features(str(features)), memory_gb=2)
+  assert got is not None and got[0] == "ValueError", got
+  assert "'labels'" in got[1] and "implies 1000000001 classes" in got[1], got
+
+
+def test_leaf_rows_of_lists_are_refused():
+  """x rows must be flat lists of numbers: rows of lists (here of empty lists) are refused."""
+  import tempfile
+
+  from fedjax_dro.data import load_leaf_json
+
+  doc = {"users": ["u"], "num_samples": [1], "user_data": {"u": {"x": [[[], []]], "y": [0]}}}
+  with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+    json.dump(doc, f)
+  with pytest.raises(ValueError, match="x rows must be flat lists of numbers"):
+    load_leaf_json(f.name)
