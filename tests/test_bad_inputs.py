@@ -34,6 +34,8 @@ from fedjax_dro.data import (
 from tests.helpers import dataset, linreg, regression_clients
 from tests.records.test_checkpoint_manifest import CHECKPOINT_CASES, resume_line_behaviour
 from tests.records.test_io_errors import disk_full_behaviour
+from tests.records.test_loggers import tensorboard_disk_full_behaviour
+from tests.test_cli import one_writer_behaviour
 
 DATA = regression_clients(n=4, d=2, seed=0)
 RNG = np.random.default_rng(0)
@@ -659,8 +661,8 @@ CASES = {
     TypeError,
     "'labels'",
   ),
-  "features file with a label of 1e9": (
-    lambda: _features_file(features=F32_X, labels=np.array([0, 1, 2, 10**9])),
+  "features file with a label of 123456789": (
+    lambda: _features_file(features=F32_X, labels=np.array([0, 1, 2, 123_456_789])),
     ValueError,
     "'labels'",
   ),
@@ -832,6 +834,17 @@ BEHAVIOURS = {
     disk_full_behaviour,
     "exit 1 and one line `error: cannot write PATH: No space left on device (ENOSPC)`; the "
     "files finished before it stay whole; the same command, rerun, resumes and finishes",
+  ),
+  "a full disk under the event file of --log-to tensorboard (CLI)": (
+    tensorboard_disk_full_behaviour,
+    "exit 1 and one line `error: cannot write EVENT_FILE: No space left on device (ENOSPC)`, no "
+    "traceback (tensorboardX's writer thread and its exit handler included)",
+  ),
+  "two commands writing one --out directory at once (CLI)": (
+    one_writer_behaviour,
+    "the first proceeds; the second (run, sweep or reproduce) exits 2 with one line `error: ... "
+    "is in use by another run (process PID holds DIR/.fedjax-dro.lock)`; a killed holder's lock "
+    "is taken over by the next command",
   ),
   "a run resumed from a checkpoint": (
     resume_line_behaviour,

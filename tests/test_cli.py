@@ -115,10 +115,21 @@ def test_compile_cache_keeps_compiled_programs_between_commands(tmp_path):
 
 
 def test_one_writer_per_output_directory(tmp_path):
+  one_writer_behaviour(tmp_path)
+
+
+def one_writer_behaviour(tmp_path=None):
   """Two commands writing one --out directory at once: the first proceeds, the second (a run or
   a sweep) is refused with one line naming the holder's process and leaves the first's files
-  alone; once the holder is SIGKILLed, the next run takes the directory over."""
+  alone; once the holder is SIGKILLed, the next run takes the directory over (a row of the
+  bad-input table)."""
   import os
+  import pathlib
+  import tempfile
+
+  if tmp_path is None:
+    with tempfile.TemporaryDirectory(prefix="fedjax-dro-one-writer-") as tmp:
+      return one_writer_behaviour(pathlib.Path(tmp))
   import signal
   import subprocess
   import sys

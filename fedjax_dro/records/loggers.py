@@ -43,7 +43,7 @@ from typing import (
 
 import numpy as np
 
-from fedjax_dro.records.files import check_writable_dir
+from fedjax_dro.records.files import FileWriteError, check_writable_dir
 
 TRACKERS = ("tensorboard", "mlflow")
 # The optional extra (pyproject.toml) and the module each tracker needs.
@@ -101,21 +101,79 @@ class TensorBoardLogger(_ContextManager):
     tensorboardX = _import("tensorboard")
     self.log_dir = os.fspath(log_dir)
     self._writer = tensorboardX.SummaryWriter(logdir=self.log_dir, flush_secs=int(flush_secs))
+    self._guard = _guard_event_file(self._writer)
+    self._raised = False
+
+  def _check(self) -> None:
+    """Raises, once, the first write error of the event file (one line naming it); its
+    background writer thread records errors instead of printing tracebacks."""
+    error = self._guard.error if self._guard is not None else None
+    if error is not None and not self._raised:
+      self._raised = True
+      raise FileWriteError(self._guard.path, error)
 
   def log_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
+    self._check()
     for name, value in scalars.items():
       self._writer.add_scalar(name, float(value), int(step))
 
   def log_histogram(self, step: int, name: str, values) -> None:
+    self._check()
     values = _finite(values)
     if values.size:
       self._writer.add_histogram(name, values, int(step))
 
   def flush(self) -> None:
     self._writer.flush()
+    self._check()
 
   def close(self) -> None:
     self._writer.close()
+    self._check()
+
+
+class _GuardedRecords:
+  """The event file's record writer with its write errors recorded, not raised: tensorboardX
+  writes from a background thread (whose exceptions would print tracebacks, and again at
+  exit); the logger raises the recorded error on the main thread, naming the file. After an
+  error nothing more is written."""
+
+  def __init__(self, records):
+    self.records, self.path, self.error = records, getattr(records, "path", "?"), None
+    self._write, self._flush, self._close = records.write, records.flush, records.close
+    records.write, records.flush, records.close = self.write, self.flush, self.close
+
+  def _guarded(self, fn, *args):
+    if self.error is not None:
+      return None
+    try:
+      return fn(*args)
+    except OSError as e:
+      self.error = e
+      return None
+
+  def write(self, data):
+    return self._guarded(self._write, data)
+
+  def flush(self):
+    return self._guarded(self._flush)
+
+  def close(self):
+    try:
+      self._close()
+    except OSError as e:  # the buffered tail cannot be written: recorded like any write
+      if self.error is None:
+        self.error = e
+
+
+def _guard_event_file(writer):
+  """The :class:`_GuardedRecords` of a tensorboardX ``SummaryWriter``'s event file (None if
+  this tensorboardX lays its writers out otherwise: its errors then propagate as they are)."""
+  try:
+    records = writer._get_file_writer().event_writer._ev_writer._py_recordio_writer
+  except AttributeError:
+    return None
+  return _GuardedRecords(records)
 
 
 class MLflowLogger(_ContextManager):

@@ -290,3 +290,53 @@ def test_unknown_tracker_and_missing_extra_are_clear_errors(tmp_path, capsys, mo
   assert err.startswith("error: --log-to") and "fedjax_dro[mlflow]" in err, err
   assert not os.path.exists(tmp_path / "fedjax-dro-logs")  # a refused command creates nothing
   assert not os.path.exists(tmp_path / "tb")
+
+
+def test_tensorboard_on_a_full_disk_is_one_line_and_no_traceback(tmp_path):
+  pytest.importorskip("tensorboardX")
+  tensorboard_disk_full_behaviour(tmp_path)
+
+
+def tensorboard_disk_full_behaviour(tmp_path=None):
+  """The disk fills under TensorBoard's event file (its writes fail with ENOSPC, also from
+  tensorboardX's writer thread and at exit): the CLI ends with exit 1 and one line naming the
+  event file, and no traceback, not even at interpreter exit (a row of the bad-input table)."""
+  import pathlib
+  import subprocess
+  import tempfile
+
+  if tmp_path is None:
+    with tempfile.TemporaryDirectory(prefix="fedjax-dro-tb-full-") as tmp:
+      return tensorboard_disk_full_behaviour(pathlib.Path(tmp))
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  script = f"""
+import errno, os, sys
+import tensorboardX.record_writer as rw
+
+class Full:
+  def __init__(self, path):
+    self.f = open(path, "wb")
+  def write(self, data):
+    return len(data)
+  def flush(self):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+  def fileno(self):
+    return self.f.fileno()
+  def close(self):
+    self.f.close()
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+rw.open_file = Full
+from fedjax_dro import cli
+sys.exit(cli.main(["run", "--rounds", "4", "--eval-every", "2", "--no-progress",
+                   "--log-to", "tensorboard", "--out", {str(tmp_path / "out")!r}]))
+"""
+  env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+  proc = subprocess.run(
+    [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+  )
+  lines = proc.stderr.strip().splitlines()
+  assert proc.returncode == 1, proc.stderr[-3000:]
+  assert "Traceback" not in proc.stderr and len(lines) == 1, proc.stderr[-3000:]
+  assert lines[0].startswith("error: cannot write ") and "events.out.tfevents" in lines[0]
+  assert "No space left on device (ENOSPC)" in lines[0]
