@@ -50,6 +50,7 @@ import os
 import platform
 import sys
 import time
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -185,7 +186,8 @@ def local_work(spec, mean_examples, form="auto"):
   )
 
 
-def _timed_run(alg, train, eval_data, rounds, seed, params):
+def _timed_run(alg, train, eval_data, rounds, seed, params, lr=0.05):
+  """``(seconds, history)`` of one ``fd.run`` (``params`` None: initialized from the seed)."""
   t0 = time.perf_counter()
   hist = fd.run(
     alg,
@@ -194,10 +196,49 @@ def _timed_run(alg, train, eval_data, rounds, seed, params):
     seed=seed,
     eval_data=eval_data,
     eval_every=rounds,
-    hparams={"client_lr": 0.05},
+    hparams={"client_lr": lr},
     init_params=params,
   )
   return time.perf_counter() - t0, hist
+
+
+class Workload(NamedTuple):
+  """A workload built at its sizes (or the quick ones): federation, model and local work."""
+
+  num_clients: int
+  cohort: int
+  image: tuple
+  train: Any
+  eval: Any
+  sizes: np.ndarray
+  where: str
+  model: Any
+  params: Any
+  kw: dict
+  work: str
+
+
+def workload(spec, quick, device_bytes, work="auto") -> Workload:
+  """The federation of ``spec`` (quick: :data:`QUICK` sizes on 8x8 images), its CNN, the
+  CNN's initial parameters and the factory's local-work arguments."""
+  num_clients = QUICK["num_clients"] if quick else spec["num_clients"]
+  cohort = QUICK["clients_per_round"] if quick else spec["clients_per_round"]
+  image = (8, 8, spec["image"][2]) if quick else spec["image"]
+  spec_used = dict(spec)
+  if quick:
+    spec_used["sizes"] = dict(spec["sizes"], mean=QUICK["mean"])
+  train, eval_data, sizes, where = federation(spec_used, num_clients, image, device_bytes)
+  model = models.cnn(
+    image,
+    spec["classes"],
+    features=QUICK["features"] if quick else spec["features"],
+    dense=QUICK["dense"] if quick else spec["dense"],
+  )
+  params = model.init(jax.random.PRNGKey(0))
+  kw, described = local_work(spec_used, float(spec_used["sizes"]["mean"]), work)
+  return Workload(
+    num_clients, cohort, image, train, eval_data, sizes, where, model, params, kw, described
+  )
 
 
 def executed_steps(alg, sizes, kw, seed, rounds, block, chunk=None):
@@ -258,23 +299,11 @@ def measure(
   (``roofline``), with ``profile`` a trace of the measured rounds (``trace``: kernels, copies
   and device busy time, per executed local step)."""
   start = time.perf_counter()
-  num_clients = QUICK["num_clients"] if quick else spec["num_clients"]
-  cohort = QUICK["clients_per_round"] if quick else spec["clients_per_round"]
-  image = (8, 8, spec["image"][2]) if quick else spec["image"]
-  spec_used = dict(spec)
-  if quick:
-    spec_used["sizes"] = dict(spec["sizes"], mean=QUICK["mean"])
   t0 = time.perf_counter()
-  train, eval_data, sizes, where = federation(spec_used, num_clients, image, device_bytes)
+  w = workload(spec, quick, device_bytes, work)
   data_s = time.perf_counter() - t0
-  model = models.cnn(
-    image,
-    spec["classes"],
-    features=QUICK["features"] if quick else spec["features"],
-    dense=QUICK["dense"] if quick else spec["dense"],
-  )
-  params = model.init(jax.random.PRNGKey(0))
-  kw, work = local_work(spec_used, float(spec_used["sizes"]["mean"]), work)
+  num_clients, cohort, image, train, eval_data = w.num_clients, w.cohort, w.image, w.train, w.eval
+  sizes, where, model, params, kw, work = w.sizes, w.where, w.model, w.params, w.kw, w.work
   alg = fedavg(model, clients_per_round=cohort, **kw)
   first_s, first = _timed_run(alg, train, eval_data, rounds, 0, params)
   again_s, again = _timed_run(alg, train, eval_data, rounds, 1, params)
@@ -376,37 +405,15 @@ def measure_sweep(
   reused), the federation on the device. With ``peaks``: the roofline of one configuration's
   round and of the sweep's (``configs`` times that work). ``backend``: the participants'
   backend (of the sweep and the run alike)."""
-  num_clients = QUICK["num_clients"] if quick else spec["num_clients"]
-  cohort = QUICK["clients_per_round"] if quick else spec["clients_per_round"]
-  image = (8, 8, spec["image"][2]) if quick else spec["image"]
-  spec_used = dict(spec)
-  if quick:
-    spec_used["sizes"] = dict(spec["sizes"], mean=QUICK["mean"])
-  train, eval_data, sizes, where = federation(spec_used, num_clients, image, float("inf"))
-  model = models.cnn(
-    image,
-    spec["classes"],
-    features=QUICK["features"] if quick else spec["features"],
-    dense=QUICK["dense"] if quick else spec["dense"],
-  )
-  params = model.init(jax.random.PRNGKey(0))
-  kw, work = local_work(spec_used, float(spec_used["sizes"]["mean"]), "auto")
+  w = workload(spec, quick, float("inf"), "auto")  # the federation on the device
+  num_clients, cohort, train, eval_data = w.num_clients, w.cohort, w.train, w.eval
+  sizes, where, model, params, kw, work = w.sizes, w.where, w.model, w.params, w.kw, w.work
   grid = {"client_lr": [float(v) for v in lrs]}
   seed_list = list(range(seeds))
   configs = len(lrs) * seeds
 
   def one_run(seed, alg):
-    t0 = time.perf_counter()
-    fd.run(
-      alg,
-      train,
-      rounds=rounds,
-      seed=seed,
-      eval_data=eval_data,
-      eval_every=rounds,
-      hparams={"client_lr": float(lrs[len(lrs) // 2])},
-    )
-    return time.perf_counter() - t0
+    return _timed_run(alg, train, eval_data, rounds, seed, None, float(lrs[len(lrs) // 2]))[0]
 
   def one_sweep(alg):
     t0 = time.perf_counter()
@@ -689,15 +696,16 @@ def run_all(
   return rows
 
 
-def measure_peaks(quick=False):
+def measure_peaks(quick=False, dense=None):
   """The device's peak rates for the rooflines: the dense-matmul rate of the default precision
-  policy (``speed_workloads.dense_rates``) and the copy bandwidth (``roofline.copy_bandwidth``)."""
+  policy (``dense``, else measured by ``speed_workloads.dense_rates``) and the copy bandwidth
+  (``roofline.copy_bandwidth``)."""
   import speed_workloads
 
   from fedjax_dro.core.precision import default_precision
 
   precision = default_precision()
-  dense = speed_workloads.dense_rates(quick)
+  dense = dense or speed_workloads.dense_rates(quick)
   key = precision if precision in dense else "float32"
   copy = roofline.copy_bandwidth(quick)
   return {

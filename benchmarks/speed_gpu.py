@@ -42,7 +42,6 @@ import time
 
 import anchors
 import jax
-import roofline
 import speed_report
 import speed_sections
 import speed_workloads
@@ -177,7 +176,7 @@ def _run(args, argv):
 
   dense = result["dense"] = speed_workloads.dense_rates(tiny)
   save()
-  peaks = result["peaks"] = _guarded("peaks", lambda: _peaks(dense, tiny), errors)
+  peaks = result["peaks"] = _guarded("peaks", lambda: anchors.measure_peaks(tiny, dense), errors)
   save()
 
   def left():
@@ -186,25 +185,26 @@ def _run(args, argv):
   device_bytes = (2 if cpu else 24) * 2**30
   rounds = 2 if tiny else 50
   anchor_rows = {r["workload"]: r for r in result.get("anchors") or []}
+
+  def anchor(name, **kw):  # an anchor measured whole where the budget allows, with its roofline
+    return anchors.measure(
+      name,
+      anchors.WORKLOADS[name],
+      quick=tiny,
+      rounds=rounds,
+      full=not cpu,
+      device_bytes=device_bytes,
+      budget_s=left(),
+      peaks=peaks,
+      **kw,
+    )
+
   # 1. the FEMNIST-sized anchor: the whole run at the platform's defaults, its roofline and a
   # trace of its measured rounds
   if "femnist" in sections:
     keep = os.path.join(args.trace_dir, "femnist_trace.json.gz") if args.trace_dir else None
     row = _guarded(
-      "femnist",
-      lambda: anchors.measure(
-        "flute_femnist",
-        anchors.WORKLOADS["flute_femnist"],
-        quick=tiny,
-        rounds=rounds,
-        full=not cpu,
-        device_bytes=device_bytes,
-        budget_s=left(),
-        peaks=peaks,
-        profile=True,
-        keep_trace=keep,
-      ),
-      errors,
+      "femnist", lambda: anchor("flute_femnist", profile=True, keep_trace=keep), errors
     )
     anchor_rows.pop("flute_femnist", None)
     if row:
@@ -261,20 +261,7 @@ def _run(args, argv):
     save()
   # 5. the CIFAR-10 anchor, whole where the budget allows
   if "cifar" in sections:
-    row = _guarded(
-      "cifar",
-      lambda: anchors.measure(
-        "pfl_cifar10",
-        anchors.WORKLOADS["pfl_cifar10"],
-        quick=tiny,
-        rounds=rounds,
-        full=not cpu,
-        device_bytes=device_bytes,
-        budget_s=left(),
-        peaks=peaks,
-      ),
-      errors,
-    )
+    row = _guarded("cifar", lambda: anchor("pfl_cifar10"), errors)
     if row:
       anchor_rows["pfl_cifar10"] = row
     result["anchors"] = list(anchor_rows.values())
@@ -339,20 +326,6 @@ def _extra_sections(result, sections, base, dense, tiny, errors, save):
       "updates_per_s": big["rows"][0]["auto"]["updates_per_s"] if big and big["rows"] else None,
     }
     save()
-
-
-def _peaks(dense, tiny):
-  """The rooflines' peaks: the default precision's dense rate and the copy bandwidth."""
-  precision = default_precision()
-  key = precision if precision in dense else "float32"
-  copy = roofline.copy_bandwidth(tiny)
-  return {
-    "precision": key,
-    "flops_per_s": dense[key]["flops_per_s"],
-    "bytes_per_s": copy["bytes_per_s"],
-    "dense": dense,
-    "copy": copy,
-  }
 
 
 def acceptance(result):

@@ -111,10 +111,10 @@ def test_epoch_schedule_passes_over_each_clients_rows_once_per_epoch():
   np.testing.assert_array_equal(np.asarray(counts), [2, 2, 4, 8])
 
 
-def test_epoch_loop_runs_to_the_largest_participating_client():
-  """The local loop stops at the participants' own step counts: with the federation's largest
-  client absent from a round, the round runs fewer loop iterations (the body's executions are
-  counted with a host callback) and its result is that of the full-length masked loop."""
+def _counting_epoch_loop(block):
+  """``(calls, w, losses)``: three clients of 5, 9 and 2 rows (batch 4, two epochs) side by side
+  under ``vmap``, each step summing its minibatch's rows; ``calls`` counts the executions of the
+  step's body (a host callback), the loop's exit tested every ``block`` steps."""
   from fedjax_dro.core.local import local_step_block, scan_schedule
 
   calls = []
@@ -131,9 +131,17 @@ def test_epoch_loop_runs_to_the_largest_participating_client():
     return scan_schedule(step, jnp.float32(0.0), sched, x, y, nex)
 
   keys = jax.random.split(jax.random.PRNGKey(1), 3)
-  with local_step_block(1):  # the exit tested every step (a GPU's default tests every 4)
+  with local_step_block(block):
     w, losses = jax.jit(jax.vmap(client))(jnp.asarray([5, 9, 2]), keys)
   jax.block_until_ready(w)
+  return calls, w, losses
+
+
+def test_epoch_loop_runs_to_the_largest_participating_client():
+  """The local loop stops at the participants' own step counts: with the federation's largest
+  client absent from a round, the round runs fewer loop iterations (the body's executions are
+  counted with a host callback) and its result is that of the full-length masked loop."""
+  calls, w, losses = _counting_epoch_loop(1)
   assert len(calls) == 2 * 3  # the largest of the three takes 2 x ceil(9 / 4) steps, not 2 x 10
   # each client summed its own rows once per epoch, and reports the rows of each step it took
   np.testing.assert_allclose(np.asarray(w), [2 * sum(range(5)), 2 * sum(range(9)), 2.0])
@@ -148,29 +156,8 @@ def test_epoch_loop_in_blocks_of_steps_is_the_same_loop(block):
   """With the exit condition tested every ``block`` steps, the loop computes what the one-step
   loop computes (steps past a client's own count are masked: its carry kept, its loss 0), and
   runs ceil(largest participant's steps / block) blocks of ``block`` steps."""
-  from fedjax_dro.core.local import local_step_block, scan_schedule
-
-  calls = []
-
-  def step(w, bx, by, bmask):
-    jax.debug.callback(lambda: calls.append(1))
-    return w + jnp.sum(jnp.where(bmask, bx, 0.0)), jnp.sum(bmask).astype(jnp.float32)
-
-  x = jnp.arange(40, dtype=jnp.float32)
-  y = jnp.zeros(40)
-
-  def client(nex, key):
-    sched = local_schedule(key, nex, 40, batch_size=4, num_epochs=2)
-    return scan_schedule(step, jnp.float32(0.0), sched, x, y, nex)
-
-  keys = jax.random.split(jax.random.PRNGKey(1), 3)
-  nex = jnp.asarray([5, 9, 2])
-  w1, losses1 = jax.jit(jax.vmap(client))(nex, keys)
-  jax.block_until_ready(w1)
-  calls.clear()
-  with local_step_block(block):
-    w, losses = jax.jit(jax.vmap(client))(nex, keys)
-  jax.block_until_ready(w)
+  _, w1, losses1 = _counting_epoch_loop(1)
+  calls, w, losses = _counting_epoch_loop(block)
   assert len(calls) == -(-6 // block) * block  # the largest takes 6 steps
   np.testing.assert_array_equal(np.asarray(w), np.asarray(w1))
   np.testing.assert_array_equal(np.asarray(losses), np.asarray(losses1))
