@@ -323,6 +323,11 @@ CASES = {
   "unknown dataset": (lambda: get_dataset("mnist-online"), ValueError, "dataset"),
   # ---- model factories ----
   "num_features zero": (lambda: models.logistic_regression(0), ValueError, "num_features"),
+  "l2 below the smallest normal float": (
+    lambda: models.linear_regression(3, l2=1e-320),
+    ValueError,
+    "l2",
+  ),
   "num_classes zero": (lambda: models.softmax_regression(3, 0), ValueError, "num_classes"),
   "num_outputs zero": (
     lambda: models.linear_regression(3, num_outputs=0),

@@ -39,6 +39,12 @@ def _check_shape(shape, name, ndims=None):
 def _check_l2(l2):
   if isinstance(l2, bool) or not isinstance(l2, (int, float)) or not l2 >= 0 or l2 == float("inf"):
     raise ValueError(f"l2 must be a finite non-negative float, got {l2!r}")
+  finfo = jnp.finfo(_dtype())  # the dtype the penalty is computed in
+  if 0 < l2 < float(finfo.tiny) or l2 > float(finfo.max):
+    raise ValueError(
+      f"l2 = {l2!r} is not representable in {finfo.dtype}, the models' parameter dtype "
+      f"(normal values in [{float(finfo.tiny):.3g}, {float(finfo.max):.3g}], or 0)"
+    )
 
 
 def _dtype():

@@ -143,3 +143,21 @@ def test_models_accept_their_feature_count_in_any_shape():
     hist = run(A.fedavg(model), from_client_arrays(xs, ys), rounds=1)
     assert np.isfinite(hist.final["loss"]["mean"])
     assert model.input_size == 4 * (4 if shape == (4, 4) else 1)
+
+
+def test_l2_must_be_representable_in_the_parameter_dtype():
+  """An l2 that the parameters' dtype flushes to 0 (or overflows) is refused, naming l2; with
+  x64 off the dtype is float32."""
+  import jax as _jax
+
+  with pytest.raises(ValueError, match="l2 = 1e-320 is not representable"):
+    models.logistic_regression(3, l2=1e-320)
+  previous = _jax.config.jax_enable_x64
+  _jax.config.update("jax_enable_x64", False)
+  try:
+    for bad in (1e-50, 1e39):
+      with pytest.raises(ValueError, match="not representable in float32"):
+        models.softmax_regression(3, 2, l2=bad)
+    assert models.softmax_regression(3, 2, l2=1e-3).l2 == 1e-3
+  finally:
+    _jax.config.update("jax_enable_x64", previous)
