@@ -37,7 +37,9 @@ reports its wall time, compilation included; otherwise the whole run is projecte
     python benchmarks/anchors.py --full          # the whole runs (meant for a GPU)
     python benchmarks/anchors.py --quick         # tiny sizes (smoke test, seconds)
 
-Writes ``benchmarks/results/anchors.{json,md}`` (``--out``).
+Writes ``benchmarks/results/anchors.{json,md}`` (``--out``). Over 600 lines: the two
+workloads, their rooflines, traces and variants, the sweep against one run and their report are
+one script, as the GPU preset calls them.
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ import numpy as np
 import fedjax_dro as fd
 from fedjax_dro import models
 from fedjax_dro.algorithms import fedavg
-from fedjax_dro.core.local import epoch_chunk, local_epoch_chunk, local_step_block, step_block
+from fedjax_dro.core.ragged import epoch_chunk, local_epoch_chunk, local_step_block, step_block
 from fedjax_dro.data import FederatedData
 from fedjax_dro.data.host import HostFederatedData, HostStore
 from fedjax_dro.engine.prepare import derive_keys
@@ -247,7 +249,7 @@ def executed_steps(alg, sizes, kw, seed, rounds, block, chunk=None):
   until its largest is done, in whole blocks of ``block`` steps, the others masked), counted
   per participant; ``useful`` = the sum of the participants' own steps (``local_steps``, or
   ``local_epochs * ceil(size / batch)``). ``chunk``: the participants sorted by their steps in
-  groups of ``chunk`` (``core.local.local_epoch_chunk``; None: one group)."""
+  groups of ``chunk`` (``core.ragged.local_epoch_chunk``; None: one group)."""
   run_key = derive_keys(seed)[2]
   idx = predicted_participants(alg, len(sizes), run_key, range(rounds))
   s = idx.shape[1]
@@ -721,8 +723,8 @@ def run_variants(
   variants, *, quick=False, rounds=None, device_bytes=None, peaks=None, profile=False
 ):
   """The FEMNIST workload's measured rounds under each ``(k, c)`` of ``variants`` side by side:
-  the epoch loop's exit tested every ``k`` local steps (``core.local.local_step_block``) and the
-  participants sorted by step count in chunks of ``c`` (``core.local.local_epoch_chunk``; None:
+  the epoch loop's exit tested every ``k`` local steps (``core.ragged.local_step_block``) and the
+  participants sorted by step count in chunks of ``c`` (``core.ragged.local_epoch_chunk``; None:
   the backend's plan, unsorted)."""
   rows = []
   for k, c in variants:
@@ -798,7 +800,7 @@ def main(argv=None):
     "--blocks",
     default="",
     help="comma-separated k: also the FEMNIST rounds with the epoch loop's exit tested every k "
-    "local steps (core.local.local_step_block)",
+    "local steps (core.ragged.local_step_block)",
   )
   parser.add_argument(
     "--sweep", action="store_true", help="also the FEMNIST workload as a 64-configuration sweep"

@@ -46,8 +46,8 @@ import speed_report
 import speed_sections
 import speed_workloads
 
-from fedjax_dro.core.local import epoch_chunk, step_block
 from fedjax_dro.core.precision import default_precision
+from fedjax_dro.core.ragged import epoch_chunk, step_block
 from fedjax_dro.models import conv_form
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -85,6 +85,7 @@ def test_quick_run_through_fd_run_writes_both_workloads(tmp_path):
   assert "one A100" in md
 
 
+@pytest.mark.slow  # the GPU preset's tiny test runs the same functions
 def test_quick_roofline_blocks_and_bad_flags(tmp_path):
   """--roofline, --profile and --blocks on the quick FEMNIST workload: every row has its
   roofline (the bound its executed client-steps allow), the block rows their exit-test block."""

@@ -13,7 +13,7 @@ def test_gpu_preset_tiny_runs_every_part(tmp_path):
   bench = load_benchmark("speed")
   gpu = load_benchmark("speed_gpu")
   out = tmp_path / "speed_gpu.json"
-  sections = ",".join(gpu.GPU_SECTIONS + gpu.EXTRA_SECTIONS)
+  sections = ",".join(gpu.GPU_SECTIONS)
   result = bench.main(
     ["--preset", "gpu", "--tiny", "--gpu-sections", sections, "--out", str(out)]
     + ["--trace-dir", str(tmp_path)]
@@ -59,6 +59,24 @@ def test_gpu_preset_tiny_runs_every_part(tmp_path):
   assert [(r["model"], r["num_clients"]) for r in rows] == [("cnn-auto", 4), ("mlp", 4)]
   for r in rows:
     assert r["share"] == pytest.approx(r["bound_s"] * r["updates_per_s"] / r["num_clients"])
+  md = (tmp_path / "speed_gpu.md").read_text()
+  assert "tiny sizes" in md and "## Anchors" in md and md.count("## Acceptance") == 1
+  for title in ("## Rounds against the roofline", "## A sweep of the workload against one run"):
+    assert title in md
+  assert "What the device executed" in md and "no device streams in the trace (CPU)" in md
+
+
+@pytest.mark.slow
+def test_gpu_preset_tiny_extra_sections(tmp_path):
+  """The sections not run by default: the CNN against the per-client loop, the convolution
+  forms in bf16, the MLP per precision, 10,000 CNN clients (tiny sizes)."""
+  bench = load_benchmark("speed")
+  gpu = load_benchmark("speed_gpu")
+  out = tmp_path / "speed_gpu.json"
+  sections = ",".join(gpu.EXTRA_SECTIONS)
+  bench.main(["--preset", "gpu", "--tiny", "--gpu-sections", sections, "--out", str(out)])
+  saved = json.loads(out.read_text())
+  assert saved["errors"] == {}
   # the extra sections
   rows = {(r["model"], r["num_clients"]) for r in saved["workloads"]["rows"]}
   assert rows == {("cnn-auto", 4), ("cnn-auto", 8)}  # n = 1000 and 10,000 on a GPU
@@ -74,14 +92,11 @@ def test_gpu_preset_tiny_runs_every_part(tmp_path):
     assert abs(r["fraction_of_dense"] - r["updates_per_s"] * r["flops_per_update"] / rate) < 1e-9
   assert saved["cnn_10k"]["completed"] and saved["cnn_10k"]["num_clients"] == 8
   md = (tmp_path / "speed_gpu.md").read_text()
-  assert "tiny sizes" in md and "## Anchors" in md and "bf16 dense rate" in md
-  assert md.count("## Acceptance") == 1 and "## The convolution forms in bf16" in md
+  assert "bf16 dense rate" in md and "## The convolution forms in bf16" in md
   assert 'conv="auto" computes bf16 with' in md
-  for title in ("## Rounds against the roofline", "## A sweep of the workload against one run"):
-    assert title in md
-  assert "What the device executed" in md and "no device streams in the trace (CPU)" in md
 
 
+@pytest.mark.slow
 def test_gpu_preset_merges_an_earlier_results_file(tmp_path):
   """--merge-from keeps the sections not measured (and says which), replaces the others."""
   bench = load_benchmark("speed")

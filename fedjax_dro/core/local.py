@@ -3,14 +3,14 @@ runs it for the participating clients with a chosen backend."""
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any, Callable, NamedTuple, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
 
 from fedjax_dro.core.aggregation import scatter_rows
-from fedjax_dro.core.clients import map_clients, map_clients_weighted_sum, plan_clients
+from fedjax_dro.core.clients import map_clients, map_clients_weighted_sum
+from fedjax_dro.core.ragged import epoch_chunk, loop_body, sorted_participants, step_block
 from fedjax_dro.core.sampling import (
   epoch_permutations,
   epoch_step_rows,
@@ -122,104 +122,6 @@ def schedule_batch(schedule: LocalSchedule, j, x, y, num_examples, step_key=None
   return x, y, jnp.arange(x.shape[0]) < num_examples
 
 
-# Local steps per test of the epoch loop's exit condition, by platform (``local_epochs``; see
-# :func:`scan_schedule`). XLA's GPU runtime copies a ``while_loop``'s predicate to the host and
-# waits for it on every iteration; a block of k steps is a fixed-length ``lax.scan`` (a loop of
-# known trip count, run without that round trip) inside the ``while_loop``, so the host waits
-# once per k steps, at the price of up to k - 1 masked steps at the end. Measured on an H100
-# (``benchmarks/anchors.py``, the FEMNIST-sized round): the device stays busy over 90% of the
-# round at k = 1 and the masked steps cost more than the round trips saved (k = 1, 4, 8: 22.7,
-# 26.6, 27.7 ms a round), so 1 everywhere; ``local_step_block`` chooses another k.
-STEP_BLOCK_AUTO = {"cpu": 1, "gpu": 1}
-_STEP_BLOCK: list = []  # the override of local_step_block(), innermost last
-
-
-@contextlib.contextmanager
-def local_step_block(k: int):
-  """Within the block, programs traced for ``local_epochs`` test the loop's exit condition every
-  ``k`` local steps (default: :data:`STEP_BLOCK_AUTO` of the platform). The results do not
-  depend on ``k`` (steps past a client's own count are masked); only the speed does. Takes
-  effect on programs traced inside the block (a new algorithm object, or a new run)."""
-  if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-    raise ValueError(f"local_step_block needs a positive integer k, got {k!r}")
-  _STEP_BLOCK.append(k)
-  try:
-    yield
-  finally:
-    _STEP_BLOCK.pop()
-
-
-def step_block(platform: Optional[str] = None) -> int:
-  """The local steps per exit test of the epoch loop: :func:`local_step_block`'s ``k`` inside
-  one, else :data:`STEP_BLOCK_AUTO` of ``platform`` (default ``jax.default_backend()``; ``cuda``
-  and ``rocm`` count as ``gpu``; other platforms 1)."""
-  if _STEP_BLOCK:
-    return _STEP_BLOCK[-1]
-  platform = platform or jax.default_backend()
-  platform = "gpu" if platform in ("cuda", "rocm") else platform
-  return STEP_BLOCK_AUTO.get(platform, 1)
-
-
-# Groups of participants of a ``local_epochs`` round, by platform (None: as the backend plans).
-# Side by side, a round's participants run until the one with the most steps is done, the others
-# masked; on a GPU a masked step costs what a real one does (each client's weights are read and
-# written every step: the round is bound by memory traffic), so the participants of a sampled
-# round are sorted by their step counts and run in this many chunks, each until its own largest
-# is done. Measured on an H100 (``benchmarks/anchors.py``, the FEMNIST-sized round: 10
-# participants of 1 to 47 steps): one group 22.8 ms a round, 2 groups of 5 18.7 ms, 5 groups of
-# 2 19.3 ms, one at a time 17.9 ms with the device idle 40% of the round (each chunk's loop is
-# launched and waited for step by step). More groups cost more loop iterations where the
-# participants' step counts are equal (a cohort of equal clients gains nothing from sorting), so
-# 2. The CPU keeps the backend's plan: None.
-EPOCH_GROUPS_AUTO = {"cpu": None, "gpu": 2}
-_EPOCH_CHUNK: list = []  # the override of local_epoch_chunk(), innermost last
-_UNSET = object()
-
-
-@contextlib.contextmanager
-def local_epoch_chunk(size: Optional[int]):
-  """Within the block, ``local_epochs`` rounds with partial participation run their participants
-  sorted by step count in chunks of ``size`` (None: in the backend's own plan, unsorted; default:
-  :data:`EPOCH_GROUPS_AUTO` of the platform). Results do not depend on it (each participant keeps
-  its own key and minibatches; sums run in another order: equal to rounding); only the speed
-  and the memory of a round do. Takes effect on programs traced inside the block."""
-  if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 1):
-    raise ValueError(f"local_epoch_chunk needs a positive integer or None, got {size!r}")
-  _EPOCH_CHUNK.append(size)
-  try:
-    yield
-  finally:
-    _EPOCH_CHUNK.pop()
-
-
-def epoch_chunk(platform: Optional[str] = None, participants: Optional[int] = None):
-  """The participants per step-sorted chunk of a ``local_epochs`` round of ``participants``
-  clients: the innermost :func:`local_epoch_chunk`, else ``ceil(participants / groups)`` with
-  ``groups`` from :data:`EPOCH_GROUPS_AUTO` of ``platform`` (default ``jax.default_backend()``;
-  ``cuda`` and ``rocm`` count as ``gpu``; other platforms, or ``participants`` None: None)."""
-  if _EPOCH_CHUNK:
-    return _EPOCH_CHUNK[-1]
-  platform = platform or jax.default_backend()
-  platform = "gpu" if platform in ("cuda", "rocm") else platform
-  groups = EPOCH_GROUPS_AUTO.get(platform)
-  if groups is None or participants is None:
-    return None
-  return -(-int(participants) // groups)
-
-
-def step_sorted_order(counts, chunk: int):
-  """``[s]`` positions: the participants sorted by ``counts`` (their local steps) and laid out so
-  that each chunk of :func:`~fedjax_dro.core.clients.map_clients` with ``chunk_size=chunk``
-  holds consecutive ranks. When ``chunk`` divides ``s`` into several chunks the chunks are
-  strided (chunk ``j`` holds positions ``j, j + s / chunk, ...``), else contiguous."""
-  s = counts.shape[0]
-  ranked = jnp.argsort(counts, stable=True)
-  full, rest = divmod(s, chunk)
-  if rest == 0 and full > 1:
-    return ranked.reshape(full, chunk).T.reshape(-1)
-  return ranked
-
-
 def scan_schedule(step: Callable, carry, schedule: LocalSchedule, x, y, num_examples):
   """The loop of ``step(carry, bx, by, bmask) -> (carry, loss)`` over the minibatches of
   ``schedule``. Returns ``(final carry, losses[T])``: ``losses[j]`` is step ``j``'s minibatch
@@ -228,7 +130,7 @@ def scan_schedule(step: Callable, carry, schedule: LocalSchedule, x, y, num_exam
   ``local_steps``: a ``lax.scan`` of ``T`` steps. ``local_epochs``: a ``lax.while_loop`` that
   stops after the client's own ``schedule.steps``, so a round costs what its largest
   participating client (of a ``vmap`` batch or chunk) needs, not the federation's largest. The
-  loop tests its exit condition every :func:`step_block` steps (a fixed-length scan of that
+  loop tests its exit condition every :func:`~fedjax_dro.core.ragged.step_block` steps (a fixed-length scan of that
   many steps per iteration, those past the client's count masked: carry kept, loss 0), which
   spares an accelerator a host round trip per step; the result is the same for every block.
   """
@@ -244,28 +146,7 @@ def scan_schedule(step: Callable, carry, schedule: LocalSchedule, x, y, num_exam
 
   loss_shape = jax.eval_shape(lambda c: one(jnp.int32(0), c)[1], carry)
   losses = jnp.zeros((schedule.num_steps,) + loss_shape.shape, loss_shape.dtype)
-  block = min(step_block(), schedule.num_steps)
-
-  if block == 1:
-
-    def body(state):
-      j, c, losses = state
-      new, loss = one(j, c)
-      return j + 1, new, losses.at[j].set(loss)
-
-  else:
-
-    def masked(inner, i):
-      j, c, losses = inner
-      new, loss = one(j, c)
-      take = j < schedule.steps
-      c = jax.tree.map(lambda a, b: jnp.where(take, a, b), new, c)
-      losses = losses.at[j].set(jnp.where(take, loss, jnp.zeros_like(loss)), mode="drop")
-      return (j + 1, c, losses), None
-
-    def body(state):
-      return jax.lax.scan(masked, state, None, length=block)[0]
-
+  body = loop_body(one, schedule.steps, min(step_block(), schedule.num_steps))
   _, carry, losses = jax.lax.while_loop(
     lambda state: state[0] < schedule.steps, body, (jnp.int32(0), carry, losses)
   )
@@ -452,25 +333,15 @@ def local_round(
 
   keys = jax.random.split(local_key, s)
   weights = aggregation_weights(settings, clients.num_examples)
-  chunk_size = settings.chunk_size
-  # local_epochs, sampled participants: sorted by step count into chunks (EPOCH_GROUPS_AUTO)
+  # local_epochs, sampled participants: sorted by step count into chunks (core.ragged)
   epochs = settings.local_epochs is not None and num_steps is None
-  chunk = epoch_chunk(participants=s) if epochs else None
-  sorted_round = chunk is not None and chunk < s and clients is not data and backend == "auto"
-  if sorted_round:
-    # never larger chunks than the memory plan of the auto backend allows
-    planned, planned_size = plan_clients(
-      client_update,
-      (clients.x, clients.y, clients.num_examples, keys, starts, rows),
-      stacked=(lambda out: out[1]) if mean_only else None,
-    )
-    chunk = chunk if planned == "vmap" else min(chunk, planned_size or 1)
-    order = step_sorted_order(local_step_counts(settings, clients.num_examples), chunk)
-    inverse = jnp.argsort(order)
-    ran = jax.tree.map(lambda a: a[order], (clients, keys, starts, rows, weights))
-    backend, chunk_size = ("map", None) if chunk == 1 else ("chunked", chunk)
-  else:
-    ran = (clients, keys, starts, rows, weights)
+  chunk = epoch_chunk(participants=s) if epochs and clients is not data else None
+  counts = local_step_counts(settings, clients.num_examples) if chunk else None
+  stacked = (lambda out: out[1]) if mean_only else None
+  ran, backend, chunk_size, inverse = sorted_participants(
+    chunk, counts, client_update, (clients, keys, starts, rows, weights), backend, stacked
+  )
+  chunk_size = settings.chunk_size if inverse is None else chunk_size
   r_clients, r_keys, r_starts, r_rows, r_weights = ran
   if mean_only:
     deltas, losses = map_clients_weighted_sum(
@@ -489,7 +360,7 @@ def local_round(
     deltas, losses = run_clients(
       client_update, r_clients, r_keys, r_starts, r_rows, backend=backend, chunk_size=chunk_size
     )
-  if sorted_round:  # back to the order of idx
+  if inverse is not None:  # back to the order of idx
     losses = jax.tree.map(lambda a: a[inverse], losses)
     if not mean_only:
       deltas = jax.tree.map(lambda a: a[inverse], deltas)

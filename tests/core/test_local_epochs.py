@@ -115,7 +115,8 @@ def _counting_epoch_loop(block):
   """``(calls, w, losses)``: three clients of 5, 9 and 2 rows (batch 4, two epochs) side by side
   under ``vmap``, each step summing its minibatch's rows; ``calls`` counts the executions of the
   step's body (a host callback), the loop's exit tested every ``block`` steps."""
-  from fedjax_dro.core.local import local_step_block, scan_schedule
+  from fedjax_dro.core.local import scan_schedule
+  from fedjax_dro.core.ragged import local_step_block
 
   calls = []
 
@@ -165,7 +166,7 @@ def test_epoch_loop_in_blocks_of_steps_is_the_same_loop(block):
 
 @pytest.mark.parametrize("name", ["fedavg", "scaffold"])
 def test_local_epochs_in_blocks_match_the_reference_loop(name):
-  from fedjax_dro.core.local import local_step_block
+  from fedjax_dro.core.ragged import local_step_block
 
   data = regression_clients(n=len(SIZES), d=3, sizes=SIZES, seed=5)
   hp = {"client_lr": 0.05, "server_lr": 0.9}
@@ -185,7 +186,7 @@ def test_step_sorted_chunks_match_the_reference_loop(name, chunk):
   """Participants sorted by step count and run in chunks (2: strided chunks of the 4
   participants, 3: a contiguous chunk and a remainder, 1: one at a time) give the reference
   loop's model: each participant keeps its key, minibatches and aggregation weight."""
-  from fedjax_dro.core.local import local_epoch_chunk
+  from fedjax_dro.core.ragged import local_epoch_chunk
 
   data = regression_clients(n=len(SIZES), d=3, sizes=SIZES, seed=5)
   hp = {"client_lr": 0.05, "server_lr": 0.9}
@@ -204,7 +205,8 @@ def test_step_sorted_round_returns_rows_in_the_order_of_idx(mean_only):
   """``local_round`` under step-sorted chunks returns every per-participant output (deltas,
   losses, the updated client state) in the order of ``idx``, as the unsorted round does, and
   the chunks really are sorted: the participants' step counts differ."""
-  from fedjax_dro.core.local import local_epoch_chunk, local_round, step_sorted_order
+  from fedjax_dro.core.local import local_round
+  from fedjax_dro.core.ragged import local_epoch_chunk, step_sorted_order
   from fedjax_dro.core.settings import common_settings
 
   data = regression_clients(n=len(SIZES), d=3, sizes=SIZES, seed=5)
@@ -245,7 +247,7 @@ def test_step_sorted_round_returns_rows_in_the_order_of_idx(mean_only):
 
 
 def test_epoch_chunk_by_platform_and_bad_chunk():
-  from fedjax_dro.core.local import EPOCH_GROUPS_AUTO, epoch_chunk, local_epoch_chunk
+  from fedjax_dro.core.ragged import EPOCH_GROUPS_AUTO, epoch_chunk, local_epoch_chunk
 
   assert epoch_chunk("cpu", participants=10) is None
   groups = EPOCH_GROUPS_AUTO["gpu"]
@@ -263,7 +265,7 @@ def test_epoch_chunk_by_platform_and_bad_chunk():
 
 
 def test_step_block_by_platform_and_bad_block():
-  from fedjax_dro.core.local import STEP_BLOCK_AUTO, local_step_block, step_block
+  from fedjax_dro.core.ragged import STEP_BLOCK_AUTO, local_step_block, step_block
 
   assert step_block("cpu") == 1
   assert step_block("cuda") == STEP_BLOCK_AUTO["gpu"]

@@ -5,7 +5,8 @@ else. Also: model identity on resume, the history log (constant checkpoint size,
 cut off, old-format refusal) and the "resuming from round R" line.
 
 ``CHECKPOINT_CASES`` is imported by tests/test_bad_inputs.py: each case is a row of the
-bad-input table in docs/bad_inputs.md.
+bad-input table in docs/bad_inputs.md. Over 600 lines: the hostile cases, their builders and the
+property tests share one pristine run and its copies.
 """
 
 import atexit
