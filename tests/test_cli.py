@@ -114,15 +114,11 @@ def test_compile_cache_keeps_compiled_programs_between_commands(tmp_path):
   assert outs[0] == outs[1]
 
 
-def test_one_writer_per_output_directory(tmp_path):
-  one_writer_behaviour(tmp_path)
-
-
 def one_writer_behaviour(tmp_path=None):
   """Two commands writing one --out directory at once: the first proceeds, the second (a run or
   a sweep) is refused with one line naming the holder's process and leaves the first's files
   alone; once the holder is SIGKILLed, the next run takes the directory over (a row of the
-  bad-input table)."""
+  bad-input table, tested there: tests/test_bad_inputs.py)."""
   import os
   import pathlib
   import tempfile

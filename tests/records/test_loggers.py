@@ -292,19 +292,16 @@ def test_unknown_tracker_and_missing_extra_are_clear_errors(tmp_path, capsys, mo
   assert not os.path.exists(tmp_path / "tb")
 
 
-def test_tensorboard_on_a_full_disk_is_one_line_and_no_traceback(tmp_path):
-  pytest.importorskip("tensorboardX")
-  tensorboard_disk_full_behaviour(tmp_path)
-
-
 def tensorboard_disk_full_behaviour(tmp_path=None):
   """The disk fills under TensorBoard's event file (its writes fail with ENOSPC, also from
   tensorboardX's writer thread and at exit): the CLI ends with exit 1 and one line naming the
-  event file, and no traceback, not even at interpreter exit (a row of the bad-input table)."""
+  event file, and no traceback, not even at interpreter exit (a row of the bad-input table,
+  tested there: tests/test_bad_inputs.py)."""
   import pathlib
   import subprocess
   import tempfile
 
+  pytest.importorskip("tensorboardX")
   if tmp_path is None:
     with tempfile.TemporaryDirectory(prefix="fedjax-dro-tb-full-") as tmp:
       return tensorboard_disk_full_behaviour(pathlib.Path(tmp))
