@@ -130,9 +130,9 @@ def scan_schedule(step: Callable, carry, schedule: LocalSchedule, x, y, num_exam
   ``local_steps``: a ``lax.scan`` of ``T`` steps. ``local_epochs``: a ``lax.while_loop`` that
   stops after the client's own ``schedule.steps``, so a round costs what its largest
   participating client (of a ``vmap`` batch or chunk) needs, not the federation's largest. The
-  loop tests its exit condition every :func:`~fedjax_dro.core.ragged.step_block` steps (a fixed-length scan of that
-  many steps per iteration, those past the client's count masked: carry kept, loss 0), which
-  spares an accelerator a host round trip per step; the result is the same for every block.
+  loop tests its exit condition every :func:`~fedjax_dro.core.ragged.step_block` steps (a
+  fixed-length scan of that many steps per iteration, those past the client's count masked:
+  carry kept, loss 0); the result is the same for every block.
   """
   if schedule.steps is None:
 
@@ -338,10 +338,10 @@ def local_round(
   chunk = epoch_chunk(participants=s) if epochs and clients is not data else None
   counts = local_step_counts(settings, clients.num_examples) if chunk else None
   stacked = (lambda out: out[1]) if mean_only else None
+  inputs = (clients, keys, starts, rows, weights)
   ran, backend, chunk_size, inverse = sorted_participants(
-    chunk, counts, client_update, (clients, keys, starts, rows, weights), backend, stacked
+    chunk, counts, client_update, inputs, backend, settings.chunk_size, stacked
   )
-  chunk_size = settings.chunk_size if inverse is None else chunk_size
   r_clients, r_keys, r_starts, r_rows, r_weights = ran
   if mean_only:
     deltas, losses = map_clients_weighted_sum(

@@ -109,20 +109,20 @@ def step_sorted_order(counts, chunk: int):
   return ranked
 
 
-def sorted_participants(chunk, counts, client_update, inputs, backend, stacked=None):
+def sorted_participants(chunk, counts, client_update, inputs, backend, chunk_size, stacked=None):
   """``(inputs, backend, chunk_size, inverse)``: how :func:`~fedjax_dro.core.local.local_round`
   runs its participants. With a ``chunk`` smaller than their number and the ``auto`` backend,
   ``inputs`` (``(clients, keys, starts, rows, weights)``, each stacked over the participants)
   are put in :func:`step_sorted_order` of their step ``counts`` and run in chunks of ``chunk``
   (never larger than the memory plan of ``auto`` allows: :func:`~fedjax_dro.core.clients.
   plan_clients` of ``client_update``, ``stacked`` its kept outputs); ``inverse`` puts the
-  per-participant outputs back in order. Otherwise ``inputs`` and ``backend`` as they are, and
-  ``chunk_size`` and ``inverse`` None."""
+  per-participant outputs back in order. Otherwise ``inputs``, ``backend`` and ``chunk_size`` as
+  they are, and ``inverse`` None."""
   from fedjax_dro.core.clients import plan_clients
 
   clients, keys, starts, rows, _ = inputs
   if chunk is None or chunk >= keys.shape[0] or backend != "auto":
-    return inputs, backend, None, None
+    return inputs, backend, chunk_size, None
   args = (clients.x, clients.y, clients.num_examples, keys, starts, rows)
   planned, planned_size = plan_clients(client_update, args, stacked=stacked)
   chunk = chunk if planned == "vmap" else min(chunk, planned_size or 1)
