@@ -8,6 +8,7 @@ from fedjax_dro.algorithms.base import (
   default_hparams,
   get_algorithm,
   list_algorithms,
+  algorithm_cost,
   make_hparams,
   register,
 )
@@ -38,6 +39,7 @@ __all__ = [
   "get_algorithm",
   "list_algorithms",
   "make_hparams",
+  "algorithm_cost",
   "register",
   "fedavg",
   "fedsgd",

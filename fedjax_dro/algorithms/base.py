@@ -55,6 +55,9 @@ class Algorithm(NamedTuple):
   hparams: Dict[str, HParam]
   personalized: bool = False
   config: Dict[str, Any] = {}
+  # cost(data) -> fedjax_dro.core.costs.Costs: per-round and setup uploads, client gradient
+  # evaluations and sequential local steps (see algorithm_cost)
+  cost: Optional[Callable] = None
 
 
 def default_hparams(alg: Algorithm) -> Dict[str, float]:
@@ -153,6 +156,7 @@ def build_algorithm(
   hparams: Dict[str, HParam],
   client_models: Callable = global_params,
   personalized: bool = False,
+  cost: Optional[Callable] = None,
   **config,
 ) -> Algorithm:
   """The :class:`Algorithm` a factory returns, its ``config`` the round ``settings`` (if any)
@@ -160,7 +164,8 @@ def build_algorithm(
 
   By default the algorithm evaluates one global model (``client_models`` is
   :func:`global_params`); a personalized one passes its ``client_models`` and
-  ``personalized=True``.
+  ``personalized=True``. ``cost(data) -> Costs`` states what a round spends
+  (:mod:`fedjax_dro.core.costs`).
   """
   return Algorithm(
     name=name,
@@ -171,7 +176,29 @@ def build_algorithm(
     hparams=hparams,
     personalized=personalized,
     config={**(settings._asdict() if settings is not None else {}), **config},
+    cost=cost,
   )
+
+
+def algorithm_cost(alg: Algorithm, data: FederatedData):
+  """``alg``'s :class:`~fedjax_dro.core.costs.Costs` on ``data``: per round (expected over the
+  client sampling) and once at setup, in uploads (clients and floats), client gradient
+  evaluations and sequential local steps (:mod:`fedjax_dro.core.costs`).
+
+  Args:
+    alg: an :class:`Algorithm`.
+    data: the training :class:`~fedjax_dro.data.FederatedData` (or a dataset: its ``train``).
+  """
+  if not isinstance(alg, Algorithm):
+    raise TypeError(f"alg must be an Algorithm, got {type(alg).__name__}")
+  data = getattr(data, "train", data)
+  if not isinstance(data, FederatedData):
+    raise TypeError(f"data must be a FederatedData or FederatedDataset, got {type(data).__name__}")
+  if alg.cost is None:
+    raise ValueError(
+      f"algorithm {alg.name!r} does not state its cost (build_algorithm(..., cost=...))"
+    )
+  return alg.cost(data)
 
 
 # ----------------------------------------------------------------------------------------------
