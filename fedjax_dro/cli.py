@@ -526,6 +526,22 @@ def _reproduce_locked(args) -> int:
   return 0
 
 
+def cmd_compare(args) -> int:
+  """``fedjax-dro compare CONFIG``: the comparison a TOML file declares
+  (:mod:`fedjax_dro.compare.config`), written to ``--out`` (default: ``compare-NAME``)."""
+  from fedjax_dro.compare import compare
+  from fedjax_dro.compare.config import experiment_from_config, load_config
+
+  experiment = experiment_from_config(load_config(args.config))
+  if args.out is None:
+    args.out = f"compare-{experiment.name}"
+  _check_paths(args)
+  _compile_cache(args)
+  with _out_lock(args):
+    compare(experiment, out_dir=args.out)
+  return 0
+
+
 def main(argv: Optional[List[str]] = None) -> int:
   parser = argparse.ArgumentParser(prog="fedjax-dro", description=__doc__.split("\n")[0])
   sub = parser.add_subparsers(dest="command")
@@ -592,6 +608,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     "--leaf-dir", default=None, help="folder of LEAF FEMNIST JSON files the experiment reads"
   )
   _add_compile_cache(p_rep)
+  p_cmp = sub.add_parser(
+    "compare", help="a fair comparison of strategies declared in a TOML file (JSON + MD + PNG)"
+  )
+  p_cmp.add_argument("config", help="the TOML file (see fedjax_dro.compare.config)")
+  p_cmp.add_argument("--out", default=None, help="output directory (default: compare-NAME)")
+  _add_compile_cache(p_cmp)
   p_plot = sub.add_parser("plot", help="PNG plots of run / sweep output directories")
   p_plot.add_argument("dirs", nargs="+", help="run directories (seeds) and/or sweep directories")
   p_plot.add_argument("--out", default=None, help="output directory (default: the first dir)")
@@ -608,6 +630,7 @@ def main(argv: Optional[List[str]] = None) -> int:
       "list": cmd_list,
       "plot": cmd_plot,
       "reproduce": cmd_reproduce,
+      "compare": cmd_compare,
     }[args.command](args)
   except (ValueError, TypeError, MemoryError) as e:
     print(f"error: {e}", file=sys.stderr)

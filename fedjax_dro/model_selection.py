@@ -77,6 +77,41 @@ def kfold_split(
   return out
 
 
+def holdout_split(
+  data: FederatedData, fraction: float = 0.2, *, seed: int = 0
+) -> List[Tuple[FederatedData, FederatedData]]:
+  """``[(train, heldout)]``: one per-client split of the valid rows, ``heldout`` holding
+  ``max(1, round(fraction * N_i))`` of client ``i``'s rows (a ``numpy.random.default_rng(seed)``
+  permutation; rows keep their order), ``train`` the rest. Shapes as :func:`kfold_split`. Needs
+  every client to keep at least one training row.
+  """
+  if not isinstance(data, FederatedData):
+    raise TypeError(f"data must be a FederatedData, got {type(data).__name__}")
+  if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction < 1:
+    raise ValueError(f"fraction must be a number in (0, 1), got {fraction!r}")
+  validate_data(data)
+  nex = np.asarray(data.num_examples)
+  if int(nex.min()) < 2:
+    i = int(np.argmin(nex))
+    raise ValueError(
+      f"a hold-out split needs >= 2 training rows per client; client {i} has {int(nex[i])}"
+    )
+  rng = np.random.default_rng(seed)
+  x, y = np.asarray(data.x), np.asarray(data.y)
+  tr_x, tr_y, ho_x, ho_y = [], [], [], []
+  for i, m in enumerate(nex):
+    perm = rng.permutation(int(m))
+    k = min(int(m) - 1, max(1, int(round(fraction * int(m)))))
+    held, train = np.sort(perm[:k]), np.sort(perm[k:])
+    tr_x.append(x[i, train])
+    tr_y.append(y[i, train])
+    ho_x.append(x[i, held])
+    ho_y.append(y[i, held])
+  train_k = from_client_arrays(tr_x, tr_y, dtype=x.dtype).pad_to(data.max_examples)
+  held_k = from_client_arrays(ho_x, ho_y, dtype=x.dtype)
+  return [(train_k, held_k)]
+
+
 def _check_folds(folds, nex) -> None:
   if not isinstance(folds, (int, np.integer)) or isinstance(folds, bool):
     raise TypeError(f"folds must be an int >= 2, got {folds!r}")
@@ -219,6 +254,7 @@ def cross_validate(
   stat: str = "weighted_mean",
   hparams: Optional[Dict[str, Any]] = None,
   eval_every: Optional[int] = None,
+  splits: Optional[Sequence[Tuple[FederatedData, FederatedData]]] = None,
 ) -> CVResult:
   """K-fold cross-validation of ``grid`` on the clients' training rows (see the module docstring).
 
@@ -235,6 +271,9 @@ def cross_validate(
     stat: summary over clients (``weighted_mean`` by held-out rows, ``mean``, ``worst20``, ...).
     hparams: fixed hyper-parameter overrides for every run.
     eval_every: rounds per compiled chunk (passed to ``sweep``).
+    splits: precomputed ``(train, held-out)`` pairs of ``data``'s training rows (e.g.
+      :func:`holdout_split`) used instead of the ``folds``-fold split (``folds`` is then their
+      number; one split gives a standard error of NaN).
   """
   train = data.train if isinstance(data, FederatedDataset) else data
   if not isinstance(train, FederatedData):
@@ -250,7 +289,13 @@ def cross_validate(
       f"hparams has unknown hyper-parameter(s) {unknown} for {base.name!r}; "
       f"expected a subset of {sorted(base.hparams)}"
     )
-  splits = kfold_split(train, folds, seed=seed)  # validates folds
+  if splits is None:
+    splits = kfold_split(train, folds, seed=seed)  # validates folds
+  else:
+    splits = list(splits)
+    if not splits or not all(isinstance(p, tuple) and len(p) == 2 for p in splits):
+      raise TypeError("splits must be a non-empty list of (train, held-out) FederatedData pairs")
+    folds = len(splits)
   higher = HIGHER_IS_BETTER.get(metric, True)
   hp_names_sorted = sorted(hp_names)
   opt_combos = list(itertools.product(*[list(grid[k]) for k in opt_names])) or [()]
@@ -294,7 +339,11 @@ def cross_validate(
         scores[row, k] = np.nan if diverged else summary[metric][stat]
   finite = np.all(np.isfinite(scores), axis=1)
   mean = np.where(finite, scores.mean(axis=1), np.nan)
-  se = np.where(finite, scores.std(axis=1, ddof=1) / math.sqrt(folds), np.nan)
+  se = (
+    np.where(finite, scores.std(axis=1, ddof=1) / math.sqrt(folds), np.nan)
+    if folds > 1
+    else np.full(len(points), np.nan)
+  )
   if not finite.any():
     raise FloatingPointError(
       "every grid point diverged (non-finite values) on some fold; lower the step sizes"

@@ -1,0 +1,423 @@
+"""The comparison loop: per seed, select every strategy's configuration on its training rows,
+train it under the budget, score it on the test rows; then the table and the paired differences.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+
+from fedjax_dro.algorithms.base import Algorithm, algorithm_cost
+from fedjax_dro.compare.protocol import Budget, Experiment, Strategy
+from fedjax_dro.compare.report import ComparisonResult, summarize_rows
+from fedjax_dro.core.costs import Costs, RoundCost
+from fedjax_dro.data.federated import FederatedDataset
+from fedjax_dro.model_selection import (
+  cross_validate,
+  grid_edge,
+  holdout_split,
+  kfold_split,
+  widen_at_edges,
+)
+from fedjax_dro.models.base import Model
+
+
+class SelectionFailed(FloatingPointError):
+  """Every configuration of a strategy's grid diverged on some fold."""
+
+
+def budget_rounds(budget: Budget, costs: Costs, amount: Optional[float], label: str) -> int:
+  """The rounds a strategy with ``costs`` gets under ``budget`` (``amount``: the resolved total
+  of an equal-cost budget): the most rounds whose spend (setup included) stays within it.
+
+  Args:
+    budget: the :class:`~fedjax_dro.compare.Budget`.
+    costs: the strategy's :class:`~fedjax_dro.core.costs.Costs` on the training data.
+    amount: the total of an ``uploads`` / ``gradients`` budget.
+    label: the strategy's name (for the error message).
+  """
+  if budget.kind == "rounds":
+    return int(budget.rounds)
+  if budget.kind == "plateau":
+    return int(budget.cap)
+  field = budget.field
+  per, setup = float(getattr(costs.round, field)), float(getattr(costs.setup, field))
+  if per <= 0:
+    if budget.cap is None:
+      raise ValueError(
+        f"strategy {label!r} spends no {field} per round, so a {budget.kind!r} budget gives it "
+        "no number of rounds; give the budget a cap=C"
+      )
+    return int(budget.cap)
+  rounds = int(math.floor((amount - setup) / per * (1 + 1e-12)))
+  if rounds < 1:
+    raise ValueError(
+      f"the {budget.kind!r} budget {amount:.6g} does not pay for one round of strategy "
+      f"{label!r} ({field}: setup {setup:.6g}, {per:.6g} per round)"
+    )
+  return min(rounds, int(budget.cap)) if budget.cap is not None else rounds
+
+
+def plateau_round(
+  rounds: List[int], values: List[float], *, higher: bool, patience: int, min_delta: float
+) -> int:
+  """The round of the validation plateau: the evaluation after which ``patience`` further
+  evaluations brought no relative gain above ``min_delta`` over the best value so far (the last
+  evaluated round when that never happens). A non-finite value ends the run at the last finite
+  evaluation before it.
+
+  Args:
+    rounds: the evaluated rounds, increasing.
+    values: the held-out metric at them.
+    higher: whether larger is better.
+    patience: evaluations without gain that make a plateau.
+    min_delta: the relative gain that counts.
+  """
+  sign = 1.0 if higher else -1.0
+  best_round, best, waited = rounds[0], None, 0
+  for r, v in zip(rounds, values):
+    if not math.isfinite(v):
+      break
+    if best is None or sign * (v - best) > min_delta * max(abs(best), 1e-12):
+      best, best_round, waited = v, r, 0
+    else:
+      waited += 1
+      if waited >= patience:
+        return best_round
+  return best_round if best is not None else rounds[0]
+
+
+class _Builder:
+  """Memoized ``make(model, **options)`` per strategy: the same Algorithm object for the same
+  options, so every seed and fold reuses its compiled programs."""
+
+  def __init__(self, strategy: Strategy, model: Model):
+    self.strategy, self.model, self.cache = strategy, model, {}
+
+  def __call__(self, **options) -> Algorithm:
+    options = {k: _integral(v) for k, v in options.items()}
+    key = tuple(sorted(options.items()))
+    if key not in self.cache:
+      alg = self.strategy.make(self.model, **options)
+      if not isinstance(alg, Algorithm):
+        raise TypeError(
+          f"strategy {self.strategy.label!r}: make(model, **options) must return an Algorithm, "
+          f"got {type(alg).__name__}"
+        )
+      self.cache[key] = alg
+    return self.cache[key]
+
+  def split(self, point: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, float]]:
+    """``(options, hyper-parameters)`` of a grid point."""
+    hp = self().hparams
+    options = {k: _integral(v) for k, v in point.items() if k not in hp}
+    return options, {k: float(v) for k, v in point.items() if k in hp}
+
+
+def _integral(v):
+  if isinstance(v, float) and v.is_integer():
+    return int(v)
+  return v
+
+
+def _signed(score: float, higher: bool) -> float:
+  return (score if higher else -score) if math.isfinite(score) else -math.inf
+
+
+def _selection_splits(protocol, train, seed):
+  if protocol.selection == "kfold":
+    return kfold_split(train, protocol.folds, seed=seed)
+  return holdout_split(train, protocol.holdout, seed=seed)
+
+
+def select(
+  strategy: Strategy,
+  build: _Builder,
+  train,
+  splits,
+  *,
+  protocol,
+  rounds: int,
+  seed: int,
+) -> Dict[str, Any]:
+  """Per-seed selection of ``strategy``'s configuration on ``splits`` of the seed's training
+  rows (``train``; the test rows are never seen), widening geometric axes at edges.
+
+  Returns ``{"chosen", "score", "configurations", "widened", "edges", "points"}``; raises
+  :class:`SelectionFailed` when every configuration diverged.
+  """
+  metric = protocol.metric
+  higher = metric.higher_is_better
+  if not strategy.grids or all(not g for g in strategy.grids):
+    return {
+      "chosen": {},
+      "score": None,
+      "configurations": 1,
+      "widened": [],
+      "edges": [],
+      "points": [],
+    }
+  hp_names = set(build().hparams)
+  points: List[Dict[str, Any]] = []
+  widened_all, edges = [], []
+  best = None
+  for grid in strategy.grids:
+    if strategy.widen is not None:
+      axes = [a for a in strategy.widen if a in grid]
+    else:
+      axes = [
+        k
+        for k, v in grid.items()
+        if k in hp_names and len({float(x) for x in v}) >= 2 and min(float(x) for x in v) > 0
+      ]
+
+    def evaluate(subgrid, _grid=grid):
+      options = [k for k in subgrid if k not in hp_names]
+      try:
+        cv = cross_validate(
+          build if options else build(),
+          train,
+          {
+            k: [_integral(v) for v in vals] if k in options else vals for k, vals in subgrid.items()
+          },
+          rounds=rounds,
+          seed=seed,
+          metric=metric.name,
+          stat=metric.stat,
+          hparams=dict(strategy.fixed) or None,
+          eval_every=rounds,
+          splits=splits,
+        )
+      except FloatingPointError:  # every point diverged: scored NaN, like a diverged point
+        import itertools
+
+        names = list(subgrid)
+        return [
+          {"hparams": dict(zip(names, c)), "score": math.nan, "se": math.nan}
+          for c in itertools.product(*subgrid.values())
+        ]
+      return [
+        {
+          "hparams": {k: _integral(v) if k in options else v for k, v in p.items()},
+          "score": float(m),
+          "se": float(s),
+        }
+        for p, m, s in zip(cv.points, cv.mean, cv.se)
+      ]
+
+    results, final_grid, widened = widen_at_edges(
+      evaluate,
+      grid,
+      axes=axes,
+      key=lambda r: _signed(r["score"], higher),
+      max_widenings=protocol.max_widenings,
+    )
+    points += results
+    widened_all += [{"axis": a, "value": v} for a, v in widened]
+    top = max(results, key=lambda r: _signed(r["score"], higher))
+    if best is None or _signed(top["score"], higher) > _signed(best[0]["score"], higher):
+      best = (top, final_grid)
+  top, final_grid = best
+  if not math.isfinite(top["score"]):
+    raise SelectionFailed(f"every configuration of {strategy.label!r} diverged on some fold")
+  for axis, values in final_grid.items():
+    edge = grid_edge(values, top["hparams"][axis]) if len(values) >= 2 else None
+    if edge is not None:
+      edges.append({"axis": axis, "edge": edge, "value": top["hparams"][axis]})
+  return {
+    "chosen": dict(top["hparams"]),
+    "score": float(top["score"]),
+    "configurations": len(points),
+    "widened": widened_all,
+    "edges": edges,
+    "points": points,
+  }
+
+
+def _stacked_models(alg: Algorithm, state, num_clients: int):
+  models = alg.client_models(state)
+  if not alg.personalized:
+    models = jax.tree.map(lambda a: jnp.broadcast_to(a, (num_clients,) + a.shape), models)
+  return models
+
+
+def _train_and_score(experiment, strategy, alg, hparams, ds, *, rounds, seed, costs):
+  """The final run on all training rows: the test metric, extra metrics and curves."""
+  from fedjax_dro import run
+
+  metric = experiment.protocol.metric
+  every = experiment.protocol.curve_every or max(1, rounds // 10)
+  hist = run(
+    alg, ds, rounds=rounds, seed=seed, hparams=hparams or None, eval_every=min(every, rounds)
+  )
+  final = hist.final
+  if metric.name not in final or metric.stat not in final[metric.name]:
+    raise ValueError(
+      f"metric {metric.label} is not reported for {alg.name} on this task; available: "
+      f"{sorted(final)}"
+    )
+  value = float(final[metric.name][metric.stat])
+  curve = [
+    {
+      "round": int(e["round"]),
+      "uploads": costs.spent(int(e["round"])).upload_floats,
+      "gradients": costs.spent(int(e["round"])).gradient_evaluations,
+      "value": float(e["summary"][metric.name][metric.stat]),
+    }
+    for e in hist.evaluations
+  ]
+  extra = {}
+  if experiment.extra_metrics:
+    models = _stacked_models(alg, hist.final_state, ds.num_clients)
+    for e in experiment.extra_metrics:
+      extra[e.name] = float(e.fn(models, ds))
+  return value, extra, curve
+
+
+def _load(experiment: Experiment, seed: int) -> FederatedDataset:
+  ds = experiment.data(seed)
+  if not isinstance(ds, FederatedDataset) or ds.test is None:
+    raise TypeError(
+      f"data({seed}) must return a FederatedDataset with a test split, got {type(ds).__name__}"
+    )
+  return ds
+
+
+def compare(
+  experiment: Experiment,
+  out_dir: Optional[str] = None,
+  *,
+  verbose: bool = True,
+  log: Optional[Callable[[str], None]] = None,
+) -> ComparisonResult:
+  """Runs ``experiment`` (see :mod:`fedjax_dro.compare`) and returns its
+  :class:`ComparisonResult`; with ``out_dir``, writes ``NAME.json``, ``NAME.md`` and
+  ``NAME.png`` there.
+
+  Args:
+    experiment: the :class:`~fedjax_dro.compare.Experiment`.
+    out_dir: the output folder (``None``: nothing written).
+    verbose: print progress and the table.
+    log: where progress lines go (default ``print`` when ``verbose``).
+  """
+  if not isinstance(experiment, Experiment):
+    raise TypeError(f"experiment must be a compare.Experiment, got {type(experiment).__name__}")
+  protocol, budget = experiment.protocol, experiment.protocol.budget
+  say = log or (print if verbose else (lambda *a, **k: None))
+  t_start = time.perf_counter()
+  first = _load(experiment, protocol.seeds[0])
+  model = experiment.model if isinstance(experiment.model, Model) else experiment.model(first)
+  if not isinstance(model, Model):
+    raise TypeError(f"model must be a Model or model(dataset) -> Model, got {type(model).__name__}")
+  builders = {s.label: _Builder(s, model) for s in experiment.strategies}
+  rows: Dict[str, List[Dict[str, Any]]] = {s.label: [] for s in experiment.strategies}
+  for seed in protocol.seeds:
+    ds = first if seed == protocol.seeds[0] else _load(experiment, seed)
+    splits = _selection_splits(protocol, ds.train, seed)
+    amount = budget.amount
+    if budget.match is not None:
+      ref_costs = algorithm_cost(builders[budget.match](), ds.train)
+      amount = getattr(ref_costs.spent(budget.rounds), budget.field)
+    for strategy in experiment.strategies:
+      build = builders[strategy.label]
+      t0 = time.perf_counter()
+      row: Dict[str, Any] = {"seed": seed, "failed": False}
+      try:
+        sel_rounds = protocol.selection_rounds or budget_rounds(
+          budget, algorithm_cost(build(), ds.train), amount, strategy.label
+        )
+        sel = select(
+          strategy, build, ds.train, splits, protocol=protocol, rounds=sel_rounds, seed=seed
+        )
+        options, hparams = build.split(sel["chosen"])
+        alg = build(**options)
+        hparams = {**strategy.fixed, **hparams}
+        costs = algorithm_cost(alg, ds.train)
+        rounds = budget_rounds(budget, costs, amount, strategy.label)
+        if budget.kind == "plateau":
+          rounds = _plateau(alg, hparams, splits[0], protocol, seed)
+        value, extra, curve = _train_and_score(
+          experiment, strategy, alg, hparams, ds, rounds=rounds, seed=seed, costs=costs
+        )
+        if not math.isfinite(value):
+          raise FloatingPointError(f"the test {protocol.metric.label} is {value}")
+        tuning = _tuning_cost(build, sel, splits, sel_rounds)
+        row.update(
+          chosen=sel["chosen"],
+          selection_score=sel["score"],
+          configurations=sel["configurations"],
+          widened=sel["widened"],
+          edges=sel["edges"],
+          rounds=rounds,
+          selection_rounds=sel_rounds,
+          spent=costs.spent(rounds).as_dict(),
+          per_round=costs.round.as_dict(),
+          setup=costs.setup.as_dict(),
+          tuning=tuning,
+          value=value,
+          extra=extra,
+          curve=curve,
+        )
+      except FloatingPointError as e:  # includes NonFiniteError and SelectionFailed
+        row.update(failed=True, failure=f"{type(e).__name__}: {e}", value=math.nan, extra={})
+      row["seconds"] = time.perf_counter() - t0
+      rows[strategy.label].append(row)
+      shown = "FAILED " + row["failure"][:60] if row["failed"] else f"{row['value']:.4g}"
+      say(
+        f"[{experiment.name}] seed {seed} {strategy.label:<10} {protocol.metric.label} {shown}"
+        + ("" if row["failed"] else f"  rounds {row['rounds']}  chosen {row['chosen']}")
+        + f"  ({row['seconds']:.0f}s)"
+      )
+  result = summarize_rows(experiment, rows, wall_time=time.perf_counter() - t_start)
+  say(result.to_markdown())
+  if out_dir is not None:
+    paths = result.save(out_dir)
+    say(f"[{experiment.name}] wrote " + ", ".join(paths))
+  return result
+
+
+def _plateau(alg, hparams, split, protocol, seed) -> int:
+  from fedjax_dro import run
+
+  budget, metric = protocol.budget, protocol.metric
+  train, held = split
+  hist = run(
+    alg,
+    train,
+    rounds=budget.cap,
+    seed=seed,
+    hparams=hparams or None,
+    eval_data=held,
+    eval_every=min(budget.every, budget.cap),
+  )
+  rounds = [int(e["round"]) for e in hist.evaluations]
+  values = [float(e["summary"][metric.name][metric.stat]) for e in hist.evaluations]
+  return plateau_round(
+    rounds,
+    values,
+    higher=metric.higher_is_better,
+    patience=budget.patience,
+    min_delta=budget.min_delta,
+  )
+
+
+def _tuning_cost(build, sel, splits, rounds) -> Dict[str, float]:
+  """What the selection spent: every evaluated configuration on every split."""
+  total = RoundCost()
+  for p in sel["points"]:
+    options, _ = build.split(p["hparams"])
+    alg = build(**options)
+    for train_k, _ in splits:
+      total = total + algorithm_cost(alg, train_k).spent(rounds)
+  return {
+    "configurations": sel["configurations"],
+    "runs": sel["configurations"] * len(splits),
+    **total.as_dict(),
+  }
+
+
+__all__ = ["compare", "select", "budget_rounds", "plateau_round", "SelectionFailed"]

@@ -1,0 +1,314 @@
+"""The record of a comparison: per-seed rows, the table (mean +- 2 SE), paired differences, the
+budget each strategy spent, the edges its choices sit on, failures; JSON, markdown and plots."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from typing import Any, Dict, List
+
+import numpy as np
+
+from fedjax_dro.compare.stats import mean_2se, paired_difference
+from fedjax_dro.core.costs import COST_FIELDS
+
+COST_LABELS = {
+  "uploading_clients": "uploads (messages)",
+  "upload_floats": "uploaded floats",
+  "gradient_evaluations": "client gradients",
+  "sequential_steps": "sequential steps",
+}
+
+
+@dataclasses.dataclass
+class ComparisonResult:
+  """What :func:`fedjax_dro.compare.compare` returns.
+
+  Attributes:
+    name, description: the experiment's.
+    protocol: the protocol in words (:meth:`Protocol.describe`).
+    metric: ``{"name", "stat", "higher_is_better"}`` of the reported metric.
+    strategies: per strategy ``{"label", "paper", "note", "grid_configurations"}``.
+    reference: the strategy of the paired differences.
+    per_seed: ``{label: [row]}``, a row per seed: ``seed``, ``failed`` (and ``failure``),
+      ``value`` (the test metric), ``extra``, ``chosen``, ``selection_score``, ``rounds``,
+      ``spent`` / ``per_round`` / ``setup`` (:mod:`fedjax_dro.core.costs` counts), ``tuning``,
+      ``configurations``, ``widened``, ``edges``, ``curve``, ``seconds``.
+    table: ``{label: {...}}``: ``mean`` and ``two_se`` of the metric over the seeds the failure
+      policy keeps, the same for every extra metric, the mean budget spent, ``failures``.
+    paired: ``{metric: {label: paired_difference}}`` against ``reference``.
+    kept_seeds: the seeds every row's statistics use.
+    edges: ``[{"strategy", "seed", "axis", "edge", "value"}]``: choices left on a grid edge.
+    failures: ``[{"strategy", "seed", "failure"}]``.
+    wall_time: seconds.
+  """
+
+  name: str
+  description: str
+  protocol: Dict[str, Any]
+  metric: Dict[str, Any]
+  extra_metrics: List[Dict[str, Any]]
+  strategies: List[Dict[str, Any]]
+  reference: str
+  per_seed: Dict[str, List[Dict[str, Any]]]
+  table: Dict[str, Dict[str, Any]]
+  paired: Dict[str, Dict[str, Dict[str, float]]]
+  kept_seeds: List[int]
+  edges: List[Dict[str, Any]]
+  failures: List[Dict[str, Any]]
+  wall_time: float
+
+  def to_json(self) -> Dict[str, Any]:
+    return dataclasses.asdict(self)
+
+  def to_markdown(self) -> str:
+    return comparison_markdown(self.to_json())
+
+  def save(self, out_dir: str) -> List[str]:
+    """Writes ``NAME.json``, ``NAME.md`` and ``NAME.png`` (atomically); returns their paths."""
+    from fedjax_dro.records import atomic_write, json_text
+
+    os.makedirs(out_dir, exist_ok=True)
+    stem = os.path.join(out_dir, self.name)
+    atomic_write(stem + ".json", json_text(self.to_json(), indent=1))
+    atomic_write(stem + ".md", self.to_markdown())
+    plot_comparison(self.to_json(), stem + ".png")
+    return [stem + ".json", stem + ".md", stem + ".png"]
+
+
+def summarize_rows(experiment, rows, *, wall_time: float) -> ComparisonResult:
+  """The :class:`ComparisonResult` of the per-seed ``rows`` under the experiment's failure
+  policy (the same for every row)."""
+  protocol = experiment.protocol
+  metric = protocol.metric
+  labels = [s.label for s in experiment.strategies]
+  seeds = list(protocol.seeds)
+  failed = {s: any(r["seed"] == s and r["failed"] for k in labels for r in rows[k]) for s in seeds}
+  if protocol.on_failure == "drop_seed":
+    kept = [s for s in seeds if not failed[s]]
+  else:
+    kept = seeds
+  columns = [(metric.name, metric.higher_is_better, lambda r: r["value"])] + [
+    (e.name, e.higher_is_better, (lambda r, n=e.name: r["extra"].get(n, math.nan)))
+    for e in experiment.extra_metrics
+  ]
+
+  def values(label, get):
+    out = []
+    for r in rows[label]:
+      if r["seed"] not in kept:
+        continue
+      out.append(protocol.failure_score if r["failed"] else get(r))
+    return out
+
+  table, paired = {}, {name: {} for name, _, _ in columns}
+  ref = experiment.reference
+  for label in labels:
+    entry: Dict[str, Any] = {}
+    for name, higher, get in columns:
+      v = values(label, get)
+      m, two_se = mean_2se(v)
+      entry[name] = {"mean": m, "two_se": two_se}
+      if label != ref and v:
+        paired[name][label] = paired_difference(v, values(ref, get), higher_is_better=higher)
+    ok = [r for r in rows[label] if not r["failed"] and r["seed"] in kept]
+    entry["spent"] = {
+      f: float(np.mean([r["spent"][f] for r in ok])) if ok else math.nan for f in COST_FIELDS
+    }
+    entry["rounds"] = float(np.mean([r["rounds"] for r in ok])) if ok else math.nan
+    entry["configurations"] = float(np.mean([r["configurations"] for r in ok])) if ok else math.nan
+    entry["failures"] = sum(r["failed"] for r in rows[label])
+    entry["seeds"] = len(values(label, lambda r: r["value"]))
+    table[label] = entry
+  edges = [
+    {"strategy": k, "seed": r["seed"], **e}
+    for k in labels
+    for r in rows[k]
+    for e in r.get("edges", [])
+  ]
+  failures = [
+    {"strategy": k, "seed": r["seed"], "failure": r["failure"]}
+    for k in labels
+    for r in rows[k]
+    if r["failed"]
+  ]
+  return ComparisonResult(
+    name=experiment.name,
+    description=experiment.description,
+    protocol=protocol.describe(),
+    metric={"name": metric.name, "stat": metric.stat, "higher_is_better": metric.higher_is_better},
+    extra_metrics=[
+      {"name": e.name, "higher_is_better": e.higher_is_better} for e in experiment.extra_metrics
+    ],
+    strategies=[
+      {
+        "label": s.label,
+        "paper": s.paper,
+        "note": s.note,
+        "grid_configurations": s.num_configurations,
+      }
+      for s in experiment.strategies
+    ],
+    reference=ref,
+    per_seed=rows,
+    table=table,
+    paired=paired,
+    kept_seeds=kept,
+    edges=edges,
+    failures=failures,
+    wall_time=float(wall_time),
+  )
+
+
+def _pm(m, s, digits=4) -> str:
+  if not math.isfinite(m):
+    return "-"
+  return f"{m:.{digits}g}" + ("" if not math.isfinite(s) else f" +- {s:.2g}")
+
+
+def comparison_markdown(result: Dict[str, Any]) -> str:
+  """The markdown of a :class:`ComparisonResult` (as its JSON dict): the protocol, the table
+  with the budget columns and paired differences, the per-seed choices, edges and failures.
+
+  Args:
+    result: ``ComparisonResult.to_json()`` (or the JSON file's contents).
+  """
+  metric = result["metric"]
+  name = f"{metric['name']} ({metric['stat']})"
+  ref = result["reference"]
+  extras = [e["name"] for e in result["extra_metrics"]]
+  p = result["protocol"]
+  lines = [
+    f"**{result['name']}**" + (f": {result['description']}" if result["description"] else ""),
+    "",
+  ]
+  lines += [f"- {k.replace('_', ' ')}: {v}" for k, v in p.items() if v is not None]
+  lines += [f"- statistics over seeds {result['kept_seeds']}", ""]
+  head = ["strategy", f"test {name} (+-2SE)"] + [f"{e} (+-2SE)" for e in extras]
+  head += [f"minus {ref} (paired +-2SE)", "better in", "rounds"]
+  head += [COST_LABELS[f] for f in COST_FIELDS if f != "uploading_clients"]
+  head += ["configs", "failures"]
+  lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+  notes = []
+  for s in result["strategies"]:
+    label = s["label"]
+    t = result["table"][label]
+    cells = [label + ("" if s["paper"] else " (not in the paper)")]
+    cells.append(_pm(t[metric["name"]]["mean"], t[metric["name"]]["two_se"]))
+    cells += [_pm(t[e]["mean"], t[e]["two_se"]) for e in extras]
+    d = result["paired"][metric["name"]].get(label)
+    if d is None:
+      cells += ["(reference)", "-"]
+    else:
+      cells += [_pm(d["difference"], d["difference_2se"]), f"{d['wins']} of {d['seeds']}"]
+    cells.append("-" if not math.isfinite(t["rounds"]) else f"{t['rounds']:.4g}")
+    cells += [
+      "-" if not math.isfinite(t["spent"][f]) else f"{t['spent'][f]:.4g}"
+      for f in COST_FIELDS
+      if f != "uploading_clients"
+    ]
+    cells += [
+      f"{t['configurations']:.3g}" if math.isfinite(t["configurations"]) else "-",
+      str(t["failures"]),
+    ]
+    lines.append("| " + " | ".join(cells) + " |")
+    if s["note"]:
+      notes.append(f"- {label}: {s['note']}")
+  if notes:
+    lines += ["", "Grids:"] + notes
+  lines += ["", "Per-seed choices (test metric; rounds):", ""]
+  lines += [
+    "| strategy | seed | chosen | held-out score | test | rounds |",
+    "|---|---|---|---|---|---|",
+  ]
+  for s in result["strategies"]:
+    for r in result["per_seed"][s["label"]]:
+      if r["failed"]:
+        lines.append(f"| {s['label']} | {r['seed']} | failed: {r['failure'][:80]} | - | - | - |")
+        continue
+      chosen = (
+        ", ".join(
+          f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in r["chosen"].items()
+        )
+        or "-"
+      )
+      score = "-" if r["selection_score"] is None else f"{r['selection_score']:.4g}"
+      lines.append(
+        f"| {s['label']} | {r['seed']} | {chosen} | {score} | {r['value']:.4g} | {r['rounds']} |"
+      )
+  lines += [
+    "",
+    "Choices on a grid edge after widening: "
+    + (
+      "none."
+      if not result["edges"]
+      else "; ".join(
+        f"{e['strategy']} seed {e['seed']} {e['axis']}={e['value']:.3g} ({e['edge']})"
+        for e in result["edges"]
+      )
+      + "."
+    ),
+  ]
+  lines += [
+    "Failures: "
+    + (
+      "none."
+      if not result["failures"]
+      else "; ".join(
+        f"{f['strategy']} seed {f['seed']} ({f['failure'][:80]})" for f in result["failures"]
+      )
+      + "."
+    )
+  ]
+  return "\n".join(lines) + "\n"
+
+
+def plot_comparison(result: Dict[str, Any], path: str) -> str:
+  """The reported metric of every seed's final run against rounds and against uploaded floats
+  (one colour per strategy, one line per seed); returns ``path``.
+
+  Args:
+    result: ``ComparisonResult.to_json()``.
+    path: the PNG to write.
+  """
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  metric = result["metric"]
+  fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+  for j, s in enumerate(result["strategies"]):
+    first = True
+    for r in result["per_seed"][s["label"]]:
+      if r["failed"] or not r.get("curve"):
+        continue
+      c = r["curve"]
+      for ax, key in zip(axes, ("round", "uploads")):
+        x = [max(p[key], 1e-12) for p in c]
+        ax.plot(
+          x,
+          [p["value"] for p in c],
+          color=f"C{j % 10}",
+          lw=1,
+          alpha=0.8,
+          label=s["label"] if first and ax is axes[0] else None,
+          marker=".",
+          ms=3,
+        )
+      first = False
+  axes[0].set_xlabel("rounds")
+  axes[1].set_xlabel("uploaded floats")
+  axes[1].set_xscale("log")
+  for ax in axes:
+    ax.set_ylabel(f"test {metric['name']} ({metric['stat']})")
+  axes[0].legend(fontsize=8)
+  fig.suptitle(result["name"], fontsize=10)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path
+
+
+__all__ = ["ComparisonResult", "summarize_rows", "comparison_markdown", "plot_comparison"]
