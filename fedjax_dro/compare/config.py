@@ -62,9 +62,7 @@ STRATEGY_KEYS = (
   "note",
   "paper",
 )
-PROTOCOL_KEYS = tuple(f.name for f in dataclasses.fields(Protocol) if f.name != "metric") + (
-  "stat",
-)
+PROTOCOL_KEYS = tuple(f.name for f in dataclasses.fields(Protocol)) + ("stat",)
 BUDGET_KEYS = tuple(f.name for f in dataclasses.fields(Budget))
 
 

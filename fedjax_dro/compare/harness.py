@@ -325,7 +325,7 @@ def compare(
     for strategy in experiment.strategies:
       build = builders[strategy.label]
       t0 = time.perf_counter()
-      row: Dict[str, Any] = {"seed": seed, "failed": False}
+      row: Dict[str, Any] = {"seed": seed, "failed": False, "budget_amount": amount}
       try:
         sel_rounds = protocol.selection_rounds or budget_rounds(
           budget, algorithm_cost(build(), ds.train), amount, strategy.label

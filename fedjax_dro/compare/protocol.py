@@ -160,7 +160,11 @@ class Budget:
         f"at most {self.cap} rounds)"
       )
     what = "uploaded floats" if self.kind == "uploads" else "client gradient evaluations"
-    amount = f"{self.amount:.6g}" if self.amount is not None else f"{self.match} in {self.rounds}"
+    amount = (
+      f"{self.amount:.6g}"
+      if self.amount is not None
+      else f"what {self.match} spends in {self.rounds} rounds"
+    )
     cap = f", at most {self.cap} rounds" if self.cap else ""
     return f"equal {what} ({amount}{cap})"
 
