@@ -173,6 +173,7 @@ def digits_by_writer(
   image_size: int = 16,
   test_fraction: float = 0.25,
   seed: int = 0,
+  style_mixing: float = 0.0,
 ) -> FederatedDataset:
   """A by-writer handwritten-digit **stand-in** (not FEMNIST) made offline from the shipped digits.
 
@@ -194,6 +195,11 @@ def digits_by_writer(
   4. each writer's rows are split at random, ``round(test_fraction * examples_per_writer)`` to
      its test set.
 
+  With ``style_mixing = m > 0`` the styles also vary continuously across the groups: each writer
+  draws a second group ``h`` at random and a share ``u ~ U(0, m)``, and its prototype size, slant
+  and offset are ``(1 - u)`` its group's plus ``u`` those of ``h`` (stroke and quirks stay its
+  group's), so writers form a continuum between the groups' styles, not only four clusters.
+
   The digit shapes are shared by all writers (the same 1797 images are redrawn), so the writers
   differ only by the styles above: a global model can learn every group's style, and the quirks
   make a "1" of some groups look like a "7" of others, a conflict that personalized models can
@@ -205,6 +211,8 @@ def digits_by_writer(
     image_size: side of the square images, in ``[8, 64]`` (16 keeps a small CNN fast on CPU).
     test_fraction: share of each writer's rows in its test set; must leave >= 1 row on each side.
     seed: seed of the styles, the drawn digits, the noise and the split.
+    style_mixing: the largest share ``m`` in ``[0, 1]`` of a second group's size, slant and
+      offset in a writer's prototype (default 0: the four groups only).
 
   Returns:
     A classification :class:`~fedjax_dro.data.FederatedDataset` with 10 classes: ``x`` float32
@@ -213,14 +221,31 @@ def digits_by_writer(
     group.
   """
   k_test = _check_writers_args(num_writers, examples_per_writer, image_size, test_fraction, seed)
+  if (
+    isinstance(style_mixing, (bool, np.bool_))
+    or not isinstance(style_mixing, numbers.Real)
+    or not 0.0 <= float(style_mixing) <= 1.0
+  ):
+    raise ValueError(f"style_mixing must be a number in [0, 1], got {style_mixing!r}")
   x8, y = load_digits()
   base = resize_images(x8, int(image_size))
   rng = np.random.default_rng(np.random.SeedSequence([int(seed), 26]))
   groups = rng.permutation(np.arange(num_writers) % len(STYLE_GROUPS))
   unit = image_size / 16.0
   train_xs, train_ys, test_xs, test_ys, names = [], [], [], [], []
+  # the continuous part (drawn from its own stream: style_mixing=0 leaves the data unchanged)
+  mix_rng = np.random.default_rng(np.random.SeedSequence([int(seed), 27]))
+  mixes = [(int(mix_rng.integers(len(STYLE_GROUPS))), float(mix_rng.uniform(0, 1))) for _ in groups]
   for i, g in enumerate(groups):
-    proto = STYLE_GROUPS[g]
+    proto = dict(STYLE_GROUPS[g])
+    h, u = mixes[i][0], mixes[i][1] * float(style_mixing)
+    if u > 0:
+      other = STYLE_GROUPS[h]
+      for name in ("scale", "slant"):
+        proto[name] = (1 - u) * float(proto[name]) + u * float(other[name])
+      proto["offset"] = tuple(
+        (1 - u) * np.asarray(proto["offset"]) + u * np.asarray(other["offset"])
+      )
     scale = float(proto["scale"]) * float(np.exp(rng.normal(0.0, WRITER_JITTER["log_scale"])))
     slant = float(proto["slant"]) + float(rng.normal(0.0, WRITER_JITTER["slant"]))
     offset = (np.asarray(proto["offset"]) + rng.normal(0.0, WRITER_JITTER["offset"], 2)) * unit

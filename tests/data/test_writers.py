@@ -99,6 +99,20 @@ def test_resize_keeps_constant_images_and_range():
   assert r.shape == (3, 13, 13) and r.min() >= 0.0 and r.max() <= 1.0
 
 
+def test_style_mixing_makes_a_continuum_between_groups():
+  """Mixing spreads the writers' heights over the gap between the small and the large group:
+  writers of group 0 that mixed in a larger style's size write measurably larger than without
+  mixing; with style_mixing=0 the data are unchanged."""
+  plain = digits_by_writer(40, examples_per_writer=30, seed=0)
+  same = digits_by_writer(40, examples_per_writer=30, seed=0, style_mixing=0.0)
+  np.testing.assert_array_equal(np.asarray(plain.train.x), np.asarray(same.train.x))
+  mixed = digits_by_writer(40, examples_per_writer=30, seed=0, style_mixing=1.0)
+  g = writer_style_groups(plain)
+  h0, h1 = _ink_stats(plain)[1], _ink_stats(mixed)[1]
+  assert h1[g == 0].mean() > h0[g == 0].mean() + 0.5  # group 0 (the smallest) grows on average
+  assert np.std(h1[g == 0]) > 1.5 * np.std(h0[g == 0])  # and spreads out
+
+
 @pytest.mark.parametrize(
   "kwargs, match",
   [
@@ -110,6 +124,8 @@ def test_resize_keeps_constant_images_and_range():
     (dict(test_fraction=0.01), "test_fraction"),
     (dict(test_fraction="a"), "test_fraction"),
     (dict(seed=1.5), "seed"),
+    (dict(style_mixing=1.5), "style_mixing"),
+    (dict(style_mixing=True), "style_mixing"),
   ],
 )
 def test_bad_inputs_are_named(kwargs, match):
