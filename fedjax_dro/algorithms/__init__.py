@@ -5,10 +5,10 @@ from fedjax_dro.algorithms.agnostic_fedavg import agnostic_fedavg
 from fedjax_dro.algorithms.base import (
   Algorithm,
   HParam,
+  algorithm_cost,
   default_hparams,
   get_algorithm,
   list_algorithms,
-  algorithm_cost,
   make_hparams,
   register,
 )

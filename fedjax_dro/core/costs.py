@@ -16,12 +16,14 @@ one-time setup (Karula's gradient table, SCAFF-PD's first gradients, ...).
   steps one client takes in a round; clients run in parallel).
 
 Downloads (server to client) are not counted: every strategy broadcasts at least one model per
-participant and round, and the papers compare uploads.
+participant and round, and the papers compare uploads. Neither are the training metrics a round
+reports (its participants' losses) nor losses evaluated without a gradient (IFCA's cluster choice,
+q-FFL's ``F_k``): only what the algorithm itself sends and differentiates.
 """
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import numpy as np
@@ -110,9 +112,32 @@ def local_training_cost(
   return RoundCost(
     uploading_clients=float(s),
     upload_floats=float(s) * float(per_client),
-    gradient_evaluations=float(s) / n * float(steps.sum()) * grads_per_step,
+    # s * sum / n: exact whenever the expectation is a whole number
+    gradient_evaluations=float(s) * float(steps.sum()) * grads_per_step / n,
     sequential_steps=float(steps.max(initial=0)) + float(extra_sequential),
   )
+
+
+def local_training_costs(model, settings: Any, *, models: int = 1, scalars: int = 0) -> Callable:
+  """The ``cost`` (``data -> Costs``, no setup) of a FedAvg-family algorithm: each participant
+  runs its local steps (:func:`local_training_cost`) and uploads ``models`` model-sized vectors
+  of ``P = parameter_count(model)`` floats (a model or its delta, a control variate, a moment)
+  and ``scalars`` numbers (a loss, a threshold, a cluster identity). With nothing to upload
+  (``models = scalars = 0``) no client sends a message."""
+
+  def cost(data) -> Costs:
+    floats = models * parameter_count(model) + scalars
+    per_round = local_training_cost(settings, data, floats)
+    return Costs(per_round if floats else per_round._replace(uploading_clients=0.0))
+
+  return cost
+
+
+def one_gradient_each(clients: float, floats_per_client: float) -> RoundCost:
+  """``clients`` clients each evaluate one gradient (one step on the critical path) and upload
+  ``floats_per_client`` floats: Karula's sampled gradients and its table, SCAFF-PD's ``c_i``."""
+  clients = float(clients)
+  return RoundCost(clients, clients * float(floats_per_client), clients, 1.0 if clients else 0.0)
 
 
 __all__ = [
@@ -123,4 +148,6 @@ __all__ = [
   "participation",
   "local_steps_per_client",
   "local_training_cost",
+  "local_training_costs",
+  "one_gradient_each",
 ]
