@@ -48,6 +48,7 @@ import numpy as np
 
 from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register
 from fedjax_dro.core.aggregation import tree_zeros_like
+from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import local_round, round_metrics
 from fedjax_dro.core.settings import round_zero, settings_from, state_init
 
@@ -152,6 +153,7 @@ def fedadam(
     state_init(settings, initial_state),
     round_fn,
     HPARAMS,
+    cost=local_training_costs(model, settings),
     bias_correction=bias_correction,
     server_update=SERVER_UPDATES[bias_correction],
   )

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 
 from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register
 from fedjax_dro.core.aggregation import tree_add
+from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import local_round, round_metrics
 from fedjax_dro.core.settings import round_zero, settings_from, state_init
 
@@ -84,4 +85,5 @@ def fedavg(
     return FedAvgState(params, state.round + 1), round_metrics(update)
 
   init = global_model_init(settings)
-  return build_algorithm("fedavg", model, settings, init, round_fn, HPARAMS)
+  cost = local_training_costs(model, settings)
+  return build_algorithm("fedavg", model, settings, init, round_fn, HPARAMS, cost=cost)

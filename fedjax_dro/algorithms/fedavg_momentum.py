@@ -30,6 +30,7 @@ import jax.numpy as jnp
 
 from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register
 from fedjax_dro.core.aggregation import tree_zeros_like
+from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import stateful_local_round, stateful_round_metrics
 from fedjax_dro.core.settings import round_zero, settings_from, state_init
 
@@ -85,6 +86,7 @@ def fedavg_momentum(
     An :class:`~fedjax_dro.algorithms.base.Algorithm`. Hyper-parameters: ``client_lr`` (the local
     step eta, default 0.1) and ``beta3`` (the weight of the new gradient in the momentum ``m``,
     in ``(0, 1]``, default 0.1, the same as FGDRO-KL's ``beta3``; 1 is plain local SGD).
+    A participant uploads ``2P`` floats (``P`` parameters): its model and momentum.
   """
   settings = settings_from(locals(), weighting="uniform")
   init = state_init(settings, initial_state)
@@ -109,4 +111,5 @@ def fedavg_momentum(
     new_state = FedAvgMomentumState(final["params"], final["m"], state.round + 1)
     return new_state, stateful_round_metrics(update)
 
-  return build_algorithm("fedavg_momentum", model, settings, init, round_fn, HPARAMS)
+  cost = local_training_costs(model, settings, models=2)  # w_i and m_i
+  return build_algorithm("fedavg_momentum", model, settings, init, round_fn, HPARAMS, cost=cost)

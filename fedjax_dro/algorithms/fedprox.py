@@ -13,6 +13,7 @@ import jax
 from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register
 from fedjax_dro.algorithms.fedavg import FedAvgState, global_model_init
 from fedjax_dro.core.aggregation import tree_add
+from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import local_round, round_metrics
 from fedjax_dro.core.settings import settings_from
 
@@ -74,4 +75,5 @@ def fedprox(
     return FedAvgState(params, state.round + 1), round_metrics(update)
 
   init = global_model_init(settings)
-  return build_algorithm("fedprox", model, settings, init, round_fn, HPARAMS)
+  cost = local_training_costs(model, settings)
+  return build_algorithm("fedprox", model, settings, init, round_fn, HPARAMS, cost=cost)

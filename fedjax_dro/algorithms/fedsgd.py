@@ -17,6 +17,7 @@ from __future__ import annotations
 from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register
 from fedjax_dro.algorithms.fedavg import FedAvgState, global_model_init
 from fedjax_dro.core.aggregation import tree_add
+from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import federated_gradient, round_metrics
 from fedjax_dro.core.settings import settings_from
 
@@ -60,4 +61,5 @@ def fedsgd(
     return FedAvgState(params, state.round + 1), round_metrics(update)
 
   init = global_model_init(settings)
-  return build_algorithm("fedsgd", model, settings, init, round_fn, HPARAMS)
+  cost = local_training_costs(model, settings)  # one gradient each: local_steps=1
+  return build_algorithm("fedsgd", model, settings, init, round_fn, HPARAMS, cost=cost)

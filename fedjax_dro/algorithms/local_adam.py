@@ -28,6 +28,7 @@ import jax.numpy as jnp
 
 from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register
 from fedjax_dro.core.aggregation import tree_zeros_like
+from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import stateful_local_round, stateful_round_metrics
 from fedjax_dro.core.settings import round_zero, settings_from, state_init
 
@@ -97,7 +98,8 @@ def local_adam(
     An :class:`~fedjax_dro.algorithms.base.Algorithm`. Hyper-parameters: ``client_lr`` (the Adam
     step size eta, default 0.001), ``beta3`` and ``beta4`` (the weights of the new gradient in the
     first and second moments, defaults 0.1 and 0.001, i.e. Adam's 0.9 and 0.999) and ``tau``
-    (added to ``sqrt(q)``, default 1e-8).
+    (added to ``sqrt(q)``, default 1e-8). A participant uploads ``3P`` floats (``P``
+    parameters): its model and both moments.
   """
   settings = settings_from(locals(), weighting="uniform")
   init = state_init(settings, initial_state)
@@ -119,4 +121,5 @@ def local_adam(
     new_state = LocalAdamState(final["params"], final["m"], final["q"], state.round + 1)
     return new_state, stateful_round_metrics(update)
 
-  return build_algorithm("local_adam", model, settings, init, round_fn, HPARAMS)
+  cost = local_training_costs(model, settings, models=3)  # w_i, m_i and q_i
+  return build_algorithm("local_adam", model, settings, init, round_fn, HPARAMS, cost=cost)

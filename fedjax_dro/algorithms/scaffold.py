@@ -25,6 +25,7 @@ import jax.numpy as jnp
 
 from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register
 from fedjax_dro.core.aggregation import scatter_rows, tree_add, tree_stack, tree_zeros_like
+from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import local_round, local_step_counts, round_metrics
 from fedjax_dro.core.settings import participants, round_zero, settings_from, state_init
 
@@ -79,6 +80,7 @@ def scaffold(
   Returns:
     An :class:`~fedjax_dro.algorithms.base.Algorithm`. Hyper-parameters: ``client_lr``, the local
     step size eta_l (default 0.1), and ``server_lr``, the global step size eta_g (default 1.0).
+    A participant uploads ``2P`` floats (``P`` parameters): its model and control-variate deltas.
   """
   settings = settings_from(locals(), weighting="uniform")
 
@@ -144,4 +146,5 @@ def scaffold(
     return ScaffoldState(params, control, controls, state.round + 1), round_metrics(update)
 
   init = state_init(settings, initial_state)
-  return build_algorithm("scaffold", model, settings, init, round_fn, HPARAMS)
+  cost = local_training_costs(model, settings, models=2)  # delta_i and c_i+ - c_i
+  return build_algorithm("scaffold", model, settings, init, round_fn, HPARAMS, cost=cost)
