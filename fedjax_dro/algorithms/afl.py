@@ -39,6 +39,7 @@ from fedjax_dro.algorithms.base import (
 )
 from fedjax_dro.algorithms.scaff_pd import check_psi, initial_lambda, psi_hparams, psi_params
 from fedjax_dro.core.aggregation import tree_add, weighted_sum
+from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import dual_round_metrics, local_round
 from fedjax_dro.core.precision import params_float_dtype
 from fedjax_dro.core.settings import participants, round_zero, settings_from, state_init
@@ -90,7 +91,8 @@ def afl(
     An :class:`~fedjax_dro.algorithms.base.Algorithm`. Hyper-parameters: ``lr_w`` (the primal
     gradient step, default 0.1), ``lr_lambda`` (the dual step, default 0.1) and the parameter of
     ``psi``: ``rho`` (chi^2 penalty, default 0: plain AFL), ``alpha`` (CVaR level in ``(0, 1]``)
-    or ``q`` (q-FFL exponent).
+    or ``q`` (q-FFL exponent). A participant evaluates one gradient and uploads ``P + 1``
+    floats (``P`` parameters): its gradient and its loss.
   """
   check_psi(psi)
   if not isinstance(return_average, bool):
@@ -126,6 +128,7 @@ def afl(
     round_fn,
     hparam_specs,
     client_models=(lambda st: st.params_avg) if return_average else (lambda st: st.params),
+    cost=local_training_costs(model, settings, scalars=1),  # g_i(w) and f_i(w; xi)
     psi=psi,
     return_average=return_average,
   )

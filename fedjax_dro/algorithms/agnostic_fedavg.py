@@ -35,6 +35,7 @@ from fedjax_dro.algorithms.base import (
 )
 from fedjax_dro.algorithms.scaff_pd import initial_lambda
 from fedjax_dro.core.aggregation import tree_add, weighted_mean
+from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import dual_round_metrics, local_round_and_losses
 from fedjax_dro.core.precision import params_float_dtype
 from fedjax_dro.core.settings import round_zero, settings_from, state_init
@@ -94,7 +95,8 @@ def agnostic_fedavg(
     An :class:`~fedjax_dro.algorithms.base.Algorithm`. Hyper-parameters: ``client_lr`` (local SGD
     step, default 0.05), ``server_lr`` (server step on the lambda-weighted mean model difference,
     default 1.0) and ``domain_lr`` (the exponentiated-gradient step of lambda, ``>= 0``, default
-    0.1; 0 keeps lambda uniform).
+    0.1; 0 keeps lambda uniform). A participant uploads ``P + 1`` floats (``P`` parameters):
+    its model difference and its loss ``L_k``.
   """
   settings = settings_from(locals(), weighting="uniform")
 
@@ -113,4 +115,5 @@ def agnostic_fedavg(
     return AgnosticFedAvgState(params, lam, state.round + 1), metrics
 
   init = state_init(settings, initial_state)
-  return build_algorithm("agnostic_fedavg", model, settings, init, round_fn, HPARAMS)
+  cost = local_training_costs(model, settings, scalars=1)  # delta_k and L_k
+  return build_algorithm("agnostic_fedavg", model, settings, init, round_fn, HPARAMS, cost=cost)

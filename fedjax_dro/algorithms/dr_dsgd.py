@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register
+from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import stateful_local_round, stateful_round_metrics
 from fedjax_dro.core.settings import round_zero, settings_from, state_init
 
@@ -92,4 +93,5 @@ def dr_dsgd(
     new_state = DrDsgdState(update.carries["params"], state.round + 1)
     return new_state, stateful_round_metrics(update)
 
-  return build_algorithm("dr_dsgd", model, settings, init, round_fn, HPARAMS)
+  cost = local_training_costs(model, settings)
+  return build_algorithm("dr_dsgd", model, settings, init, round_fn, HPARAMS, cost=cost)

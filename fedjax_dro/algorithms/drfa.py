@@ -47,6 +47,7 @@ from fedjax_dro.algorithms.base import (
 )
 from fedjax_dro.algorithms.scaff_pd import check_psi, initial_lambda, psi_hparams, psi_params
 from fedjax_dro.core.aggregation import weighted_sum
+from fedjax_dro.core.costs import Costs, RoundCost, local_training_cost, parameter_count
 from fedjax_dro.core.local import dual_round_metrics, map_client_data
 from fedjax_dro.core.precision import params_float_dtype
 from fedjax_dro.core.sampling import sample_clients
@@ -124,7 +125,9 @@ def drfa(
     An :class:`~fedjax_dro.algorithms.base.Algorithm`. Hyper-parameters: ``client_lr`` (the local
     SGD step eta, default 0.05), ``gamma`` (the dual step; a round moves lambda by ``gamma *
     local_steps``, default 0.01) and the parameter of ``psi``: ``rho`` (chi^2 penalty, default 0:
-    the AFL objective) or ``alpha`` (CVaR level).
+    the AFL objective) or ``alpha`` (CVaR level). A round takes ``2m`` uploads: the ``m``
+    trained clients send ``2P`` floats each (``P`` parameters: final and snapshot models), the
+    ``m`` clients of the dual estimate one loss each.
   """
   check_psi(psi)
   if psi == "qffl":
@@ -218,6 +221,21 @@ def drfa(
       lam = dual_prox("chi2", state.lam, v - grad_psi, step, rho=jnp.zeros((), dtype))
     return DRFAState(params, lam, state.round + 1), dual_round_metrics(losses, lam)
 
+  def cost(data):
+    # m trained clients upload their final and snapshot models; m others one snapshot loss each
+    train = local_training_cost(settings, data, 2 * parameter_count(model))
+    m = train.uploading_clients
+    return Costs(train + RoundCost(uploading_clients=m, upload_floats=m))
+
   return build_algorithm(
-    "drfa", model, settings, init, round_fn, hparam_specs, psi=psi, prox=prox, sampling=sampling
+    "drfa",
+    model,
+    settings,
+    init,
+    round_fn,
+    hparam_specs,
+    cost=cost,
+    psi=psi,
+    prox=prox,
+    sampling=sampling,
   )

@@ -38,6 +38,7 @@ import jax.numpy as jnp
 
 from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register
 from fedjax_dro.core.aggregation import scatter_rows
+from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import stateful_local_round, stateful_round_metrics
 from fedjax_dro.core.settings import round_zero, settings_from, state_init
 
@@ -119,7 +120,8 @@ def fgdro_cvar(
     An :class:`~fedjax_dro.algorithms.base.Algorithm`. Hyper-parameters: ``client_lr`` (eta1, the
     model step, default 0.1), ``threshold_lr`` (eta2, the threshold step, default 0.01), ``beta1``
     (the moving-average weight of ``u``, default 0.1) and ``alpha`` (the CVaR level ``K/N`` in
-    ``(0, 1]``: the fraction of worst clients optimised, default 0.2).
+    ``(0, 1]``: the fraction of worst clients optimised, default 0.2). A participant uploads
+    ``P + 1`` floats (``P`` parameters): its model and its threshold ``s``.
   """
   settings = settings_from(locals(), weighting="uniform")
   init = state_init(settings, initial_state)
@@ -146,4 +148,5 @@ def fgdro_cvar(
     params = update.carries["params"]
     return FgdroCvarState(params, threshold, loss_estimates, state.round + 1), metrics
 
-  return build_algorithm("fgdro_cvar", model, settings, init, round_fn, HPARAMS)
+  cost = local_training_costs(model, settings, scalars=1)  # w_i and s_i
+  return build_algorithm("fgdro_cvar", model, settings, init, round_fn, HPARAMS, cost=cost)

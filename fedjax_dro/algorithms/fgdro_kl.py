@@ -43,6 +43,7 @@ import jax.numpy as jnp
 from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register
 from fedjax_dro.algorithms.fgdro_cvar import estimator_round
 from fedjax_dro.core.aggregation import tree_zeros_like
+from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import stateful_round_metrics
 from fedjax_dro.core.settings import round_zero, settings_from, state_init
 
@@ -133,7 +134,8 @@ def fgdro_kl(
     An :class:`~fedjax_dro.algorithms.base.Algorithm`. Hyper-parameters: ``client_lr`` (the local
     step eta, default 0.1), ``lam`` (the KL regularisation lambda, default 1.0; smaller is closer
     to the worst client) and the moving-average weights ``beta1`` (of ``u``), ``beta2`` (of ``v``)
-    and ``beta3`` (of ``m``), each in ``(0, 1]``, default 0.1.
+    and ``beta3`` (of ``m``), each in ``(0, 1]``, default 0.1. A participant uploads ``2P + 1``
+    floats (``P`` parameters): its model, its ``m`` and its ``v``.
   """
   settings = settings_from(locals(), weighting="uniform")
   init = state_init(settings, lambda p, n: FgdroKlState(p, *kl_initial(p, n), round_zero()))
@@ -155,4 +157,5 @@ def fgdro_kl(
     )
     return FgdroKlState(final["params"], final["m"], log_v, u, state.round + 1), metrics
 
-  return build_algorithm("fgdro_kl", model, settings, init, round_fn, HPARAMS)
+  cost = local_training_costs(model, settings, models=2, scalars=1)  # w_i, m_i and v_i
+  return build_algorithm("fgdro_kl", model, settings, init, round_fn, HPARAMS, cost=cost)

@@ -31,6 +31,7 @@ from fedjax_dro.algorithms.fgdro_kl import (
   kl_round,
 )
 from fedjax_dro.algorithms.local_adam import HPARAMS as ADAM_HPARAMS, adam_step
+from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.settings import round_zero, settings_from, state_init
 
 
@@ -89,7 +90,8 @@ def fgdro_kl_adam(
     An :class:`~fedjax_dro.algorithms.base.Algorithm`. Hyper-parameters: ``client_lr`` (the Adam
     step eta, default 0.001); FGDRO-KL's ``lam`` (default 1.0), ``beta1`` and ``beta2`` (default
     0.1 each); LocalAdam's ``beta3`` and ``beta4`` (the weights of the new ``h`` in the two
-    moments, defaults 0.1 and 0.001) and ``tau`` (added to ``sqrt(q)``, default 1e-8).
+    moments, defaults 0.1 and 0.001) and ``tau`` (added to ``sqrt(q)``, default 1e-8). A
+    participant uploads ``3P + 1`` floats (``P`` parameters): its model, ``m``, ``q`` and ``v``.
   """
   settings = settings_from(locals(), weighting="uniform")
   init = state_init(settings, initial_state)
@@ -110,4 +112,5 @@ def fgdro_kl_adam(
     params, m, q = final["params"], final["m"], final["q"]
     return FgdroKlAdamState(params, m, q, log_v, u, state.round + 1), metrics
 
-  return build_algorithm("fgdro_kl_adam", model, settings, init, round_fn, HPARAMS)
+  cost = local_training_costs(model, settings, models=3, scalars=1)  # w_i, m_i, q_i and v_i
+  return build_algorithm("fgdro_kl_adam", model, settings, init, round_fn, HPARAMS, cost=cost)

@@ -31,6 +31,7 @@ from fedjax_dro.algorithms.base import (
   register,
 )
 from fedjax_dro.core.aggregation import tree_add, tree_sq_norm, weighted_sum
+from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import dual_round_metrics, local_round_and_losses
 from fedjax_dro.core.precision import params_float_dtype
 from fedjax_dro.core.settings import round_zero, settings_from, state_init
@@ -89,7 +90,8 @@ def qffl(
     An :class:`~fedjax_dro.algorithms.base.Algorithm`. Hyper-parameters: ``client_lr`` (local SGD
     step, default 0.05), ``q`` (the fairness exponent, ``>= 0``, default 1.0; 0 with ``L =
     1/client_lr`` is uniform FedAvg) and ``L`` (the Lipschitz estimate, default 20 = 1 / the
-    default ``client_lr``).
+    default ``client_lr``). A participant uploads ``P + 1`` floats (``P`` parameters): its
+    update ``Delta_k`` and its loss ``F_k`` (a loss without gradient, not counted as one).
   """
   settings = settings_from(locals(), weighting="uniform")
 
@@ -110,4 +112,5 @@ def qffl(
     return QFFLState(params, lam, state.round + 1), metrics
 
   init = state_init(settings, initial_state)
-  return build_algorithm("qffl", model, settings, init, round_fn, HPARAMS)
+  cost = local_training_costs(model, settings, scalars=1)  # Delta_k and F_k
+  return build_algorithm("qffl", model, settings, init, round_fn, HPARAMS, cost=cost)

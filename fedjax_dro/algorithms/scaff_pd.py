@@ -67,6 +67,7 @@ from fedjax_dro.algorithms.base import (
 )
 from fedjax_dro.core.aggregation import tree_add, weighted_sum
 from fedjax_dro.core.clients import map_clients_weighted_sum
+from fedjax_dro.core.costs import Costs, local_training_cost, one_gradient_each, parameter_count
 from fedjax_dro.core.local import local_sgd, local_step_counts, map_client_data
 from fedjax_dro.core.precision import params_float_dtype
 from fedjax_dro.core.settings import backend_for, round_zero, settings_from
@@ -224,6 +225,9 @@ def scaff_pd(
     and ``mu`` (strong convexity mu_x, default 0.1); ``"condition_5_2"``: ``mu``, ``L``
     (smoothness L_xx, default 1.0), ``L_lx`` (Lipschitz constant L_lambda_x, default 1.0) and
     ``safety`` (default 1.0); and the parameter of ``psi`` (``rho``, ``alpha`` or ``q``).
+    A round takes two uploads per client: its loss and gradient at ``x^r`` (``P + 1`` floats,
+    ``P`` parameters; one gradient, one step on the critical path), then after its ``J`` local
+    steps its direction ``du_i`` (``P`` floats).
   """
   check_psi(psi)
   if parameter_rule not in PARAMETER_RULES:
@@ -332,6 +336,13 @@ def scaff_pd(
     }
     return new_state, metrics
 
+  def cost(data):
+    # every client: L_i and c_i = g_i(x^r) (P + 1 floats), then J corrected steps and du_i (P)
+    p = parameter_count(model)
+    return Costs(
+      one_gradient_each(data.num_clients, p + 1) + local_training_cost(settings, data, p)
+    )
+
   return build_algorithm(
     "scaff_pd",
     model,
@@ -339,6 +350,7 @@ def scaff_pd(
     init,
     round_fn,
     hparam_specs,
+    cost=cost,
     psi=psi,
     parameter_rule=parameter_rule,
   )
