@@ -42,6 +42,7 @@ import jax.numpy as jnp
 
 from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register
 from fedjax_dro.core.aggregation import tree_add, tree_stack
+from fedjax_dro.core.costs import Costs, local_training_cost, parameter_count
 from fedjax_dro.core.local import local_round, round_metrics
 from fedjax_dro.core.settings import round_zero, settings_from, state_init
 
@@ -99,7 +100,9 @@ def ditto(
     An :class:`~fedjax_dro.algorithms.base.Algorithm`. Hyper-parameters: ``client_lr`` (the SGD
     step of the global model, default 0.1), ``personal_lr`` (the step of the personal models
     ``v_i``, default 0.1) and ``lam`` (the pull of ``v_i`` towards the global model, ``>= 0``,
-    default 0.1; 0 is local training).
+    default 0.1; 0 is local training). A participant takes both passes' gradients (two per
+    step by default) and uploads its ``P`` global-model floats; the passes are independent, so
+    the critical path is the longer one (``local_steps``, not twice it).
   """
   if personal_steps is not None and (
     not isinstance(personal_steps, int) or isinstance(personal_steps, bool) or personal_steps < 1
@@ -147,6 +150,21 @@ def ditto(
     )
     return new_state, metrics
 
+  # the personal pass: personal_steps minibatch steps, or the global pass's local work
+  personal_settings = settings._replace(local_steps=steps, local_epochs=None) if steps else settings
+
+  def cost(data):
+    # both passes' gradients; the two chains (from w^t and from v_i) are independent, so the
+    # critical path is the longer one; only the global delta is uploaded
+    glob = local_training_cost(settings, data, parameter_count(model))
+    personal = local_training_cost(personal_settings, data, 0)
+    return Costs(
+      glob._replace(
+        gradient_evaluations=glob.gradient_evaluations + personal.gradient_evaluations,
+        sequential_steps=max(glob.sequential_steps, personal.sequential_steps),
+      )
+    )
+
   return build_algorithm(
     "ditto",
     model,
@@ -154,6 +172,7 @@ def ditto(
     init,
     round_fn,
     HPARAMS,
+    cost=cost,
     personal_steps=steps if steps is not None else settings.local_steps,
     client_models=lambda s: s.personal,
     personalized=True,

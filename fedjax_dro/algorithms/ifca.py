@@ -57,6 +57,7 @@ import jax.numpy as jnp
 from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register
 from fedjax_dro.core.aggregation import weighted_sum
 from fedjax_dro.core.clients import map_clients
+from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import stateful_local_round, stateful_round_metrics
 from fedjax_dro.core.settings import (
   aggregation_weights,
@@ -148,7 +149,8 @@ def ifca(
 
   Returns:
     An :class:`~fedjax_dro.algorithms.base.Algorithm`. The one hyper-parameter is ``client_lr``,
-    the local SGD step gamma (default 0.1).
+    the local SGD step gamma (default 0.1). A participant uploads ``P + 1`` floats (``P``
+    parameters): its model and its cluster identity (the cluster losses are no gradients).
   """
   _check_settings(num_clusters, init_scale)
   settings = settings_from(locals())
@@ -240,6 +242,7 @@ def ifca(
     init,
     round_fn,
     HPARAMS,
+    cost=local_training_costs(model, settings, scalars=1),  # theta~_i and j_i
     client_models=client_models,
     personalized=True,
     num_clusters=num_clusters,

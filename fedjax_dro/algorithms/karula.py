@@ -114,6 +114,7 @@ from fedjax_dro.algorithms.base import (
 )
 from fedjax_dro.core.aggregation import scatter_rows, tree_stack
 from fedjax_dro.core.clients import map_clients, resolve_backend, validate_backend
+from fedjax_dro.core.costs import Costs, one_gradient_each, parameter_count
 from fedjax_dro.core.sampling import sample_clients
 from fedjax_dro.models.base import Model, client_loss_and_grad, num_parameters
 from fedjax_dro.solvers import pairwise
@@ -416,6 +417,9 @@ def karula(
 ) -> Algorithm:
   """Karula, Algorithm 1 (see the module docstring for the exact estimator and scalings).
 
+  Cost: each of the ``s`` sampled clients evaluates and uploads one gradient (``P`` floats) a
+  round; the setup fills the table with every client's gradient (``n`` of them).
+
   Hyper-parameters (a dict argument of ``round``; vmappable): ``eta`` (step size), ``t``
   (constraint level, ``>= 0``). Under ``vmap`` (``sweep``, cross-validation over ``t``) the
   projection's ``lax.while_loop`` becomes one batched loop that runs until the *slowest* row has
@@ -631,6 +635,12 @@ def karula(
     "backend": backend,
     "chunk_size": chunk_size,
   }
+
+  def cost(data):
+    n, p = data.num_clients, parameter_count(model)
+    s = n if clients_per_round is None else min(clients_per_round, n)
+    return Costs(one_gradient_each(s, p), setup=one_gradient_each(n, p))
+
   return build_algorithm(
     "karula",
     model,
@@ -640,5 +650,6 @@ def karula(
     HPARAMS,
     client_models=lambda s: s.params,
     personalized=True,
+    cost=cost,
     **config,
   )

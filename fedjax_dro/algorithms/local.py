@@ -16,6 +16,7 @@ import jax.numpy as jnp
 
 from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register
 from fedjax_dro.core.aggregation import tree_stack
+from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import local_round, round_metrics
 from fedjax_dro.core.settings import round_zero, settings_from, state_init
 
@@ -59,7 +60,8 @@ def local(
   Returns:
     An :class:`~fedjax_dro.algorithms.base.Algorithm`. Every client starts from the initial model
     and trains its own copy; its evaluated model is that copy. The one hyper-parameter is
-    ``client_lr``, the local SGD step size (default 0.1).
+    ``client_lr``, the local SGD step size (default 0.1). Its cost is the training clients'
+    local steps; nothing is uploaded.
   """
   settings = settings_from(locals())
   init = state_init(settings, lambda params, n: LocalState(tree_stack(params, n), round_zero()))
@@ -87,6 +89,7 @@ def local(
     init,
     round_fn,
     HPARAMS,
+    cost=local_training_costs(model, settings, models=0),  # nothing is uploaded
     client_models=lambda s: s.client_params,
     personalized=True,
   )

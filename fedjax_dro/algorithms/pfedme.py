@@ -83,6 +83,7 @@ from fedjax_dro.core.aggregation import (
   tree_sub,
   weighted_mean,
 )
+from fedjax_dro.core.costs import Costs, local_training_cost, parameter_count
 from fedjax_dro.core.local import StatefulRound, stateful_local_round, stateful_round_metrics
 from fedjax_dro.core.sampling import sample_clients
 from fedjax_dro.core.settings import (
@@ -171,7 +172,9 @@ def pfedme(
     envelope regularisation lambda, default 15; larger keeps the personalized models closer to the
     global one), ``client_lr`` (the step eta of the local copy ``w_i``, default 0.005),
     ``personal_lr`` (the step of the K inner steps on ``theta_i``, default 0.1) and ``beta`` (the
-    server step, default 1.0: plain averaging).
+    server step, default 1.0: plain averaging). A round costs ``R K`` gradients on the critical
+    path and ``R K`` per trained client (every client under ``"all"``); the ``s`` sampled clients
+    upload ``P`` floats each (``P`` parameters).
   """
   _check_steps(personal_steps, "personal_steps")
   _check_personal_updates(personal_updates)
@@ -228,6 +231,19 @@ def pfedme(
     new_state = PFedMeState(params, personal, state.round + 1)
     return new_state, stateful_round_metrics(sent)
 
+  def cost(data):
+    # the trained clients (all n under "all") take K gradients, in sequence, per local step;
+    # only the s sampled clients upload their w_{i,R}
+    p = parameter_count(model)
+    work = local_training_cost(trained, data, p, grads_per_step=personal_steps)
+    sent = local_training_cost(settings, data, p)
+    return Costs(
+      sent._replace(
+        gradient_evaluations=work.gradient_evaluations,
+        sequential_steps=personal_steps * work.sequential_steps,
+      )
+    )
+
   return build_algorithm(
     "pfedme",
     model,
@@ -235,6 +251,7 @@ def pfedme(
     init,
     round_fn,
     HPARAMS,
+    cost=cost,
     client_models=lambda s: s.personal,
     personalized=True,
     personal_steps=personal_steps,
