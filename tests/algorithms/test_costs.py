@@ -293,10 +293,11 @@ def test_karula_cost_is_the_reference_loops_counts(s):
   setup, per_round = Tally(), Tally()
   theta = karula_reference(data, rounds, 3, s, 0.5, setup, per_round)
   alg = A.karula(model, dissimilarity="ones", clients_per_round=s)
-  hist = run(alg, dataset(data), rounds=rounds, seed=3, hparams={"eta": 0.5, "t": 1e6})
-  np.testing.assert_allclose(
-    personal_refs._flat(hist.final_state.params), theta, rtol=0, atol=1e-10
-  )
+  if s < N:  # the loop is Karula's (once: the simulator's compilation is the test's cost)
+    hist = run(alg, dataset(data), rounds=rounds, seed=3, hparams={"eta": 0.5, "t": 1e6})
+    np.testing.assert_allclose(
+      personal_refs._flat(hist.final_state.params), theta, rtol=0, atol=1e-10
+    )
   cost = alg.cost(data)
   assert setup.grads == N and per_round.grads == rounds * s
   assert_counts(cost.setup, setup.counts())
