@@ -4,6 +4,7 @@ train it under the budget, score it on the test rows; then the table and the pai
 
 from __future__ import annotations
 
+import inspect
 import math
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -97,6 +98,12 @@ class _Builder:
 
   def __init__(self, strategy: Strategy, model: Model):
     self.strategy, self.model, self.cache = strategy, model, {}
+    # make(model, **options)'s options, read by cross_validate to tell options from hparams
+    try:
+      params = list(inspect.signature(strategy.make).parameters.values())[1:]
+      self.__signature__ = inspect.Signature(params)
+    except (TypeError, ValueError):
+      pass
 
   def __call__(self, **options) -> Algorithm:
     options = {k: _integral(v) for k, v in options.items()}
@@ -293,6 +300,7 @@ def compare(
   *,
   verbose: bool = True,
   log: Optional[Callable[[str], None]] = None,
+  selections: Optional[Dict[Any, Dict[str, Any]]] = None,
 ) -> ComparisonResult:
   """Runs ``experiment`` (see :mod:`fedjax_dro.compare`) and returns its
   :class:`ComparisonResult`; with ``out_dir``, writes ``NAME.json``, ``NAME.md`` and
@@ -303,6 +311,10 @@ def compare(
     out_dir: the output folder (``None``: nothing written).
     verbose: print progress and the table.
     log: where progress lines go (default ``print`` when ``verbose``).
+    selections: a dict shared by ``compare`` calls of one experiment under several budgets
+      (the same strategies, data, seeds and ``selection_rounds``): a strategy's selection on a
+      seed is stored there under ``(label, seed, selection rounds)`` and reused, so the tables
+      at several budgets rest on one selection.
   """
   if not isinstance(experiment, Experiment):
     raise TypeError(f"experiment must be a compare.Experiment, got {type(experiment).__name__}")
@@ -330,9 +342,15 @@ def compare(
         sel_rounds = protocol.selection_rounds or budget_rounds(
           budget, algorithm_cost(build(), ds.train), amount, strategy.label
         )
-        sel = select(
-          strategy, build, ds.train, splits, protocol=protocol, rounds=sel_rounds, seed=seed
-        )
+        key = (strategy.label, seed, sel_rounds)
+        if selections is not None and key in selections:
+          sel = selections[key]
+        else:
+          sel = select(
+            strategy, build, ds.train, splits, protocol=protocol, rounds=sel_rounds, seed=seed
+          )
+          if selections is not None:
+            selections[key] = sel
         options, hparams = build.split(sel["chosen"])
         alg = build(**options)
         hparams = {**strategy.fixed, **hparams}

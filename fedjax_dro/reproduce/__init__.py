@@ -24,7 +24,7 @@ from fedjax_dro.reproduce.common import with_distances
 from fedjax_dro.reproduce.fgdro import fgdro_table7, plot_fgdro_table7
 from fedjax_dro.reproduce.fgdro_protocol import with_class_weighted_accuracy
 from fedjax_dro.reproduce.karula import karula_heart, karula_synthetic
-from fedjax_dro.reproduce.karula_femnist import karula_femnist, plot_femnist
+from fedjax_dro.reproduce.karula_femnist import karula_femnist
 from fedjax_dro.reproduce.scaffpd import (
   plot_scaffpd_synthetic,
   problem_constants,
@@ -75,5 +75,4 @@ __all__ = [
   "karula_synthetic",
   "karula_heart",
   "karula_femnist",
-  "plot_femnist",
 ]

@@ -1,5 +1,6 @@
-"""``fedjax-dro reproduce karula-synthetic`` / ``karula-heart``: quick runs write the Table 1
-layout (JSON, markdown, PNG) with every strategy, selected by CV on training rows; bad inputs."""
+"""``fedjax-dro reproduce karula-synthetic`` / ``karula-heart`` on the comparison harness: the
+rows and grids of Table 1, the scale argument of the paper's error column, quick runs' layout,
+and bad inputs."""
 
 import json
 import os
@@ -7,70 +8,96 @@ import os
 import numpy as np
 import pytest
 
-from fedjax_dro import reproduce
+from fedjax_dro import models, reproduce
 from fedjax_dro.reproduce import karula as K
 
-STRATEGIES = ["Local", "FedSGD", "FedAvg", "pFedMe", "IFCA", "Ditto", "Karula"]
+LABELS = [
+  "Local",
+  "FedSGD",
+  "FedAvg",
+  "pFedMe",
+  "IFCA",
+  "IFCA (identical start)",
+  "Ditto",
+  "Karula",
+]
+
+
+def _rows(**kw):
+  args = dict(n=30, s=10, lr=0.1, eta=0.2, d_median=4.0, t_multiples=K.T_MULTIPLES)
+  args.update(kw)
+  return {s.label: s for s in K.strategies(**args)}
+
+
+def test_rows_weights_and_paper_marks():
+  rows = _rows()
+  assert list(rows) == LABELS
+  model = models.linear_regression(3, l2=1e-6, fit_intercept=False)
+  for label, s in rows.items():
+    alg = s.make(model) if label not in ("IFCA", "IFCA (identical start)") else s.make(model, 2)
+    if label != "Local":  # local training has nothing to weight
+      assert alg.config["weighting"] == "num_examples", label
+  assert rows["pFedMe"].make(model).config["personal_updates"] == "all"
+  assert rows["Karula"].make(model).config["ot_options"] == {"preset": "paper"}
+  assert rows["IFCA (identical start)"].make(model, 3).config["init_scale"] == 0.0
+  assert rows["IFCA"].make(model, 3).config["init_scale"] > 0.0
+  assert [k for k, s in rows.items() if not s.paper] == ["IFCA (identical start)", "Ditto"]
+
+
+def test_every_step_is_tuned_and_t_is_relative_to_the_median_dissimilarity():
+  for d_median in (0.5, 800.0):
+    karula = _rows(d_median=d_median)["Karula"]
+    np.testing.assert_allclose(np.asarray(karula.grid["t"]) * d_median, K.T_MULTIPLES, rtol=1e-12)
+    assert len(karula.grid["eta"]) >= 2  # Karula's step on its own grid
+  for label, s in _rows().items():
+    steps = [g.get("client_lr", g.get("lr", g.get("eta"))) for g in s.grids]
+    assert all(v is not None and len(v) >= 2 for v in steps), label
+  ifca = _rows()["IFCA"].grid["num_clusters"]
+  assert ifca[0] == 1 and max(ifca) == 10
+
+
+def test_scale_argument_of_the_papers_error_column():
+  """The floor of a single global model under the paper's generator, by Monte Carlo over true
+  parameters drawn as the generator draws them: the best common model is the mean of the true
+  parameters, and its mean squared distance is above the paper's FedAvg error."""
+  from fedjax_dro.data import synthetic_ridge
+
+  floors = []
+  for seed in range(3):
+    theta = np.asarray(synthetic_ridge(seed).true_params)
+    floors.append(np.mean(np.sum((theta - theta.mean(0)) ** 2, axis=1)))
+  assert np.mean(floors) == pytest.approx(K.GLOBAL_ERROR_FLOOR, rel=0.05)
+  assert min(floors) > K.PAPER_SYNTHETIC["FedAvg"][0]
 
 
 @pytest.mark.slow
 def test_quick_synthetic_reproduction(tmp_path):
-  res = reproduce.karula_synthetic(str(tmp_path), quick=True, rounds=10, verbose=False)
+  res = reproduce.karula_synthetic(str(tmp_path), quick=True, verbose=False)
   saved = json.load(open(os.path.join(tmp_path, "karula_synthetic.json")))
-  assert list(saved["table"]) == STRATEGIES
-  for rows in saved["per_seed"].values():
-    assert [r["seed"] for r in rows] == [0, 1]
-    assert all(np.isfinite(r["estimation_error"]) and r["test_r2"] <= 1.0 for r in rows)
-  assert "| Karula |" in open(os.path.join(tmp_path, "karula_synthetic.md")).read()
-  assert res["png_path"].endswith(".png")
+  assert list(saved["results"]) == ["feature_means", "equal_means"]
+  for reading, r in saved["results"].items():
+    assert [s["label"] for s in r["strategies"]] == LABELS
+    for rows in r["per_seed"].values():
+      assert [row["seed"] for row in rows] == [0, 1]
+      assert all(np.isfinite(row["extra"]["estimation_error"]) for row in rows)
+    for ext in ("json", "md", "png"):
+      assert os.path.isfile(os.path.join(tmp_path, f"karula_synthetic_{reading}.{ext}"))
+  md = open(os.path.join(tmp_path, "karula_synthetic.md")).read()
+  assert "| Karula |" in md and "another scale" in md and "Karula minus FedAvg" in md
+  assert res["results"]["equal_means"]["reference"] == "FedAvg"
 
 
 @pytest.mark.slow
-def test_quick_heart_reproduction_counts_and_layout(tmp_path):
-  res = reproduce.karula_heart(str(tmp_path), quick=True, rounds=5, cv_rounds=3, verbose=False)
+def test_quick_heart_reproduction(tmp_path):
+  reproduce.karula_heart(str(tmp_path), quick=True, verbose=False)
   saved = json.load(open(os.path.join(tmp_path, "karula_heart.json")))
-  assert saved["setting"]["rows_per_hospital"] == [303, 261, 46, 130]
-  assert list(saved["table"]) == STRATEGIES
-  for label, row in saved["table"].items():
-    per = [r["accuracy_mean"] for r in saved["per_seed"][label]]
-    assert row["accuracy_mean"] == pytest.approx(np.mean(per))
-    assert len(row["per_hospital"]) == 4
-    assert all(0.0 <= m <= 1.0 for m, _ in row["per_hospital"])
-  for label, rows in saved["per_seed"].items():  # the chosen point lies in the (quick) CV grid
-    if label == "IFCA":
-      assert all(r["chosen"]["num_clusters"] in (1, 4) for r in rows)
-    if label == "Karula":  # t on multiples of the median dissimilarity
-      quick_grid = K.T_MULTIPLES_HEART[::3]
-      assert all(min(abs(r["t_times_median_D"] / c - 1) for c in quick_grid) < 1e-9 for r in rows)
+  r = saved["results"]["heart"]
+  for label, row in r["table"].items():
+    per = [x["value"] for x in r["per_seed"][label]]
+    assert row["accuracy"]["mean"] == pytest.approx(np.mean(per))
+    assert all(0.0 <= row[h]["mean"] <= 1.0 for h in K.HOSPITALS)
   table = open(os.path.join(tmp_path, "karula_heart.md")).read()
   assert "| Karula |" in table and "0.705" in table  # the paper's Karula accuracy beside ours
-  with open(res["png_path"], "rb") as f:
-    assert f.read(8) == b"\x89PNG\r\n\x1a\n"
-
-
-def test_every_strategy_weights_clients_by_samples_and_pfedme_runs_its_paper_form():
-  from fedjax_dro import models
-
-  model = models.linear_regression(3, l2=1e-6, fit_intercept=False)
-  makes = K._factories(model, 4)
-  for label, make in makes.items():
-    alg = make()
-    if label != "Local":  # local training has nothing to weight
-      assert alg.config["weighting"] == "num_examples", label
-  assert makes["pFedMe"]().config["personal_updates"] == "all"
-  assert makes["Karula"]().config["ot_options"] == {"preset": "paper"}
-
-
-def test_karula_t_grid_is_relative_to_the_median_dissimilarity():
-  from fedjax_dro import models
-
-  makes = K._factories(models.linear_regression(3, fit_intercept=False), 4)
-  for d_median in (0.5, 800.0):
-    specs = {s["label"]: s for s in K._strategies(makes, 0.1, 0.2, False, d_median)}
-    np.testing.assert_allclose(
-      np.asarray(specs["Karula"]["grid"]["t"]) * d_median, K.T_MULTIPLES, rtol=1e-12
-    )
-  assert K.karula_synthetic.__kwdefaults__["folds"] == 5  # the paper's 5-fold CV
 
 
 def test_bad_inputs():
@@ -78,6 +105,8 @@ def test_bad_inputs():
     reproduce.karula_heart(None, rounds=0)
   with pytest.raises(ValueError, match="folds"):
     reproduce.karula_synthetic(None, folds=1)
-  with pytest.raises(ValueError, match="seeds"):
+  with pytest.raises(ValueError, match="num_seeds"):
     reproduce.karula_heart(None, num_seeds=0)
+  with pytest.raises(ValueError, match="readings"):
+    reproduce.karula_synthetic(None, readings=("uniform",))
   assert {"karula-synthetic", "karula-heart"} <= set(reproduce.EXPERIMENTS)
