@@ -94,3 +94,22 @@ def test_bad_configs_name_the_key(tmp_path, capsys, edit, key):
 def test_missing_config_file(tmp_path):
   with pytest.raises(ValueError, match="is not an existing file"):
     load_config(str(tmp_path / "none.toml"))
+
+
+def test_the_guides_examples_declare_valid_experiments():
+  """The Python and TOML examples of docs/comparing.md build (the runs themselves are the other
+  tests' business)."""
+  import pathlib
+  import re
+
+  import tomllib
+
+  page = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "comparing.md").read_text()
+  code = re.findall(r"```python\n(.*?)```", page, re.S)[0]
+  code = code.split("result = C.compare")[0]
+  namespace = {}
+  exec(compile(code, "comparing.md", "exec"), namespace)
+  assert [s.label for s in namespace["experiment"].strategies] == ["FedAvg", "FedSGD", "IFCA"]
+  toml = re.findall(r"```toml\n(.*?)```", page, re.S)[0]
+  experiment = experiment_from_config(tomllib.loads(toml))
+  assert experiment.protocol.budget.match == "FedAvg" and experiment.reference == "FedAvg"
