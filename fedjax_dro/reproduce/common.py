@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import os
+import time
+from typing import Any, Callable, Dict, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -29,3 +31,78 @@ def with_distances(alg, x_stars: Sequence[Any], prefix: str = "dist_to_opt"):
     return state, metrics
 
   return alg._replace(round=round_fn)
+
+
+def run_tables(
+  experiment: str,
+  experiments: Dict[str, Any],
+  markdown: Callable[[Dict[str, Any]], str],
+  out_dir: Optional[str],
+  verbose: bool,
+  *,
+  selections: Optional[dict] = None,
+  **meta,
+) -> Dict[str, Any]:
+  """Runs every :class:`~fedjax_dro.compare.Experiment` of a paper's table on the harness (each
+  record written to ``out_dir`` as ``<its name>.{json,md,png}``), then writes the paper's
+  combined table ``markdown(result)`` and the result as ``<experiment>.{json,md}`` (the name
+  with ``_`` for ``-``).
+
+  Args:
+    experiment: the CLI name (``karula-synthetic``).
+    experiments: ``{key: Experiment}``; the result's ``results[key]`` is its record's JSON.
+    markdown: the combined table of the result.
+    out_dir: output folder (``None``: nothing written).
+    verbose: print progress and tables.
+    selections: shared between the experiments (:func:`fedjax_dro.compare.compare`): the same
+      strategies and data under several budgets rest on one selection per seed.
+    meta: further entries of the result (the data's description, ...).
+  """
+  from fedjax_dro.compare import compare
+
+  t0 = time.perf_counter()
+  results = {
+    key: compare(e, out_dir, verbose=verbose, selections=selections).to_json()
+    for key, e in experiments.items()
+  }
+  result = {"experiment": experiment, **meta, "results": results}
+  result["wall_time_s"] = time.perf_counter() - t0
+  md = markdown(result)
+  if verbose:
+    print(md)
+  write_result(out_dir, experiment.replace("-", "_"), result, md)
+  return result
+
+
+def write_result(
+  out_dir: Optional[str],
+  stem: str,
+  result: Dict[str, Any],
+  markdown: str,
+  plot: Optional[Callable[[Dict[str, Any], str], str]] = None,
+  log: Callable[[str], None] = lambda line: None,
+) -> None:
+  """Writes ``<stem>.json`` (``result``), ``<stem>.md`` (``markdown``) and, with ``plot``,
+  ``<stem>.png`` (``plot(result, path)``) to ``out_dir``, atomically; their paths go into
+  ``result`` (``json_path``, ``md_path``, ``png_path``). Nothing when ``out_dir`` is ``None``.
+
+  Args:
+    out_dir: the output folder (created).
+    stem: the file stem.
+    result: the experiment's result (JSON-able).
+    markdown: its table.
+    plot: ``plot(result, path) -> path``, or ``None`` for no figure.
+    log: where the line naming the files goes.
+  """
+  if out_dir is None:
+    return
+  from fedjax_dro.records import atomic_write, json_text
+
+  os.makedirs(out_dir, exist_ok=True)
+  path = os.path.join(out_dir, stem)
+  result["json_path"], result["md_path"] = path + ".json", path + ".md"
+  atomic_write(path + ".json", json_text(result, indent=1))
+  atomic_write(path + ".md", markdown)
+  if plot is not None:
+    result["png_path"] = plot(result, path + ".png")
+  log(f"[{stem}] wrote {path}.json, .md" + (", .png" if plot is not None else ""))

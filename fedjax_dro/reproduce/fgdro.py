@@ -40,6 +40,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import jax
 import numpy as np
 
+from fedjax_dro.reproduce.common import write_result
 from fedjax_dro.reproduce.fgdro_protocol import (
   ALPHAS,
   FEDADAM_OPTIONS,
@@ -121,7 +122,6 @@ def fgdro_table7(
   """
   from fedjax_dro import models
   from fedjax_dro.engine import sweep
-  from fedjax_dro.records import atomic_write, json_text
 
   stand_in = data_dir is None
   settings = protocol("digits" if stand_in else "cifar10", quick=quick)
@@ -244,17 +244,14 @@ def fgdro_table7(
   }
   log(markdown_table(result))
   log(f"{tag} total {result['wall_time_s']:.0f}s")
-  if out_dir is not None:
-    os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, "fgdro_table7.json")
-    atomic_write(path, json_text(result, indent=1))
-    result["json_path"] = path
-    md = os.path.join(out_dir, "fgdro_table7.md")
-    atomic_write(md, markdown_table(result))
-    result["md_path"] = md
-    if plot:
-      result["png_path"] = plot_fgdro_table7(result, os.path.join(out_dir, "fgdro_table7.png"))
-    log(f"{tag} wrote {path}, {md}" + (f", {result.get('png_path')}" if plot else ""))
+  write_result(
+    out_dir,
+    "fgdro_table7",
+    result,
+    markdown_table(result),
+    plot_fgdro_table7 if plot else None,
+    log,
+  )
   return result
 
 

@@ -41,13 +41,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
 from typing import Any, Dict, List, Optional, Sequence
 
 import jax
 import numpy as np
 
 from fedjax_dro import compare as C
+from fedjax_dro.reproduce.common import run_tables
 
 PAPER_SYNTHETIC = {  # Table 1a: estimation error, +-2SE, test R^2, +-2SE
   "Local": (35.33, 2.729, 0.692, 0.108),
@@ -245,17 +245,38 @@ def ridge_experiment(reading: str, **settings) -> C.Experiment:
   def error(models, ds):
     return float(np.mean(np.asarray(estimation_error(models, ds.true_params, personalized=True))))
 
+  return _table1(
+    f"karula_synthetic_{reading}",
+    data,
+    model,
+    first.train,
+    s=s,
+    lr=lr,
+    eta=eta,
+    t_multiples=T_MULTIPLES,
+    metric=C.Metric("r2", "mean"),
+    extra_metrics=[C.ExtraMetric("estimation_error", error, higher_is_better=False)],
+    description=f"Karula Table 1a, {entry.description}",
+    settings=settings,
+  )
+
+
+def _table1(
+  name, data, model, train, *, s, lr, eta, t_multiples, metric, extra_metrics, description, settings
+) -> C.Experiment:
+  """The :class:`~fedjax_dro.compare.Experiment` of a Table 1 task: :func:`strategies` with the
+  task's step units and :func:`protocol` with its metric."""
   return C.Experiment(
-    name=f"karula_synthetic_{reading}",
+    name=name,
     data=data,
     model=model,
     strategies=strategies(
-      n=n,
+      n=train.num_clients,
       s=s,
       lr=lr,
       eta=eta,
-      d_median=_median_dissimilarity(first.train),
-      t_multiples=T_MULTIPLES,
+      d_median=_median_dissimilarity(train),
+      t_multiples=t_multiples,
       quick=settings["quick"],
     ),
     protocol=protocol(
@@ -263,10 +284,10 @@ def ridge_experiment(reading: str, **settings) -> C.Experiment:
       rounds=settings["rounds"],
       selection_rounds=settings["selection_rounds"],
       folds=settings["folds"],
-      metric=C.Metric("r2", "mean"),
+      metric=metric,
     ),
-    extra_metrics=[C.ExtraMetric("estimation_error", error, higher_is_better=False)],
-    description=f"Karula Table 1a, {entry.description}",
+    extra_metrics=extra_metrics,
+    description=description,
   )
 
 
@@ -301,14 +322,8 @@ def karula_synthetic(
   bad = [r for r in readings if r not in READINGS] if not isinstance(readings, str) else [readings]
   if bad or not readings:
     raise ValueError(f"readings must be a non-empty list out of {list(READINGS)}, got {readings!r}")
-  return _run_tables(
-    "karula_synthetic",
-    [ridge_experiment(r, quick=quick, **settings) for r in readings],
-    list(readings),
-    synthetic_markdown,
-    out_dir,
-    verbose,
-  )
+  experiments = {r: ridge_experiment(r, quick=quick, **settings) for r in readings}
+  return run_tables("karula-synthetic", experiments, synthetic_markdown, out_dir, verbose)
 
 
 def heart_experiment(**settings) -> C.Experiment:
@@ -332,28 +347,19 @@ def heart_experiment(**settings) -> C.Experiment:
 
     return C.ExtraMetric(HOSPITALS[j], accuracy, higher_is_better=True)
 
-  return C.Experiment(
-    name="karula_heart",
-    data=entry.load,
-    model=model,
-    strategies=strategies(
-      n=n,
-      s=None,
-      lr=lr,
-      eta=eta,
-      d_median=_median_dissimilarity(first.train),
-      t_multiples=T_MULTIPLES_HEART,
-      quick=settings["quick"],
-    ),
-    protocol=protocol(
-      seeds=settings["seeds"],
-      rounds=settings["rounds"],
-      selection_rounds=settings["selection_rounds"],
-      folds=settings["folds"],
-      metric=C.Metric("accuracy", "mean"),
-    ),
+  return _table1(
+    "karula_heart",
+    entry.load,
+    model,
+    first.train,
+    s=None,
+    lr=lr,
+    eta=eta,
+    t_multiples=T_MULTIPLES_HEART,
+    metric=C.Metric("accuracy", "mean"),
     extra_metrics=[hospital(j) for j in range(len(HOSPITALS))],
     description="Karula Table 1b, UCI heart disease, 4 hospitals, logistic regression",
+    settings=settings,
   )
 
 
@@ -381,42 +387,14 @@ def karula_heart(
     seed,
   )
   _x64()
-  return _run_tables(
-    "karula_heart",
-    [heart_experiment(quick=quick, **settings)],
-    ["heart"],
-    heart_markdown,
-    out_dir,
-    verbose,
-  )
+  experiments = {"heart": heart_experiment(quick=quick, **settings)}
+  return run_tables("karula-heart", experiments, heart_markdown, out_dir, verbose)
 
 
 def _x64():
   """Karula's projection and the ridge closed forms are compared in float64."""
   if not jax.config.jax_enable_x64:
     jax.config.update("jax_enable_x64", True)
-
-
-def _run_tables(stem, experiments, keys, markdown, out_dir, verbose) -> Dict[str, Any]:
-  """Runs each experiment on the harness (its record written as ``<name>.*``), then the
-  paper's combined table ``<stem>.{json,md}``."""
-  t0 = time.perf_counter()
-  results = {k: C.compare(e, out_dir, verbose=verbose).to_json() for k, e in zip(keys, experiments)}
-  result = {
-    "experiment": stem.replace("_", "-"),
-    "results": results,
-    "wall_time_s": time.perf_counter() - t0,
-  }
-  md = markdown(result)
-  if verbose:
-    print(md)
-  if out_dir is not None:
-    from fedjax_dro.records import atomic_write, json_text
-
-    result["json_path"] = f"{out_dir}/{stem}.json"
-    atomic_write(result["json_path"], json_text(result, indent=1))
-    atomic_write(f"{out_dir}/{stem}.md", md)
-  return result
 
 
 def _cell(entry, digits=3):

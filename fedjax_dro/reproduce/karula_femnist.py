@@ -49,13 +49,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import time
 from typing import Any, Dict, Optional, Sequence
 
 import jax.numpy as jnp
 import numpy as np
 
 from fedjax_dro import compare as C
+from fedjax_dro.reproduce.common import run_tables
 
 STRATEGIES = ("Local", "FedSGD", "FedAvg", "pFedMe", "IFCA", "Karula")
 ALL_STRATEGIES = ("Local", "FedSGD", "FedAvg", "pFedMe", "IFCA", "Ditto", "Karula")
@@ -293,11 +293,9 @@ def karula_femnist(
   plan = budgets(quick)
   if rounds is not None:
     plan = {k: dataclasses.replace(b, rounds=rounds) if b.match else b for k, b in plan.items()}
-  t0 = time.perf_counter()
-  shared: Dict[Any, Any] = {}
-  results = {}
-  for key, budget in plan.items():
-    experiment = C.Experiment(
+  data_name = "LEAF FEMNIST digits" if leaf_dir else "stand-in: digits_by_writer (not FEMNIST)"
+  experiments = {
+    key: C.Experiment(
       name=f"karula_femnist_{key}",
       data=data,
       model=model,
@@ -315,31 +313,23 @@ def karula_femnist(
       extra_metrics=[
         C.ExtraMetric("worst 10% of writers", _worst_writers(model), higher_is_better=True)
       ],
-      description=(
-        f"Karula Sec. 5.3, {'LEAF FEMNIST digits' if leaf_dir else 'stand-in (not FEMNIST): ' + first.description}"
-      ),
+      description=f"Karula Sec. 5.3, {data_name}: {first.description}",
     )
-    results[key] = C.compare(experiment, out_dir, verbose=verbose, selections=shared).to_json()
-  result = {
-    "experiment": "karula-femnist",
-    "data": "LEAF FEMNIST digits" if leaf_dir else "stand-in: digits_by_writer (not FEMNIST)",
-    "writers": n,
-    "train_rows_per_writer": int(np.asarray(first.train.num_examples).max()),
-    "karula_ot_options": ot_options,
-    "median_dissimilarity_first_seed": d_median,
-    "results": results,
-    "wall_time_s": time.perf_counter() - t0,
+    for key, budget in plan.items()
   }
-  md = femnist_markdown(result)
-  if verbose:
-    print(md)
-  if out_dir is not None:
-    from fedjax_dro.records import atomic_write, json_text
-
-    result["json_path"] = os.path.join(out_dir, "karula_femnist.json")
-    atomic_write(result["json_path"], json_text(result, indent=1))
-    atomic_write(os.path.join(out_dir, "karula_femnist.md"), md)
-  return result
+  return run_tables(
+    "karula-femnist",
+    experiments,
+    femnist_markdown,
+    out_dir,
+    verbose,
+    selections={},  # one selection per strategy and seed, shared by the three budgets
+    data=data_name,
+    writers=n,
+    train_rows_per_writer=int(np.asarray(first.train.num_examples).max()),
+    karula_ot_options=ot_options,
+    median_dissimilarity_first_seed=d_median,
+  )
 
 
 def _worst_writers(model):

@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_dro.reproduce.common import with_distances
+from fedjax_dro.reproduce.common import with_distances, write_result
 
 PAPER_RHOS = (0.01, 0.05, 0.1)
 L2 = 0.01
@@ -312,21 +312,14 @@ def scaffpd_synthetic(
         f"  rho={panel['rho']:<5g} {label:<22} final ||x^R - x*||^2 = {a['final_distance']:.3e}"
         f"  rounds to {TARGET:g}: {a['rounds_to_target']}  hparams {a['hparams']}"
       )
-  if out_dir is not None:
-    from fedjax_dro.records import atomic_write, json_text
-
-    os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, "scaffpd_synthetic.json")
-    atomic_write(path, json_text(result, indent=1))
-    result["json_path"] = path
-    md_path = os.path.join(out_dir, "scaffpd_synthetic.md")
-    atomic_write(md_path, scaffpd_markdown(result))
-    result["md_path"] = md_path
-    if plot:
-      result["png_path"] = plot_scaffpd_synthetic(
-        result, os.path.join(out_dir, "scaffpd_synthetic.png")
-      )
-    log(f"[scaffpd-synthetic] wrote {path}" + (f" and {result.get('png_path')}" if plot else ""))
+  write_result(
+    out_dir,
+    "scaffpd_synthetic",
+    result,
+    scaffpd_markdown(result),
+    plot_scaffpd_synthetic if plot else None,
+    log,
+  )
   return result
 
 

@@ -65,6 +65,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_dro.reproduce.common import write_result
+
 # The paper's Table 1 (average, worst-20%) in percent per alpha. The CIFAR-100 block of the text
 # we follow has no FedAvg row.
 PAPER_TABLE1 = {
@@ -452,18 +454,14 @@ def scaffpd_table1(
     "load_average_1min": [load_start, os.getloadavg()[0] if hasattr(os, "getloadavg") else None],
   }
   log(markdown_table(result))
-  if out_dir is not None:
-    from fedjax_dro.records import atomic_write, json_text
-
-    os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, "scaffpd_table1.json")
-    atomic_write(path, json_text(result, indent=1))
-    md = os.path.join(out_dir, "scaffpd_table1.md")
-    atomic_write(md, markdown_table(result))
-    result["json_path"], result["md_path"] = path, md
-    if plot and fig3 is not None:
-      result["png_path"] = plot_scaffpd_fig3(result, os.path.join(out_dir, "scaffpd_table1.png"))
-    log(f"[scaffpd-table1] wrote {path}, {md}" + (f", {result.get('png_path')}" if plot else ""))
+  write_result(
+    out_dir,
+    "scaffpd_table1",
+    result,
+    markdown_table(result),
+    plot_scaffpd_fig3 if plot and fig3 is not None else None,
+    log,
+  )
   return result
 
 
