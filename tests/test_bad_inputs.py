@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_dro import algorithms as A, cli, models, run, sweep
+from fedjax_dro import algorithms as A, cli, compare as C, models, run, sweep
 from fedjax_dro.data import (
   dirichlet_partition,
   from_arrays,
@@ -154,6 +154,17 @@ Y4 = np.array([0, 1, 1, 0])
 
 F32_PARAMS = {"w": np.zeros(2, np.float32), "b": np.zeros((), np.float32)}
 _FILE = os.path.abspath(__file__)
+
+
+def _toml(text: str) -> str:
+  """A config file of ``text`` in a fresh folder (for the ``compare`` rows)."""
+  path = os.path.join(tempfile.mkdtemp(prefix="fedjax_dro_bad_"), "c.toml")
+  with open(path, "w") as f:
+    f.write(text)
+  return path
+
+
+_STRATEGY = '[[strategy]]\nlabel = "A"\nalgorithm = "fedavg"\n'
 
 # description: (callable, exception type, fragment naming the argument)
 CASES = {
@@ -609,6 +620,41 @@ CASES = {
     ValueError,
     "hparams['client_lr']",
   ),
+  # ---- comparisons (fedjax_dro.compare) ----
+  "compare budget of uploads without an amount": (
+    lambda: C.Budget("uploads"),
+    ValueError,
+    "amount=B and match",
+  ),
+  "compare protocol scoring failures without a score": (
+    lambda: C.Protocol(on_failure="score"),
+    ValueError,
+    "failure_score",
+  ),
+  "compare strategies with unequal grids and no note": (
+    lambda: C.Experiment(
+      "x",
+      lambda seed: dataset(DATA),
+      linreg(2),
+      [
+        C.Strategy("A", A.fedavg, {"client_lr": [0.1, 0.2]}),
+        C.Strategy("B", A.fedsgd, {"lr": [0.1]}),
+      ],
+    ),
+    ValueError,
+    "note",
+  ),
+  "compare reference that is not a strategy": (
+    lambda: C.Experiment(
+      "x",
+      lambda seed: dataset(DATA),
+      linreg(2),
+      [C.Strategy("A", A.fedavg)],
+      C.Protocol(reference="B"),
+    ),
+    ValueError,
+    "reference 'B'",
+  ),
   # ---- readers of the user's files (CIFAR binary, TinyImageNet, features .npz) ----
   "CIFAR-10 batch not a whole number of records": (
     lambda: _cifar10_with("data_batch_2.bin", lambda b: b[:-7]),
@@ -773,6 +819,20 @@ CLI_CASES = {
     ["reproduce", "karula-synthetic", "--out", _FILE, "--quick"],
     "--out",
   ),
+  "compare: a config key that does not exist": (
+    ["compare", _toml('name = "x"\n[data]\ndataset = "synthetic-ridge"\n[protocol]\nfold = 3\n')],
+    "protocol.fold",
+  ),
+  "compare: a grid key the algorithm does not have": (
+    [
+      "compare",
+      _toml(
+        'name = "x"\n[data]\ndataset = "synthetic-ridge"\n' + _STRATEGY + "grid = { lr = [0.1] }\n"
+      ),
+    ],
+    "strategy[0].grid.lr",
+  ),
+  "compare: a config that is not TOML": (["compare", _toml("name = \n")], "not valid TOML"),
   "--devices zero": (["run", "--devices", "0", "--rounds", "1"], "--devices"),
   "--algorithm unknown": (["run", "--algorithm", "nope", "--rounds", "1"], "algorithm"),
   "--dataset unknown": (["run", "--dataset", "nope", "--rounds", "1"], "dataset"),
@@ -968,7 +1028,8 @@ def markdown_table() -> str:
   for i, (name, (_, exc, arg)) in enumerate(CASES.items(), 1):
     rows.append(f"| {i} | {name} | Python API | `{exc.__name__}` | `{arg}` |")
   for j, (name, (argv, flag)) in enumerate(CLI_CASES.items(), len(CASES) + 1):
-    shown = ["FILE" if a == _FILE else a for a in argv]  # no machine-specific paths in the docs
+    # no machine-specific paths in the docs
+    shown = ["FILE" if a == _FILE else "CONFIG.toml" if a.endswith(".toml") else a for a in argv]
     rows.append(f"| {j} | {name} | `fedjax-dro {' '.join(shown)}` | exit 2 | `{flag}` |")
   rows += [
     "",
