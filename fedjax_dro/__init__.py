@@ -4,7 +4,7 @@ All clients are one stacked pytree, local updates are vmapped, rounds are jit-co
 scanned, and seeds and hyper-parameters are one more vectorized axis.
 """
 
-from fedjax_dro import algorithms, core, data, engine, models, records, solvers
+from fedjax_dro import algorithms, compare, core, data, engine, models, records, solvers
 from fedjax_dro.algorithms import Algorithm, get_algorithm, list_algorithms, make_hparams
 from fedjax_dro.data import FederatedData, FederatedDataset, from_arrays, from_client_arrays
 from fedjax_dro.engine import (
@@ -22,6 +22,7 @@ from fedjax_dro.records import History
 __version__ = "0.1.0"
 __all__ = [
   "algorithms",
+  "compare",
   "core",
   "data",
   "engine",

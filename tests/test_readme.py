@@ -114,7 +114,7 @@ def test_names_imported_by_the_examples_exist():
   assert len(imports) >= 3
   for module, names in imports:
     mod = importlib.import_module(module)
-    for name in (n.strip() for n in names.split(",")):
+    for name in (n.split(" as ")[0].strip() for n in names.split(",")):
       assert hasattr(mod, name), f"the docs import {name} from {module}, which has no such name"
 
 

@@ -254,7 +254,7 @@ def _stacked_models(alg: Algorithm, state, num_clients: int):
 
 def _train_and_score(experiment, strategy, alg, hparams, ds, *, rounds, seed, costs):
   """The final run on all training rows: the test metric, extra metrics and curves."""
-  from fedjax_dro import run
+  from fedjax_dro.engine import run
 
   metric = experiment.protocol.metric
   every = experiment.protocol.curve_every or max(1, rounds // 10)
@@ -399,7 +399,7 @@ def compare(
 
 
 def _plateau(alg, hparams, split, protocol, seed) -> int:
-  from fedjax_dro import run
+  from fedjax_dro.engine import run
 
   budget, metric = protocol.budget, protocol.metric
   train, held = split

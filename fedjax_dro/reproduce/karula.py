@@ -348,7 +348,7 @@ def heart_experiment(**settings) -> C.Experiment:
     return C.ExtraMetric(HOSPITALS[j], accuracy, higher_is_better=True)
 
   return _table1(
-    "karula_heart",
+    "karula_heart_hospitals",
     entry.load,
     model,
     first.train,
@@ -374,7 +374,8 @@ def karula_heart(
   folds: Optional[int] = None,
   verbose: bool = True,
 ) -> Dict[str, Any]:
-  """Table 1b; writes ``karula_heart.{json,md}`` and the harness record to ``out_dir``.
+  """Table 1b; writes ``karula_heart.{json,md}`` and the harness record
+  ``karula_heart_hospitals.{json,md,png}`` to ``out_dir``.
 
   Args: as :func:`karula_synthetic` (default: 500 rounds).
   """

@@ -96,6 +96,8 @@ def test_quick_heart_reproduction(tmp_path):
     per = [x["value"] for x in r["per_seed"][label]]
     assert row["accuracy"]["mean"] == pytest.approx(np.mean(per))
     assert all(0.0 <= row[h]["mean"] <= 1.0 for h in K.HOSPITALS)
+  for ext in ("json", "md", "png"):  # the harness record beside the combined table
+    assert os.path.isfile(os.path.join(tmp_path, f"karula_heart_hospitals.{ext}"))
   table = open(os.path.join(tmp_path, "karula_heart.md")).read()
   assert "| Karula |" in table and "0.705" in table  # the paper's Karula accuracy beside ours
 
