@@ -286,10 +286,12 @@ def plot_comparison(result: Dict[str, Any], path: str) -> str:
         continue
       c = r["curve"]
       for ax, key in zip(axes, ("round", "uploads")):
-        x = [max(p[key], 1e-12) for p in c]
+        points = [p for p in c if p[key] > 0]  # a strategy that uploads nothing has no x here
+        if not points:
+          continue
         ax.plot(
-          x,
-          [p["value"] for p in c],
+          [p[key] for p in points],
+          [p["value"] for p in points],
           color=f"C{j % 10}",
           lw=1,
           alpha=0.8,
