@@ -33,8 +33,9 @@ coordinates, so the mean over clients of ``||theta - theta_i^*||^2`` is at least
 spread ``d * 0.1^2 = 0.5``); the paper's errors are on another scale. The table therefore compares
 orderings and the Karula - FedAvg gap, not absolute errors. Two rows the paper does not have:
 "IFCA (identical start)", IFCA whose cluster models all start from the same model (the paper's
-likely setup: then every client picks cluster 0 and IFCA is FedAvg, as the paper's IFCA row ties
-FedAvg's), next to our IFCA started apart; and Ditto, a baseline the paper did not run.
+likely setup, as its IFCA row ties FedAvg's: in the first round every client picks cluster 0, so
+IFCA starts as FedAvg; a cluster model nobody trained can still attract the clients it fits
+better later), next to our IFCA started apart; and Ditto, a baseline the paper did not run.
 """
 
 from __future__ import annotations

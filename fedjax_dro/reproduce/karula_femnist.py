@@ -10,8 +10,8 @@ are ours, made to fit a 2-core CPU.
 
 Data. With ``leaf_dir``: LEAF FEMNIST files, reduced to the digits
 (:func:`fedjax_dro.data.load_femnist_digits`, at most ``max_writers`` writers, 16x16 images; the
-same data for every seed). Without: the stand-in :func:`fedjax_dro.data.digits_by_writer` (100
-writers of 40 digits, not FEMNIST) whose writer styles vary by group *and* continuously between
+same data for every seed). Without: the stand-in :func:`fedjax_dro.data.digits_by_writer` (60
+writers of 40 digits by default, not FEMNIST) whose writer styles vary by group *and* continuously between
 the groups (``style_mixing=0.5``), a new set of writers per seed. Pixels are standardized with the
 pooled mean and standard deviation of the training rows (:func:`standardize_pixels`).
 
@@ -66,12 +66,12 @@ STEPS = (0.1, 0.3)  # every step grid (Karula: eta / n)
 T_MULTIPLES = (0.1, 1.0, 10.0)
 LAMS = (0.3, 3.0)
 IFCA_CLUSTERS = tuple(range(1, 11))
-SELECTION_ROUNDS = 30
-PLATEAU_CAP = 150
-MATCH_ROUNDS = 60
+SELECTION_ROUNDS = 20
+PLATEAU_CAP = 100
+MATCH_ROUNDS = 40
 STYLE_MIXING = 0.5
 IMAGE_OT_OPTIONS = {"preset": "paper", "reference_method": "pooled", "num_reference": 64}
-DEFAULTS = dict(num_seeds=3, num_writers=100, examples_per_writer=40, image_size=16)
+DEFAULTS = dict(num_seeds=3, num_writers=60, examples_per_writer=40, image_size=16)
 QUICK = dict(num_seeds=2, num_writers=8, examples_per_writer=10, image_size=8)
 BUDGETS = ("plateau", "uploads", "gradients")
 
@@ -218,7 +218,7 @@ def karula_femnist(
 
   Args:
     out_dir: output folder (``None``: nothing written).
-    rounds: FedAvg's rounds that set the equal-upload and equal-gradient budgets (default 60).
+    rounds: FedAvg's rounds that set the equal-upload and equal-gradient budgets (default 40).
     quick: a smoke run (8 writers of 10 digits at 8x8, 2 seeds, one value per grid axis, a few
       rounds).
     seed: the first seed; the seeds are ``seed, ..., seed + num_seeds - 1`` (the stand-in: a new
@@ -227,7 +227,7 @@ def karula_femnist(
     leaf_dir: LEAF FEMNIST folder (:func:`fedjax_dro.data.load_femnist_digits`); ``None``: the
       stand-in.
     max_writers: the most LEAF writers kept (the first ones in file order).
-    num_writers: writers of the stand-in (default 100; quick: 8).
+    num_writers: writers of the stand-in (default 60; quick: 8).
     features: the CNN's conv channels.
     strategies: labels out of :data:`ALL_STRATEGIES`, in table order.
     verbose: print progress and tables.
