@@ -10,7 +10,7 @@ are ours, made to fit a 2-core CPU.
 
 Data. With ``leaf_dir``: LEAF FEMNIST files, reduced to the digits
 (:func:`fedjax_dro.data.load_femnist_digits`, at most ``max_writers`` writers, 16x16 images; the
-same data for every seed). Without: the stand-in :func:`fedjax_dro.data.digits_by_writer` (60
+same data for every seed). Without: the stand-in :func:`fedjax_dro.data.digits_by_writer` (40
 writers of 40 digits by default, not FEMNIST) whose writer styles vary by group *and* continuously between
 the groups (``style_mixing=0.5``), a new set of writers per seed. Pixels are standardized with the
 pooled mean and standard deviation of the training rows (:func:`standardize_pixels`).
@@ -33,7 +33,7 @@ writer's *training* rows, by the held-out accuracy (the table's metric), after
 ``SELECTION_ROUNDS`` rounds, with grids widened at edges. The chosen configuration is then
 trained on all training rows under three budgets, one table each (the selection is shared):
 
-1. to a validation plateau (held-out accuracy every 10 rounds, stopped after 3 evaluations
+1. to a validation plateau (held-out accuracy every 5 rounds, stopped after 3 evaluations
    without a relative gain of 0.1%, at most ``PLATEAU_CAP`` rounds), the plateau round found on
    the selection's split and the final model retrained for that many rounds;
 2. at equal uploads: what FedAvg uploads in ``MATCH_ROUNDS`` rounds;
@@ -62,16 +62,16 @@ ALL_STRATEGIES = ("Local", "FedSGD", "FedAvg", "pFedMe", "IFCA", "Ditto", "Karul
 LOCAL_STEPS = 5
 PFEDME_PERSONAL_STEPS = 2
 PARTICIPATION = 1.0 / 3.0  # the share of writers per round (the paper's Sec. 5.1)
-STEPS = (0.1, 0.3)  # every step grid (Karula: eta / n)
+STEPS = (0.1, 0.3, 1.0)  # every step grid (Karula: eta / n)
 T_MULTIPLES = (0.1, 1.0, 10.0)
 LAMS = (0.3, 3.0)
 IFCA_CLUSTERS = tuple(range(1, 11))
-SELECTION_ROUNDS = 20
-PLATEAU_CAP = 100
-MATCH_ROUNDS = 40
+SELECTION_ROUNDS = 15
+PLATEAU_CAP = 60
+MATCH_ROUNDS = 30
 STYLE_MIXING = 0.5
 IMAGE_OT_OPTIONS = {"preset": "paper", "reference_method": "pooled", "num_reference": 64}
-DEFAULTS = dict(num_seeds=3, num_writers=60, examples_per_writer=40, image_size=16)
+DEFAULTS = dict(num_seeds=3, num_writers=40, examples_per_writer=40, image_size=16)
 QUICK = dict(num_seeds=2, num_writers=8, examples_per_writer=10, image_size=8)
 BUDGETS = ("plateau", "uploads", "gradients")
 
@@ -186,7 +186,7 @@ def strategy_rows(n: int, d_median: float, ot_options, labels=STRATEGIES, quick=
 
 def budgets(quick: bool = False) -> Dict[str, C.Budget]:
   """The three budgets of the tables (module docstring); quick: a few rounds."""
-  cap, match, every = (12, 6, 2) if quick else (PLATEAU_CAP, MATCH_ROUNDS, 10)
+  cap, match, every = (12, 6, 2) if quick else (PLATEAU_CAP, MATCH_ROUNDS, 5)
   return {
     "plateau": C.Budget("plateau", cap=cap, every=every, patience=3, min_delta=1e-3),
     "uploads": C.Budget("uploads", match="FedAvg", rounds=match, cap=5 * match),
@@ -218,7 +218,7 @@ def karula_femnist(
 
   Args:
     out_dir: output folder (``None``: nothing written).
-    rounds: FedAvg's rounds that set the equal-upload and equal-gradient budgets (default 40).
+    rounds: FedAvg's rounds that set the equal-upload and equal-gradient budgets (default 30).
     quick: a smoke run (8 writers of 10 digits at 8x8, 2 seeds, one value per grid axis, a few
       rounds).
     seed: the first seed; the seeds are ``seed, ..., seed + num_seeds - 1`` (the stand-in: a new
@@ -227,7 +227,7 @@ def karula_femnist(
     leaf_dir: LEAF FEMNIST folder (:func:`fedjax_dro.data.load_femnist_digits`); ``None``: the
       stand-in.
     max_writers: the most LEAF writers kept (the first ones in file order).
-    num_writers: writers of the stand-in (default 60; quick: 8).
+    num_writers: writers of the stand-in (default 40; quick: 8).
     features: the CNN's conv channels.
     strategies: labels out of :data:`ALL_STRATEGIES`, in table order.
     verbose: print progress and tables.

@@ -74,6 +74,7 @@ def _leaf_dir(root, writers=6, rows=14, seed=0):
   return root
 
 
+@pytest.mark.slow
 def test_quick_leaf_path_on_generated_files(tmp_path):
   leaf = _leaf_dir(tmp_path / "leaf")
   out = str(tmp_path / "out")
