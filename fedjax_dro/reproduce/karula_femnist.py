@@ -313,7 +313,7 @@ def karula_femnist(
       extra_metrics=[
         C.ExtraMetric("worst 10% of writers", _worst_writers(model), higher_is_better=True)
       ],
-      description=f"Karula Sec. 5.3, {data_name}: {first.description}",
+      description=f"Karula Sec. 5.3, {first.description if leaf_dir is None else data_name}",
     )
     for key, budget in plan.items()
   }
