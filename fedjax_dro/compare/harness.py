@@ -5,6 +5,7 @@ train it under the budget, score it on the test rows; then the table and the pai
 from __future__ import annotations
 
 import inspect
+import itertools
 import math
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -200,8 +201,6 @@ def select(
           splits=splits,
         )
       except FloatingPointError:  # every point diverged: scored NaN, like a diverged point
-        import itertools
-
         names = list(subgrid)
         return [
           {"hparams": dict(zip(names, c)), "score": math.nan, "se": math.nan}
@@ -252,7 +251,7 @@ def _stacked_models(alg: Algorithm, state, num_clients: int):
   return models
 
 
-def _train_and_score(experiment, strategy, alg, hparams, ds, *, rounds, seed, costs):
+def _train_and_score(experiment, alg, hparams, ds, *, rounds, seed, costs):
   """The final run on all training rows: the test metric, extra metrics and curves."""
   from fedjax_dro.engine import run
 
@@ -359,7 +358,7 @@ def compare(
         if budget.kind == "plateau":
           rounds = _plateau(alg, hparams, splits[0], protocol, seed)
         value, extra, curve = _train_and_score(
-          experiment, strategy, alg, hparams, ds, rounds=rounds, seed=seed, costs=costs
+          experiment, alg, hparams, ds, rounds=rounds, seed=seed, costs=costs
         )
         if not math.isfinite(value):
           raise FloatingPointError(f"the test {protocol.metric.label} is {value}")
