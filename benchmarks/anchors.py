@@ -267,6 +267,22 @@ def executed_steps(alg, sizes, kw, seed, rounds, block, chunk=None):
   return float(executed.mean()), float(own.sum(axis=1).mean())
 
 
+def sweep_executed_steps(alg, sizes, kw, seeds, rounds, block, cohort):
+  """Local client-steps executed per configuration and round of an ``fd.sweep`` over ``seeds``
+  (every grid point of a seed samples the same participants) with the ``map`` backend: the
+  configurations run their ``i``-th participants side by side, in step-sorted order
+  (``core.ragged.sorted_participants``), each slot until the largest of the ``i``-th is done, in
+  whole blocks of ``block`` steps; averaged over rounds ``0 .. rounds - 1``."""
+  if "local_epochs" not in kw:
+    return float(cohort * kw["local_steps"])
+  own = []
+  for seed in seeds:
+    idx = predicted_participants(alg, len(sizes), derive_keys(seed)[2], range(rounds))
+    own.append(np.sort(kw["local_epochs"] * -(-np.asarray(sizes)[idx] // kw["batch_size"]), 1))
+  slots = np.max(np.stack(own), axis=0)  # [rounds, participants]
+  return float((-(-slots // block) * block).sum(axis=1).mean())
+
+
 def round_roofline(model, params, train, cohort, batch, executed, peaks, s_per_round):
   """The roofline of a round of ``executed`` local client-steps: one step of the ``cohort``
   participants side by side (``roofline.cohort_step_cost``: its FLOPs and bytes) divided by
@@ -463,6 +479,9 @@ def measure_sweep(
     )
     row["roofline_run"] = one
     row["useful_client_steps_per_round"] = useful
+    row["sweep_executed_steps_per_config"] = sweep_executed_steps(
+      salg, sizes, kw, seed_list, rounds, block, cohort
+    )
     # the sweep: every configuration's participants' own steps (a lower bound of its work)
     row["roofline_sweep"] = {
       **roofline.bound(
@@ -651,6 +670,14 @@ def roofline_markdown(result):
         f"at {sw['bound_s'] * 1e3:.1f} ms (measured {sw['measured_s'] * 1e3:.1f} ms, "
         f"{100 * sw['share']:.0f}% of it). The least sweep / run ratio the device's peaks allow "
         f"against the run as measured: {r['least_ratio_by_roofline']:.1f}x.",
+        "",
+      ]
+    if "sweep_executed_steps_per_config" in r:
+      lines += [
+        f"Client-steps per configuration and round: {r['useful_client_steps_per_round']:.1f} "
+        f"the participants' own; {r['roofline_run']['executed_steps']:.1f} executed by the run; "
+        f"{r['sweep_executed_steps_per_config']:.1f} executed by the sweep (its configurations' "
+        f"step-sorted participants side by side, each slot until the largest is done).",
         "",
       ]
   return lines

@@ -141,6 +141,12 @@ def main(argv=None):
     "--sweep-rounds", type=int, default=20, help="with --preset gpu: rounds of the sweep anchor"
   )
   parser.add_argument(
+    "--sweep-seeds",
+    default="16",
+    help="with --preset gpu: comma-separated seed counts of the sweep anchor, each a sweep of "
+    "4 client learning rates x that many seeds (default 16: 64 configurations)",
+  )
+  parser.add_argument(
     "--gpu-sections",
     default=None,
     help="with --preset gpu: comma-separated sections (default: femnist, variants, sweep, "
@@ -172,6 +178,12 @@ def main(argv=None):
   if args.tiny and args.preset is None:
     parser.error("--tiny goes with --preset gpu")
   if args.preset == "gpu":
+    try:
+      args.sweep_seeds = [int(v) for v in args.sweep_seeds.split(",") if v]
+    except ValueError:
+      parser.error(f"--sweep-seeds must be comma-separated integers, got {args.sweep_seeds!r}")
+    if not args.sweep_seeds or min(args.sweep_seeds) < 1:
+      parser.error(f"--sweep-seeds must list seed counts >= 1, got {args.sweep_seeds}")
     args.out_gpu = args.out
     import speed_gpu
 

@@ -228,24 +228,27 @@ def _run(args, argv):
       errors,
     )
     save()
-  # 3. the 64-configuration sweep against one run
+  # 3. the 64-configuration sweep against one run (and smaller sweeps: how the ratio scales)
   if "sweep" in sections:
-    result["sweep"] = _guarded(
-      "sweep",
-      lambda: [
-        anchors.measure_sweep(
+    result["sweep"] = []
+    for seeds in [2] if tiny else args.sweep_seeds:
+      row = _guarded(
+        "sweep",
+        lambda seeds=seeds: anchors.measure_sweep(
           "flute_femnist",
           anchors.WORKLOADS["flute_femnist"],
           quick=tiny,
           rounds=2 if tiny else args.sweep_rounds,
           peaks=peaks,
           backend=SWEEP_BACKEND,
-          **({"lrs": anchors.SWEEP_LRS[:2], "seeds": 2} if tiny else {}),
-        )
-      ],
-      errors,
-    )
-    save()
+          seeds=seeds,
+          **({"lrs": anchors.SWEEP_LRS[:2]} if tiny else {}),
+        ),
+        errors,
+      )
+      if row is not None:
+        result["sweep"].append(row)
+      save()
   # 4. the CNN and the MLP at n = 1000 against their rooflines
   if "roofline" in sections:
     n_cnn = 4 if tiny else 1000

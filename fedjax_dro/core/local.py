@@ -335,8 +335,9 @@ def local_round(
   weights = aggregation_weights(settings, clients.num_examples)
   # local_epochs, sampled participants: sorted by step count into chunks (core.ragged)
   epochs = settings.local_epochs is not None and num_steps is None
-  chunk = epoch_chunk(participants=s) if epochs and clients is not data else None
-  counts = local_step_counts(settings, clients.num_examples) if chunk else None
+  sampled = epochs and clients is not data
+  chunk = epoch_chunk(participants=s) if sampled else None
+  counts = local_step_counts(settings, clients.num_examples) if sampled else None
   stacked = (lambda out: out[1]) if mean_only else None
   inputs = (clients, keys, starts, rows, weights)
   ran, backend, chunk_size, inverse = sorted_participants(

@@ -359,3 +359,59 @@ def test_local_epochs_run_with_x64_off():
     "assert np.isfinite(np.asarray(h.train_metrics['train_loss'])).all()\n"
     "print('ok')\n"
   )
+
+
+@pytest.mark.parametrize("mean_only", [False, True])
+def test_map_and_chunked_backends_run_participants_step_sorted(mean_only):
+  """With the ``map`` and ``chunked`` backends a ``local_epochs`` round runs its sampled
+  participants in step-sorted order (so a vmapped sweep's configurations run their ``i``-th
+  participants, of similar step counts, side by side) and returns every per-participant output
+  in the order of ``idx``: the same round as ``vmap`` to rounding."""
+  from fedjax_dro.core.local import local_round
+  from fedjax_dro.core.ragged import sorted_participants
+  from fedjax_dro.core.settings import common_settings
+
+  data = regression_clients(n=len(SIZES), d=3, sizes=SIZES, seed=5)
+  model = linreg(3, l2=L2)
+  params = model.init(jax.random.PRNGKey(0))
+  state = jax.tree.map(lambda a: jnp.zeros((data.num_clients,) + a.shape, a.dtype), params)
+
+  def one(backend, chunk_size=None):
+    settings = common_settings(
+      clients_per_round=6, local_epochs=1, batch_size=4, backend=backend, chunk_size=chunk_size
+    )
+    return jax.jit(
+      lambda p, st, k: local_round(
+        model,
+        settings,
+        p,
+        data,
+        k,
+        0.05,
+        client_state=st,
+        state_update=lambda row, d: jax.tree.map(jnp.add, row, d),
+        mean_only=mean_only,
+      )
+    )(params, state, jax.random.PRNGKey(3))
+
+  plain = one("vmap")
+  counts = np.asarray(
+    local_step_counts(common_settings(local_epochs=1, batch_size=4), plain.num_examples)
+  )
+  assert len(set(counts.tolist())) > 1
+  for backend, size in (("map", None), ("chunked", 2), ("chunked", 4)):
+    out = one(backend, size)
+    for a, b in zip(jax.tree.leaves(plain), jax.tree.leaves(out)):
+      np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-12)
+  # the order they run in: ascending step counts (map), consecutive ranks per chunk (chunked)
+  c = jnp.asarray([5, 1, 4, 2, 6, 3])
+  inputs = (None, c, c, c, c)
+  ran, backend, size, inverse = sorted_participants(None, c, None, inputs, "map", None)
+  assert (backend, size) == ("map", None)
+  assert np.asarray(ran[1]).tolist() == [1, 2, 3, 4, 5, 6]
+  assert np.asarray(ran[1])[np.asarray(inverse)].tolist() == [5, 1, 4, 2, 6, 3]
+  ran, backend, size, _ = sorted_participants(None, c, None, inputs, "chunked", 2)
+  assert [sorted(np.asarray(ran[1])[j::3].tolist()) for j in range(3)] == [[1, 2], [3, 4], [5, 6]]
+  # without step counts (fixed local_steps, or every client taking part): as they are
+  ran, _, _, inverse = sorted_participants(None, None, None, inputs, "map", None)
+  assert ran is inputs and inverse is None
