@@ -267,20 +267,25 @@ def executed_steps(alg, sizes, kw, seed, rounds, block, chunk=None):
   return float(executed.mean()), float(own.sum(axis=1).mean())
 
 
-def sweep_executed_steps(alg, sizes, kw, seeds, rounds, block, cohort):
+def sweep_executed_steps(alg, sizes, kw, seeds, rounds, block, cohort, chunk=1):
   """Local client-steps executed per configuration and round of an ``fd.sweep`` over ``seeds``
-  (every grid point of a seed samples the same participants) with the ``map`` backend: the
-  configurations run their ``i``-th participants side by side, in step-sorted order
-  (``core.ragged.sorted_participants``), each slot until the largest of the ``i``-th is done, in
-  whole blocks of ``block`` steps; averaged over rounds ``0 .. rounds - 1``."""
+  (every grid point of a seed samples the same participants) with the ``map`` (``chunk`` 1) or
+  ``chunked`` backend: each configuration's participants in step-sorted order
+  (``core.ragged.sorted_participants``), groups of ``chunk`` consecutive ranks, the
+  configurations' ``j``-th groups side by side until the largest of them is done, in whole
+  blocks of ``block`` steps; averaged over rounds ``0 .. rounds - 1``."""
   if "local_epochs" not in kw:
     return float(cohort * kw["local_steps"])
   own = []
   for seed in seeds:
     idx = predicted_participants(alg, len(sizes), derive_keys(seed)[2], range(rounds))
     own.append(np.sort(kw["local_epochs"] * -(-np.asarray(sizes)[idx] // kw["batch_size"]), 1))
-  slots = np.max(np.stack(own), axis=0)  # [rounds, participants]
-  return float((-(-slots // block) * block).sum(axis=1).mean())
+  own = np.stack(own)  # [seeds, rounds, participants], each row ascending
+  executed = np.zeros(own.shape[1])
+  for start in range(0, own.shape[2], chunk):
+    group = own[:, :, start : start + chunk]
+    executed += group.shape[2] * (-(-group.max(axis=(0, 2)) // block) * block)
+  return float(executed.mean())
 
 
 def round_roofline(model, params, train, cohort, batch, executed, peaks, s_per_round):
@@ -416,6 +421,7 @@ def measure_sweep(
   lrs=SWEEP_LRS,
   seeds=SWEEP_SEEDS,
   backend="auto",
+  chunk_size=None,
 ):
   """The workload as one ``fd.sweep`` over ``len(lrs) x seeds`` configurations against one
   ``fd.run`` of it, both over ``rounds`` rounds, side by side in this process: each timed whole
@@ -440,10 +446,10 @@ def measure_sweep(
     )
     return time.perf_counter() - t0, res  # its results are fetched to the host: finished
 
-  alg = fedavg(model, clients_per_round=cohort, backend=backend, **kw)
+  alg = fedavg(model, clients_per_round=cohort, backend=backend, chunk_size=chunk_size, **kw)
   run_whole = one_run(0, alg)
   run_again = one_run(1, alg)
-  salg = fedavg(model, clients_per_round=cohort, backend=backend, **kw)
+  salg = fedavg(model, clients_per_round=cohort, backend=backend, chunk_size=chunk_size, **kw)
   sweep_whole, first = one_sweep(salg)
   sweep_again, again = one_sweep(salg)
   row = {
@@ -458,6 +464,7 @@ def measure_sweep(
     "grid": grid,
     "seeds": seeds,
     "backend": backend,
+    "chunk_size": chunk_size,
     "data_on": where,
     "run_whole_s": run_whole,
     "run_compiled_s": run_again,
@@ -469,10 +476,18 @@ def measure_sweep(
     "sweep_second_compile_s": again.compile_time,
     "diverged": int(np.sum(again.diverged)),
   }
+  # the whole workload (the spec's rounds), projected from the measured calls: what the first
+  # call spent beyond the second (compilation), plus the rounds at the compiled program's rate
+  row["projected_rounds"] = spec["rounds"]
+  row["run_projected_s"] = run_whole - run_again + spec["rounds"] * run_again / rounds
+  row["sweep_projected_s"] = sweep_whole - sweep_again + spec["rounds"] * sweep_again / rounds
+  row["ratio_projected"] = row["sweep_projected_s"] / row["run_projected_s"]
   if peaks is not None:
     block = step_block() if "local_epochs" in kw else 1
-    auto = backend == "auto" and cohort < num_clients
-    chunk = epoch_chunk(participants=cohort) if auto else cohort
+    # the participants' groups: step-sorted chunks (auto on a GPU, map, chunked) or one group
+    chunk = {"map": 1, "chunked": chunk_size, "vmap": cohort}.get(backend)
+    if backend == "auto":
+      chunk = epoch_chunk(participants=cohort) if cohort < num_clients else cohort
     executed, useful = executed_steps(alg, sizes, kw, 1, rounds, block, chunk)
     one = round_roofline(
       model, params, train, cohort, spec["batch_size"], executed, peaks, run_again / rounds
@@ -480,7 +495,7 @@ def measure_sweep(
     row["roofline_run"] = one
     row["useful_client_steps_per_round"] = useful
     row["sweep_executed_steps_per_config"] = sweep_executed_steps(
-      salg, sizes, kw, seed_list, rounds, block, cohort
+      salg, sizes, kw, seed_list, rounds, block, cohort, chunk if chunk < cohort else cohort
     )
     # the sweep: every configuration's participants' own steps (a lower bound of its work)
     row["roofline_sweep"] = {
@@ -650,7 +665,9 @@ def roofline_markdown(result):
       f"{r['title']}{' (quick sizes)' if r['quick'] else ''}: `fd.sweep` over {r['configs']} "
       f"configurations ({len(r['grid']['client_lr'])} client learning rates x {r['seeds']} "
       f"seeds) against one `fd.run`, {r['rounds']} rounds each, federation on the {r['data_on']}, "
-      f"backend `{r.get('backend', 'auto')}`.",
+      f"backend `{r.get('backend', 'auto')}`"
+      + (f" (chunks of {r['chunk_size']})" if r.get("chunk_size") else "")
+      + ".",
       "",
       "| | one run | the sweep | sweep / run |",
       "|---|---|---|---|",
@@ -658,6 +675,15 @@ def roofline_markdown(result):
       f"{_fmt_s(r['sweep_whole_s'])} | {r['ratio_whole']:.2f}x |",
       f"| second call (compiled program reused) | {_fmt_s(r['run_compiled_s'])} | "
       f"{_fmt_s(r['sweep_compiled_s'])} | {r['ratio_compiled']:.2f}x |",
+    ]
+    if "ratio_projected" in r:
+      lines.append(
+        f"| the whole workload, {r['projected_rounds']} rounds (projected: the first call's "
+        f"excess over the second + the rounds at the second's rate) | "
+        f"{_fmt_s(r['run_projected_s'])} | {_fmt_s(r['sweep_projected_s'])} | "
+        f"{r['ratio_projected']:.2f}x |"
+      )
+    lines += [
       "",
     ]
     if "roofline_sweep" in r:

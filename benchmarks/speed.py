@@ -147,6 +147,13 @@ def main(argv=None):
     "4 client learning rates x that many seeds (default 16: 64 configurations)",
   )
   parser.add_argument(
+    "--sweep-backend",
+    default="map",
+    help="with --preset gpu: comma-separated backends of the sweep anchor, each measured: 'map' "
+    "(each configuration's participants one at a time, the configurations side by side) or "
+    "'chunked:N' (N participants at a time); default map",
+  )
+  parser.add_argument(
     "--gpu-sections",
     default=None,
     help="with --preset gpu: comma-separated sections (default: femnist, variants, sweep, "
@@ -184,6 +191,18 @@ def main(argv=None):
       parser.error(f"--sweep-seeds must be comma-separated integers, got {args.sweep_seeds!r}")
     if not args.sweep_seeds or min(args.sweep_seeds) < 1:
       parser.error(f"--sweep-seeds must list seed counts >= 1, got {args.sweep_seeds}")
+    backends = []
+    for b in args.sweep_backend.split(","):
+      name, _, size = b.partition(":")
+      if name == "map" and not size:
+        backends.append(("map", None))
+      elif name == "chunked" and size.isdigit() and int(size) >= 1:
+        backends.append(("chunked", int(size)))
+      else:
+        parser.error(
+          f"--sweep-backend takes 'map' or 'chunked:N' (N >= 1), comma-separated; got {b!r}"
+        )
+    args.sweep_backend = backends
     args.out_gpu = args.out
     import speed_gpu
 
