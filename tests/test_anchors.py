@@ -113,3 +113,29 @@ def test_quick_roofline_blocks_and_bad_flags(tmp_path):
   for bad in ("0", "x"):
     with pytest.raises(SystemExit):
       a.main(["--quick", "--blocks", bad, "--out", str(out)])
+
+
+def test_sweep_executed_steps_worked_by_hand(monkeypatch):
+  """Client-steps a sweep executes per configuration and round, on a case worked by hand: steps
+  [1, 2, 3, 5] (sizes 20, 40, 60, 100, batch 20, one epoch); seed 0 samples clients (0, 3),
+  seed 1 clients (1, 2). Step-sorted, the seeds' first participants hold 1 and 2 steps, their
+  second 5 and 3: one at a time (map) the slots run 2 + 5 = 7 steps, in whole blocks of 2 steps
+  2 + 6 = 8; in chunks of 2 the one chunk runs 5 steps for each of its 2 participants: 10."""
+  anchors = load_benchmark("anchors")
+  picks = {0: [[0, 3]], 1: [[1, 2]]}
+  keys = {anchors.derive_keys(s)[2].tobytes(): s for s in picks}
+  monkeypatch.setattr(
+    anchors,
+    "predicted_participants",
+    lambda alg, n, key, rounds: np.asarray(picks[keys[np.asarray(key).tobytes()]]),
+  )
+  sizes, kw = [20, 40, 60, 100], {"local_epochs": 1, "batch_size": 20}
+  steps = anchors.sweep_executed_steps
+  assert steps(None, sizes, kw, [0, 1], 1, 1, cohort=2) == 7.0
+  assert steps(None, sizes, kw, [0, 1], 1, 2, cohort=2) == 8.0
+  assert steps(None, sizes, kw, [0, 1], 1, 1, cohort=2, chunk=2) == 10.0
+  assert steps(None, sizes, kw, [1], 1, 1, cohort=2) == 5.0  # one configuration: its own steps
+  assert steps(None, sizes, {"local_steps": 4}, [0, 1], 1, 1, cohort=2) == 8.0
+  # the run's executed steps for its backend: each participant alone (chunk 1) or one group
+  assert anchors.executed_steps(None, sizes, kw, 0, 1, 1, chunk=1) == (6.0, 6.0)
+  assert anchors.executed_steps(None, sizes, kw, 0, 1, 1) == (10.0, 6.0)
