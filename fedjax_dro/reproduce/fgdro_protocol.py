@@ -263,6 +263,21 @@ def build_row_algorithm(row, model, settings, holdouts, proportions, num_classes
   return with_class_weighted_accuracy(alg, holdouts, proportions, num_classes)
 
 
+def generated_cifar(alpha: float = 0.3, seed: int = 0):
+  """CIFAR-10-shaped uniform-noise images through the protocol's data step: 50000 training and
+  10000 test images, 32x32x3, 5000 and 1000 per class, then :func:`image_partition` and
+  :func:`split_holdout`. Returns ``(train, proportions, holdouts)``, the inputs that
+  :func:`cifar_round_time` times (generate once, time several rows)."""
+  rng = np.random.default_rng(seed)
+  x_train = rng.random((50000, 32, 32, 3), dtype=np.float32)
+  y_train = np.repeat(np.arange(10, dtype=np.int32), 5000)
+  x_test = rng.random((10000, 32, 32, 3), dtype=np.float32)
+  y_test = np.repeat(np.arange(10, dtype=np.int32), 1000)
+  train, proportions = image_partition(x_train, y_train, 10, alpha, seed)
+  holdouts = dict(zip(("val", "test"), split_holdout(x_test, y_test, seed)))
+  return train, proportions, holdouts
+
+
 def cifar_round_time(
   label: str = "FGDRO-KL",
   *,
@@ -270,6 +285,7 @@ def cifar_round_time(
   alpha: float = 0.3,
   seed: int = 0,
   out_dir: Optional[str] = None,
+  data=None,
 ) -> Dict[str, Any]:
   """Seconds per round of the full CIFAR-10 protocol for one configuration of ``label``.
 
@@ -284,6 +300,7 @@ def cifar_round_time(
     alpha: the Dirichlet concentration of the partition.
     seed: seed of the generated images and the partition.
     out_dir: where to write ``cifar_round_time.{json,md}`` (``None``: nothing is written).
+    data: ``generated_cifar(alpha, seed)`` made once for several rows (``None``: made here).
 
   Returns:
     ``{"seconds_per_round", "compile_s", "rounds_timed", "full_run_s_per_config",
@@ -299,14 +316,7 @@ def cifar_round_time(
   rows = {row["label"]: row for row in settings["rows"]}
   if label not in rows:
     raise ValueError(f"label must be one of {sorted(rows)}, got {label!r}")
-  rng = np.random.default_rng(seed)
-  x_train = rng.random((50000, 32, 32, 3), dtype=np.float32)
-  y_train = np.repeat(np.arange(10, dtype=np.int32), 5000)
-  x_test = rng.random((10000, 32, 32, 3), dtype=np.float32)
-  y_test = np.repeat(np.arange(10, dtype=np.int32), 1000)
-  train, proportions = image_partition(x_train, y_train, 10, alpha, seed)
-  del x_train
-  holdouts = dict(zip(("val", "test"), split_holdout(x_test, y_test, seed)))
+  train, proportions, holdouts = generated_cifar(alpha, seed) if data is None else data
   model = models.cnn((32, 32, 3), 10, features=settings["features"], dense=None, conv="patches")
   alg = build_row_algorithm(rows[label], model, settings, holdouts, proportions, 10)
   hparams = {k: v[len(v) // 2] for k, v in rows[label]["grid"].items()}
