@@ -30,8 +30,9 @@ measured on a small task) and is asked for explicitly.
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from typing import Optional
+from typing import Iterator, Optional
 
 import jax
 import jax.numpy as jnp
@@ -44,6 +45,24 @@ _MATMUL_PRECISION = {"float32": "highest", "tf32": "tensorfloat32", "bf16": None
 # Compute dtype of the floating parameters and inputs (None: leave them as they are).
 _COMPUTE_DTYPE = {"float32": None, "tf32": jnp.float32, "bf16": jnp.bfloat16}
 _TAG = "__fedjax_precision__"
+
+
+@contextlib.contextmanager
+def float64() -> Iterator[None]:
+  """Within the block, 64-bit types are on (``jax_enable_x64``) for this thread; after it, the
+  process's setting is what it was. The one place the package turns float64 on: a library
+  function that needs it (a reproduction compared against float64 closed forms) runs its body
+  under this block instead of changing the setting for the user's whole program. Arrays it
+  returns keep their dtype."""
+  scoped = getattr(jax, "enable_x64", None)  # jax >= 0.6: a context-manager config state
+  if scoped is None:  # older jax
+    from jax.experimental import enable_x64 as scoped_x64
+
+    with scoped_x64():
+      yield
+    return
+  with scoped(True):
+    yield
 
 
 def default_precision(platform: Optional[str] = None) -> str:

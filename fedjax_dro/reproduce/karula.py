@@ -48,6 +48,7 @@ import jax
 import numpy as np
 
 from fedjax_dro import compare as C
+from fedjax_dro.core.precision import float64
 from fedjax_dro.reproduce.common import run_tables
 
 PAPER_SYNTHETIC = {  # Table 1a: estimation error, +-2SE, test R^2, +-2SE
@@ -319,12 +320,12 @@ def karula_synthetic(
     verbose: print progress and tables.
   """
   settings = _settings(quick, rounds, selection_rounds, folds, num_seeds, seed)
-  _x64()
   bad = [r for r in readings if r not in READINGS] if not isinstance(readings, str) else [readings]
   if bad or not readings:
     raise ValueError(f"readings must be a non-empty list out of {list(READINGS)}, got {readings!r}")
-  experiments = {r: ridge_experiment(r, quick=quick, **settings) for r in readings}
-  return run_tables("karula-synthetic", experiments, synthetic_markdown, out_dir, verbose)
+  with float64():  # the projection and the ridge closed forms are compared in float64
+    experiments = {r: ridge_experiment(r, quick=quick, **settings) for r in readings}
+    return run_tables("karula-synthetic", experiments, synthetic_markdown, out_dir, verbose)
 
 
 def heart_experiment(**settings) -> C.Experiment:
@@ -388,15 +389,9 @@ def karula_heart(
     num_seeds,
     seed,
   )
-  _x64()
-  experiments = {"heart": heart_experiment(quick=quick, **settings)}
-  return run_tables("karula-heart", experiments, heart_markdown, out_dir, verbose)
-
-
-def _x64():
-  """Karula's projection and the ridge closed forms are compared in float64."""
-  if not jax.config.jax_enable_x64:
-    jax.config.update("jax_enable_x64", True)
+  with float64():  # Karula's projection runs in float64, as in Table 1a
+    experiments = {"heart": heart_experiment(quick=quick, **settings)}
+    return run_tables("karula-heart", experiments, heart_markdown, out_dir, verbose)
 
 
 def _cell(entry, digits=3):

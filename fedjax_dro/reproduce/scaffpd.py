@@ -41,6 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_dro.core.precision import float64
 from fedjax_dro.reproduce.common import with_distances, write_result
 
 PAPER_RHOS = (0.01, 0.05, 0.1)
@@ -175,6 +176,14 @@ def scaffpd_synthetic(
   Returns:
     the JSON-able result dict.
   """
+  with float64():  # the distances to the saddle point are measured down to 1e-10
+    return _scaffpd_synthetic(
+      out_dir, rounds=rounds, quick=quick, seed=seed, rhos=rhos, plot=plot, verbose=verbose
+    )
+
+
+def _scaffpd_synthetic(out_dir, *, rounds, quick, seed, rhos, plot, verbose) -> Dict[str, Any]:
+  """:func:`scaffpd_synthetic`'s body, under float64."""
   from fedjax_dro.algorithms import get_algorithm
   from fedjax_dro.engine import sweep
   from fedjax_dro.solvers.saddle import solve_saddle
@@ -186,8 +195,6 @@ def scaffpd_synthetic(
   rhos = [float(r) for r in rhos]
   if not rhos or any(not (r > 0 and math.isfinite(r)) for r in rhos):
     raise ValueError(f"rhos must be a non-empty list of positive numbers, got {rhos!r}")
-  if not jax.config.jax_enable_x64:
-    jax.config.update("jax_enable_x64", True)  # the target distances need float64
   log = print if verbose else (lambda *a, **k: None)
   t_start = time.perf_counter()
 
