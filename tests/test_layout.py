@@ -134,3 +134,17 @@ def test_every_algorithm_module_cites_its_paper_with_an_arxiv_id():
     if not re.search(r"arXiv:\d{4}\.\d{4,5}", doc):
       uncited.append(path.name)
   assert uncited == []
+
+
+FRAME_TRICKS = re.compile(r"sys\._getframe|inspect\.currentframe|\.f_back\b|\.f_globals\b")
+
+
+def test_no_frame_inspection_in_the_package():
+  """Settings come from declared parameters, never from the interpreter's frames."""
+  offenders = [
+    str(p.relative_to(PACKAGE))
+    for p in PACKAGE.rglob("*.py")
+    if FRAME_TRICKS.search(p.read_text(encoding="utf-8"))
+  ]
+  assert offenders == []
+  assert FRAME_TRICKS.search("default = f(sys._getframe(1))")  # the detector can fail

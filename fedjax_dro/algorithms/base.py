@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_dro.core.precision import model_precision, validate_precision, with_precision
-from fedjax_dro.core.settings import CommonSettings
+from fedjax_dro.core.settings import CommonSettings, same_count
 from fedjax_dro.data.federated import FederatedData
 from fedjax_dro.models.base import Model
 
@@ -276,6 +276,35 @@ PRECISION_DOC = (
 )
 
 
+def with_epochs_over_default_steps(factory: Callable) -> Callable:
+  """``factory`` where ``local_epochs`` given with ``local_steps`` left at the factory's declared
+  default passes ``local_steps=None``: a factory declares ``local_steps`` with its paper's default
+  (``local_steps=10``) beside ``local_epochs=None``, and only a ``local_steps`` other than that
+  default given together with ``local_epochs`` is refused (by
+  :func:`fedjax_dro.core.settings.common_settings`). The default is read once, from the
+  signature, here; factories without both keyword parameters are returned as they are."""
+  parameters = inspect.signature(factory).parameters
+  steps = parameters.get("local_steps")
+  if (
+    steps is None
+    or "local_epochs" not in parameters
+    or steps.kind != inspect.Parameter.KEYWORD_ONLY
+    or parameters["local_epochs"].kind != inspect.Parameter.KEYWORD_ONLY
+  ):
+    return factory
+  default = steps.default
+
+  @functools.wraps(factory)
+  def wrapped(*args, **kwargs):
+    if kwargs.get("local_epochs") is not None and same_count(
+      kwargs.get("local_steps", default), default
+    ):
+      kwargs["local_steps"] = None
+    return factory(*args, **kwargs)
+
+  return wrapped
+
+
 def register(name: str, description: Optional[str] = None, family: str = "baseline"):
   """Decorator registering an algorithm factory ``factory(model, **settings) -> Algorithm``.
 
@@ -287,7 +316,7 @@ def register(name: str, description: Optional[str] = None, family: str = "baseli
 
   def deco(factory):
     summary = description or (factory.__doc__ or "").strip().split("\n")[0].rstrip(".")
-    factory = with_precision_setting(factory)
+    factory = with_precision_setting(with_epochs_over_default_steps(factory))
     _REGISTRY[name] = RegistryEntry(factory, summary, family)
     return factory
 

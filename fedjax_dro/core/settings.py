@@ -6,9 +6,7 @@
 
 from __future__ import annotations
 
-import inspect
 import numbers
-import sys
 from typing import Any, Callable, Mapping, NamedTuple, Optional
 
 import jax.numpy as jnp
@@ -94,22 +92,15 @@ def settings_from(arguments: Mapping[str, Any], **fixed) -> CommonSettings:
   ``arguments`` holds the factory's parameters by name (a factory passes ``locals()`` before it
   binds any other name); the :class:`CommonSettings` fields among them are taken, ``fixed``
   supplies those the factory does not expose (e.g. ``weighting="uniform"`` for an algorithm whose
-  paper averages uniformly) and :func:`common_settings`'s defaults the rest.
-
-  A factory declares ``local_steps`` with its paper's default (``local_steps=10``) next to
-  ``local_epochs=None``: when ``local_epochs`` is given, ``local_steps`` left at the factory's
-  declared default counts as not given (read from the calling factory's signature), so only a
-  ``local_steps`` other than that default together with ``local_epochs`` is refused.
+  paper averages uniformly) and :func:`common_settings`'s defaults the rest. (A registered
+  factory's ``local_steps`` left at its declared default beside ``local_epochs`` arrives here as
+  None: :func:`fedjax_dro.algorithms.base.with_epochs_over_default_steps`.)
   """
   chosen = {name: arguments[name] for name in CommonSettings._fields if name in arguments}
-  if chosen.get("local_epochs") is not None and "local_steps" in chosen:
-    default = _caller_default(sys._getframe(1), "local_steps")
-    if default is not inspect.Parameter.empty and _same_count(chosen["local_steps"], default):
-      chosen["local_steps"] = None
   return common_settings(**{**chosen, **fixed})
 
 
-def _same_count(value, default) -> bool:
+def same_count(value, default) -> bool:
   """``value`` is the declared ``default`` (the same integer, not a bool)."""
   return (
     value is default
@@ -118,17 +109,6 @@ def _same_count(value, default) -> bool:
     and isinstance(default, int)
     and int(value) == default
   )
-
-
-def _caller_default(frame, name: str):
-  """The declared default of parameter ``name`` of the module-level function running in
-  ``frame`` (through decorators that keep ``__wrapped__``); ``Parameter.empty`` if unknown."""
-  fn = frame.f_globals.get(frame.f_code.co_name)
-  fn = inspect.unwrap(fn) if callable(fn) else None
-  if getattr(fn, "__code__", None) is not frame.f_code:
-    return inspect.Parameter.empty
-  parameter = inspect.signature(fn).parameters.get(name)
-  return inspect.Parameter.empty if parameter is None else parameter.default
 
 
 def participants(settings: CommonSettings, num_clients: int) -> int:
