@@ -405,3 +405,18 @@ def test_speed_head_quick(tmp_path):
   assert set(result["table"]["cpu"]) == {2, 62}
   md = (tmp_path / "head.md").read_text()
   assert "| 2 |" in md and "| 62 |" in md and '## What `head="auto"` picks' in md
+
+
+def test_the_benchmarks_readme_lists_every_runnable_script():
+  """Every script in benchmarks/ with a ``__main__`` entry is named in benchmarks/README.md."""
+  import pathlib
+
+  folder = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
+  readme = (folder / "README.md").read_text(encoding="utf-8")
+  runnable = sorted(
+    p.name
+    for p in folder.glob("*.py")
+    if 'if __name__ == "__main__"' in p.read_text(encoding="utf-8")
+  )
+  assert len(runnable) >= 10, runnable
+  assert [name for name in runnable if f"`{name}" not in readme] == []
