@@ -128,7 +128,7 @@ def test_users_see_no_development_paths():
 def test_every_algorithm_module_cites_its_paper_with_an_arxiv_id():
   uncited = []
   for path in sorted((PACKAGE / "algorithms").glob("*.py")):
-    if path.name in ("__init__.py", "base.py"):
+    if path.name in ("__init__.py", "base.py", "wrappers.py"):  # not algorithms
       continue
     doc = ast.get_docstring(ast.parse(path.read_text())) or ""
     if not re.search(r"arXiv:\d{4}\.\d{4,5}", doc):

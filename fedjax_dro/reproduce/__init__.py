@@ -20,9 +20,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict
 
-from fedjax_dro.reproduce.common import with_distances
 from fedjax_dro.reproduce.fgdro import fgdro_table7, plot_fgdro_table7
-from fedjax_dro.reproduce.fgdro_protocol import with_class_weighted_accuracy
 from fedjax_dro.reproduce.karula import karula_heart, karula_synthetic
 from fedjax_dro.reproduce.karula_femnist import karula_femnist
 from fedjax_dro.reproduce.scaffpd import (
@@ -59,7 +57,6 @@ def reproduce(name: str, **kwargs) -> Dict[str, Any]:
 __all__ = [
   "EXPERIMENTS",
   "reproduce",
-  "with_distances",
   "scaffpd_synthetic",
   "shift_problem",
   "problem_constants",
@@ -71,7 +68,6 @@ __all__ = [
   "plot_scaffpd_fig3",
   "fgdro_table7",
   "plot_fgdro_table7",
-  "with_class_weighted_accuracy",
   "karula_synthetic",
   "karula_heart",
   "karula_femnist",

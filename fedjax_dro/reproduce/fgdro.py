@@ -24,7 +24,7 @@ seed); the one with the best final validation worst-client accuracy is trained o
 seeds and reported on the test half of the held-out set (mean and std over seeds). Every run is
 a one-row :func:`fedjax_dro.sweep`, so a row compiles once.
 
-Three accuracies (:func:`~fedjax_dro.reproduce.fgdro_protocol.with_class_weighted_accuracy`):
+Three accuracies (:func:`~fedjax_dro.algorithms.wrappers.with_class_weighted_accuracy`):
 worst class (``min_c acc_c`` on the balanced held-out set), worst client (``min_i sum_c p_ic
 acc_c``, client ``i``'s expected accuracy under its own training label mix) and the clients'
 average. The paper never defines "Worst Acc"; docs/reproductions/fgdro.md argues that its

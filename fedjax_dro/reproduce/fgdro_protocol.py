@@ -13,7 +13,7 @@ the tuned grids of either
 * ``"digits"`` (no ``--data-dir``): the stand-in on the 8x8 handwritten digits that ship with the
   package, 40 rounds of 8 local steps of batch 8, smaller grids.
 
-:func:`with_class_weighted_accuracy` adds the three accuracies of the table to every round:
+:func:`~fedjax_dro.algorithms.wrappers.with_class_weighted_accuracy` adds the three accuracies of the table to every round:
 worst class, worst client (each client's expected accuracy under its own label mix) and the
 clients' average. :func:`cifar_round_time` times one round of the full CIFAR-10 protocol on
 generated data of the real size.
@@ -26,8 +26,9 @@ import time
 from typing import Any, Dict, List, Optional
 
 import jax
-import jax.numpy as jnp
 import numpy as np
+
+from fedjax_dro.algorithms.wrappers import with_class_weighted_accuracy
 
 # The paper's Table 7 (imbalanced CIFAR-10): (worst, worst std, average, average std) per
 # Dirichlet alpha. Printed in their own table, never beside the digits stand-in's numbers.
@@ -183,41 +184,6 @@ def protocol(kind: str, quick: bool = False) -> Dict[str, Any]:
     row.setdefault("options", {})
   out["rows"] = rows
   return out
-
-
-def with_class_weighted_accuracy(alg, holdouts: Dict[str, Any], proportions, num_classes: int):
-  """``alg`` whose round metrics also hold, for each held-out set ``holdouts[name] = (x, y)``,
-  the accuracies of the global model after the round (computed inside the jitted round):
-
-  * ``{name}_worst_class_acc``: ``min_c acc_c`` over the classes present in ``y``;
-  * ``{name}_worst_acc``: the worst client, ``min_i sum_c p_ic acc_c`` (client ``i``'s expected
-    accuracy under its own label mix ``p_i = proportions[i]``);
-  * ``{name}_avg_acc``: the clients' average, ``mean_i sum_c p_ic acc_c``;
-  * ``{name}_class_avg_acc``: ``mean_c acc_c`` (the accuracy on a balanced test set).
-  """
-  proportions = jnp.asarray(proportions)
-  sets = {k: (jnp.asarray(x), jnp.asarray(y)) for k, (x, y) in holdouts.items()}
-
-  def per_class_accuracy(params, x, y):
-    correct = (jnp.argmax(alg.model.apply(params, x), -1) == y).astype(proportions.dtype)
-    onehot = jax.nn.one_hot(y, num_classes, dtype=proportions.dtype)
-    counts = onehot.sum(0)
-    return (onehot.T @ correct) / jnp.maximum(counts, 1.0), counts > 0
-
-  def round_fn(state, data, key, hparams):
-    state, metrics = alg.round(state, data, key, hparams)
-    params = alg.client_models(state)
-    metrics = dict(metrics)
-    for name, (x, y) in sets.items():
-      acc, present = per_class_accuracy(params, x, y)
-      client_acc = proportions @ acc
-      metrics[f"{name}_worst_class_acc"] = jnp.min(jnp.where(present, acc, jnp.inf))
-      metrics[f"{name}_worst_acc"] = jnp.min(client_acc)
-      metrics[f"{name}_avg_acc"] = jnp.mean(client_acc)
-      metrics[f"{name}_class_avg_acc"] = jnp.sum(jnp.where(present, acc, 0.0)) / jnp.sum(present)
-    return state, metrics
-
-  return alg._replace(round=round_fn)
 
 
 def split_holdout(x, y, seed: int):

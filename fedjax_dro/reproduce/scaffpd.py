@@ -41,8 +41,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_dro.algorithms.wrappers import with_distances
 from fedjax_dro.core.precision import float64
-from fedjax_dro.reproduce.common import with_distances, write_result
+from fedjax_dro.reproduce.common import write_result
 
 PAPER_RHOS = (0.01, 0.05, 0.1)
 L2 = 0.01

@@ -62,9 +62,9 @@ import time
 from typing import Any, Dict, List, Optional, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
+from fedjax_dro.algorithms.wrappers import with_per_class_accuracy
 from fedjax_dro.reproduce.common import write_result
 
 # The paper's Table 1 (average, worst-20%) in percent per alpha. The CIFAR-100 block of the text
@@ -212,25 +212,6 @@ def worst_fraction_accuracy(client_accuracy, fraction: float = WORST_FRACTION) -
   from fedjax_dro.core.metrics import summarize
 
   return summarize(client_accuracy, fraction=fraction)["worst20"]
-
-
-def with_per_class_accuracy(alg, holdouts: Dict[str, Any], num_classes: int):
-  """``alg`` whose round metrics also hold ``{name}_class_acc`` (``[num_classes]``) for each
-  held-out set ``holdouts[name] = (x, y)``: the global model's accuracy on each class after the
-  round (computed inside the jitted round; the client accuracies are formed on the host)."""
-  sets = {k: (jnp.asarray(x), jnp.asarray(y)) for k, (x, y) in holdouts.items()}
-
-  def round_fn(state, data, key, hparams):
-    state, metrics = alg.round(state, data, key, hparams)
-    params = alg.client_models(state)
-    metrics = dict(metrics)
-    for name, (x, y) in sets.items():
-      correct = (jnp.argmax(alg.model.apply(params, x), -1) == y).astype(jnp.float32)
-      onehot = jax.nn.one_hot(y, num_classes, dtype=jnp.float32)
-      metrics[f"{name}_class_acc"] = (onehot.T @ correct) / jnp.maximum(onehot.sum(0), 1.0)
-    return state, metrics
-
-  return alg._replace(round=round_fn)
 
 
 def _load(features, quick: bool, seed: int):

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from fedjax_dro import algorithms as A, cli, models, reproduce, run, sweep
+from fedjax_dro.algorithms.wrappers import with_class_weighted_accuracy
 from fedjax_dro.data import load_cifar10, write_cifar10_bin
 from fedjax_dro.data.images import digits_dirichlet_with_extras
 from fedjax_dro.reproduce import fgdro as fgdro_module
@@ -145,7 +146,7 @@ def test_class_weighted_accuracy_metric_matches_numpy():
   model = models.cnn((8, 8), 10, features=(4, 8), dense=None, conv="patches")
   alg = A.fedavg(model, local_steps=2, batch_size=4, backend="vmap")
   x, y = extras.test_x[:200], extras.test_y[:200]
-  wrapped = reproduce.with_class_weighted_accuracy(alg, {"hold": (x, y)}, extras.proportions, 10)
+  wrapped = with_class_weighted_accuracy(alg, {"hold": (x, y)}, extras.proportions, 10)
   hist = run(wrapped, ds.train, rounds=3, eval_every=3, hparams={"client_lr": 0.1})
   params = hist.final_state.params
   pred = np.asarray(jnp.argmax(model.apply(params, jnp.asarray(x)), -1))

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from fedjax_dro import algorithms as A, cli, reproduce
+from fedjax_dro.algorithms.wrappers import with_distances
 from fedjax_dro.models.base import client_loss_and_grad
 from tests.helpers import linreg
 
@@ -86,4 +87,4 @@ def test_bad_inputs():
   with pytest.raises(ValueError, match="rhos"):
     reproduce.scaffpd_synthetic(None, rhos=(-0.1,))
   with pytest.raises(ValueError, match="personalized"):
-    reproduce.with_distances(A.local(linreg(2)), [{"w": jnp.zeros(2), "b": jnp.zeros(())}])
+    with_distances(A.local(linreg(2)), [{"w": jnp.zeros(2), "b": jnp.zeros(())}])
