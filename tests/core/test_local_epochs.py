@@ -200,36 +200,43 @@ def test_step_sorted_chunks_match_the_reference_loop(name, chunk):
   np.testing.assert_allclose(float(hist.final_state.params["b"]), b_ref, rtol=0, atol=1e-10)
 
 
+def _sampled_round(settings, mean_only):
+  """One jitted ``local_round`` of 6 sampled participants of clients of ``SIZES`` rows with a
+  per-client state (the participants' deltas added to it)."""
+  from fedjax_dro.core.local import local_round
+
+  data = regression_clients(n=len(SIZES), d=3, sizes=SIZES, seed=5)
+  model = linreg(3, l2=L2)
+  params = model.init(jax.random.PRNGKey(0))
+  state = jax.tree.map(lambda a: jnp.zeros((data.num_clients,) + a.shape, a.dtype), params)
+  return jax.jit(
+    lambda p, st, k: local_round(
+      model,
+      settings,
+      p,
+      data,
+      k,
+      0.05,
+      client_state=st,
+      state_update=lambda row, d: jax.tree.map(jnp.add, row, d),
+      mean_only=mean_only,
+    )
+  )(params, state, jax.random.PRNGKey(3))
+
+
 @pytest.mark.parametrize("mean_only", [False, True])
 def test_step_sorted_round_returns_rows_in_the_order_of_idx(mean_only):
   """``local_round`` under step-sorted chunks returns every per-participant output (deltas,
   losses, the updated client state) in the order of ``idx``, as the unsorted round does, and
   the chunks really are sorted: the participants' step counts differ."""
-  from fedjax_dro.core.local import local_round
   from fedjax_dro.core.ragged import local_epoch_chunk, step_sorted_order
   from fedjax_dro.core.settings import common_settings
 
-  data = regression_clients(n=len(SIZES), d=3, sizes=SIZES, seed=5)
-  model = linreg(3, l2=L2)
   settings = common_settings(clients_per_round=6, local_epochs=1, batch_size=4)
-  params = model.init(jax.random.PRNGKey(0))
-  state = jax.tree.map(lambda a: jnp.zeros((data.num_clients,) + a.shape, a.dtype), params)
 
   def one(chunk):
     with local_epoch_chunk(chunk):
-      return jax.jit(
-        lambda p, st, k: local_round(
-          model,
-          settings,
-          p,
-          data,
-          k,
-          0.05,
-          client_state=st,
-          state_update=lambda row, d: jax.tree.map(jnp.add, row, d),
-          mean_only=mean_only,
-        )
-      )(params, state, jax.random.PRNGKey(3))
+      return _sampled_round(settings, mean_only)
 
   plain, chunked = one(None), one(2)
   assert len(set(np.asarray(local_step_counts(settings, plain.num_examples)).tolist())) > 1
@@ -367,32 +374,14 @@ def test_map_and_chunked_backends_run_participants_step_sorted(mean_only):
   participants in step-sorted order (so a vmapped sweep's configurations run their ``i``-th
   participants, of similar step counts, side by side) and returns every per-participant output
   in the order of ``idx``: the same round as ``vmap`` to rounding."""
-  from fedjax_dro.core.local import local_round
   from fedjax_dro.core.ragged import sorted_participants
   from fedjax_dro.core.settings import common_settings
-
-  data = regression_clients(n=len(SIZES), d=3, sizes=SIZES, seed=5)
-  model = linreg(3, l2=L2)
-  params = model.init(jax.random.PRNGKey(0))
-  state = jax.tree.map(lambda a: jnp.zeros((data.num_clients,) + a.shape, a.dtype), params)
 
   def one(backend, chunk_size=None):
     settings = common_settings(
       clients_per_round=6, local_epochs=1, batch_size=4, backend=backend, chunk_size=chunk_size
     )
-    return jax.jit(
-      lambda p, st, k: local_round(
-        model,
-        settings,
-        p,
-        data,
-        k,
-        0.05,
-        client_state=st,
-        state_update=lambda row, d: jax.tree.map(jnp.add, row, d),
-        mean_only=mean_only,
-      )
-    )(params, state, jax.random.PRNGKey(3))
+    return _sampled_round(settings, mean_only)
 
   plain = one("vmap")
   counts = np.asarray(
