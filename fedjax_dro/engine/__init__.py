@@ -14,30 +14,18 @@ sharding.
 * :mod:`fedjax_dro.engine.errors`: :class:`NonFiniteError` and :class:`DeviceMemoryError`.
 
 What runs leave behind (histories, files, checkpoints, plots) is :mod:`fedjax_dro.records`.
+
+This package exports what a user calls: running (:func:`run`, :func:`sweep`,
+:func:`compile_rounds` and their results), the errors a run raises, and the device-mesh and
+multi-host helpers. The plumbing those share (argument checks, key derivation, the compiled
+chunk and evaluation programs, their cache) stays importable from its module, as internals
+whose names may change.
 """
 
 from fedjax_dro.engine.compiled import CompiledRounds, RoundTiming, compile_rounds
 from fedjax_dro.engine.errors import DeviceMemoryError, NonFiniteError
 from fedjax_dro.engine.plan import RunPlan
-from fedjax_dro.engine.prepare import (
-  check_model_data,
-  check_run_args,
-  check_run_inputs,
-  derive_keys,
-  is_host_data,
-  main_metric,
-  prepare_hparams,
-  split_data,
-  summarize_per_client,
-)
-from fedjax_dro.engine.programs import (
-  ProgramCache,
-  abstract_key,
-  evaluate_host,
-  make_chunk_fn,
-  make_eval_fn,
-)
-from fedjax_dro.engine.runner import run, run_chunks
+from fedjax_dro.engine.runner import run
 from fedjax_dro.engine.sharding import (
   even_devices,
   initialize_distributed,
@@ -51,7 +39,6 @@ from fedjax_dro.engine.sweeps import SweepResult, sweep
 
 __all__ = [
   "run",
-  "run_chunks",
   "RunPlan",
   "sweep",
   "SweepResult",
@@ -60,20 +47,6 @@ __all__ = [
   "RoundTiming",
   "NonFiniteError",
   "DeviceMemoryError",
-  "ProgramCache",
-  "abstract_key",
-  "evaluate_host",
-  "make_chunk_fn",
-  "make_eval_fn",
-  "check_model_data",
-  "check_run_args",
-  "check_run_inputs",
-  "derive_keys",
-  "is_host_data",
-  "main_metric",
-  "prepare_hparams",
-  "split_data",
-  "summarize_per_client",
   "even_devices",
   "initialize_distributed",
   "is_writer",
