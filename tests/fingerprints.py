@@ -65,7 +65,9 @@ def fingerprints():
     alg = factory(model, **OPTIONS.get(name, {}))
     grid = {next(iter(alg.hparams)): [0.01, 0.05]} if alg.hparams else None
     sw = sweep(alg, data, rounds=2, grid=grid, seeds=(0, 1), check_finite=False)
-    lines.append(f"{name:18s} {'defaults':18s} sweep {_digest(sw.final_state, sw.train_metrics, sw.final_per_client)}")
+    lines.append(
+      f"{name:18s} {'defaults':18s} sweep {_digest(sw.final_state, sw.train_metrics, sw.final_per_client)}"
+    )
   return lines
 
 

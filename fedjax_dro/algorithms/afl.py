@@ -36,13 +36,14 @@ from fedjax_dro.algorithms.base import (
   build_algorithm,
   check_data_matches,
   register,
+  with_settings,
 )
 from fedjax_dro.algorithms.scaff_pd import check_psi, initial_lambda, psi_hparams, psi_params
 from fedjax_dro.core.aggregation import tree_add, weighted_sum
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import dual_round_metrics, local_round
 from fedjax_dro.core.precision import params_float_dtype
-from fedjax_dro.core.settings import participants, round_zero, settings_from, state_init
+from fedjax_dro.core.settings import CommonSettings, participants, round_zero, state_init
 from fedjax_dro.solvers.simplex import dual_prox
 
 
@@ -60,15 +61,12 @@ def initial_state(params, num_clients):
 
 
 @register("afl", family="dro")
+@with_settings(
+  ("clients_per_round", "batch_size", "backend", "chunk_size"),
+  fixed={"local_steps": 1, "weighting": "uniform"},
+)
 def afl(
-  model,
-  *,
-  psi: str = "chi2",
-  clients_per_round=None,
-  batch_size=None,
-  backend="auto",
-  chunk_size=None,
-  return_average: bool = False,
+  model, settings: CommonSettings, *, psi: str = "chi2", return_average: bool = False
 ) -> Algorithm:
   """AFL (Mohri 2019): stochastic gradient descent on w, projected ascent on lambda.
 
@@ -82,8 +80,6 @@ def afl(
     clients_per_round: the ``s`` clients drawn uniformly without replacement each round;
       ``None`` (default): all (then the gradient and loss estimates are exact up to minibatching).
     batch_size: examples of each client's gradient and loss; ``None`` (default): full batch.
-    backend: per-client execution, ``"auto"`` (default), ``"vmap"``, ``"map"`` or ``"chunked"``.
-    chunk_size: clients per chunk of ``"chunked"``; ``None`` (default): planned from memory.
     return_average: ``False`` (default): the evaluated model is the last iterate ``w``;
       ``True``: the running average of the iterates, AFL's output.
 
@@ -97,7 +93,6 @@ def afl(
   check_psi(psi)
   if not isinstance(return_average, bool):
     raise TypeError(f"return_average must be a bool, got {return_average!r}")
-  settings = settings_from(locals(), local_steps=1, weighting="uniform")
   hparam_specs = {
     "lr_w": HParam(0.1, "primal gradient step size"),
     "lr_lambda": HParam(0.1, "dual (projected ascent) step size"),

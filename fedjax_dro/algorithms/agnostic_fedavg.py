@@ -22,7 +22,7 @@ of L_k over S), ``train_loss_max``, ``lambda_max``, ``lambda_min``; lambda is ``
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 import jax.numpy as jnp
 
@@ -32,13 +32,14 @@ from fedjax_dro.algorithms.base import (
   build_algorithm,
   check_data_matches,
   register,
+  with_settings,
 )
 from fedjax_dro.algorithms.scaff_pd import initial_lambda
 from fedjax_dro.core.aggregation import tree_add, weighted_mean
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import dual_round_metrics, local_round_and_losses
 from fedjax_dro.core.precision import params_float_dtype
-from fedjax_dro.core.settings import round_zero, settings_from, state_init
+from fedjax_dro.core.settings import CommonSettings, round_zero, state_init
 
 
 class AgnosticFedAvgState(NamedTuple):
@@ -63,16 +64,8 @@ def initial_state(params, num_clients):
 
 
 @register("agnostic_fedavg", family="dro")
-def agnostic_fedavg(
-  model,
-  *,
-  clients_per_round=None,
-  local_steps=10,
-  local_epochs: Optional[int] = None,
-  batch_size=None,
-  backend="auto",
-  chunk_size=None,
-) -> Algorithm:
+@with_settings(fixed={"weighting": "uniform"})
+def agnostic_fedavg(model, settings: CommonSettings) -> Algorithm:
   """AgnosticFedAvg (Ro 2021): lambda-weighted FedAvg, exponentiated-gradient client weights.
 
   Every client is one domain; the server averages the model differences with the weights lambda.
@@ -82,14 +75,8 @@ def agnostic_fedavg(
     clients_per_round: the sampled clients ``S`` of a round (uniform, without replacement);
       ``None`` (default): all.
     local_steps: local SGD steps of each client in ``S`` per round (default 10).
-    local_epochs: instead of ``local_steps``, passes over each participant's own rows per round,
-      without replacement, in consecutive batches of ``batch_size`` of a fresh random order each
-      pass (a client with more rows takes more steps; see
-      :func:`fedjax_dro.core.local.local_schedule`); ``None`` (default): ``local_steps``.
     batch_size: examples per local SGD step; ``None`` (default): the whole client data (the
       domain losses ``L_k`` always use the full data).
-    backend: per-client execution, ``"auto"`` (default), ``"vmap"``, ``"map"`` or ``"chunked"``.
-    chunk_size: clients per chunk of ``"chunked"``; ``None`` (default): planned from memory.
 
   Returns:
     An :class:`~fedjax_dro.algorithms.base.Algorithm`. Hyper-parameters: ``client_lr`` (local SGD
@@ -98,7 +85,6 @@ def agnostic_fedavg(
     0.1; 0 keeps lambda uniform). A participant uploads ``P + 1`` floats (``P`` parameters):
     its model difference and its loss ``L_k``.
   """
-  settings = settings_from(locals(), weighting="uniform")
 
   def round_fn(state, data, key, hparams):
     check_data_matches(data, state.lam.shape[0])

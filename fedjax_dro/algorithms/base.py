@@ -10,9 +10,9 @@ shape-determining (model, local steps, batch size, clients per round, backend)::
 
 ``hparams`` is a dict of scalars (an argument, not a closure) so a sweep can ``vmap`` over it.
 
-A factory declares its settings once, as its keyword parameters (the documented signature), turns
-them into validated :class:`~fedjax_dro.core.settings.CommonSettings` with
-:func:`fedjax_dro.core.settings.settings_from` and returns :func:`build_algorithm`'s
+A factory ``factory(model, settings, *, own...)`` declares the shared settings it exposes with
+:func:`with_settings` (which adds them to its signature and docstring and hands it validated
+:class:`~fedjax_dro.core.settings.CommonSettings`) and returns :func:`build_algorithm`'s
 :class:`Algorithm`; :func:`register` files it under its name, takes its one-line description from
 the docstring and adds the ``precision=`` setting.
 """
@@ -21,15 +21,22 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
 import textwrap
-from typing import Any, Callable, Dict, NamedTuple, Optional
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from fedjax_dro.core.precision import model_precision, validate_precision, with_precision
-from fedjax_dro.core.settings import CommonSettings, same_count
+from fedjax_dro.core.settings import (
+  DECLARED,
+  LOCAL_TRAINING,
+  CommonSettings,
+  common_settings,
+  same_count,
+)
 from fedjax_dro.data.federated import FederatedData
 from fedjax_dro.models.base import Model
 
@@ -251,58 +258,124 @@ def with_precision_setting(factory: Callable) -> Callable:
 
 
 def with_precision_doc(doc: Optional[str]) -> str:
-  """``doc`` with the ``precision`` entry (:data:`PRECISION_DOC`) at the end of its ``Args:``
-  section (appended when it has none), indented like the other entries."""
-  doc = (doc or "").rstrip()
-  lines = doc.split("\n")
+  """``doc`` with the ``precision`` entry (:data:`PRECISION_DOC`) at the end of its ``Args:``."""
+  return with_args_entries(doc, {"precision": PRECISION_DOC})
+
+
+PRECISION_DOC = (
+  '``None`` (per platform: ``"float32"`` on CPU, ``"tf32"`` on GPU/TPU), ``"float32"``, '
+  '``"tf32"`` or ``"bf16"``: the compute dtype of the forward and backward passes (parameters, '
+  "aggregation and optimizer state keep their dtype; see :mod:`fedjax_dro.core.precision`)."
+)
+
+_ENTRY = re.compile(r"(\*{0,2}\w+)\s*(\([^)]*\))?:")
+
+
+def with_args_entries(
+  doc: Optional[str], entries: Dict[str, str], order: Optional[Sequence[str]] = None
+) -> str:
+  """``doc`` with an ``Args:`` entry ``name: text`` for each of ``entries`` it does not document
+  (the text wrapped at 100 columns and indented like the other entries; an ``Args:`` section is
+  appended when there is none), its entries sorted by their place in ``order`` when given (names
+  not in it follow, in their order)."""
+  lines = (doc or "").rstrip().split("\n")
   start = next((i for i, line in enumerate(lines) if line.strip() == "Args:"), None)
   if start is None:
-    return (doc + "\n\n" if doc else "") + PRECISION_DOC
+    base = next((ln[: len(ln) - len(ln.lstrip())] for ln in lines[1:] if ln.strip()), "")
+    lines += ["", base + "Args:"] if lines != [""] else [base + "Args:"]
+    start = len(lines) - 1
   indent = lines[start][: len(lines[start]) - len(lines[start].lstrip())] + "  "
   end = start + 1
   while end < len(lines) and (not lines[end].strip() or lines[end].startswith(indent)):
     end += 1
-  while not lines[end - 1].strip():
+  while end > start + 1 and not lines[end - 1].strip():
     end -= 1
-  entry = textwrap.indent(textwrap.dedent(PRECISION_DOC), indent).split("\n")
-  return "\n".join(lines[:end] + entry + lines[end:])
+  found: List[List] = []  # [name, lines]
+  for line in lines[start + 1 : end]:
+    match = _ENTRY.match(line[len(indent) :]) if line.startswith(indent) else None
+    if match and not line[len(indent)].isspace():
+      found.append([match.group(1), [line]])
+    elif found:
+      found[-1][1].append(line)
+  have = {name for name, _ in found}
+  for name, text in entries.items():
+    if name not in have:
+      wrapped = textwrap.fill(
+        f"{name}: {text}", 100, initial_indent=indent, subsequent_indent=indent + "  "
+      )
+      found.append([name, wrapped.split("\n")])
+  if order is not None:
+    rank = {name: i for i, name in enumerate(order)}
+    found.sort(key=lambda entry: rank.get(entry[0], len(rank)))
+  body = [line for _, entry in found for line in entry]
+  return "\n".join(lines[: start + 1] + body + lines[end:])
 
 
-PRECISION_DOC = (
-  '  precision: ``None`` (per platform: ``"float32"`` on CPU, ``"tf32"`` on GPU/TPU),\n'
-  '    ``"float32"``, ``"tf32"`` or ``"bf16"``: the compute dtype of the forward and backward\n'
-  "    passes (parameters, aggregation and optimizer state keep their dtype; see\n"
-  "    :mod:`fedjax_dro.core.precision`)."
-)
+def with_settings(
+  names: Sequence[str] = LOCAL_TRAINING,
+  *,
+  defaults: Optional[Dict[str, Any]] = None,
+  fixed: Optional[Dict[str, Any]] = None,
+) -> Callable:
+  """Decorator declaring the shared settings an algorithm factory exposes.
 
+  The decorated ``factory(model, settings, *, own...)`` receives validated
+  :class:`~fedjax_dro.core.settings.CommonSettings`; the returned factory is called
+  ``factory(model, *, own..., <names>...)``: its signature lists the factory's own keyword
+  parameters, then ``names`` (settings of :data:`~fedjax_dro.core.settings.DECLARED`) with their
+  declared defaults, overridden by ``defaults`` (a paper's own, e.g. ``local_steps=32``); its
+  docstring's ``Args:`` gains the declared paragraph of every name it does not document itself,
+  and lists its entries in the signature's order. ``fixed`` sets the settings the factory does not
+  expose (e.g. ``weighting="uniform"`` where the paper averages without weights).
 
-def with_epochs_over_default_steps(factory: Callable) -> Callable:
-  """``factory`` where ``local_epochs`` given with ``local_steps`` left at the factory's declared
-  default passes ``local_steps=None``: a factory declares ``local_steps`` with its paper's default
-  (``local_steps=10``) beside ``local_epochs=None``, and only a ``local_steps`` other than that
-  default given together with ``local_epochs`` is refused (by
-  :func:`fedjax_dro.core.settings.common_settings`). The default is read once, from the
-  signature, here; factories without both keyword parameters are returned as they are."""
-  parameters = inspect.signature(factory).parameters
-  steps = parameters.get("local_steps")
-  if (
-    steps is None
-    or "local_epochs" not in parameters
-    or steps.kind != inspect.Parameter.KEYWORD_ONLY
-    or parameters["local_epochs"].kind != inspect.Parameter.KEYWORD_ONLY
-  ):
-    return factory
-  default = steps.default
+  ``local_epochs`` given with ``local_steps`` left at its default makes ``local_steps`` None (the
+  epochs win); any other ``local_steps`` beside ``local_epochs`` is refused by
+  :func:`~fedjax_dro.core.settings.common_settings`.
+  """
+  names = tuple(names)
+  defaults, fixed = dict(defaults or {}), dict(fixed or {})
+  unknown = [n for n in (*names, *defaults, *fixed) if n not in DECLARED]
+  if unknown or set(defaults) - set(names) or set(fixed) & set(names):
+    raise ValueError(
+      f"with_settings: names {names}, defaults {sorted(defaults)} and fixed {sorted(fixed)} must "
+      f"be settings of DECLARED ({sorted(DECLARED)}), defaults among names, fixed outside them"
+    )
+  declared = {n: defaults.get(n, DECLARED[n].default) for n in names}
 
-  @functools.wraps(factory)
-  def wrapped(*args, **kwargs):
-    if kwargs.get("local_epochs") is not None and same_count(
-      kwargs.get("local_steps", default), default
+  def deco(factory: Callable) -> Callable:
+    params = list(inspect.signature(factory).parameters.values())
+    own = params[2:]
+    if [p.name for p in params[:2]] != ["model", "settings"] or any(
+      p.kind != inspect.Parameter.KEYWORD_ONLY or p.name in declared for p in own
     ):
-      kwargs["local_steps"] = None
-    return factory(*args, **kwargs)
+      raise TypeError(
+        f"{factory.__name__}: a factory under with_settings is declared "
+        "(model, settings, *, own keyword parameters not among the shared settings)"
+      )
 
-  return wrapped
+    @functools.wraps(factory)
+    def wrapped(model, **kwargs):
+      chosen = {n: kwargs.pop(n) for n in declared if n in kwargs}
+      if chosen.get("local_epochs") is not None and same_count(
+        chosen.get("local_steps", declared.get("local_steps")), declared.get("local_steps")
+      ):
+        chosen["local_steps"] = None
+      return factory(model, common_settings(**{**declared, **chosen, **fixed}), **kwargs)
+
+    shared = [
+      inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=d) for n, d in declared.items()
+    ]
+    wrapped.__signature__ = inspect.Signature([params[0], *own, *shared])
+    entries = {
+      n: DECLARED[n].doc.format(default=f'"{d}"' if isinstance(d, str) else d)
+      for n, d in declared.items()
+    }
+    wrapped.__doc__ = with_args_entries(
+      factory.__doc__, entries, list(wrapped.__signature__.parameters)
+    )
+    return wrapped
+
+  return deco
 
 
 def register(name: str, description: Optional[str] = None, family: str = "baseline"):
@@ -316,7 +389,7 @@ def register(name: str, description: Optional[str] = None, family: str = "baseli
 
   def deco(factory):
     summary = description or (factory.__doc__ or "").strip().split("\n")[0].rstrip(".")
-    factory = with_precision_setting(with_epochs_over_default_steps(factory))
+    factory = with_precision_setting(factory)
     _REGISTRY[name] = RegistryEntry(factory, summary, family)
     return factory
 

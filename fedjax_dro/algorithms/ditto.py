@@ -40,11 +40,11 @@ from typing import Any, NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
-from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register
+from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register, with_settings
 from fedjax_dro.core.aggregation import tree_add, tree_stack
 from fedjax_dro.core.costs import Costs, local_training_cost, parameter_count
 from fedjax_dro.core.local import local_round, round_metrics
-from fedjax_dro.core.settings import round_zero, settings_from, state_init
+from fedjax_dro.core.settings import LOCAL_TRAINING, CommonSettings, round_zero, state_init
 
 
 class DittoState(NamedTuple):
@@ -61,18 +61,8 @@ HPARAMS = {
 
 
 @register("ditto", family="personalized")
-def ditto(
-  model,
-  *,
-  clients_per_round=None,
-  local_steps=10,
-  local_epochs: Optional[int] = None,
-  personal_steps: Optional[int] = None,
-  batch_size=None,
-  backend="auto",
-  chunk_size=None,
-  weighting="num_examples",
-) -> Algorithm:
+@with_settings((*LOCAL_TRAINING, "weighting"))
+def ditto(model, settings: CommonSettings, *, personal_steps: Optional[int] = None) -> Algorithm:
   """Ditto (Li 2021): FedAvg global model plus personal models pulled towards it by lam.
 
   Ditto's Algorithm 1: the global model follows FedAvg; each participant's personal model takes
@@ -83,16 +73,10 @@ def ditto(
     clients_per_round: the participants ``S_t`` (uniform, without replacement); ``None``
       (default): every client, every round.
     local_steps: SGD steps on the global model per participant and round (default 10).
-    local_epochs: instead of ``local_steps``, passes over each participant's own rows per round,
-      without replacement, in consecutive batches of ``batch_size`` of a fresh random order each
-      pass (a client with more rows takes more steps; see
-      :func:`fedjax_dro.core.local.local_schedule`); ``None`` (default): ``local_steps``.
     personal_steps: SGD steps on the personal model per participant and round (minibatches
       drawn with replacement); ``None`` (default): the global pass's local work, ``local_steps``
       steps or, with ``local_epochs``, the same passes over the same minibatches.
     batch_size: examples per step, shared by the two passes; ``None`` (default): full batches.
-    backend: per-client execution, ``"auto"`` (default), ``"vmap"``, ``"map"`` or ``"chunked"``.
-    chunk_size: clients per chunk of ``"chunked"``; ``None`` (default): planned from memory.
     weighting: the weights ``p_i`` of the global update: ``"num_examples"`` (default, sample
       counts) or ``"uniform"``.
 
@@ -108,7 +92,6 @@ def ditto(
     not isinstance(personal_steps, int) or isinstance(personal_steps, bool) or personal_steps < 1
   ):
     raise ValueError(f"personal_steps must be a positive integer or None, got {personal_steps!r}")
-  settings = settings_from(locals())
   # None: the personal pass repeats the global pass's local work (steps or epochs)
   steps = personal_steps
 

@@ -20,15 +20,15 @@ the original; the convergence theory asks for ``lambda > 1``.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register
+from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register, with_settings
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import stateful_local_round, stateful_round_metrics
-from fedjax_dro.core.settings import round_zero, settings_from, state_init
+from fedjax_dro.core.settings import CommonSettings, round_zero, state_init
 
 
 class DrDsgdState(NamedTuple):
@@ -43,16 +43,8 @@ HPARAMS = {
 
 
 @register("dr_dsgd", family="dro")
-def dr_dsgd(
-  model,
-  *,
-  clients_per_round=None,
-  local_steps=32,
-  local_epochs: Optional[int] = None,
-  batch_size=32,
-  backend="auto",
-  chunk_size=None,
-) -> Algorithm:
+@with_settings(defaults={"local_steps": 32, "batch_size": 32}, fixed={"weighting": "uniform"})
+def dr_dsgd(model, settings: CommonSettings) -> Algorithm:
   """DR-DSGD (Issaid 2022), federated form: local SGD on exp(loss / lambda), server averaging.
 
   DR-DSGD with server averaging every ``local_steps`` steps (uniform averages).
@@ -62,20 +54,13 @@ def dr_dsgd(
     clients_per_round: clients averaged each round (drawn without replacement); ``None``
       (default): all, the complete graph of the original.
     local_steps: the mixing interval ``I``: local steps between two averages (default 32).
-    local_epochs: instead of ``local_steps``, passes over each participant's own rows per round,
-      without replacement, in consecutive batches of ``batch_size`` of a fresh random order each
-      pass (a client with more rows takes more steps; see
-      :func:`fedjax_dro.core.local.local_schedule`); ``None`` (default): ``local_steps``.
     batch_size: examples per stochastic gradient (default 32); ``None``: full batches.
-    backend: per-client execution, ``"auto"`` (default), ``"vmap"``, ``"map"`` or ``"chunked"``.
-    chunk_size: clients per chunk of ``"chunked"``; ``None`` (default): planned from memory.
 
   Returns:
     An :class:`~fedjax_dro.algorithms.base.Algorithm`. Hyper-parameters: ``client_lr``, the local
     step size eta (default 0.01), and ``lam``, the KL regularisation lambda (default 2.0; the
     theory asks for lambda > 1, smaller is more robust).
   """
-  settings = settings_from(locals(), weighting="uniform")
   init = state_init(settings, lambda params, n: DrDsgdState(params, round_zero()))
 
   def round_fn(state, data, key, hparams):

@@ -44,14 +44,16 @@ from fedjax_dro.algorithms.base import (
   build_algorithm,
   check_data_matches,
   register,
+  with_settings,
 )
 from fedjax_dro.algorithms.scaff_pd import check_psi, initial_lambda, psi_hparams, psi_params
 from fedjax_dro.core.aggregation import weighted_sum
+from fedjax_dro.core.checks import choice, flag
 from fedjax_dro.core.costs import Costs, RoundCost, local_training_cost, parameter_count
 from fedjax_dro.core.local import dual_round_metrics, map_client_data
 from fedjax_dro.core.precision import params_float_dtype
 from fedjax_dro.core.sampling import sample_clients
-from fedjax_dro.core.settings import backend_for, participants, round_zero, settings_from
+from fedjax_dro.core.settings import CommonSettings, backend_for, participants, round_zero
 from fedjax_dro.models.base import client_loss_and_grad
 from fedjax_dro.solvers.simplex import dual_prox
 
@@ -86,17 +88,17 @@ def local_sgd_with_snapshot(
 
 
 @register("drfa", family="dro")
+@with_settings(
+  ("clients_per_round", "local_steps", "batch_size", "backend", "chunk_size"),
+  fixed={"weighting": "uniform"},
+)
 def drfa(
   model,
+  settings: CommonSettings,
   *,
   psi: str = "chi2",
   prox: bool = False,
   sampling: str = "lambda",
-  clients_per_round=None,
-  local_steps=10,
-  batch_size=None,
-  backend="auto",
-  chunk_size=None,
 ) -> Algorithm:
   """DRFA / DRFA-Prox (Deng 2020): lambda-sampled local SGD, snapshot-based dual ascent.
 
@@ -118,8 +120,6 @@ def drfa(
       form: its dual estimate evaluates every sampled client's iterate after the same step
       ``t'`` drawn from ``[tau]`` (Algorithm 1), which needs one step count shared by all.
     batch_size: examples per local SGD step and per snapshot loss; ``None`` (default): full batch.
-    backend: per-client execution, ``"auto"`` (default), ``"vmap"``, ``"map"`` or ``"chunked"``.
-    chunk_size: clients per chunk of ``"chunked"``; ``None`` (default): planned from memory.
 
   Returns:
     An :class:`~fedjax_dro.algorithms.base.Algorithm`. Hyper-parameters: ``client_lr`` (the local
@@ -135,11 +135,8 @@ def drfa(
       "drfa samples clients with probabilities lambda, so psi must keep lambda in "
       "the simplex: use psi='chi2' or psi='cvar', got psi='qffl'"
     )
-  if not isinstance(prox, bool):
-    raise TypeError(f"prox must be a bool, got {prox!r}")
-  if sampling not in SAMPLING:
-    raise ValueError(f"sampling must be one of {SAMPLING}, got {sampling!r}")
-  settings = settings_from(locals(), weighting="uniform")
+  flag(prox, "prox")
+  choice(sampling, "sampling", SAMPLING)
   hparam_specs = {
     "client_lr": HParam(0.05, "local SGD step size eta"),
     "gamma": HParam(0.01, "dual step size gamma (the dual step is gamma * tau)"),

@@ -40,17 +40,17 @@ Readings:
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register
+from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register, with_settings
 from fedjax_dro.core.aggregation import tree_zeros_like
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import local_round, round_metrics
-from fedjax_dro.core.settings import round_zero, settings_from, state_init
+from fedjax_dro.core.settings import LOCAL_TRAINING, CommonSettings, round_zero, state_init
 
 SERVER_UPDATES = {
   False: "Reddi et al. Algorithm 2, no bias correction: x += eta m / (sqrt(v) + tau)",
@@ -81,18 +81,8 @@ def initial_state(params, num_clients):
 
 
 @register("fedadam")
-def fedadam(
-  model,
-  *,
-  clients_per_round=None,
-  local_steps=10,
-  local_epochs: Optional[int] = None,
-  batch_size=None,
-  backend="auto",
-  chunk_size=None,
-  weighting="num_examples",
-  bias_correction: bool = False,
-) -> Algorithm:
+@with_settings((*LOCAL_TRAINING, "weighting"))
+def fedadam(model, settings: CommonSettings, *, bias_correction: bool = False) -> Algorithm:
   """FedAdam (Reddi 2021, Alg. 2): Adam-type server step on the averaged update, no bias correction.
 
   The server keeps Adam-type moments of the averaged client update (the module docstring gives
@@ -103,13 +93,7 @@ def fedadam(
     clients_per_round: the sampled set ``S_t`` of a round (uniform, without replacement);
       ``None`` (default): all clients.
     local_steps: ``K``, the local SGD steps of a client per round (default 10).
-    local_epochs: instead of ``local_steps``, passes over each participant's own rows per round,
-      without replacement, in consecutive batches of ``batch_size`` of a fresh random order each
-      pass (a client with more rows takes more steps; see
-      :func:`fedjax_dro.core.local.local_schedule`); ``None`` (default): ``local_steps``.
     batch_size: examples in each local SGD step; ``None`` (default): full client data.
-    backend: per-client execution, ``"auto"`` (default), ``"vmap"``, ``"map"`` or ``"chunked"``.
-    chunk_size: clients per chunk of ``"chunked"``; ``None`` (default): planned from memory.
     weighting: the weights ``p_i`` of ``Delta_t``: ``"num_examples"`` (default, sample counts)
       or ``"uniform"`` (the paper's plain mean).
     bias_correction: ``False`` (default): the paper's update ``x + eta m / (sqrt(v) + tau)``;
@@ -126,7 +110,6 @@ def fedadam(
       f"bias_correction must be a bool (False: Reddi et al. Algorithm 2, True: Adam's "
       f"bias-corrected moments), got {bias_correction!r}"
     )
-  settings = settings_from(locals())
   bias_correction = bool(bias_correction)
 
   def round_fn(state, data, key, hparams):

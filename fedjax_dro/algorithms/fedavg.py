@@ -10,15 +10,15 @@ server moves by ``server_lr`` times the average model difference, weighted by sa
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 import jax.numpy as jnp
 
-from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register
+from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register, with_settings
 from fedjax_dro.core.aggregation import tree_add
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import local_round, round_metrics
-from fedjax_dro.core.settings import round_zero, settings_from, state_init
+from fedjax_dro.core.settings import LOCAL_TRAINING, CommonSettings, round_zero, state_init
 
 
 class FedAvgState(NamedTuple):
@@ -38,17 +38,8 @@ HPARAMS = {
 
 
 @register("fedavg")
-def fedavg(
-  model,
-  *,
-  clients_per_round=None,
-  local_steps=10,
-  local_epochs: Optional[int] = None,
-  batch_size=None,
-  backend="auto",
-  chunk_size=None,
-  weighting="num_examples",
-) -> Algorithm:
+@with_settings((*LOCAL_TRAINING, "weighting"))
+def fedavg(model, settings: CommonSettings) -> Algorithm:
   """FedAvg (McMahan 2017): local SGD, sample-weighted model averaging.
 
   Participants run local SGD from the global model; the server adds ``server_lr`` times their
@@ -59,13 +50,6 @@ def fedavg(
     clients_per_round: clients drawn uniformly without replacement each round; ``None``
       (default): every client.
     local_steps: local SGD steps ``E`` each participant takes per round (default 10).
-    local_epochs: instead of ``local_steps``, passes over each participant's own rows per round,
-      without replacement, in consecutive batches of ``batch_size`` of a fresh random order each
-      pass (a client with more rows takes more steps; see
-      :func:`fedjax_dro.core.local.local_schedule`); ``None`` (default): ``local_steps``.
-    batch_size: examples in each local minibatch; ``None`` (default): the client's full data.
-    backend: per-client execution, ``"auto"`` (default), ``"vmap"``, ``"map"`` or ``"chunked"``.
-    chunk_size: clients per chunk of ``"chunked"``; ``None`` (default): planned from memory.
     weighting: ``"num_examples"`` (default: weights proportional to sample counts, McMahan's
       choice) or ``"uniform"``: the weights of the participants' model differences.
 
@@ -75,7 +59,6 @@ def fedavg(
     and ``server_lr`` (server step on the averaged model difference, default 1.0; 1 is plain
     averaging).
   """
-  settings = settings_from(locals())
 
   def round_fn(state, data, key, hparams):
     update = local_round(

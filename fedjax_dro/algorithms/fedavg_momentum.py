@@ -23,16 +23,16 @@ Optimization", ICML 2019, arXiv:1905.03817) written in FGDRO's moving-average fo
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register
+from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register, with_settings
 from fedjax_dro.core.aggregation import tree_zeros_like
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import stateful_local_round, stateful_round_metrics
-from fedjax_dro.core.settings import round_zero, settings_from, state_init
+from fedjax_dro.core.settings import CommonSettings, round_zero, state_init
 
 
 class FedAvgMomentumState(NamedTuple):
@@ -54,16 +54,8 @@ def initial_state(params, num_clients):
 
 
 @register("fedavg_momentum")
-def fedavg_momentum(
-  model,
-  *,
-  clients_per_round=None,
-  local_steps=32,
-  local_epochs: Optional[int] = None,
-  batch_size=32,
-  backend="auto",
-  chunk_size=None,
-) -> Algorithm:
+@with_settings(defaults={"local_steps": 32, "batch_size": 32}, fixed={"weighting": "uniform"})
+def fedavg_momentum(model, settings: CommonSettings) -> Algorithm:
   """FedAvg-M: local SGD with FGDRO-KL's averaged momentum and uniform (ERM) weights.
 
   Model and momentum are averaged uniformly every ``local_steps`` steps; FGDRO-KL (Guo 2024,
@@ -74,13 +66,7 @@ def fedavg_momentum(
     clients_per_round: participants of a round (uniform, without replacement); ``None``
       (default): all, as in FGDRO's experiments.
     local_steps: the communication interval ``I``: momentum steps per round (default 32).
-    local_epochs: instead of ``local_steps``, passes over each participant's own rows per round,
-      without replacement, in consecutive batches of ``batch_size`` of a fresh random order each
-      pass (a client with more rows takes more steps; see
-      :func:`fedjax_dro.core.local.local_schedule`); ``None`` (default): ``local_steps``.
     batch_size: examples per local stochastic gradient (default 32); ``None``: full batches.
-    backend: per-client execution, ``"auto"`` (default), ``"vmap"``, ``"map"`` or ``"chunked"``.
-    chunk_size: clients per chunk of ``"chunked"``; ``None`` (default): planned from memory.
 
   Returns:
     An :class:`~fedjax_dro.algorithms.base.Algorithm`. Hyper-parameters: ``client_lr`` (the local
@@ -88,7 +74,6 @@ def fedavg_momentum(
     in ``(0, 1]``, default 0.1, the same as FGDRO-KL's ``beta3``; 1 is plain local SGD).
     A participant uploads ``2P`` floats (``P`` parameters): its model and momentum.
   """
-  settings = settings_from(locals(), weighting="uniform")
   init = state_init(settings, initial_state)
 
   def round_fn(state, data, key, hparams):

@@ -6,16 +6,14 @@ MLSys 2020, arXiv:1812.06127. Local problems are solved inexactly by ``local_ste
 
 from __future__ import annotations
 
-from typing import Optional
-
 import jax
 
-from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register
+from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register, with_settings
 from fedjax_dro.algorithms.fedavg import FedAvgState, global_model_init
 from fedjax_dro.core.aggregation import tree_add
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import local_round, round_metrics
-from fedjax_dro.core.settings import settings_from
+from fedjax_dro.core.settings import LOCAL_TRAINING, CommonSettings
 
 HPARAMS = {
   "client_lr": HParam(0.1, "local SGD step size"),
@@ -25,17 +23,8 @@ HPARAMS = {
 
 
 @register("fedprox")
-def fedprox(
-  model,
-  *,
-  clients_per_round=None,
-  local_steps=10,
-  local_epochs: Optional[int] = None,
-  batch_size=None,
-  backend="auto",
-  chunk_size=None,
-  weighting="num_examples",
-) -> Algorithm:
+@with_settings((*LOCAL_TRAINING, "weighting"))
+def fedprox(model, settings: CommonSettings) -> Algorithm:
   """FedProx (Li 2020): FedAvg with a proximal term mu/2 ||w - w_global||^2.
 
   FedProx (Li et al. 2020): local problems solved inexactly by SGD.
@@ -46,13 +35,6 @@ def fedprox(
       (default): all clients.
     local_steps: SGD steps on each participant's proximal objective per round (default 10): the
       inexact local solver.
-    local_epochs: instead of ``local_steps``, passes over each participant's own rows per round,
-      without replacement, in consecutive batches of ``batch_size`` of a fresh random order each
-      pass (a client with more rows takes more steps; see
-      :func:`fedjax_dro.core.local.local_schedule`); ``None`` (default): ``local_steps``.
-    batch_size: examples in each local minibatch; ``None`` (default): the client's full data.
-    backend: per-client execution, ``"auto"`` (default), ``"vmap"``, ``"map"`` or ``"chunked"``.
-    chunk_size: clients per chunk of ``"chunked"``; ``None`` (default): planned from memory.
     weighting: ``"num_examples"`` (default, sample-count weights) or ``"uniform"``: how the
       server averages the model differences.
 
@@ -61,7 +43,6 @@ def fedprox(
     counter. Hyper-parameters: ``client_lr`` (local step size, default 0.1), ``server_lr`` (server
     step, default 1.0) and ``mu`` (proximal coefficient ``mu >= 0``, default 0.01; 0 is FedAvg).
   """
-  settings = settings_from(locals())
 
   def round_fn(state, data, key, hparams):
     center = state.params

@@ -14,26 +14,22 @@ client, averaged (tested).
 
 from __future__ import annotations
 
-from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register
+from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register, with_settings
 from fedjax_dro.algorithms.fedavg import FedAvgState, global_model_init
 from fedjax_dro.core.aggregation import tree_add
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import federated_gradient, round_metrics
-from fedjax_dro.core.settings import settings_from
+from fedjax_dro.core.settings import CommonSettings
 
 HPARAMS = {"lr": HParam(0.1, "server gradient step size")}
 
 
 @register("fedsgd")
-def fedsgd(
-  model,
-  *,
-  clients_per_round=None,
-  batch_size=None,
-  backend="auto",
-  chunk_size=None,
-  weighting="num_examples",
-) -> Algorithm:
+@with_settings(
+  ("clients_per_round", "batch_size", "backend", "chunk_size", "weighting"),
+  fixed={"local_steps": 1},
+)
+def fedsgd(model, settings: CommonSettings) -> Algorithm:
   """FedSGD: one gradient per participant per round, server gradient step.
 
   FedSGD: every round one gradient step of the global model.
@@ -43,8 +39,6 @@ def fedsgd(
     clients_per_round: clients whose gradients are averaged each round (drawn without
       replacement); ``None`` (default): all of them.
     batch_size: examples in each participant's gradient; ``None`` (default): its full data.
-    backend: per-client execution, ``"auto"`` (default), ``"vmap"``, ``"map"`` or ``"chunked"``.
-    chunk_size: clients per chunk of ``"chunked"``; ``None`` (default): planned from memory.
     weighting: ``"num_examples"`` (default: the gradients weighted by sample counts) or
       ``"uniform"``.
 
@@ -52,7 +46,6 @@ def fedsgd(
     An :class:`~fedjax_dro.algorithms.base.Algorithm`. The state is the global model and a round
     counter. Its one hyper-parameter is ``lr``, the server's gradient step size (default 0.1).
   """
-  settings = settings_from(locals(), local_steps=1)
 
   def round_fn(state, data, key, hparams):
     # delta = -(weighted mean of the participants' gradients); the server applies lr * delta.

@@ -31,16 +31,16 @@ Readings where the paper is terse (each backed by a test in ``tests/algorithms/t
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register
+from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register, with_settings
 from fedjax_dro.core.aggregation import scatter_rows
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import stateful_local_round, stateful_round_metrics
-from fedjax_dro.core.settings import round_zero, settings_from, state_init
+from fedjax_dro.core.settings import CommonSettings, round_zero, state_init
 
 
 class FgdroCvarState(NamedTuple):
@@ -87,16 +87,8 @@ def initial_state(params, num_clients):
 
 
 @register("fgdro_cvar", family="dro")
-def fgdro_cvar(
-  model,
-  *,
-  clients_per_round=None,
-  local_steps=32,
-  local_epochs: Optional[int] = None,
-  batch_size=32,
-  backend="auto",
-  chunk_size=None,
-) -> Algorithm:
+@with_settings(defaults={"local_steps": 32, "batch_size": 32}, fixed={"weighting": "uniform"})
+def fgdro_cvar(model, settings: CommonSettings) -> Algorithm:
   """FGDRO-CVaR (Guo 2024, Alg. 1): local threshold s and loss estimators, top-K/N client losses.
 
   Each participant keeps its loss estimator ``u``; the model and the threshold ``s`` are
@@ -108,13 +100,7 @@ def fgdro_cvar(
       all clients, as in the paper.
     local_steps: the communication interval ``I`` of the paper: local steps per round (default
       32).
-    local_epochs: instead of ``local_steps``, passes over each participant's own rows per round,
-      without replacement, in consecutive batches of ``batch_size`` of a fresh random order each
-      pass (a client with more rows takes more steps; see
-      :func:`fedjax_dro.core.local.local_schedule`); ``None`` (default): ``local_steps``.
     batch_size: examples of one ``z_{i,t}`` (default 32); ``None``: full batches.
-    backend: per-client execution, ``"auto"`` (default), ``"vmap"``, ``"map"`` or ``"chunked"``.
-    chunk_size: clients per chunk of ``"chunked"``; ``None`` (default): planned from memory.
 
   Returns:
     An :class:`~fedjax_dro.algorithms.base.Algorithm`. Hyper-parameters: ``client_lr`` (eta1, the
@@ -123,7 +109,6 @@ def fgdro_cvar(
     ``(0, 1]``: the fraction of worst clients optimised, default 0.2). A participant uploads
     ``P + 1`` floats (``P`` parameters): its model and its threshold ``s``.
   """
-  settings = settings_from(locals(), weighting="uniform")
   init = state_init(settings, initial_state)
 
   def round_fn(state, data, key, hparams):

@@ -35,17 +35,17 @@ Readings where the paper is terse (each backed by a test in ``tests/algorithms/t
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register
+from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register, with_settings
 from fedjax_dro.algorithms.fgdro_cvar import estimator_round
 from fedjax_dro.core.aggregation import tree_zeros_like
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import stateful_round_metrics
-from fedjax_dro.core.settings import round_zero, settings_from, state_init
+from fedjax_dro.core.settings import CommonSettings, round_zero, state_init
 
 
 class FgdroKlState(NamedTuple):
@@ -102,16 +102,8 @@ def kl_round(model, settings, state, data, key, *, start, step, averaged):
 
 
 @register("fgdro_kl", family="dro")
-def fgdro_kl(
-  model,
-  *,
-  clients_per_round=None,
-  local_steps=32,
-  local_epochs: Optional[int] = None,
-  batch_size=32,
-  backend="auto",
-  chunk_size=None,
-) -> Algorithm:
+@with_settings(defaults={"local_steps": 32, "batch_size": 32}, fixed={"weighting": "uniform"})
+def fgdro_kl(model, settings: CommonSettings) -> Algorithm:
   """FGDRO-KL (Guo 2024, Alg. 2): KL-regularised group DRO with local u, averaged v and m.
 
   The loss estimators ``u`` stay on the clients; ``w``, ``m`` and ``v`` (in the log domain) are
@@ -122,13 +114,7 @@ def fgdro_kl(
     clients_per_round: clients of a round, drawn without replacement; ``None`` (default): all,
       as in the paper.
     local_steps: the paper's communication interval ``I``, in local steps (default 32).
-    local_epochs: instead of ``local_steps``, passes over each participant's own rows per round,
-      without replacement, in consecutive batches of ``batch_size`` of a fresh random order each
-      pass (a client with more rows takes more steps; see
-      :func:`fedjax_dro.core.local.local_schedule`); ``None`` (default): ``local_steps``.
     batch_size: size of a local minibatch ``z_{i,t}`` (default 32); ``None``: full batches.
-    backend: per-client execution, ``"auto"`` (default), ``"vmap"``, ``"map"`` or ``"chunked"``.
-    chunk_size: clients per chunk of ``"chunked"``; ``None`` (default): planned from memory.
 
   Returns:
     An :class:`~fedjax_dro.algorithms.base.Algorithm`. Hyper-parameters: ``client_lr`` (the local
@@ -137,7 +123,6 @@ def fgdro_kl(
     and ``beta3`` (of ``m``), each in ``(0, 1]``, default 0.1. A participant uploads ``2P + 1``
     floats (``P`` parameters): its model, its ``m`` and its ``v``.
   """
-  settings = settings_from(locals(), weighting="uniform")
   init = state_init(settings, lambda p, n: FgdroKlState(p, *kl_initial(p, n), round_zero()))
 
   def round_fn(state, data, key, hparams):

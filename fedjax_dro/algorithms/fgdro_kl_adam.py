@@ -19,11 +19,11 @@ text calls "the second-order momentum"). Backed by the reference-loop test.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 import jax.numpy as jnp
 
-from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register
+from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register, with_settings
 from fedjax_dro.algorithms.fgdro_kl import (
   HPARAMS as KL_HPARAMS,
   kl_estimators,
@@ -32,7 +32,7 @@ from fedjax_dro.algorithms.fgdro_kl import (
 )
 from fedjax_dro.algorithms.local_adam import HPARAMS as ADAM_HPARAMS, adam_step
 from fedjax_dro.core.costs import local_training_costs
-from fedjax_dro.core.settings import round_zero, settings_from, state_init
+from fedjax_dro.core.settings import CommonSettings, round_zero, state_init
 
 
 class FgdroKlAdamState(NamedTuple):
@@ -58,16 +58,8 @@ def initial_state(params, num_clients):
 
 
 @register("fgdro_kl_adam", family="dro")
-def fgdro_kl_adam(
-  model,
-  *,
-  clients_per_round=None,
-  local_steps=32,
-  local_epochs: Optional[int] = None,
-  batch_size=32,
-  backend="auto",
-  chunk_size=None,
-) -> Algorithm:
+@with_settings(defaults={"local_steps": 32, "batch_size": 32}, fixed={"weighting": "uniform"})
+def fgdro_kl_adam(model, settings: CommonSettings) -> Algorithm:
   """FGDRO-KL-Adam (Guo 2024, Alg. 3): FGDRO-KL with Adam-type local steps.
 
   FGDRO-KL's estimators with LocalAdam's step: ``w``, ``m``, ``q`` and ``v`` are averaged
@@ -78,13 +70,7 @@ def fgdro_kl_adam(
     clients_per_round: how many clients take part in a round (drawn without replacement);
       ``None`` (default): every client, as in the paper.
     local_steps: ``I``, the number of local Adam steps between communications (default 32).
-    local_epochs: instead of ``local_steps``, passes over each participant's own rows per round,
-      without replacement, in consecutive batches of ``batch_size`` of a fresh random order each
-      pass (a client with more rows takes more steps; see
-      :func:`fedjax_dro.core.local.local_schedule`); ``None`` (default): ``local_steps``.
     batch_size: examples in a local minibatch (default 32); ``None``: the full client data.
-    backend: per-client execution, ``"auto"`` (default), ``"vmap"``, ``"map"`` or ``"chunked"``.
-    chunk_size: clients per chunk of ``"chunked"``; ``None`` (default): planned from memory.
 
   Returns:
     An :class:`~fedjax_dro.algorithms.base.Algorithm`. Hyper-parameters: ``client_lr`` (the Adam
@@ -93,7 +79,6 @@ def fgdro_kl_adam(
     moments, defaults 0.1 and 0.001) and ``tau`` (added to ``sqrt(q)``, default 1e-8). A
     participant uploads ``3P + 1`` floats (``P`` parameters): its model, ``m``, ``q`` and ``v``.
   """
-  settings = settings_from(locals(), weighting="uniform")
   init = state_init(settings, initial_state)
 
   def round_fn(state, data, key, hparams):

@@ -48,23 +48,24 @@ Persistent per-client state: ``assignment`` ``[n]`` int32 (the cluster identitie
 
 from __future__ import annotations
 
-import math
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register
+from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register, with_settings
 from fedjax_dro.core.aggregation import weighted_sum
+from fedjax_dro.core.checks import integer, number
 from fedjax_dro.core.clients import map_clients
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import stateful_local_round, stateful_round_metrics
 from fedjax_dro.core.settings import (
+  LOCAL_TRAINING,
+  CommonSettings,
   aggregation_weights,
   backend_for,
   participants,
   round_zero,
-  settings_from,
 )
 from fedjax_dro.models.base import client_loss
 
@@ -76,17 +77,6 @@ class IfcaState(NamedTuple):
 
 
 HPARAMS = {"client_lr": HParam(0.1, "local SGD step size gamma")}
-
-
-def _check_settings(num_clusters, init_scale):
-  if not isinstance(num_clusters, int) or isinstance(num_clusters, bool) or num_clusters < 1:
-    raise ValueError(f"num_clusters must be a positive integer, got {num_clusters!r}")
-  if (
-    isinstance(init_scale, bool)
-    or not isinstance(init_scale, (int, float))
-    or not (0 <= init_scale < math.inf)
-  ):
-    raise ValueError(f"init_scale must be a finite non-negative float, got {init_scale!r}")
 
 
 def _gaussian_like(key, tree):
@@ -110,19 +100,8 @@ def _same(a, b):
 
 
 @register("ifca", family="personalized")
-def ifca(
-  model,
-  *,
-  num_clusters=2,
-  init_scale=0.1,
-  clients_per_round=None,
-  local_steps=10,
-  local_epochs: Optional[int] = None,
-  batch_size=None,
-  backend="auto",
-  chunk_size=None,
-  weighting="uniform",
-) -> Algorithm:
+@with_settings((*LOCAL_TRAINING, "weighting"), defaults={"weighting": "uniform"})
+def ifca(model, settings: CommonSettings, *, num_clusters=2, init_scale=0.1) -> Algorithm:
   """IFCA (Ghosh 2020, option II): k cluster models, clients pick the one with least local loss.
 
   IFCA, option II (model averaging within each cluster).
@@ -136,14 +115,8 @@ def ifca(
     clients_per_round: clients that train each round (uniform, without replacement); ``None``
       (default): all.
     local_steps: local SGD steps of a participant on its cluster's model (default 10).
-    local_epochs: instead of ``local_steps``, passes over each participant's own rows per round,
-      without replacement, in consecutive batches of ``batch_size`` of a fresh random order each
-      pass (a client with more rows takes more steps; see
-      :func:`fedjax_dro.core.local.local_schedule`); ``None`` (default): ``local_steps``.
     batch_size: examples per local step; ``None`` (default): full batches (the cluster choice
       always uses the full data).
-    backend: per-client execution, ``"auto"`` (default), ``"vmap"``, ``"map"`` or ``"chunked"``.
-    chunk_size: clients per chunk of ``"chunked"``; ``None`` (default): planned from memory.
     weighting: weights of the participants within a cluster's average: ``"uniform"`` (default)
       or ``"num_examples"`` (sample counts).
 
@@ -152,8 +125,8 @@ def ifca(
     the local SGD step gamma (default 0.1). A participant uploads ``P + 1`` floats (``P``
     parameters): its model and its cluster identity (the cluster losses are no gradients).
   """
-  _check_settings(num_clusters, init_scale)
-  settings = settings_from(locals())
+  num_clusters = integer(num_clusters, "num_clusters")
+  init_scale = number(init_scale, "init_scale", minimum=0.0)
   k = num_clusters
 
   def assign(clusters, data):

@@ -113,6 +113,7 @@ from fedjax_dro.algorithms.base import (
   register,
 )
 from fedjax_dro.core.aggregation import scatter_rows, tree_stack
+from fedjax_dro.core.checks import choice, flag, integer, number
 from fedjax_dro.core.clients import map_clients, resolve_backend, validate_backend
 from fedjax_dro.core.costs import Costs, one_gradient_each, parameter_count
 from fedjax_dro.core.sampling import sample_clients
@@ -456,36 +457,19 @@ def karula(
     raise TypeError(f"model must be a fedjax_dro Model, got {type(model).__name__}")
   dissimilarity = _check_dissimilarity(dissimilarity)
   _check_participation(clients_per_round)
-  if batch_size is not None and (
-    not isinstance(batch_size, (int, np.integer)) or batch_size < 1 or isinstance(batch_size, bool)
-  ):
-    raise ValueError(
-      f"batch_size must be a positive integer or None (full batch), got {batch_size!r}"
-    )
-  if projection not in pairwise.METHODS:
-    raise ValueError(f"projection must be one of {pairwise.METHODS}, got {projection!r}")
-  if projection_tol is not None and (
-    isinstance(projection_tol, bool)
-    or not isinstance(projection_tol, (int, float))
-    or not np.isfinite(projection_tol)
-    or projection_tol <= 0
-  ):
-    raise ValueError(
-      f"projection_tol must be a positive number or None (dtype default), got {projection_tol!r}"
-    )
-  if projection_max_iterations is not None and (
-    isinstance(projection_max_iterations, bool)
-    or not isinstance(projection_max_iterations, (int, np.integer))
-    or projection_max_iterations < 1
-  ):
-    raise ValueError(
-      f"projection_max_iterations must be a positive integer or None (the method's "
-      f"default), got {projection_max_iterations!r}"
-    )
-  if not isinstance(warm_start, (bool, np.bool_)):
-    raise TypeError(f"warm_start must be a bool, got {warm_start!r}")
-  if weighting not in WEIGHTINGS:
-    raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}")
+  batch_size = integer(batch_size, "batch_size", optional=True, none="full batch")
+  choice(projection, "projection", pairwise.METHODS)
+  projection_tol = number(
+    projection_tol, "projection_tol", minimum=0.0, strict=True, optional=True, none="dtype default"
+  )
+  max_iterations = integer(
+    projection_max_iterations,
+    "projection_max_iterations",
+    optional=True,
+    none="the method's default",
+  )
+  use_warm_start = flag(warm_start, "warm_start") and projection == "dual"
+  choice(weighting, "weighting", WEIGHTINGS)
   validate_backend(backend, chunk_size)
   if isinstance(dissimilarity, str) and dissimilarity == "ot":
     from fedjax_dro.ot import dissimilarities
@@ -507,8 +491,6 @@ def karula(
       f"projection_options must not set {reserved}: use the factory arguments "
       f"projection, projection_tol, projection_max_iterations, warm_start"
     )
-  use_warm_start = bool(warm_start) and projection == "dual"
-  max_iterations = None if projection_max_iterations is None else int(projection_max_iterations)
 
   def project(z, r, multipliers):
     tol = projection_tol

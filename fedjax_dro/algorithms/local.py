@@ -9,16 +9,16 @@ Persistent per-client state: ``client_params`` ``[n, ...]``.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register
+from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register, with_settings
 from fedjax_dro.core.aggregation import tree_stack
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import local_round, round_metrics
-from fedjax_dro.core.settings import round_zero, settings_from, state_init
+from fedjax_dro.core.settings import CommonSettings, round_zero, state_init
 
 
 class LocalState(NamedTuple):
@@ -30,16 +30,8 @@ HPARAMS = {"client_lr": HParam(0.1, "local SGD step size")}
 
 
 @register("local", family="personalized")
-def local(
-  model,
-  *,
-  clients_per_round=None,
-  local_steps=1,
-  local_epochs: Optional[int] = None,
-  batch_size=None,
-  backend="auto",
-  chunk_size=None,
-) -> Algorithm:
+@with_settings(defaults={"local_steps": 1})
+def local(model, settings: CommonSettings) -> Algorithm:
   """Local training: one model per client, no communication.
 
   Local training, the personalized lower baseline.
@@ -49,13 +41,7 @@ def local(
     clients_per_round: clients that train in a round (drawn without replacement); ``None``
       (default): all.
     local_steps: SGD steps per training client and round (default 1).
-    local_epochs: instead of ``local_steps``, passes over each participant's own rows per round,
-      without replacement, in consecutive batches of ``batch_size`` of a fresh random order each
-      pass (a client with more rows takes more steps; see
-      :func:`fedjax_dro.core.local.local_schedule`); ``None`` (default): ``local_steps``.
     batch_size: examples per SGD step; ``None`` (default): the client's full data.
-    backend: per-client execution, ``"auto"`` (default), ``"vmap"``, ``"map"`` or ``"chunked"``.
-    chunk_size: clients per chunk of ``"chunked"``; ``None`` (default): planned from memory.
 
   Returns:
     An :class:`~fedjax_dro.algorithms.base.Algorithm`. Every client starts from the initial model
@@ -63,7 +49,6 @@ def local(
     ``client_lr``, the local SGD step size (default 0.1). Its cost is the training clients'
     local steps; nothing is uploaded.
   """
-  settings = settings_from(locals())
   init = state_init(settings, lambda params, n: LocalState(tree_stack(params, n), round_zero()))
 
   def round_fn(state, data, key, hparams):

@@ -21,16 +21,16 @@ Readings: there is no bias correction (the paper has none); ``m_bar = q_bar = 0`
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register
+from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register, with_settings
 from fedjax_dro.core.aggregation import tree_zeros_like
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import stateful_local_round, stateful_round_metrics
-from fedjax_dro.core.settings import round_zero, settings_from, state_init
+from fedjax_dro.core.settings import CommonSettings, round_zero, state_init
 
 
 class LocalAdamState(NamedTuple):
@@ -66,16 +66,8 @@ def initial_state(params, num_clients):
 
 
 @register("local_adam")
-def local_adam(
-  model,
-  *,
-  clients_per_round=None,
-  local_steps=32,
-  local_epochs: Optional[int] = None,
-  batch_size=32,
-  backend="auto",
-  chunk_size=None,
-) -> Algorithm:
+@with_settings(defaults={"local_steps": 32, "batch_size": 32}, fixed={"weighting": "uniform"})
+def local_adam(model, settings: CommonSettings) -> Algorithm:
   """LocalAdam (Guo 2024, Alg. 4): Adam steps on the clients, model and moments averaged.
 
   LocalAdam; model and moments are averaged uniformly every ``local_steps`` steps.
@@ -86,13 +78,7 @@ def local_adam(
       (default): all, as in the paper.
     local_steps: the communication interval ``I`` of the paper: Adam steps per round (default
       32).
-    local_epochs: instead of ``local_steps``, passes over each participant's own rows per round,
-      without replacement, in consecutive batches of ``batch_size`` of a fresh random order each
-      pass (a client with more rows takes more steps; see
-      :func:`fedjax_dro.core.local.local_schedule`); ``None`` (default): ``local_steps``.
     batch_size: examples per local stochastic gradient (default 32); ``None``: full batches.
-    backend: per-client execution, ``"auto"`` (default), ``"vmap"``, ``"map"`` or ``"chunked"``.
-    chunk_size: clients per chunk of ``"chunked"``; ``None`` (default): planned from memory.
 
   Returns:
     An :class:`~fedjax_dro.algorithms.base.Algorithm`. Hyper-parameters: ``client_lr`` (the Adam
@@ -101,7 +87,6 @@ def local_adam(
     (added to ``sqrt(q)``, default 1e-8). A participant uploads ``3P`` floats (``P``
     parameters): its model and both moments.
   """
-  settings = settings_from(locals(), weighting="uniform")
   init = state_init(settings, initial_state)
 
   def round_fn(state, data, key, hparams):

@@ -69,12 +69,12 @@ Persistent per-client state: ``personal`` ``[n, ...]`` (``theta_i``, params-shap
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register
+from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register, with_settings
 from fedjax_dro.core.aggregation import (
   gather_rows,
   scatter_rows,
@@ -83,14 +83,16 @@ from fedjax_dro.core.aggregation import (
   tree_sub,
   weighted_mean,
 )
+from fedjax_dro.core.checks import integer
 from fedjax_dro.core.costs import Costs, local_training_cost, parameter_count
 from fedjax_dro.core.local import StatefulRound, stateful_local_round, stateful_round_metrics
 from fedjax_dro.core.sampling import sample_clients
 from fedjax_dro.core.settings import (
+  LOCAL_TRAINING,
+  CommonSettings,
   aggregation_weights,
   participants,
   round_zero,
-  settings_from,
   state_init,
 )
 
@@ -111,11 +113,6 @@ HPARAMS = {
 }
 
 
-def _check_steps(value, name):
-  if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-    raise ValueError(f"{name} must be a positive integer, got {value!r}")
-
-
 def _check_personal_updates(value):
   if not isinstance(value, str):
     raise TypeError(
@@ -131,18 +128,12 @@ def _check_personal_updates(value):
 
 
 @register("pfedme", family="personalized")
+@with_settings(
+  (*LOCAL_TRAINING, "weighting"),
+  defaults={"local_steps": 20, "batch_size": 20, "weighting": "uniform"},
+)
 def pfedme(
-  model,
-  *,
-  clients_per_round=None,
-  local_steps=20,
-  local_epochs: Optional[int] = None,
-  personal_steps=5,
-  batch_size=20,
-  backend="auto",
-  chunk_size=None,
-  personal_updates="all",
-  weighting="uniform",
+  model, settings: CommonSettings, *, personal_steps=5, personal_updates="all"
 ) -> Algorithm:
   """pFedMe (Dinh 2020): Moreau-envelope personalized models, K inner steps per local step.
 
@@ -153,14 +144,8 @@ def pfedme(
     clients_per_round: the sampled clients ``S`` aggregated each round (uniform, without
       replacement); ``None`` (default): all.
     local_steps: ``R``, the local steps on ``w_i`` per round (default 20).
-    local_epochs: instead of ``local_steps``, passes over each participant's own rows per round,
-      without replacement, in consecutive batches of ``batch_size`` of a fresh random order each
-      pass (a client with more rows takes more steps; see
-      :func:`fedjax_dro.core.local.local_schedule`); ``None`` (default): ``local_steps``.
     personal_steps: ``K``, the inner gradient steps on ``theta_i`` per local step (default 5).
     batch_size: ``|D|``, the examples of a local minibatch (default 20); ``None``: full batches.
-    backend: per-client execution, ``"auto"`` (default), ``"vmap"``, ``"map"`` or ``"chunked"``.
-    chunk_size: clients per chunk of ``"chunked"``; ``None`` (default): planned from memory.
     personal_updates: ``"all"`` (default: every client trains and updates its ``theta_i`` every
       round, only the sampled clients are aggregated: the paper's Algorithm 1) or
       ``"participants"`` (only the sampled clients train).
@@ -176,9 +161,8 @@ def pfedme(
     path and ``R K`` per trained client (every client under ``"all"``); the ``s`` sampled clients
     upload ``P`` floats each (``P`` parameters).
   """
-  _check_steps(personal_steps, "personal_steps")
+  integer(personal_steps, "personal_steps")
   _check_personal_updates(personal_updates)
-  settings = settings_from(locals())
   # "all": the local loop runs on every client (the same settings with full participation)
   trained = settings._replace(clients_per_round=None) if personal_updates == "all" else settings
 

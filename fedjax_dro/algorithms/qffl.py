@@ -18,7 +18,7 @@ S), ``train_loss_max``, ``lambda_max``.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -29,12 +29,13 @@ from fedjax_dro.algorithms.base import (
   build_algorithm,
   check_data_matches,
   register,
+  with_settings,
 )
 from fedjax_dro.core.aggregation import tree_add, tree_sq_norm, weighted_sum
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import dual_round_metrics, local_round_and_losses
 from fedjax_dro.core.precision import params_float_dtype
-from fedjax_dro.core.settings import round_zero, settings_from, state_init
+from fedjax_dro.core.settings import CommonSettings, round_zero, state_init
 
 LOSS_EPS = 1e-10  # F_k + LOSS_EPS in the powers (reference implementation)
 
@@ -58,16 +59,8 @@ def initial_state(params, num_clients):
 
 
 @register("qffl", family="dro")
-def qffl(
-  model,
-  *,
-  clients_per_round=None,
-  local_steps=10,
-  local_epochs: Optional[int] = None,
-  batch_size=None,
-  backend="auto",
-  chunk_size=None,
-) -> Algorithm:
+@with_settings(fixed={"weighting": "uniform"})
+def qffl(model, settings: CommonSettings) -> Algorithm:
   """q-FFL / q-FedAvg (Li 2020): losses^q-weighted updates for fairness.
 
   q-FedAvg (Algorithm 2 of the paper).
@@ -77,14 +70,8 @@ def qffl(
     clients_per_round: the clients ``S`` of a round (uniform, without replacement); ``None``
       (default): every client.
     local_steps: SGD steps a client in ``S`` takes from ``w`` to its ``w_k`` (default 10).
-    local_epochs: instead of ``local_steps``, passes over each participant's own rows per round,
-      without replacement, in consecutive batches of ``batch_size`` of a fresh random order each
-      pass (a client with more rows takes more steps; see
-      :func:`fedjax_dro.core.local.local_schedule`); ``None`` (default): ``local_steps``.
     batch_size: local minibatch size; ``None`` (default): full batches (``F_k`` is always the
       full-data loss).
-    backend: per-client execution, ``"auto"`` (default), ``"vmap"``, ``"map"`` or ``"chunked"``.
-    chunk_size: clients per chunk of ``"chunked"``; ``None`` (default): planned from memory.
 
   Returns:
     An :class:`~fedjax_dro.algorithms.base.Algorithm`. Hyper-parameters: ``client_lr`` (local SGD
@@ -93,7 +80,6 @@ def qffl(
     default ``client_lr``). A participant uploads ``P + 1`` floats (``P`` parameters): its
     update ``Delta_k`` and its loss ``F_k`` (a loss without gradient, not counted as one).
   """
-  settings = settings_from(locals(), weighting="uniform")
 
   def round_fn(state, data, key, hparams):
     check_data_matches(data, state.lam.shape[0])

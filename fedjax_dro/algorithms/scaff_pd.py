@@ -53,7 +53,7 @@ ratios and ``round``. Metrics: ``train_loss`` (unweighted mean of L^r), ``train_
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -64,13 +64,14 @@ from fedjax_dro.algorithms.base import (
   build_algorithm,
   check_data_matches,
   register,
+  with_settings,
 )
 from fedjax_dro.core.aggregation import tree_add, weighted_sum
 from fedjax_dro.core.clients import map_clients_weighted_sum
 from fedjax_dro.core.costs import Costs, local_training_cost, one_gradient_each, parameter_count
 from fedjax_dro.core.local import local_sgd, local_step_counts, map_client_data
 from fedjax_dro.core.precision import params_float_dtype
-from fedjax_dro.core.settings import backend_for, round_zero, settings_from
+from fedjax_dro.core.settings import CommonSettings, backend_for, round_zero
 from fedjax_dro.models.base import client_loss_and_grad
 from fedjax_dro.solvers.simplex import PSI_NAMES, dual_prox
 
@@ -183,16 +184,12 @@ def next_step_ratio(rule: str, hparams, step_ratio):
 
 
 @register("scaff_pd", family="dro")
+@with_settings(
+  ("local_steps", "local_epochs", "batch_size", "backend", "chunk_size"),
+  fixed={"clients_per_round": None, "weighting": "uniform"},
+)
 def scaff_pd(
-  model,
-  *,
-  psi: str = "chi2",
-  parameter_rule: str = "user",
-  local_steps: int = 10,
-  local_epochs: Optional[int] = None,
-  batch_size=None,
-  backend: str = "auto",
-  chunk_size=None,
+  model, settings: CommonSettings, *, psi: str = "chi2", parameter_rule: str = "user"
 ) -> Algorithm:
   """SCAFF-PD (Yu et al.): accelerated primal-dual DRO with SCAFFOLD-corrected local steps.
 
@@ -214,8 +211,6 @@ def scaff_pd(
       work, so that ``du_i`` stays an average corrected gradient. ``None`` (default):
       ``local_steps``.
     batch_size: local minibatch size; ``None`` (default): full batches, deterministic gradients.
-    backend: per-client execution, ``"auto"`` (default), ``"vmap"``, ``"map"`` or ``"chunked"``.
-    chunk_size: clients per chunk of ``"chunked"``; ``None`` (default): planned from memory.
 
   Returns:
     An :class:`~fedjax_dro.algorithms.base.Algorithm`. Hyper-parameters (which ones depend on
@@ -237,7 +232,6 @@ def scaff_pd(
       "parameter_rule='condition_5_2' needs a strongly convex psi: use psi='chi2' "
       f"(with rho > 0), got psi={psi!r}"
     )
-  settings = settings_from(locals(), clients_per_round=None, weighting="uniform")
   hparam_specs = _hparams(psi, parameter_rule)
 
   def init(params, data, key):

@@ -18,16 +18,16 @@ and ``J`` above is its own ``K_i`` (``c_i+`` is still the mean corrected gradien
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register
+from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register, with_settings
 from fedjax_dro.core.aggregation import scatter_rows, tree_add, tree_stack, tree_zeros_like
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import local_round, local_step_counts, round_metrics
-from fedjax_dro.core.settings import participants, round_zero, settings_from, state_init
+from fedjax_dro.core.settings import CommonSettings, participants, round_zero, state_init
 
 
 class ScaffoldState(NamedTuple):
@@ -50,16 +50,8 @@ def initial_state(params, num_clients):
 
 
 @register("scaffold")
-def scaffold(
-  model,
-  *,
-  clients_per_round=None,
-  local_steps=10,
-  local_epochs: Optional[int] = None,
-  batch_size=None,
-  backend="auto",
-  chunk_size=None,
-) -> Algorithm:
+@with_settings(fixed={"weighting": "uniform"})
+def scaffold(model, settings: CommonSettings) -> Algorithm:
   """SCAFFOLD option II (Karimireddy 2020): control variates correct client drift.
 
   SCAFFOLD with control-variate option II and unweighted averages.
@@ -69,20 +61,13 @@ def scaffold(
     clients_per_round: the sampled set ``S`` of each round (uniform, without replacement);
       ``None`` (default): every client.
     local_steps: ``K``, the corrected local SGD steps per round (default 10).
-    local_epochs: instead of ``local_steps``, passes over each participant's own rows per round,
-      without replacement, in consecutive batches of ``batch_size`` of a fresh random order each
-      pass (a client with more rows takes more steps; see
-      :func:`fedjax_dro.core.local.local_schedule`); ``None`` (default): ``local_steps``.
     batch_size: examples in each local minibatch; ``None`` (default): full client data.
-    backend: per-client execution, ``"auto"`` (default), ``"vmap"``, ``"map"`` or ``"chunked"``.
-    chunk_size: clients per chunk of ``"chunked"``; ``None`` (default): planned from memory.
 
   Returns:
     An :class:`~fedjax_dro.algorithms.base.Algorithm`. Hyper-parameters: ``client_lr``, the local
     step size eta_l (default 0.1), and ``server_lr``, the global step size eta_g (default 1.0).
     A participant uploads ``2P`` floats (``P`` parameters): its model and control-variate deltas.
   """
-  settings = settings_from(locals(), weighting="uniform")
 
   def round_fn(state, data, key, hparams):
     n = data.num_clients

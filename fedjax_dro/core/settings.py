@@ -1,17 +1,22 @@
 """Validated shape-determining settings shared by the algorithms, and the start of their state.
 
-:func:`settings_from` builds an algorithm factory's :class:`CommonSettings` from its arguments;
-:func:`state_init` and :func:`round_zero` build the ``init`` of a state that needs no randomness.
+The settings shared by the local-training algorithms are declared once (:data:`DECLARED`: name,
+default and docstring paragraph) and validated by :func:`common_settings` into
+:class:`CommonSettings`; a factory receives them through
+:func:`fedjax_dro.algorithms.base.with_settings`, which also adds the declared keyword parameters
+to its signature and their paragraphs to its docstring. :func:`state_init` and
+:func:`round_zero` build the ``init`` of a state that needs no randomness.
 """
 
 from __future__ import annotations
 
 import numbers
-from typing import Any, Callable, Mapping, NamedTuple, Optional
+from typing import Any, Callable, Dict, NamedTuple, Optional
 
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_dro.core.checks import choice, integer
 from fedjax_dro.core.clients import resolve_backend, validate_backend
 from fedjax_dro.core.sampling import validate_clients_per_round
 from fedjax_dro.models.base import num_parameters
@@ -37,20 +42,6 @@ class CommonSettings(NamedTuple):
 MAX_COUNT = 2**31 - 1  # counts become int32 shapes and indices on the device
 
 
-def _count(name: str, value, expected: str, optional: bool = True) -> Optional[int]:
-  """``value`` as a Python int in ``[1, MAX_COUNT]`` (any integer type: ``int``, ``np.int64``...;
-  never a bool), or None when ``optional``."""
-  if value is None and optional:
-    return None
-  if (
-    not isinstance(value, numbers.Integral)
-    or isinstance(value, (bool, np.bool_))
-    or not 1 <= value <= MAX_COUNT
-  ):
-    raise ValueError(f"{name} must be {expected} in [1, 2**31 - 1], got {value!r}")
-  return int(value)
-
-
 def common_settings(
   *,
   clients_per_round=None,
@@ -63,8 +54,8 @@ def common_settings(
 ) -> CommonSettings:
   """Validates the settings; ``local_steps`` and ``local_epochs`` are exclusive (neither given:
   one local step)."""
-  clients_per_round = _count(
-    "clients_per_round", clients_per_round, "a positive integer or None (all)"
+  clients_per_round = integer(
+    clients_per_round, "clients_per_round", maximum=MAX_COUNT, optional=True, none="all clients"
   )
   if local_steps is not None and local_epochs is not None:
     raise ValueError(
@@ -72,32 +63,82 @@ def common_settings(
       f"over each client's data), got local_steps={local_steps!r} and "
       f"local_epochs={local_epochs!r}"
     )
-  local_epochs = _count("local_epochs", local_epochs, "a positive integer or None")
+  local_epochs = integer(
+    local_epochs, "local_epochs", maximum=MAX_COUNT, optional=True, none="local_steps"
+  )
   if local_epochs is None:
     local_steps = 1 if local_steps is None else local_steps
-    local_steps = _count("local_steps", local_steps, "a positive integer", optional=False)
-  batch_size = _count("batch_size", batch_size, "a positive integer or None (full batch)")
-  chunk_size = _count("chunk_size", chunk_size, "a positive integer or None")
+    local_steps = integer(local_steps, "local_steps", maximum=MAX_COUNT)
+  batch_size = integer(
+    batch_size, "batch_size", maximum=MAX_COUNT, optional=True, none="full batch"
+  )
+  chunk_size = integer(
+    chunk_size, "chunk_size", maximum=MAX_COUNT, optional=True, none="planned from memory"
+  )
   validate_backend(backend, chunk_size)
-  if weighting not in ("num_examples", "uniform"):
-    raise ValueError(f"weighting must be 'num_examples' or 'uniform', got {weighting!r}")
+  choice(weighting, "weighting", ("num_examples", "uniform"))
   return CommonSettings(
     clients_per_round, local_steps, batch_size, backend, chunk_size, weighting, local_epochs
   )
 
 
-def settings_from(arguments: Mapping[str, Any], **fixed) -> CommonSettings:
-  """The validated settings of an algorithm factory's call.
+class Declared(NamedTuple):
+  """One shared setting: its default and its docstring paragraph (``{default}`` is replaced by
+  the default a factory declares)."""
 
-  ``arguments`` holds the factory's parameters by name (a factory passes ``locals()`` before it
-  binds any other name); the :class:`CommonSettings` fields among them are taken, ``fixed``
-  supplies those the factory does not expose (e.g. ``weighting="uniform"`` for an algorithm whose
-  paper averages uniformly) and :func:`common_settings`'s defaults the rest. (A registered
-  factory's ``local_steps`` left at its declared default beside ``local_epochs`` arrives here as
-  None: :func:`fedjax_dro.algorithms.base.with_epochs_over_default_steps`.)
-  """
-  chosen = {name: arguments[name] for name in CommonSettings._fields if name in arguments}
-  return common_settings(**{**chosen, **fixed})
+  default: Any
+  doc: str
+
+
+DECLARED: Dict[str, Declared] = {
+  "clients_per_round": Declared(
+    None,
+    "clients drawn uniformly without replacement each round, or ``None``: every client (default "
+    "``{default}``).",
+  ),
+  "local_steps": Declared(
+    10, "local steps each participant takes per round (default ``{default}``)."
+  ),
+  "local_epochs": Declared(
+    None,
+    "instead of ``local_steps``, passes over each participant's own rows per round, without "
+    "replacement, in consecutive batches of ``batch_size`` of a fresh random order each pass (a "
+    "client with more rows takes more steps; see :func:`fedjax_dro.core.local.local_schedule`); "
+    "``None`` (default): ``local_steps``. Given with ``local_steps`` left at its default, "
+    "``local_epochs`` wins; with any other ``local_steps`` it is refused.",
+  ),
+  "batch_size": Declared(
+    None,
+    "examples in each local minibatch, or ``None``: the client's full data (default "
+    "``{default}``).",
+  ),
+  "backend": Declared(
+    "auto",
+    'per-client execution: ``"auto"`` (chosen from the model size), ``"vmap"``, ``"map"`` or '
+    '``"chunked"`` (default ``{default}``).',
+  ),
+  "chunk_size": Declared(
+    None,
+    'clients per chunk of the ``"chunked"`` backend, or ``None``: planned from memory (default '
+    "``{default}``).",
+  ),
+  "weighting": Declared(
+    "num_examples",
+    '``"num_examples"`` (weights proportional to sample counts) or ``"uniform"``: the weights of '
+    "the participants' contributions to the server's average (default ``{default}``).",
+  ),
+}
+"""The shared settings a factory can expose, in the order its signature lists them."""
+
+LOCAL_TRAINING = (
+  "clients_per_round",
+  "local_steps",
+  "local_epochs",
+  "batch_size",
+  "backend",
+  "chunk_size",
+)
+"""The settings every local-training factory exposes unless its paper fixes one."""
 
 
 def same_count(value, default) -> bool:

@@ -9,14 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedjax_dro.core.checks import integer
 from fedjax_dro.data.federated import FederatedDataset, from_client_arrays
 from fedjax_dro.data.partition import dirichlet_partition
-
-
-def _check_int(value, name, minimum=1):
-  if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < minimum:
-    raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-
 
 # The equal-mean reading of the paper's three feature distributions (zero means, standard
 # deviations 1 / 1.5 / 0.75; noise 1 makes the global model the better one there):
@@ -68,10 +63,10 @@ def synthetic_ridge(
   better. ``tests/engine/test_run.py`` checks the ordering, ``tests/ot/test_group_separation.py``
   the separation.
   """
-  _check_int(num_clients, "num_clients", 3)
-  _check_int(dim, "dim")
-  _check_int(min_examples, "min_examples")
-  _check_int(test_examples, "test_examples")
+  integer(num_clients, "num_clients", minimum=3)
+  integer(dim, "dim")
+  integer(min_examples, "min_examples")
+  integer(test_examples, "test_examples")
   if max_examples < min_examples:
     raise ValueError(f"max_examples={max_examples} must be >= min_examples={min_examples}")
   if noise_std < 0 or param_std < 0:
@@ -127,9 +122,9 @@ def synthetic_shift(
   defaults; ``c`` and ``sigma`` are not given there, ``scale = 1`` and ``shift_std = 0.5`` are our
   choice. ``true_params`` holds ``x_hat + delta_i``.
   """
-  _check_int(num_clients, "num_clients")
-  _check_int(dim, "dim")
-  _check_int(num_examples, "num_examples")
+  integer(num_clients, "num_clients")
+  integer(dim, "dim")
+  integer(num_examples, "num_examples")
   rng = np.random.default_rng(seed)
   x_hat = rng.normal(0.0, scale, dim)
   shifts = rng.normal(0.0, shift_std, (num_clients, dim))
@@ -164,8 +159,8 @@ def synthetic_classification(
 ) -> FederatedDataset:
   """Gaussian-mixture classification (one Gaussian per class) partitioned with Dirichlet(alpha)
   label skew over clients; each client's rows are split into train and test."""
-  _check_int(num_clients, "num_clients")
-  _check_int(num_classes, "num_classes", 2)
+  integer(num_clients, "num_clients")
+  integer(num_classes, "num_classes", minimum=2)
   rng = np.random.default_rng(seed)
   means = rng.normal(0.0, class_sep / np.sqrt(dim), (num_classes, dim)) * np.sqrt(dim)
   labels = np.repeat(np.arange(num_classes), examples_per_class)

@@ -13,12 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from fedjax_dro.core.checks import integer
 from fedjax_dro.models.base import Model
-
-
-def _check_positive_int(value, name):
-  if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-    raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
 def _check_shape(shape, name, ndims=None):
@@ -82,10 +78,10 @@ def linear_regression(
   Returns:
     A regression :class:`~fedjax_dro.models.base.Model` (per-example metric ``mse``).
   """
-  _check_positive_int(num_features, "num_features")
+  integer(num_features, "num_features")
   _check_l2(l2)
   if num_outputs is not None:
-    _check_positive_int(num_outputs, "num_outputs")
+    integer(num_outputs, "num_outputs")
   if not isinstance(fit_intercept, bool):
     raise TypeError(f"fit_intercept must be a bool, got {fit_intercept!r}")
   if (
@@ -138,7 +134,7 @@ def logistic_regression(num_features: int, *, l2: float = 0.0) -> Model:
   Returns:
     A classification :class:`~fedjax_dro.models.base.Model` (one logit, sigmoid cross-entropy).
   """
-  _check_positive_int(num_features, "num_features")
+  integer(num_features, "num_features")
   _check_l2(l2)
 
   def init(key):
@@ -244,8 +240,8 @@ def softmax_regression(
   Returns:
     A classification :class:`~fedjax_dro.models.base.Model` (softmax cross-entropy).
   """
-  _check_positive_int(num_features, "num_features")
-  _check_positive_int(num_classes, "num_classes")
+  integer(num_features, "num_features")
+  integer(num_classes, "num_classes")
   _check_l2(l2)
   if not isinstance(head, str) or head not in HEAD_FORMS:
     raise ValueError(f"head must be one of {HEAD_FORMS}, got {head!r}")
@@ -506,7 +502,7 @@ def mlp(
   Returns:
     A classification :class:`~fedjax_dro.models.base.Model` (softmax cross-entropy).
   """
-  _check_positive_int(num_classes, "num_classes")
+  integer(num_classes, "num_classes")
   input_shape = _check_shape(input_shape, "input_shape")
   hidden = _check_shape(hidden, "hidden")
   return from_flax(
@@ -550,7 +546,7 @@ def cnn(
   Returns:
     A classification :class:`~fedjax_dro.models.base.Model` (softmax cross-entropy).
   """
-  _check_positive_int(num_classes, "num_classes")
+  integer(num_classes, "num_classes")
   input_shape = _check_shape(input_shape, "input_shape", ndims=(2, 3))
   features = _check_shape(features, "features")
   smallest = 2 ** len(features)
@@ -560,7 +556,7 @@ def cnn(
       f"(each halves height and width): height and width must be >= {smallest}"
     )
   if dense is not None:
-    _check_positive_int(dense, "dense")
+    integer(dense, "dense")
   if not isinstance(conv, str) or conv not in CONV_FORMS:
     raise ValueError(f"conv must be one of {CONV_FORMS}, got {conv!r}")
   form = conv

@@ -55,6 +55,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_dro import compare as C
+from fedjax_dro.core.checks import integer
 from fedjax_dro.reproduce.common import run_tables
 
 STRATEGIES = ("Local", "FedSGD", "FedAvg", "pFedMe", "IFCA", "Karula")
@@ -194,11 +195,6 @@ def budgets(quick: bool = False) -> Dict[str, C.Budget]:
   }
 
 
-def _check(name, value, low):
-  if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < low:
-    raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-
-
 def karula_femnist(
   out_dir: Optional[str] = None,
   *,
@@ -245,9 +241,9 @@ def karula_femnist(
     ("max_writers", max_writers, 2),
     ("seed", seed, 0),
   ):
-    _check(name, value, low)
+    integer(value, name, minimum=low)
   if rounds is not None:
-    _check("rounds", rounds, 1)
+    integer(rounds, "rounds")
   if (
     isinstance(labels, str)
     or not labels
