@@ -148,3 +148,17 @@ def test_no_frame_inspection_in_the_package():
   ]
   assert offenders == []
   assert FRAME_TRICKS.search("default = f(sys._getframe(1))")  # the detector can fail
+
+
+def test_every_listed_slow_test_exists():
+  """Each node ID of ``tests/slow_tests.txt`` names a test function in an existing file (so the
+  list cannot silently stop marking what it names)."""
+  from tests.conftest import slow_node_ids
+
+  ids = slow_node_ids()
+  assert len(ids) >= 10
+  for node in ids:
+    path, _, name = node.partition("::")
+    function = name.split("[")[0]
+    source = (ROOT / path).read_text()
+    assert re.search(rf"^def {re.escape(function)}\(", source, re.M), node
