@@ -8,9 +8,13 @@ Federated Learning", ICML 2020, arXiv:1910.06378, Algorithm 1 with control-varia
     x <- x + eta_g mean_{i in S}(y_i - x)
     c <- c + (s / n) mean_{i in S}(c_i+ - c_i)
 
-Averages over the participants are unweighted, as in the paper; the fixed point is then the
-minimizer of the uniform average of the client objectives (tested on heterogeneous quadratics).
-Persistent per-client state: ``client_controls`` ``[n, ...]``.
+Averages over the participants are unweighted, as in the paper (``weighting="uniform"``, the
+default); the fixed point is then the minimizer of the uniform average of the client objectives
+(tested on heterogeneous quadratics). ``weighting="num_examples"`` optimizes the sample-weighted
+objective ``sum_i p_i f_i``, ``p_i = n_i / sum_j n_j`` (FedAvg's): ``x`` moves by the
+``p``-weighted mean of the participants' ``y_i - x`` and the server keeps ``c = sum_i p_i c_i``
+exactly, ``c <- c + sum_{i in S} p_i (c_i+ - c_i)`` (with uniform ``p_i = 1 / n`` both updates are
+the paper's). Persistent per-client state: ``client_controls`` ``[n, ...]``.
 
 With ``local_epochs`` client ``i`` takes ``K_i = local_epochs * ceil(n_i / batch_size)`` steps
 and ``J`` above is its own ``K_i`` (``c_i+`` is still the mean corrected gradient of its steps).
@@ -27,7 +31,14 @@ from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, regis
 from fedjax_dro.core.aggregation import scatter_rows, tree_add, tree_stack, tree_zeros_like
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import local_round, local_step_counts, round_metrics
-from fedjax_dro.core.settings import CommonSettings, participants, round_zero, state_init
+from fedjax_dro.core.settings import (
+  LOCAL_TRAINING,
+  CommonSettings,
+  aggregation_weights,
+  participants,
+  round_zero,
+  state_init,
+)
 
 
 class ScaffoldState(NamedTuple):
@@ -50,11 +61,11 @@ def initial_state(params, num_clients):
 
 
 @register("scaffold")
-@with_settings(fixed={"weighting": "uniform"})
+@with_settings((*LOCAL_TRAINING, "weighting"), defaults={"weighting": "uniform"})
 def scaffold(model, settings: CommonSettings) -> Algorithm:
   """SCAFFOLD option II (Karimireddy 2020): control variates correct client drift.
 
-  SCAFFOLD with control-variate option II and unweighted averages.
+  SCAFFOLD with control-variate option II; unweighted averages by default, as in the paper.
 
   Args:
     model: the :class:`~fedjax_dro.models.base.Model` of the server model ``x``.
@@ -62,6 +73,10 @@ def scaffold(model, settings: CommonSettings) -> Algorithm:
       ``None`` (default): every client.
     local_steps: ``K``, the corrected local SGD steps per round (default 10).
     batch_size: examples in each local minibatch; ``None`` (default): full client data.
+    weighting: the client weights ``p_i`` of the objective: ``"uniform"`` (default, the paper's
+      unweighted averages: the minimizer of the mean of the client objectives) or
+      ``"num_examples"`` (``p_i`` proportional to sample counts, the objective FedAvg's weights
+      target; see the module docstring for the two server updates).
 
   Returns:
     An :class:`~fedjax_dro.algorithms.base.Algorithm`. Hyper-parameters: ``client_lr``, the local
@@ -93,11 +108,12 @@ def scaffold(model, settings: CommonSettings) -> Algorithm:
       state_update=new_control,
       mean_only=True,
     )
-    mean_delta = update.deltas  # uniform weighting: the participants' mean delta
+    mean_delta = update.deltas  # the participants' p-weighted mean delta
     params = tree_add(state.params, mean_delta, hparams["server_lr"])
-    # mean of c_i+ - c_i = -c - delta_i / (J eta_l) over the participants: from the mean delta
+    # weighted mean of c_i+ - c_i = -c - delta_i / (J eta_l) over the participants: from the
+    # weighted mean delta
     dc = jax.tree.map(lambda c, d: -c - d / (settings.local_steps * lr), state.control, mean_delta)
-    control = tree_add(state.control, dc, s / n)
+    control = tree_add(state.control, dc, share(update, data, s / n))
     new_state = ScaffoldState(params, control, update.client_state, state.round + 1)
     return new_state, round_metrics(update)
 
@@ -123,12 +139,25 @@ def scaffold(model, settings: CommonSettings) -> Algorithm:
       state.control,
       update.deltas,
     )
-    mean = lambda tree: jax.tree.map(lambda a: jnp.mean(a, axis=0).astype(a.dtype), tree)
+    p = update.weights / jnp.sum(update.weights)  # the participants' p_i, normalized over S
+    mean = lambda tree: jax.tree.map(
+      lambda a: jnp.tensordot(p.astype(a.dtype), a, axes=1).astype(a.dtype), tree
+    )
+    if settings.weighting == "uniform":  # the plain mean, as the paper writes it
+      mean = lambda tree: jax.tree.map(lambda a: jnp.mean(a, axis=0).astype(a.dtype), tree)
     params = tree_add(state.params, mean(update.deltas), hparams["server_lr"])
     dc = mean(jax.tree.map(jnp.subtract, new, old))
-    control = tree_add(state.control, dc, s / n)
+    control = tree_add(state.control, dc, share(update, data, s / n))
     controls = scatter_rows(state.client_controls, update.idx, new)
     return ScaffoldState(params, control, controls, state.round + 1), round_metrics(update)
+
+  def share(update, data, uniform_share):
+    """``sum_{i in S} p_i``, the participants' share of the objective's weights (``s / n``
+    uniformly): the step of ``c`` along the participants' weighted mean ``c_i+ - c_i``."""
+    if settings.weighting == "uniform":
+      return uniform_share
+    total = jnp.sum(aggregation_weights(settings, data.num_examples))
+    return jnp.sum(update.weights) / total
 
   init = state_init(settings, initial_state)
   cost = local_training_costs(model, settings, models=2)  # delta_i and c_i+ - c_i

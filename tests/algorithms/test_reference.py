@@ -12,8 +12,12 @@ from tests.helpers import dataset, linreg, numpy_linreg_grad, regression_clients
 L2 = 0.01
 
 
-def _reference(name, data, rounds, seed, s, J, B, hp):
-  """Plain Python re-implementation reusing only the key schedule of the simulator."""
+def _reference(name, data, rounds, seed, s, J, B, hp, weighting=None):
+  """Plain Python re-implementation reusing only the key schedule of the simulator.
+
+  ``weighting`` (SCAFFOLD): ``None``/``"uniform"``, the paper's plain means, or
+  ``"num_examples"``: ``x`` moves by the ``p``-weighted mean of the participants' deltas and
+  ``c <- c + sum_{i in S} p_i (c_i+ - c_i)`` with ``p_i = n_i / sum_j n_j``."""
   n, d = data.num_clients, data.x.shape[-1]
   x, y, nex = np.asarray(data.x), np.asarray(data.y), np.asarray(data.num_examples)
   _, _, run_key = jax.random.split(jax.random.PRNGKey(seed), 3)
@@ -43,7 +47,8 @@ def _reference(name, data, rounds, seed, s, J, B, hp):
         uw, ub = uw - hp["client_lr"] * gw, ub - hp["client_lr"] * gb
       dws.append(uw - w)
       dbs.append(ub - b)
-      weights.append(1.0 if name == "scaffold" else float(nex[i]))
+      uniform = name == "scaffold" and weighting in (None, "uniform")
+      weights.append(1.0 if uniform else float(nex[i]))
       if name == "scaffold":
         new_c.append(
           (
@@ -54,7 +59,12 @@ def _reference(name, data, rounds, seed, s, J, B, hp):
     wts = np.array(weights) / np.sum(weights)
     w = w + hp["server_lr"] * np.tensordot(wts, np.array(dws), 1)
     b = b + hp["server_lr"] * float(np.dot(wts, dbs))
-    if name == "scaffold":
+    if name == "scaffold" and weighting == "num_examples":
+      p = nex / np.sum(nex)  # c = sum_i p_i c_i, kept exactly
+      for nc, i in zip(new_c, idx):
+        c_w, c_b = c_w + p[i] * (nc[0] - ci_w[i]), c_b + p[i] * (nc[1] - ci_b[i])
+        ci_w[i], ci_b[i] = nc
+    elif name == "scaffold":
       dcw = np.mean([nc[0] - ci_w[i] for nc, i in zip(new_c, idx)], axis=0)
       dcb = np.mean([nc[1] - ci_b[i] for nc, i in zip(new_c, idx)])
       for nc, i in zip(new_c, idx):
@@ -83,6 +93,46 @@ def test_matches_reference_loop(name, batch_size):
   np.testing.assert_allclose(float(params["b"]), b_ref, rtol=0, atol=1e-10)
 
 
+@pytest.mark.parametrize("weighting", ["uniform", "num_examples"])
+@pytest.mark.parametrize("batch_size", [4, None])
+def test_scaffold_under_both_weightings_matches_reference_loop(weighting, batch_size):
+  data = regression_clients(n=7, d=3, seed=1)  # client sizes 5..19: the weightings differ
+  model = linreg(3, l2=L2)
+  alg = A.scaffold(
+    model,
+    clients_per_round=3,
+    local_steps=4,
+    batch_size=batch_size,
+    backend="vmap",
+    weighting=weighting,
+  )
+  assert alg.config["weighting"] == weighting
+  hp = {"client_lr": 0.05, "server_lr": 0.9}
+  hist = run(alg, dataset(data), rounds=6, seed=3, hparams=hp, eval_every=3)
+  w_ref, b_ref = _reference("scaffold", data, 6, 3, 3, 4, batch_size, hp, weighting)
+  params = hist.final_state.params
+  np.testing.assert_allclose(np.asarray(params["w"]), w_ref, rtol=0, atol=1e-10)
+  np.testing.assert_allclose(float(params["b"]), b_ref, rtol=0, atol=1e-10)
+  if weighting == "num_examples":  # the comparison can fail: the uniform loop lands elsewhere
+    w_uni, _ = _reference("scaffold", data, 6, 3, 3, 4, batch_size, hp, "uniform")
+    assert np.max(np.abs(w_uni - w_ref)) > 1e-4
+
+
+def test_weighted_scaffold_reaches_the_sample_weighted_minimizer():
+  """With ``weighting="num_examples"`` the fixed point is argmin sum_i p_i f_i (p_i ~ n_i),
+  FedAvg's objective, not the uniform one."""
+  data = regression_clients(n=6, d=3, seed=4, shift=2.0)
+  model = linreg(3, l2=L2)
+  opt_w = _minimizer(data, L2, np.asarray(data.num_examples, float))
+  opt_u = _uniform_minimizer(data, L2)
+  assert np.linalg.norm(opt_w - opt_u) > 1e-2  # the two objectives differ here
+  alg = A.scaffold(model, local_steps=50, backend="vmap", weighting="num_examples")
+  hp = {"client_lr": 0.02, "server_lr": 1.0}
+  h = run(alg, dataset(data), rounds=600, hparams=hp, eval_every=600)
+  flat = np.append(np.asarray(h.final_state.params["w"]), float(h.final_state.params["b"]))
+  assert np.linalg.norm(flat - opt_w) < 1e-8, np.linalg.norm(flat - opt_w)
+
+
 def test_fedsgd_full_participation_is_centralized_gradient_descent():
   data = regression_clients(n=5, d=4, seed=2)
   model = linreg(4, l2=L2)
@@ -102,15 +152,22 @@ def test_fedsgd_full_participation_is_centralized_gradient_descent():
   np.testing.assert_allclose(float(hist.final_state.params["b"]), b, atol=1e-12)
 
 
-def _uniform_minimizer(data, l2):
-  """argmin (1/n) sum_i f_i for linear regression with intercept (closed form)."""
-  n, d = data.num_clients, data.x.shape[-1]
+def _minimizer(data, l2, weights):
+  """argmin sum_i p_i f_i, ``p = weights / sum(weights)``, for linear regression with intercept
+  (closed form)."""
+  d = data.x.shape[-1]
+  p = np.asarray(weights, float) / np.sum(weights)
   H, g = np.zeros((d + 1, d + 1)), np.zeros(d + 1)
   for i, k in enumerate(np.asarray(data.num_examples)):
     xa = np.hstack([np.asarray(data.x[i, :k]), np.ones((k, 1))])
-    H += xa.T @ xa / k / n
-    g += xa.T @ np.asarray(data.y[i, :k]) / k / n
+    H += p[i] * xa.T @ xa / k
+    g += p[i] * xa.T @ np.asarray(data.y[i, :k]) / k
   return np.linalg.solve(H + l2 * np.eye(d + 1), g)
+
+
+def _uniform_minimizer(data, l2):
+  """argmin (1/n) sum_i f_i for linear regression with intercept (closed form)."""
+  return _minimizer(data, l2, np.ones(data.num_clients))
 
 
 def test_scaffold_reaches_global_minimizer_while_fedavg_is_biased():

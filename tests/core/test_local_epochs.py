@@ -19,8 +19,9 @@ L2 = 0.01
 SIZES = [3, 7, 12, 5, 9, 16, 4]  # B = 4: 1, 2, 3, 2, 3, 4, 1 steps an epoch (4 static)
 
 
-def _reference(name, data, rounds, seed, s, E, B, hp):
-  """The round as a plain loop; only the participants and each epoch's order of a client's rows
+def _reference(name, data, rounds, seed, s, E, B, hp, weighting="uniform"):
+  """The round as a plain loop (SCAFFOLD under ``weighting``: see
+  ``tests/algorithms/test_reference.py``); only the participants and each epoch's order of a client's rows
   come from the simulator's key schedule, the batches are cut here: consecutive slices of
   ``B`` rows of that order, the last one holding the remaining rows."""
   n, m, d = data.num_clients, data.x.shape[1], data.x.shape[-1]
@@ -52,14 +53,19 @@ def _reference(name, data, rounds, seed, s, E, B, hp):
       assert steps == E * -(-nex[i] // B)
       dws.append(uw - w)
       dbs.append(ub - b)
-      weights.append(1.0 if name == "scaffold" else float(nex[i]))
+      weights.append(1.0 if name == "scaffold" and weighting == "uniform" else float(nex[i]))
       if name == "scaffold":
         scale = steps * hp["client_lr"]
         new_c.append((ci_w[i] - c_w - (uw - w) / scale, ci_b[i] - c_b - (ub - b) / scale))
     wts = np.array(weights) / np.sum(weights)
     w = w + hp["server_lr"] * np.tensordot(wts, np.array(dws), 1)
     b = b + hp["server_lr"] * float(np.dot(wts, dbs))
-    if name == "scaffold":
+    if name == "scaffold" and weighting == "num_examples":
+      p = nex / np.sum(nex)
+      for nc, i in zip(new_c, idx):
+        c_w, c_b = c_w + p[i] * (nc[0] - ci_w[i]), c_b + p[i] * (nc[1] - ci_b[i])
+        ci_w[i], ci_b[i] = nc
+    elif name == "scaffold":
       dcw = np.mean([nc[0] - ci_w[i] for nc, i in zip(new_c, idx)], axis=0)
       dcb = np.mean([nc[1] - ci_b[i] for nc, i in zip(new_c, idx)])
       for nc, i in zip(new_c, idx):
@@ -85,6 +91,25 @@ def test_local_epochs_match_a_reference_loop_of_shuffled_passes(name, epochs, s)
   params = hist.final_state.params
   np.testing.assert_allclose(np.asarray(params["w"]), w_ref, rtol=0, atol=1e-10)
   np.testing.assert_allclose(float(params["b"]), b_ref, rtol=0, atol=1e-10)
+
+
+def test_sample_weighted_scaffold_with_local_epochs_matches_the_reference_loop():
+  data = regression_clients(n=len(SIZES), d=3, sizes=SIZES, seed=5)
+  alg = A.scaffold(
+    linreg(3, l2=L2),
+    clients_per_round=4,
+    local_epochs=2,
+    batch_size=4,
+    backend="vmap",
+    weighting="num_examples",
+  )
+  hp = {"client_lr": 0.05, "server_lr": 0.9}
+  params = run(alg, dataset(data), rounds=4, seed=2, hparams=hp, eval_every=4).final_state.params
+  w_ref, b_ref = _reference("scaffold", data, 4, 2, 4, 2, 4, hp, "num_examples")
+  np.testing.assert_allclose(np.asarray(params["w"]), w_ref, rtol=0, atol=1e-10)
+  np.testing.assert_allclose(float(params["b"]), b_ref, rtol=0, atol=1e-10)
+  w_uni, _ = _reference("scaffold", data, 4, 2, 4, 2, 4, hp)
+  assert np.max(np.abs(w_uni - w_ref)) > 1e-4  # the weighting changes the iterates
 
 
 def test_epoch_schedule_passes_over_each_clients_rows_once_per_epoch():
