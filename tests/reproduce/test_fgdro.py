@@ -4,6 +4,7 @@ digits stand-in's labelling, the grids' helpers and bad inputs."""
 
 import json
 import os
+import types
 
 import jax
 import jax.numpy as jnp
@@ -64,7 +65,7 @@ def _check_cifar_result(res, data_dir, labels):
     nex = np.asarray(train.num_examples)
     y = np.asarray(train.y)
     proportions = np.stack([np.bincount(y[i, : nex[i]], minlength=10) / nex[i] for i in range(100)])
-    assert part["train_rows"] == 5 * 100 + 5 * 20  # classes 5-9 keep 20% of 100
+    assert part["train_rows"] == 5 * 100 + 5 * 20  # the first 20% of the 5 x 100 pooled rows kept
     assert list(part["algorithms"]) == labels
     for label, row in part["algorithms"].items():
       alg = A.get_algorithm(row["algorithm"]).factory(
@@ -209,3 +210,52 @@ def test_bad_inputs(tmp_path):
     cifar_round_time(rounds=0)
   assert "fgdro-table7" in reproduce.EXPERIMENTS
   assert jax.config.jax_enable_x64  # the metric test above compares in float64
+
+
+def _fake_run(values, diverged=False):
+  """A one-row sweep result whose final metrics are ``values`` (``val_*`` and ``test_*``)."""
+  metrics = {k: np.array([[0.0, v]]) for k, v in values.items()}
+  return types.SimpleNamespace(train_metrics=metrics, diverged=np.array([diverged]))
+
+
+def _fake_metrics(val_class, val_client, test):
+  out = {"val_worst_class_acc": val_class, "val_worst_acc": val_client}
+  for m in ("worst_class_acc", "worst_acc", "avg_acc", "class_avg_acc"):
+    out[f"test_{m}"] = test
+  return out
+
+
+def test_each_reported_accuracy_is_selected_on_its_own_validation_metric():
+  """Config a has the best validation worst-class accuracy, config b the best worst-client one:
+  the worst-class and average columns come from a's runs, the worst-client column from b's (the
+  test fails if the selection metric and the reported metric differ); a diverged reporting seed
+  scores 0 and is counted."""
+  spec = {"name": "fedavg", "options": {}, "tied": {}, "grid": {"client_lr": [0.1, 0.2, 0.3]}}
+  spec["fixed"] = {}
+  tests = {0.1: 0.5, 0.2: 0.7, 0.3: 0.1}  # test accuracy of each configuration's runs
+  tuning = [
+    ({"client_lr": 0.1}, _fake_run(_fake_metrics(0.9, 0.2, 0.0))),
+    ({"client_lr": 0.2}, _fake_run(_fake_metrics(0.1, 0.8, 0.0))),
+    ({"client_lr": 0.3}, _fake_run(_fake_metrics(float("nan"), 0.99, 0.0), diverged=True)),
+  ]
+  trained = []
+
+  def train(hp, seed):
+    trained.append((hp["client_lr"], seed))
+    return _fake_run(_fake_metrics(0.0, 0.0, tests[hp["client_lr"]]), diverged=seed == 2)
+
+  out = fgdro_module._summarise(spec, tuning, [0, 1, 2], train)
+  assert out["selected"]["worst_class_acc"]["hparams"] == {"client_lr": 0.1}
+  assert out["selected"]["worst_acc"]["hparams"] == {"client_lr": 0.2}  # the diverged 0.99 loses
+  assert out["per_seed_worst_class_acc"] == [0.5, 0.5, 0.0]
+  assert out["per_seed_avg_acc"] == [0.5, 0.5, 0.0]
+  assert out["per_seed_worst_acc"] == [0.7, 0.7, 0.0]
+  assert out["failures"] == {"worst_class_acc": 1, "worst_acc": 1}
+  assert sorted(trained) == [(0.1, 0), (0.1, 1), (0.1, 2), (0.2, 0), (0.2, 1), (0.2, 2)]
+  assert out["grid"][2]["validation_worst_acc"] == fgdro_module.FAILURE_SCORE
+  # one selection for both when one configuration is best on both: its runs are shared
+  trained.clear()
+  tuning[1] = ({"client_lr": 0.2}, _fake_run(_fake_metrics(0.1, 0.1, 0.0)))
+  out = fgdro_module._summarise(spec, tuning, [0, 1], train)
+  assert out["selected"]["worst_acc"]["hparams"] == {"client_lr": 0.1}
+  assert sorted(trained) == [(0.1, 0), (0.1, 1)]
