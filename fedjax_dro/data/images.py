@@ -23,8 +23,13 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
+from fedjax_dro.core.checks import choice
 from fedjax_dro.data.federated import FederatedDataset, from_client_arrays
-from fedjax_dro.data.partition import dirichlet_partition
+from fedjax_dro.data.partition import (
+  climb_dirichlet_partition,
+  climb_imbalance,
+  dirichlet_partition,
+)
 
 DIGITS_PATH = os.path.join(os.path.dirname(__file__), "digits.npz")
 DIGITS_NUM_ROWS = 1797
@@ -271,6 +276,7 @@ def digits_dirichlet_with_extras(
   reduced_classes: Sequence[int] = (5, 6, 7, 8, 9),
   fraction: float = 0.2,
   test_fraction: float = 0.3,
+  split: str = "per_class",
 ) -> tuple[FederatedDataset, DigitsExtras]:
   """:func:`digits_dirichlet` plus the exact label proportions and the pooled balanced test set.
 
@@ -283,6 +289,11 @@ def digits_dirichlet_with_extras(
   3. :func:`~fedjax_dro.data.partition.dirichlet_partition` of the remaining train rows over
      ``num_clients`` clients with ``Dirichlet(alpha)``, ``min_examples=1`` (the default setting
      has ~755 train rows for 100 clients, ~7.5 per client, so larger minimums rarely exist);
+     With ``split="climb"``, steps 2 and 3 are those of the code released with Shen et al. (ICLR
+     2021), which FGDRO uses: :func:`~fedjax_dro.data.partition.climb_imbalance` (the first
+     ``fraction`` of the reduced classes' pooled rows kept) and
+     :func:`~fedjax_dro.data.partition.climb_dirichlet_partition` (per-client Dirichlet
+     proportions, clients filled in turn with ``N // num_clients`` rows each);
   4. per-client test sets: client ``i`` draws, without replacement, at most 64 rows of the pooled
      test part among the classes it holds, row ``r`` with probability proportional to
      ``p_i[y_r] / n_test[y_r]`` (so the class mix follows the client's train mix ``p_i``, only
@@ -296,6 +307,7 @@ def digits_dirichlet_with_extras(
     :class:`DigitsExtras`.
   """
   _check_args(num_clients, alpha, reduced_classes, fraction, test_fraction, seed)
+  choice(split, "split", ("per_class", "climb"))
   x, y = load_digits()
   split_seed, reduce_seed, partition_seed, test_seed = (
     int(s) for s in np.random.SeedSequence(seed).generate_state(4)
@@ -316,15 +328,20 @@ def digits_dirichlet_with_extras(
   test_x, test_y = x[is_test], y[is_test]
   train_x, train_y = x[~is_test], y[~is_test]
 
-  # 2. Imbalance on the train part only.
-  if len(reduced_classes) and float(fraction) < 1.0:
-    keep = reduce_classes(train_y, list(reduced_classes), fraction, seed=reduce_seed)
+  # 2. Imbalance on the train part only; 3. Dirichlet label-skew partition of the train rows.
+  if split == "climb":
+    keep = climb_imbalance(train_y, list(reduced_classes), float(fraction), seed=reduce_seed)
     train_x, train_y = train_x[keep], train_y[keep]
-
-  # 3. Dirichlet label-skew partition of the train rows.
-  parts = dirichlet_partition(
-    train_y, num_clients, float(alpha), seed=partition_seed, min_examples=1
-  )
+    parts = climb_dirichlet_partition(
+      train_y, num_clients, float(alpha), num_classes=DIGITS_NUM_CLASSES, seed=partition_seed
+    )
+  else:
+    if len(reduced_classes) and float(fraction) < 1.0:
+      keep = reduce_classes(train_y, list(reduced_classes), fraction, seed=reduce_seed)
+      train_x, train_y = train_x[keep], train_y[keep]
+    parts = dirichlet_partition(
+      train_y, num_clients, float(alpha), seed=partition_seed, min_examples=1
+    )
   train_xs = [train_x[p] for p in parts]
   train_ys = [train_y[p] for p in parts]
   proportions = label_proportions(train_ys, DIGITS_NUM_CLASSES)

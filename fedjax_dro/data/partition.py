@@ -50,3 +50,106 @@ def dirichlet_partition(
     f"could not draw a Dirichlet({alpha}) partition with >= {min_examples} rows per "
     f"client in {max_tries} tries; raise alpha or lower num_clients"
   )
+
+
+# ------------------------------------------------------------------------------------------------
+# The class imbalance and Dirichlet split of the code released with Shen, Cervino, Hassani,
+# Ribeiro, "An agnostic approach to federated learning with class imbalance", ICLR 2021
+# (github.com/shenzebang/Federated-Learning-Pytorch, utils/data_utils.py: create_imbalance and
+# split_dataset's heterogeneity="dir" branch), which FGDRO (Guo and Yang 2024, Appendix G) uses
+# for its imbalanced CIFAR-10 with ``--n_minority 5`` (classes 0, 2, 4, 6, 8) and
+# ``--reduce_to_ratio 0.2``. The released code draws from unseeded global generators; here each
+# step takes a seed (a ``np.random.RandomState``, the same calls in the same order).
+# ------------------------------------------------------------------------------------------------
+
+CLIMB_MINORITY_CLASSES = {1: (0,), 3: (0, 2, 4), 5: (0, 2, 4, 6, 8)}  # its --n_minority
+
+
+def climb_imbalance(labels, reduce_classes, keep_fraction: float, *, seed: int) -> np.ndarray:
+  """Row indices of the released code's ``create_imbalance``, in its order.
+
+  The rows of all ``reduce_classes`` are pooled in dataset order and the first
+  ``max(1, int(pooled * keep_fraction))`` of the pool are kept (so the cut is per pool, not per
+  class: a class keeps about ``keep_fraction`` of its rows when the classes are interleaved); the
+  kept rows come first, then every row of the other classes, and the whole is permuted
+  (``RandomState(seed).permutation``). Returns ``int64`` indices into ``labels``.
+  """
+  labels = _labels(labels)
+  classes = np.asarray(list(reduce_classes))
+  if classes.size == 0:
+    raise ValueError("reduce_classes must name at least one class")
+  if not (isinstance(keep_fraction, (int, float)) and 0 < keep_fraction <= 1):
+    raise ValueError(f"keep_fraction must be a number in (0, 1], got {keep_fraction!r}")
+  reduce = np.isin(labels, classes)
+  pooled = np.flatnonzero(reduce)
+  if pooled.size == 0:
+    raise ValueError(f"no row has a label in reduce_classes {classes.tolist()}")
+  kept = pooled[: max(1, int(pooled.size * keep_fraction))]
+  order = np.concatenate([kept, np.flatnonzero(~reduce)])
+  return order[np.random.RandomState(_seed(seed)).permutation(order.size)].astype(np.int64)
+
+
+def climb_dirichlet_partition(
+  labels, num_clients: int, alpha: float, *, num_classes: int, seed: int
+) -> List[np.ndarray]:
+  """Client row indices of the released code's Dirichlet split (``heterogeneity="dir"``).
+
+  Each client ``k`` gets class proportions ``p_k ~ Dirichlet(alpha 1_C)`` (one draw of shape
+  ``[num_clients, C]``); then clients are filled one after another with exactly
+  ``N // num_clients`` rows each (the last ``N mod num_clients`` rows are never assigned): a row's
+  class is drawn by inverse CDF from ``p_k`` with one ``uniform()`` and the class's lowest
+  remaining row index is taken. When the drawn class has no rows left, every client's
+  proportions are renormalised without it and the class is redrawn from the flattened
+  ``[num_clients, C]`` cumulative sums, that is from client 0's renormalised row (the released
+  code's ``argmax`` over a 2-D array), until a class with rows left comes up; a client's first
+  draw always uses its original ``p_k``. So every client holds ``N // num_clients`` rows, the
+  classes run out in the order the clients use them, and late clients hold the classes left
+  (even at a large ``alpha``).
+
+  Raises ``ValueError`` where the released code would divide by zero (a client's proportions all
+  on one class that runs out: an ``alpha`` too small for the split) instead of looping forever.
+  """
+  labels = _labels(labels)
+  if not (isinstance(num_clients, (int, np.integer)) and 1 <= num_clients <= labels.size):
+    raise ValueError(f"num_clients must be an integer in [1, {labels.size}], got {num_clients!r}")
+  if not (isinstance(alpha, (int, float)) and np.isfinite(alpha) and alpha > 0):
+    raise ValueError(f"alpha must be a positive finite number, got {alpha!r}")
+  if not (isinstance(num_classes, (int, np.integer)) and num_classes > int(labels.max())):
+    raise ValueError(f"num_classes must exceed the largest label {labels.max()}, got {num_classes}")
+  rs = np.random.RandomState(_seed(seed))
+  priors = rs.dirichlet([float(alpha)] * num_classes, size=num_clients)
+  first_cumsum = np.cumsum(priors, axis=1)
+  rows = [np.flatnonzero(labels == c) for c in range(num_classes)]  # each class's rows, in order
+  taken = [0] * num_classes  # rows of each class already assigned
+  out: List[List[int]] = [[] for _ in range(num_clients)]
+  for k in range(num_clients):
+    for _ in range(labels.size // num_clients):
+      c = int(np.argmax(rs.uniform() <= first_cumsum[k]))
+      while taken[c] >= rows[c].size:
+        with np.errstate(divide="ignore", invalid="ignore"):
+          priors = priors / (1.0 - priors[:, c])[:, None]
+        if not np.all(np.isfinite(priors)):
+          raise ValueError(
+            f"alpha={alpha!r} is too small for this split: a client's proportions sit on one "
+            "class that ran out (the released code divides by zero here)"
+          )
+        priors[:, c] = 0.0
+        c = int(np.argmax(rs.uniform() <= np.cumsum(priors, axis=1)))
+        if c >= num_classes:
+          raise ValueError("the redraw fell past client 0's proportions (float rounding)")
+      out[k].append(int(rows[c][taken[c]]))
+      taken[c] += 1
+  return [np.asarray(rows, np.int64) for rows in out]
+
+
+def _labels(labels) -> np.ndarray:
+  arr = np.asarray(labels)
+  if arr.ndim != 1 or arr.size == 0 or not np.issubdtype(arr.dtype, np.integer) or arr.min() < 0:
+    raise ValueError(f"labels must be a non-empty 1-D array of non-negative integers, got {arr!r}")
+  return arr
+
+
+def _seed(seed) -> int:
+  if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**32:
+    raise ValueError(f"seed must be an integer in [0, 2**32), got {seed!r}")
+  return int(seed)
