@@ -23,7 +23,11 @@ from fedjax_dro.data.images import (
   reduce_classes,
 )
 from fedjax_dro.data.loaders import load_leaf_json, load_npz
-from fedjax_dro.data.partition import dirichlet_partition
+from fedjax_dro.data.partition import (
+  climb_dirichlet_partition,
+  climb_imbalance,
+  dirichlet_partition,
+)
 from fedjax_dro.data.readers import (
   FeatureSet,
   ImageSet,
@@ -42,6 +46,8 @@ __all__ = [
   "from_client_arrays",
   "train_test_split",
   "validate_data",
+  "climb_dirichlet_partition",
+  "climb_imbalance",
   "dirichlet_partition",
   "synthetic_classification",
   "synthetic_ridge",
