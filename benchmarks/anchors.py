@@ -68,8 +68,10 @@ from fedjax_dro.engine.prepare import derive_keys
 from fedjax_dro.engine.programs import predicted_participants
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import roofline  # noqa: E402
-import speed_trace  # noqa: E402
+from speedlib import (
+  roofline,  # noqa: E402
+  trace as speed_trace,  # noqa: E402
+)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -755,7 +757,7 @@ def measure_peaks(quick=False, dense=None):
   """The device's peak rates for the rooflines: the dense-matmul rate of the default precision
   policy (``dense``, else measured by ``speed_workloads.dense_rates``) and the copy bandwidth
   (``roofline.copy_bandwidth``)."""
-  import speed_workloads
+  from speedlib import workloads as speed_workloads
 
   from fedjax_dro.core.precision import default_precision
 

@@ -25,7 +25,7 @@ Measures, on the device JAX runs on (CPU or one accelerator):
   ``local_round``) and the evaluation of a global model (the ``auto`` backend against one ``vmap``
   over all clients);
 * ``roofline``: softmax and the MLP at n = 1000, the CNN at n = 100, each ``auto`` round against
-  its roofline (``roofline.py``: max(FLOPs / the dense rate, bytes / the copy bandwidth), both
+  its roofline (``speedlib/roofline.py``: max(FLOPs / the dense rate, bytes / the copy bandwidth), both
   peaks measured in the same process);
 * ``run``: :func:`fedjax_dro.run` (the CLI's path) against the compiled chunk it executes, and
   what its first chunk costs once (compilation of the rounds and of the evaluation, the first
@@ -47,7 +47,7 @@ repeatable rate, and every ratio divides like by like.
     python benchmarks/speed.py --sections algorithms --merge   # add a section to the results
     python benchmarks/speed.py --sections karula --merge   # Karula's round vs FedAvg's on a CNN
     python benchmarks/speed.py --render                # rewrite the markdown from the JSON
-    python benchmarks/speed.py --preset gpu            # the GPU points in one call (speed_gpu.py)
+    python benchmarks/speed.py --preset gpu            # the GPU points in one call (speedlib/gpu.py)
     python benchmarks/speed.py --preset gpu --tiny     # the same code path, tiny sizes (tests)
 
 ``--max-gflop-per-round`` skips (and lists) configurations whose round needs more work than that
@@ -56,10 +56,10 @@ repeatable rate, and every ratio divides like by like.
 (each section records the dense rate and device of its own process).
 
 This file is the command line; the measuring lives in the modules beside it:
-``speed_workloads.py`` (models, data, the per-client loop, one backend timed, the dense rate),
-``speed_sections.py`` (every section but the ceiling and Karula's), ``speed_ceiling.py`` (the
+``speedlib/workloads.py`` (models, data, the per-client loop, one backend timed, the dense rate),
+``speedlib/sections.py`` (every section but the ceiling and Karula's), ``speedlib/ceiling.py`` (the
 matmul ceiling), ``speed_karula.py`` (Karula's round against FedAvg's on the CNN of the
-``karula-femnist`` stand-in, the projection on its own line) and ``speed_report.py`` (markdown, acceptance checks, writing the results).
+``karula-femnist`` stand-in, the projection on its own line) and ``speedlib/report.py`` (markdown, acceptance checks, writing the results).
 """
 
 from __future__ import annotations
@@ -76,15 +76,17 @@ from fedjax_dro.core.precision import PRECISIONS, default_precision
 from fedjax_dro.engine import local_cpu_cores, request_cpu_devices
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:  # the speed_*.py modules beside this file, however it is loaded
+if HERE not in sys.path:  # benchmarks/speedlib/ beside this file, however it is loaded
   sys.path.insert(0, HERE)
 
-import roofline
-import speed_ceiling
-import speed_report
-import speed_sections
-import speed_workloads
-from speed_workloads import BACKENDS, BATCH, EXAMPLES, LOCAL_STEPS, MODELS
+from speedlib import (
+  ceiling as speed_ceiling,
+  report as speed_report,
+  roofline,
+  sections as speed_sections,
+  workloads as speed_workloads,
+)
+from speedlib.workloads import BACKENDS, BATCH, EXAMPLES, LOCAL_STEPS, MODELS
 
 SECTIONS = (
   "workloads",
@@ -129,7 +131,7 @@ def main(argv=None):
     "--preset",
     choices=("gpu",),
     default=None,
-    help="'gpu': every GPU acceptance point in one call (speed_gpu.py): the CNN at "
+    help="'gpu': every GPU acceptance point in one call (speedlib/gpu.py): the CNN at "
     "n = 1000 against the per-client loop, the MLP in bf16 against the bf16 dense rate, 10,000 "
     "CNN clients, the anchors",
   )
@@ -204,7 +206,7 @@ def main(argv=None):
         )
     args.sweep_backend = backends
     args.out_gpu = args.out
-    import speed_gpu
+    from speedlib import gpu as speed_gpu
 
     return speed_gpu.run(args, list(sys.argv[1:] if argv is None else argv))
   args.out = args.out or os.path.join(HERE, "results", "speed.json")

@@ -33,7 +33,7 @@ if HERE not in sys.path:
 
 import jax
 import numpy as np
-from speed_workloads import (
+from speedlib.workloads import (
   BATCH,
   LOCAL_STEPS,
   best_interleaved,

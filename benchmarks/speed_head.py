@@ -29,7 +29,7 @@ if HERE not in sys.path:
 
 import jax
 import numpy as np
-from speed_workloads import (
+from speedlib.workloads import (
   BATCH,
   EXAMPLES,
   LOCAL_STEPS,

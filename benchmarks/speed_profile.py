@@ -49,7 +49,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import jax  # noqa: E402
 import jax.extend as jex  # noqa: E402
 import numpy as np  # noqa: E402
-from speed_workloads import BATCH, LOCAL_STEPS, make_workload  # noqa: E402
+from speedlib.workloads import BATCH, LOCAL_STEPS, make_workload  # noqa: E402
 
 import fedjax_dro as fd  # noqa: E402
 from fedjax_dro.algorithms import fedavg  # noqa: E402

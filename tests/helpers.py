@@ -52,14 +52,18 @@ def run_float32(code: str) -> None:
 
 
 def load_benchmark(name: str):
-  """The module ``benchmarks/<name>.py``, loaded from its file (``benchmarks/`` is not a package;
-  its directory goes on ``sys.path`` so the scripts' sibling imports resolve)."""
+  """The module ``benchmarks/<name>.py``, loaded from its file, or a module of
+  ``benchmarks/speedlib/`` by its dotted name (``"speedlib.roofline"``). ``benchmarks/`` goes on
+  ``sys.path`` so the scripts' own imports (``from speedlib import ...``) resolve."""
+  import importlib
   import importlib.util
   import pathlib
 
   bench_dir = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
   if str(bench_dir) not in sys.path:
     sys.path.insert(0, str(bench_dir))
+  if "." in name:
+    return importlib.import_module(name)
   spec = importlib.util.spec_from_file_location(name, bench_dir / f"{name}.py")
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)

@@ -1,4 +1,4 @@
-"""benchmarks/roofline.py and speed_trace.py: the roofline arithmetic on cases worked by hand,
+"""benchmarks/speedlib/roofline.py and trace.py: the roofline arithmetic on cases worked by hand,
 the cost of a loop-free cohort step against counts made from the shapes, the summary of a
 device trace on a hand-made trace, and the anchors' count of executed client-steps."""
 
@@ -13,7 +13,7 @@ from tests.helpers import load_benchmark
 
 
 def test_bound_worked_by_hand():
-  rf = load_benchmark("roofline")
+  rf = load_benchmark("speedlib.roofline")
   # 2 TFLOP and 1 GB on a device of 1 PFLOP/s and 2 TB/s: compute 2 ms, memory 0.5 ms
   b = rf.bound(2e12, 1e9, 1e15, 2e12)
   assert b["compute_s"] == pytest.approx(2e-3) and b["memory_s"] == pytest.approx(5e-4)
@@ -37,7 +37,7 @@ def test_bound_worked_by_hand():
   ],
 )
 def test_bound_rejects_bad_rates(args, match):
-  rf = load_benchmark("roofline")
+  rf = load_benchmark("speedlib.roofline")
   with pytest.raises(ValueError, match=match):
     rf.bound(*args)
   with pytest.raises(ValueError, match="measured_s"):
@@ -50,7 +50,7 @@ def test_cohort_step_cost_counts_the_products_and_the_weights():
   and the updated weights written (2 * c * d * 4 bytes)."""
   from fedjax_dro import models
 
-  rf = load_benchmark("roofline")
+  rf = load_benchmark("speedlib.roofline")
   c, B, d, k = 3, 8, 32, 5
   model = models.softmax_regression(d, k)
   params = jax.tree.map(lambda a: a.astype(jnp.float32), model.init(jax.random.PRNGKey(0)))
@@ -65,7 +65,7 @@ def test_cohort_step_cost_counts_the_products_and_the_weights():
 
 
 def test_copy_bandwidth_quick_is_positive_per_size():
-  rf = load_benchmark("roofline")
+  rf = load_benchmark("speedlib.roofline")
   bw = rf.copy_bandwidth(quick=True, repeats=2)
   assert bw["bytes_per_s"] > 0 and set(bw["by_size"]) == {str(2**20), str(2**22)}
   assert bw["bytes_per_s"] == max(bw["by_size"].values())
@@ -76,7 +76,7 @@ def _event(name, ts, dur, pid=1, tid=7):
 
 
 def test_device_summary_of_a_hand_made_trace():
-  tr = load_benchmark("speed_trace")
+  tr = load_benchmark("speedlib.trace")
   events = [
     {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/device:GPU:0"}},
     {"ph": "M", "name": "process_name", "pid": 2, "args": {"name": "/host:CPU"}},

@@ -11,7 +11,7 @@ from tests.helpers import load_benchmark
 
 def test_gpu_preset_tiny_runs_every_part(tmp_path):
   bench = load_benchmark("speed")
-  gpu = load_benchmark("speed_gpu")
+  gpu = load_benchmark("speedlib.gpu")
   out = tmp_path / "speed_gpu.json"
   sections = ",".join(gpu.GPU_SECTIONS)
   result = bench.main(
@@ -71,7 +71,7 @@ def test_gpu_preset_tiny_extra_sections(tmp_path):
   """The sections not run by default: the CNN against the per-client loop, the convolution
   forms in bf16, the MLP per precision, 10,000 CNN clients (tiny sizes)."""
   bench = load_benchmark("speed")
-  gpu = load_benchmark("speed_gpu")
+  gpu = load_benchmark("speedlib.gpu")
   out = tmp_path / "speed_gpu.json"
   sections = ",".join(gpu.EXTRA_SECTIONS)
   bench.main(["--preset", "gpu", "--tiny", "--gpu-sections", sections, "--out", str(out)])
@@ -129,7 +129,7 @@ def test_dense_yardstick_sets_the_precision_on_the_timed_product():
   import jax
   import jax.numpy as jnp
 
-  workloads = load_benchmark("speed_workloads")
+  workloads = load_benchmark("speedlib.workloads")
   a = jnp.ones((4, 4), jnp.float32)
   text = str(jax.make_jaxpr(workloads.dense_product("float32"))(a, a))
   assert "Precision.HIGHEST" in text

@@ -1,5 +1,5 @@
 """The measuring sections of ``benchmarks/speed.py`` other than the matmul ceiling
-(``speed_ceiling.py``): client updates per second per workload and backend, precision policies,
+(``speedlib/ceiling.py``): client updates per second per workload and backend, precision policies,
 every algorithm against FedAvg, ``fd.run`` against its compiled chunk, a sweep on several
 devices, a sweep's shared CPU cache target, and the client axis folded into the batch. Each takes
 the parsed command line and returns its section of the results file."""
@@ -12,7 +12,14 @@ import time
 
 import jax
 import jax.numpy as jnp
-from speed_workloads import (
+
+import fedjax_dro as fd
+from fedjax_dro.algorithms import fedavg, list_algorithms
+from fedjax_dro.core import clients as client_backends
+from fedjax_dro.core.precision import PRECISIONS, default_precision, with_precision
+from fedjax_dro.engine import make_mesh
+from fedjax_dro.models import num_parameters
+from speedlib.workloads import (
   BACKENDS,
   BATCH,
   CLIENTS,
@@ -30,13 +37,6 @@ from speed_workloads import (
   step_flops,
   time_calls,
 )
-
-import fedjax_dro as fd
-from fedjax_dro.algorithms import fedavg, list_algorithms
-from fedjax_dro.core import clients as client_backends
-from fedjax_dro.core.precision import PRECISIONS, default_precision, with_precision
-from fedjax_dro.engine import make_mesh
-from fedjax_dro.models import num_parameters
 
 
 def _short(row):
@@ -441,7 +441,7 @@ def rooflines(args, dense, bandwidth):
   of the round's precision and ``bandwidth``, the copy bandwidth in bytes/s). A client update's
   work is ``LOCAL_STEPS`` times the cost of one local step of ``c = min(n, 64)`` clients side by
   side (``roofline.cohort_step_cost``) divided by ``c``; the round's is ``n`` updates."""
-  import roofline
+  from speedlib import roofline
 
   precision = args.precision or default_precision()
   peak = dense.get(precision, dense.get("float32", {})).get("flops_per_s")

@@ -4,12 +4,12 @@ Meant for one H100 or H200 in under 8 minutes (``--budget-s``, default 480 s: th
 whole runs are skipped, and projected, when they would not fit in what is left). The results
 are written after each section (a call cut off at its limit keeps what it measured). First the
 device's peaks: the dense-matmul rate of each precision and the copy bandwidth (the two terms of
-the roofline, ``roofline.py``). Then the sections of ``--gpu-sections``, in this order:
+the roofline, ``speedlib/roofline.py``). Then the sections of ``--gpu-sections``, in this order:
 
 1. ``femnist``: FLUTE's FEMNIST-sized FedAvg workload through ``fd.run`` (``anchors.py``): 50
    measured rounds, the whole 1500-round run (compilation included), the round against its
    roofline, and a ``jax.profiler`` trace of the measured rounds (kernels, kernel time and
-   device-to-host copies per round, how busy the device was: ``speed_trace.py``);
+   device-to-host copies per round, how busy the device was: ``speedlib/trace.py``);
 2. ``variants``: the same rounds under the other ways of running the participants
    (:data:`VARIANTS`: the epoch loop's exit tested every k steps, the participants sorted by
    step count in chunks of c), side by side with their rooflines and traces;
@@ -43,15 +43,17 @@ import time
 
 import anchors
 import jax
-import speed_report
-import speed_sections
-import speed_workloads
 
 from fedjax_dro.core.precision import default_precision
 from fedjax_dro.core.ragged import epoch_chunk, step_block
 from fedjax_dro.models import conv_form
+from speedlib import (
+  report as speed_report,
+  sections as speed_sections,
+  workloads as speed_workloads,
+)
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # benchmarks/
 BUDGET_S = 480.0
 # The FEMNIST round's variants side by side: (exit test every k local steps, participants sorted
 # by step count in chunks of c; None: one group, the backend's plan)

@@ -14,7 +14,10 @@ import jax
 import jax.extend as jex
 import jax.numpy as jnp
 import numpy as np
-from speed_workloads import (
+
+from fedjax_dro.core.precision import default_precision, with_precision
+from fedjax_dro.models import client_loss_and_grad
+from speedlib.workloads import (
   BATCH,
   LOCAL_STEPS,
   MATMUL_PRECISION,
@@ -28,9 +31,6 @@ from speed_workloads import (
   step_flops,
   time_calls,
 )
-
-from fedjax_dro.core.precision import default_precision, with_precision
-from fedjax_dro.models import client_loss_and_grad
 
 # Clients side by side the ceiling is evaluated at, and the most operand bytes it times.
 CEILING_CHUNKS = (1, 4, 10, 20, 40, 100, 250, 500, 1000, 2000)

@@ -8,8 +8,8 @@ import json
 import math
 import os
 
-from speed_ceiling import HAND_WRITTEN_RUNGS
-from speed_workloads import BACKENDS, BATCH, EXAMPLES, LOCAL_STEPS, LOOP_CLIENTS, plan_label
+from speedlib.ceiling import HAND_WRITTEN_RUNGS
+from speedlib.workloads import BACKENDS, BATCH, EXAMPLES, LOCAL_STEPS, LOOP_CLIENTS, plan_label
 
 # Why an algorithm's round costs more than 2x FedAvg's at equal settings: what it computes that
 # FedAvg does not (the acceptance asks for every round within 2x, exceptions
