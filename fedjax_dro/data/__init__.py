@@ -1,10 +1,25 @@
-"""Federated data: padded stacked arrays, constructors, partitioners, synthetic tasks."""
+"""Federated data: padded stacked arrays, constructors, partitioners, and datasets by role.
 
-from fedjax_dro.data.cifar import (
-  load_cifar10,
-  load_cifar100,
-  write_cifar10_bin,
-  write_cifar100_bin,
+* the structure: ``federated`` (the padded stacked arrays and their constructors), ``host``
+  (host-resident data), ``partition`` (label partitioners);
+* built-in datasets (generated or shipped with the package): ``synthetic``, ``digits`` (the 8x8
+  handwritten digits, FGDRO's image setting), ``femnist_digits`` (the digits by writer, a
+  FEMNIST-like federation), ``heart_disease`` (four hospitals), ``standins`` (labelled stand-ins
+  of users' files), and ``registry`` (the datasets by name);
+* readers of the user's files: ``user_arrays`` (npz, LEAF JSON), ``user_cifar`` (CIFAR binary),
+  ``user_files`` (features files, TinyImageNet, and their shared types), each with the writer of
+  its format for tests and stand-ins.
+
+Metrics live in :mod:`fedjax_dro.core.metrics`.
+"""
+
+from fedjax_dro.core.metrics import class_weighted_accuracy
+from fedjax_dro.data.digits import (
+  digits_dirichlet,
+  digits_dirichlet_with_extras,
+  label_proportions,
+  load_digits,
+  reduce_classes,
 )
 from fedjax_dro.data.federated import (
   FederatedData,
@@ -14,30 +29,32 @@ from fedjax_dro.data.federated import (
   train_test_split,
   validate_data,
 )
-from fedjax_dro.data.images import (
-  class_weighted_accuracy,
-  digits_dirichlet,
-  digits_dirichlet_with_extras,
-  label_proportions,
-  load_digits,
-  reduce_classes,
+from fedjax_dro.data.femnist_digits import (
+  digits_by_writer,
+  load_femnist_digits,
+  writer_style_groups,
 )
-from fedjax_dro.data.loaders import load_leaf_json, load_npz
 from fedjax_dro.data.partition import (
   climb_dirichlet_partition,
   climb_imbalance,
   dirichlet_partition,
 )
-from fedjax_dro.data.readers import (
+from fedjax_dro.data.registry import DatasetEntry, get_dataset, list_datasets, register_dataset
+from fedjax_dro.data.synthetic import synthetic_classification, synthetic_ridge, synthetic_shift
+from fedjax_dro.data.user_arrays import load_leaf_json, load_npz
+from fedjax_dro.data.user_cifar import (
+  load_cifar10,
+  load_cifar100,
+  write_cifar10_bin,
+  write_cifar100_bin,
+)
+from fedjax_dro.data.user_files import (
   FeatureSet,
   ImageSet,
   load_features,
   load_tiny_imagenet,
   write_features,
 )
-from fedjax_dro.data.registry import DatasetEntry, get_dataset, list_datasets, register_dataset
-from fedjax_dro.data.synthetic import synthetic_classification, synthetic_ridge, synthetic_shift
-from fedjax_dro.data.writers import digits_by_writer, load_femnist_digits, writer_style_groups
 
 __all__ = [
   "FederatedData",

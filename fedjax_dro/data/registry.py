@@ -7,9 +7,9 @@ from typing import Callable, Dict, NamedTuple
 
 from fedjax_dro import models
 from fedjax_dro.data import synthetic
+from fedjax_dro.data.digits import digits_dirichlet
 from fedjax_dro.data.federated import FederatedDataset
 from fedjax_dro.data.heart_disease import heart_disease
-from fedjax_dro.data.images import digits_dirichlet
 
 
 class DatasetEntry(NamedTuple):

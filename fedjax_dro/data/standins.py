@@ -3,7 +3,7 @@
 :func:`gaussian_mixture_features` stands in for precomputed image embeddings (e.g. the
 ImageNet-pretrained ResNet-18 features of CIFAR-100 that SCAFF-PD's Table 1 trains linear
 classifiers on): a class-conditional Gaussian mixture with the same layout as a features file
-(:class:`~fedjax_dro.data.readers.FeatureSet`). It is *not* CIFAR-100: it has the number of
+(:class:`~fedjax_dro.data.user_files.FeatureSet`). It is *not* CIFAR-100: it has the number of
 classes and the feature dimension, not the images' structure; results on it are labelled as
 stand-in results wherever they are reported.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from fedjax_dro.core.checks import number
-from fedjax_dro.data.readers import FeatureSet
+from fedjax_dro.data.user_files import FeatureSet
 
 # The defaults of gaussian_mixture_features. SEPARATION = 3 gives a Bayes (nearest true mean)
 # accuracy of about 0.67 in 512 dimensions with 100 classes; a linear classifier trained on
@@ -55,7 +55,7 @@ def gaussian_mixture_features(
     seed: seed of the means and the noise.
 
   Returns:
-    A :class:`~fedjax_dro.data.readers.FeatureSet` (float32 features ``[N, dim]``, int32 labels,
+    A :class:`~fedjax_dro.data.user_files.FeatureSet` (float32 features ``[N, dim]``, int32 labels,
     bool split with True on the held-out rows, ``num_classes``).
   """
   for name, value, low in (

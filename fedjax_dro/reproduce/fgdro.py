@@ -15,7 +15,7 @@ holds their settings and grids):
   weights over ``{0.01, 0.1, 0.2, 0.5}``, the DRO parameters on wide grids. The CIFAR-10 test
   set is the held-out set. A runtime estimate (one measured round) is printed first.
 * ``fgdro_table7()``: a *stand-in* on the 8x8 handwritten digits that ship with the package
-  (:func:`fedjax_dro.data.images.digits_dirichlet_with_extras`, the same data steps), 40 rounds of
+  (:func:`fedjax_dro.data.digits.digits_dirichlet_with_extras`, the same data steps), 40 rounds of
   8 steps of batch 8 and smaller grids; its table is labelled as a stand-in and the paper's
   CIFAR-10 numbers are printed in a separate table, never beside it.
 
@@ -71,7 +71,7 @@ TUNE_SEED_OFFSET = 100
 
 def _partitions(data_dir: Optional[str], seed: int, settings) -> List[Dict[str, Any]]:
   """Per Dirichlet alpha: train data, proportions, validation and test halves, description."""
-  from fedjax_dro.data.images import digits_dirichlet_with_extras
+  from fedjax_dro.data.digits import digits_dirichlet_with_extras
 
   out = []
   if data_dir is None:

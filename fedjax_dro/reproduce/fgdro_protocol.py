@@ -207,7 +207,7 @@ def image_partition(x_train, y_train, num_classes: int, alpha: float, seed: int)
   Dirichlet(``alpha``) class proportions, every client ``N // 100`` rows). Returns
   ``(train FederatedData, proportions [100, num_classes])``."""
   from fedjax_dro.data import from_client_arrays
-  from fedjax_dro.data.images import label_proportions
+  from fedjax_dro.data.digits import label_proportions
   from fedjax_dro.data.partition import climb_dirichlet_partition, climb_imbalance
 
   reduce_seed, partition_seed = (int(s) for s in np.random.SeedSequence(seed).generate_state(2))

@@ -8,18 +8,18 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from fedjax_dro.data.federated import FederatedData, FederatedDataset
-from fedjax_dro.data.images import (
+from fedjax_dro.core.metrics import class_weighted_accuracy
+from fedjax_dro.data.digits import (
   DIGITS_PATH,
   DigitsExtras,
-  class_weighted_accuracy,
   digits_dirichlet,
   digits_dirichlet_with_extras,
   label_proportions,
   load_digits,
   reduce_classes,
 )
-from fedjax_dro.data.loaders import load_leaf_json, load_npz
+from fedjax_dro.data.federated import FederatedData, FederatedDataset
+from fedjax_dro.data.user_arrays import load_leaf_json, load_npz
 
 # --- shipped digits ------------------------------------------------------------------------------
 
@@ -527,7 +527,7 @@ def test_leaf_hostile_files_are_refused_in_bounded_time_and_memory(tmp_path):
   GB of Python lists: over the 1 GiB the reader runs under here), and labels of 1e9 (in a LEAF
   file and a features file): each refused with one ValueError naming the file."""
   from fedjax_dro.data import load_leaf_json
-  from fedjax_dro.data.readers import load_features, write_features
+  from fedjax_dro.data.user_files import load_features, write_features
 
   with pytest.raises(ValueError, match="implies 1000000001 classes"):  # nor written
     write_features(str(tmp_path / "w.npz"), np.zeros((3, 2)), np.array([0, 1, 10**9]))

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from fedjax_dro.data import digits_by_writer, load_femnist_digits, writer_style_groups
-from fedjax_dro.data.writers import STYLE_GROUPS, resize_images
+from fedjax_dro.data.femnist_digits import STYLE_GROUPS, resize_images
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +71,7 @@ def test_style_groups_differ_measurably():
 
 
 def test_quirks_change_ones_and_sevens_only(monkeypatch):
-  from fedjax_dro.data import writers as W
+  from fedjax_dro.data import femnist_digits as W
 
   monkeypatch.setitem(W.WRITER_JITTER, "quirk_flip", 0.0)  # every writer has its group's quirks
   quirky = digits_by_writer(8, examples_per_writer=60, seed=1)

@@ -12,7 +12,7 @@ See ``DIGITS_LICENSE.md`` next to this file.
 :func:`digits_dirichlet` = stratified train/test split -> :func:`reduce_classes` on the train part
 (classes 5..9 keep 20%) -> :func:`~fedjax_dro.data.partition.dirichlet_partition` of the train
 rows over 100 clients. The test part stays balanced and pooled; worst-client accuracy is scored
-with :func:`class_weighted_accuracy` (each client's expected accuracy under its own label mix).
+with :func:`~fedjax_dro.core.metrics.class_weighted_accuracy` (each client's expected accuracy under its own label mix).
 """
 
 from __future__ import annotations
@@ -187,53 +187,12 @@ def label_proportions(labels_per_client: Sequence, num_classes: int) -> np.ndarr
   return out
 
 
-def class_weighted_accuracy(per_class_accuracy, proportions) -> np.ndarray:
-  """Client ``i``'s expected accuracy under its own label distribution,
-  ``sum_c proportions[i, c] * per_class_accuracy[c]`` (float64 ``[n]``).
-
-  Why: with 100 label-skewed clients, a client's own test set has a handful of images (a few per
-  class it holds), so its empirical accuracy -- and above all the *worst* client's -- is dominated
-  by sampling noise (one image flips it by 10-30 points). Measuring per-class accuracy once on a
-  balanced global test set (~54 images per class for the digits) and reweighting it by each
-  client's label mix gives the same expectation with far less variance, and is how worst-client
-  accuracy is scored for :func:`digits_dirichlet`.
-
-  Args:
-    per_class_accuracy: ``[num_classes]`` accuracies in ``[0, 1]``.
-    proportions: ``[n, num_classes]`` non-negative rows summing to 1 (see
-      :func:`label_proportions`).
-  """
-  acc = np.asarray(per_class_accuracy)
-  props = np.asarray(proportions)
-  for name, arr in (("per_class_accuracy", acc), ("proportions", props)):
-    if arr.dtype.kind not in "biuf":
-      raise TypeError(f"{name} must be a real array, got dtype {arr.dtype}")
-  acc, props = acc.astype(np.float64), props.astype(np.float64)
-  if acc.ndim != 1:
-    raise ValueError(f"per_class_accuracy must be 1-D [num_classes], got shape {acc.shape}")
-  if props.ndim != 2 or props.shape[1] != acc.shape[0]:
-    raise ValueError(
-      f"proportions must be [n, num_classes={acc.shape[0]}], got shape {props.shape}"
-    )
-  if not np.all(np.isfinite(acc)) or np.any((acc < 0) | (acc > 1)):
-    raise ValueError(f"per_class_accuracy must be finite and in [0, 1], got {acc.tolist()}")
-  if not np.all(np.isfinite(props)) or np.any(props < 0):
-    raise ValueError("proportions must be finite and non-negative")
-  sums = props.sum(1)
-  if not np.allclose(sums, 1.0, atol=1e-6):
-    bad = np.flatnonzero(~np.isclose(sums, 1.0, atol=1e-6))
-    raise ValueError(
-      f"proportions rows must sum to 1: rows {bad[:10].tolist()} sum to {sums[bad[:10]].tolist()}"
-    )
-  return props @ acc
-
-
 class DigitsExtras(NamedTuple):
   """What :func:`digits_dirichlet_with_extras` returns next to the dataset.
 
   Attributes:
     proportions: ``[num_clients, 10]`` float64, each client's exact train label proportions (the
-      weights of :func:`class_weighted_accuracy`).
+      weights of :func:`~fedjax_dro.core.metrics.class_weighted_accuracy`).
     test_x: ``[N_test, 8, 8]`` float32, the pooled balanced (stratified) test images.
     test_y: ``[N_test]`` int32, their labels.
   """
@@ -298,7 +257,7 @@ def digits_dirichlet_with_extras(
      test part among the classes it holds, row ``r`` with probability proportional to
      ``p_i[y_r] / n_test[y_r]`` (so the class mix follows the client's train mix ``p_i``, only
      approximately: drawing without replacement flattens it when a class runs out of rows).
-     These are small and noisy; prefer :func:`class_weighted_accuracy` with
+     These are small and noisy; prefer :func:`~fedjax_dro.core.metrics.class_weighted_accuracy` with
      ``extras.proportions`` and per-class accuracy on ``extras.test_x, extras.test_y``.
 
   Returns:

@@ -6,7 +6,7 @@ the Python pickles). Every reader validates the whole layout before returning, a
 file gets a ``ValueError`` / ``TypeError`` / ``FileNotFoundError`` naming the file and what was
 expected. The ``write_*`` functions are the inverses, for making small stand-ins (and test
 fixtures) in the same formats. This module holds the containers, the features and TinyImageNet
-readers and the checks they share; the CIFAR readers are in :mod:`fedjax_dro.data.cifar`.
+readers and the checks they share; the CIFAR readers are in :mod:`fedjax_dro.data.user_cifar`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Dict, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from fedjax_dro.data.loaders import check_class_count, read_npz_member
+from fedjax_dro.data.user_arrays import check_class_count, read_npz_member
 
 PathLike = Union[str, os.PathLike]
 

@@ -24,9 +24,9 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
+from fedjax_dro.data.digits import DIGITS_NUM_CLASSES, load_digits
 from fedjax_dro.data.federated import FederatedDataset, from_client_arrays
-from fedjax_dro.data.images import DIGITS_NUM_CLASSES, load_digits
-from fedjax_dro.data.loaders import load_leaf_json
+from fedjax_dro.data.user_arrays import load_leaf_json
 
 # The style groups of the stand-in: the prototype style of each group's writers. ``scale``
 # multiplies the digit's size, ``slant`` shears it (columns shift by slant * rows above the

@@ -13,7 +13,7 @@ from typing import Sequence, Tuple
 
 import numpy as np
 
-from fedjax_dro.data.readers import ImageSet, PathLike, as_path, check_labels
+from fedjax_dro.data.user_files import ImageSet, PathLike, as_path, check_labels
 
 _CIFAR_SIDE = 32
 _CIFAR_PIXELS = 3 * _CIFAR_SIDE * _CIFAR_SIDE  # 3072: the R plane, then G, then B, row-major
