@@ -59,7 +59,7 @@ def _notebook_source(path):
 
 def _outside_files():
   """Benchmarks, notebooks, the CLI and the reproductions: they must use the public API."""
-  files = sorted((ROOT / "benchmarks").glob("*.py")) + sorted((ROOT / "notebooks").glob("*.ipynb"))
+  files = sorted((ROOT / "benchmarks").rglob("*.py")) + sorted((ROOT / "notebooks").glob("*.ipynb"))
   files += [PACKAGE / "cli.py"] + sorted((PACKAGE / "reproduce").glob("*.py"))
   return files
 
