@@ -6,6 +6,8 @@ from typing import List
 
 import numpy as np
 
+from fedjax_dro.core.checks import integer, number
+
 
 def dirichlet_partition(
   labels,
@@ -78,8 +80,7 @@ def climb_imbalance(labels, reduce_classes, keep_fraction: float, *, seed: int) 
   classes = np.asarray(list(reduce_classes))
   if classes.size == 0:
     raise ValueError("reduce_classes must name at least one class")
-  if not (isinstance(keep_fraction, (int, float)) and 0 < keep_fraction <= 1):
-    raise ValueError(f"keep_fraction must be a number in (0, 1], got {keep_fraction!r}")
+  keep_fraction = number(keep_fraction, "keep_fraction", minimum=0.0, strict=True, maximum=1.0)
   reduce = np.isin(labels, classes)
   pooled = np.flatnonzero(reduce)
   if pooled.size == 0:
@@ -110,10 +111,8 @@ def climb_dirichlet_partition(
   on one class that runs out: an ``alpha`` too small for the split) instead of looping forever.
   """
   labels = _labels(labels)
-  if not (isinstance(num_clients, (int, np.integer)) and 1 <= num_clients <= labels.size):
-    raise ValueError(f"num_clients must be an integer in [1, {labels.size}], got {num_clients!r}")
-  if not (isinstance(alpha, (int, float)) and np.isfinite(alpha) and alpha > 0):
-    raise ValueError(f"alpha must be a positive finite number, got {alpha!r}")
+  num_clients = integer(num_clients, "num_clients", maximum=labels.size)
+  alpha = number(alpha, "alpha", minimum=0.0, strict=True)
   if not (isinstance(num_classes, (int, np.integer)) and num_classes > int(labels.max())):
     raise ValueError(f"num_classes must exceed the largest label {labels.max()}, got {num_classes}")
   rs = np.random.RandomState(_seed(seed))
@@ -150,6 +149,4 @@ def _labels(labels) -> np.ndarray:
 
 
 def _seed(seed) -> int:
-  if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**32:
-    raise ValueError(f"seed must be an integer in [0, 2**32), got {seed!r}")
-  return int(seed)
+  return integer(seed, "seed", minimum=0, maximum=2**32 - 1)

@@ -88,7 +88,7 @@ def test_split_properties():
 
 def test_bad_inputs():
   labels = _labels()
-  with pytest.raises(ValueError, match="alpha must be a positive"):
+  with pytest.raises(ValueError, match="alpha must be a finite number > 0"):
     climb_dirichlet_partition(labels, 10, 0.0, num_classes=10, seed=0)
   with pytest.raises(ValueError, match="num_clients must be"):
     climb_dirichlet_partition(labels, 0, 1.0, num_classes=10, seed=0)
