@@ -5,7 +5,13 @@ scanned, and seeds and hyper-parameters are one more vectorized axis.
 """
 
 from fedjax_dro import algorithms, compare, core, data, engine, models, records, solvers
-from fedjax_dro.algorithms import Algorithm, get_algorithm, list_algorithms, make_hparams
+from fedjax_dro.algorithms import (
+  Algorithm,
+  describe,
+  get_algorithm,
+  list_algorithms,
+  make_hparams,
+)
 from fedjax_dro.data import FederatedData, FederatedDataset, from_arrays, from_client_arrays
 from fedjax_dro.engine import (
   CompiledRounds,
@@ -31,6 +37,7 @@ __all__ = [
   "solvers",
   "Algorithm",
   "get_algorithm",
+  "describe",
   "list_algorithms",
   "make_hparams",
   "FederatedData",

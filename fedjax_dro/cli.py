@@ -472,9 +472,12 @@ def _sweep_locked(args) -> int:
 
 
 def cmd_list(args) -> int:
-  from fedjax_dro.algorithms import list_algorithms
+  from fedjax_dro.algorithms import describe, list_algorithms
   from fedjax_dro.data import list_datasets
 
+  if args.name is not None:
+    print(describe(args.name), end="")
+    return 0
   print("Algorithms:")
   for name, e in list_algorithms().items():
     print(f"  {name:<22} {e.description}")
@@ -618,7 +621,15 @@ def main(argv: Optional[List[str]] = None) -> int:
   p_plot.add_argument("dirs", nargs="+", help="run directories (seeds) and/or sweep directories")
   p_plot.add_argument("--out", default=None, help="output directory (default: the first dir)")
   p_plot.add_argument("--metric", default=None, help="metric to plot (default: accuracy or r2)")
-  sub.add_parser("list", help="list algorithms and datasets")
+  p_list = sub.add_parser(
+    "list", help="list algorithms and datasets; with NAME, an algorithm's settings and hparams"
+  )
+  p_list.add_argument(
+    "name",
+    nargs="?",
+    default=None,
+    help="an algorithm: print its settings and hyper-parameters (defaults, ranges, meanings)",
+  )
   args = parser.parse_args(argv)
   if args.command is None:
     parser.print_help()

@@ -173,3 +173,40 @@ def one_writer_behaviour(tmp_path=None):
   assert third.returncode == 0, third.stderr[-2000:]
   with open(out / "summary.json") as f:
     assert json.load(f)["config"]["rounds"] == 2
+
+
+def test_list_name_prints_settings_and_hyper_parameters(capsys):
+  """``fedjax-dro list afl``: AFL's keys (it has no client_lr) with their defaults and ranges;
+  every registered algorithm's description names each of its hyper-parameters and settings."""
+  import inspect
+
+  import pytest
+
+  from fedjax_dro import algorithms as A, models, sweep
+  from tests.helpers import dataset, regression_clients
+
+  assert cli.main(["list", "afl"]) == 0
+  out = capsys.readouterr().out
+  lines = {line.split("=")[0].strip(): line for line in out.splitlines() if "=" in line}
+  assert "0.1" in lines["lr_lambda"] and "> 0" in lines["lr_lambda"]
+  assert "lr_w" in lines and "client_lr" not in lines and "psi" in lines
+  assert "alpha" in A.describe("afl", psi="cvar") and "rho" not in A.describe("afl", psi="cvar")
+  for name, entry in A.list_algorithms().items():
+    text = A.describe(name)
+    alg = entry.factory(models.linear_regression(1))
+    for key, spec in alg.hparams.items():
+      assert f"  {key} " in text and f"{spec.default:g}" in text, (name, key)
+    for setting in inspect.signature(entry.factory).parameters:
+      assert setting == "model" or f"  {setting} = " in text, (name, setting)
+  with pytest.raises(
+    ValueError,
+    match=r"unknown hyper-parameter 'client_lr' for afl; expected one of \[.*'lr_lambda'",
+  ):
+    sweep(
+      A.afl(models.linear_regression(2)),
+      dataset(regression_clients(n=4, d=2)),
+      rounds=1,
+      grid={"client_lr": [0.1]},
+    )
+  assert cli.main(["list", "no_such_algorithm"]) == 2
+  assert "unknown algorithm 'no_such_algorithm'" in capsys.readouterr().err

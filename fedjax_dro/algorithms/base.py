@@ -404,3 +404,34 @@ def get_algorithm(name: str) -> RegistryEntry:
 
 def list_algorithms() -> Dict[str, RegistryEntry]:
   return dict(sorted(_REGISTRY.items()))
+
+
+def _range(spec: HParam) -> str:
+  low = "" if spec.minimum is None else f"{'>' if spec.strict else '>='} {spec.minimum:g}"
+  high = "" if spec.maximum is None else f"<= {spec.maximum:g}"
+  return ", ".join(part for part in (low, high) if part) or "any real"
+
+
+def describe(name: str, **options) -> str:
+  """The settings and hyper-parameters of the registered algorithm ``name``, as text.
+
+  Settings are the factory's keyword arguments (shape-determining, fixed for a run), each with
+  its default; hyper-parameters are the round arguments (``fd.run(hparams=...)``, sweep grids,
+  ``fedjax-dro run --hparams`` / ``sweep --grid``), each with its default, valid range and
+  meaning. ``options`` are factory settings that change the hyper-parameters (``psi="cvar"``
+  gives SCAFF-PD, DRFA and AFL an ``alpha`` instead of ``rho``). ``fedjax-dro list NAME`` prints
+  it.
+  """
+  from fedjax_dro.models import linear_regression
+
+  entry = get_algorithm(name)
+  alg = entry.factory(linear_regression(1), **options)
+  lines = [f"{name}: {entry.description} ({entry.family})", "", "settings (keyword, default):"]
+  for p in inspect.signature(entry.factory).parameters.values():
+    if p.name != "model":
+      lines.append(f"  {p.name} = {options.get(p.name, p.default)!r}")
+  lines += ["", "hyper-parameters (round arguments: default, valid range, meaning):"]
+  width = max([len(k) for k in alg.hparams] + [1])
+  for key, spec in alg.hparams.items():
+    lines.append(f"  {key:<{width}} = {spec.default:<8g} {_range(spec):<14} {spec.doc}")
+  return "\n".join(lines) + "\n"
