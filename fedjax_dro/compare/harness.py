@@ -136,10 +136,17 @@ def _signed(score: float, higher: bool) -> float:
   return (score if higher else -score) if math.isfinite(score) else -math.inf
 
 
-def _selection_splits(protocol, train, seed):
+def _selection_splits(protocol, ds: FederatedDataset, seed):
+  if protocol.selection == "validation":
+    if ds.validation is None:
+      raise ValueError(
+        f"selection='validation' needs data({seed}) to return a FederatedDataset with a "
+        "validation split (FederatedDataset(..., validation=FederatedData)); it has none"
+      )
+    return [(ds.train, ds.validation)]
   if protocol.selection == "kfold":
-    return kfold_split(train, protocol.folds, seed=seed)
-  return holdout_split(train, protocol.holdout, seed=seed)
+    return kfold_split(ds.train, protocol.folds, seed=seed)
+  return holdout_split(ds.train, protocol.holdout, seed=seed)
 
 
 def select(
@@ -328,7 +335,7 @@ def compare(
   rows: Dict[str, List[Dict[str, Any]]] = {s.label: [] for s in experiment.strategies}
   for seed in protocol.seeds:
     ds = first if seed == protocol.seeds[0] else _load(experiment, seed)
-    splits = _selection_splits(protocol, ds.train, seed)
+    splits = _selection_splits(protocol, ds, seed)
     amount = budget.amount
     if budget.match is not None:
       ref_costs = algorithm_cost(builders[budget.match](), ds.train)

@@ -18,7 +18,7 @@ from fedjax_dro.model_selection import STATS
 BUDGET_KINDS = ("rounds", "uploads", "gradients", "plateau")
 # the RoundCost field an equal-cost budget spends
 BUDGET_FIELD = {"uploads": "upload_floats", "gradients": "gradient_evaluations"}
-SELECTIONS = ("kfold", "holdout")
+SELECTIONS = ("kfold", "holdout", "validation")
 FAILURE_POLICIES = ("drop_seed", "score")
 
 
@@ -246,8 +246,10 @@ class Protocol:
     metric: the reported :class:`Metric` (on the test rows), also the selection score (on
       held-out training rows).
     budget: the :class:`Budget`.
-    selection: ``"kfold"`` (``folds``-fold split of every client's training rows) or
-      ``"holdout"`` (``holdout`` of every client's training rows held out), within each seed.
+    selection: ``"kfold"`` (``folds``-fold split of every client's training rows),
+      ``"holdout"`` (``holdout`` of every client's training rows held out), within each seed, or
+      ``"validation"`` (trained on all training rows, scored on the data's own validation split,
+      :attr:`FederatedDataset.validation <fedjax_dro.data.FederatedDataset>`).
     folds: K of ``"kfold"``.
     holdout: the held-out share of ``"holdout"``.
     selection_rounds: rounds of every selection run (default: the budget's rounds of the
@@ -310,11 +312,11 @@ class Protocol:
       _positive_int("curve_every", self.curve_every)
 
   def describe(self) -> Dict[str, Any]:
-    sel = (
-      f"{self.folds}-fold CV over each client's training rows"
-      if self.selection == "kfold"
-      else f"a hold-out of {self.holdout:g} of each client's training rows"
-    )
+    sel = {
+      "kfold": f"{self.folds}-fold CV over each client's training rows",
+      "holdout": f"a hold-out of {self.holdout:g} of each client's training rows",
+      "validation": "each client's validation rows (the data's validation split)",
+    }[self.selection]
     return {
       "seeds": list(self.seeds),
       "metric": self.metric.label,

@@ -78,6 +78,8 @@ class FederatedDataset:
     client_names: optional names of the clients.
     true_params: optional ``[n_clients, dim]`` ground-truth parameters (synthetic tasks).
     description: one line.
+    validation: an optional validation split (the same clients), for model selection that must
+      not touch the training or test rows (``fedjax_dro.compare.Protocol(selection="validation")``).
   """
 
   train: FederatedData
@@ -88,6 +90,7 @@ class FederatedDataset:
   client_names: Optional[Sequence[str]] = None
   true_params: Optional[np.ndarray] = None
   description: str = ""
+  validation: Optional[FederatedData] = None
 
   @property
   def num_clients(self) -> int:

@@ -348,3 +348,51 @@ def test_widening_and_edges_are_recorded(tmp_path):
 def test_bad_declarations_name_the_field(build, match):
   with pytest.raises((ValueError, TypeError), match=match):
     build()
+
+
+def _with_validation(seed):
+  ds = _data(seed)
+  return dataclasses.replace(ds, validation=_clients(seed + 200))
+
+
+def test_validation_selection_scores_on_the_datas_validation_split():
+  """selection='validation': every choice is the grid's best on the data's validation split,
+  trained on all training rows (recomputed with a plain sweep); the test rows are not used (a
+  garbage test split changes no choice); data without a validation split is refused."""
+  from fedjax_dro.engine import sweep
+
+  exp = dataclasses.replace(
+    _experiment(max_widenings=0, selection="validation"), data=_with_validation
+  )
+  assert "validation" in exp.protocol.describe()["selection"]
+  res = C.compare(exp, verbose=False)
+  for s in _strategies():
+    for row in res.per_seed[s.label]:
+      seed = row["seed"]
+      ds = _with_validation(seed)
+      out = sweep(
+        s.make(MODEL),
+        ds.train,
+        rounds=8,
+        grid=s.grid,
+        seeds=[seed],
+        eval_data=ds.validation,
+        eval_every=8,
+      )
+      scores = [f["mse"]["weighted_mean"] for f in out.final_summary]
+      best = int(np.argmin(scores))
+      assert row["chosen"] == out.configs[best]["hparams"]
+      np.testing.assert_allclose(row["selection_score"], scores[best], rtol=1e-12)
+
+  def garbage_test(seed):
+    ds = _with_validation(seed)
+    t = ds.test
+    y = np.random.default_rng(9).normal(size=t.y.shape) * 50
+    return dataclasses.replace(ds, test=dataclasses.replace(t, y=y))
+
+  poisoned = C.compare(dataclasses.replace(exp, data=garbage_test), verbose=False)
+  for label in ("FedAvg", "FedSGD"):
+    for a, b in zip(res.per_seed[label], poisoned.per_seed[label]):
+      assert a["chosen"] == b["chosen"] and a["value"] != b["value"]
+  with pytest.raises(ValueError, match="validation split"):
+    C.compare(_experiment(selection="validation"), verbose=False)
