@@ -7,6 +7,8 @@ round (no stored trajectory, nothing on the host): the distance to known optima
 and the worst class / worst client accuracies of a label-skewed federation
 (:func:`with_class_weighted_accuracy`). They are small combinators over
 :func:`with_round_metrics`; the reproductions apply them to the algorithms they compare.
+:func:`with_tied_hparams` instead ties hyper-parameters to others (``tau = J * client_lr``), so
+that a grid searches the free ones only.
 
 The held-out arrays are closed over by the round, so they are constants of its compiled program:
 fine for the held-out sets of a paper's table (thousands of rows), not for large ones.
@@ -30,6 +32,56 @@ def with_round_metrics(alg, metrics_fn: Callable[[Any], Dict[str, Any]]):
     return state, {**metrics, **metrics_fn(alg.client_models(state))}
 
   return alg._replace(round=round_fn)
+
+
+def with_tied_hparams(alg, **ties):
+  """``alg`` with some hyper-parameters set from others: ``name=(source, factor, power)`` sets
+  ``name = factor * hparams[source] ** power`` in every round (``tau=("client_lr", 10.0, 1)``:
+  ``tau = 10 client_lr``; ``L=("client_lr", 1.0, -1)``: ``L = 1 / client_lr``). The tied names
+  leave ``alg.hparams`` (a grid or ``hparams=`` naming them is refused as for any unknown name);
+  ``alg.config["tied_hparams"]`` records the ties.
+
+  Args:
+    alg: the :class:`~fedjax_dro.algorithms.Algorithm`.
+    ties: ``name=(source, factor, power)``, ``source`` a hyper-parameter of ``alg`` that is
+      not itself tied, ``factor`` a positive number, ``power`` a non-zero number.
+  """
+  from fedjax_dro.algorithms.base import Algorithm
+
+  if not isinstance(alg, Algorithm):
+    raise TypeError(f"alg must be an Algorithm, got {type(alg).__name__}")
+  if not ties:
+    raise ValueError("with_tied_hparams needs at least one tie name=(source, factor, power)")
+  spec = {}
+  for name, tie in ties.items():
+    if name not in alg.hparams:
+      raise ValueError(
+        f"tied hyper-parameter {name!r} is not one of {alg.name!r}'s {sorted(alg.hparams)}"
+      )
+    if not (isinstance(tie, tuple) and len(tie) == 3):
+      raise TypeError(f"tie {name!r} must be a tuple (source, factor, power), got {tie!r}")
+    source, factor, power = tie
+    if source not in alg.hparams or source in ties:
+      raise ValueError(
+        f"tie {name!r}: source {source!r} must be an untied hyper-parameter of {alg.name!r} "
+        f"({sorted(set(alg.hparams) - set(ties))})"
+      )
+    for what, value in (("factor", factor), ("power", power)):
+      if isinstance(value, bool) or not isinstance(value, (int, float)) or value == 0:
+        raise ValueError(f"tie {name!r}: {what} must be a non-zero number, got {value!r}")
+    if factor < 0:
+      raise ValueError(f"tie {name!r}: factor must be > 0, got {factor!r}")
+    spec[name] = (source, float(factor), float(power))
+
+  def round_fn(state, data, key, hparams):
+    full = dict(hparams)
+    for name, (source, factor, power) in spec.items():
+      full[name] = factor * hparams[source] ** power
+    return alg.round(state, data, key, full)
+
+  free = {k: v for k, v in alg.hparams.items() if k not in spec}
+  config = {**alg.config, "tied_hparams": {k: list(v) for k, v in spec.items()}}
+  return alg._replace(round=round_fn, hparams=free, config=config)
 
 
 def with_distances(alg, x_stars: Sequence[Any], prefix: str = "dist_to_opt"):
