@@ -38,6 +38,7 @@ from fedjax_dro.data.partition import (
   climb_dirichlet_partition,
   climb_imbalance,
   dirichlet_partition,
+  rows_with_label_mix,
 )
 from fedjax_dro.data.registry import DatasetEntry, get_dataset, list_datasets, register_dataset
 from fedjax_dro.data.synthetic import synthetic_classification, synthetic_ridge, synthetic_shift
@@ -76,6 +77,7 @@ __all__ = [
   "load_digits",
   "reduce_classes",
   "label_proportions",
+  "rows_with_label_mix",
   "class_weighted_accuracy",
   "digits_dirichlet",
   "digits_dirichlet_with_extras",

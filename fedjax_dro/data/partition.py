@@ -141,6 +141,50 @@ def climb_dirichlet_partition(
   return [np.asarray(rows, np.int64) for rows in out]
 
 
+def rows_with_label_mix(labels, proportions, size: int, *, seed: int = 0) -> np.ndarray:
+  """Indices of ``size`` rows of a pool with the class mix ``proportions``: an evaluation set of a
+  client, drawn from pooled held-out rows with the client's own label distribution.
+
+  Class ``c`` gets ``k_c`` rows, ``k = size * p`` rounded by largest remainders (so the counts
+  sum to ``size``). Its rows are the pool's class-``c`` rows in a random order, repeated as a
+  whole when ``k_c`` exceeds them: every pool row of the class is used ``floor(k_c / m_c)`` or
+  one more times (``m_c`` rows in the pool), so the set's accuracy is the client's expected
+  accuracy ``sum_c p_c acc_c`` up to the rounding and the within-class draw, without the
+  sampling noise of a small set.
+
+  Args:
+    labels: ``[m]`` non-negative integer labels of the pool.
+    proportions: ``[K]`` non-negative class weights with a positive sum (normalized here);
+      ``K`` covers every label with positive weight.
+    size: rows to return (>= 1).
+    seed: seed of the within-class orders.
+
+  Returns:
+    ``[size]`` int64 row indices into the pool, grouped by class.
+  """
+  labels = _labels(labels)
+  p = np.asarray(proportions, np.float64)
+  if p.ndim != 1 or p.size == 0 or not np.all(np.isfinite(p)) or np.any(p < 0) or p.sum() <= 0:
+    raise ValueError(
+      f"proportions must be a 1-D array of non-negative class weights with a positive sum, "
+      f"got {proportions!r}"
+    )
+  size = integer(size, "size")
+  rng = np.random.default_rng(_seed(seed))
+  target = size * p / p.sum()
+  counts = np.floor(target).astype(np.int64)
+  order = np.argsort(-(target - counts), kind="stable")
+  counts[order[: size - int(counts.sum())]] += 1
+  out = []
+  for c in np.flatnonzero(counts):
+    pool = np.flatnonzero(labels == c)
+    if pool.size == 0:
+      raise ValueError(f"class {int(c)} has weight {p[c]:.3g} in proportions but no rows in labels")
+    reps = -(-int(counts[c]) // pool.size)
+    out.append(np.tile(rng.permutation(pool), reps)[: counts[c]])
+  return np.concatenate(out).astype(np.int64)
+
+
 def _labels(labels) -> np.ndarray:
   arr = np.asarray(labels)
   if arr.ndim != 1 or arr.size == 0 or not np.issubdtype(arr.dtype, np.integer) or arr.min() < 0:
