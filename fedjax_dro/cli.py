@@ -84,6 +84,13 @@ def _add_common(p: argparse.ArgumentParser) -> None:
   p.add_argument("--dataset", default=DEFAULT_DATASET, help="dataset name (see `fedjax-dro list`)")
   p.add_argument("--rounds", type=int, default=100, help="communication rounds")
   p.add_argument(
+    "--data-seed",
+    type=int,
+    default=0,
+    help="seed of the data draw (a generated dataset, a partition); the same for every "
+    "training seed",
+  )
+  p.add_argument(
     "--hparam",
     action="append",
     default=[],
@@ -333,7 +340,7 @@ def cmd_run(args) -> int:
   _check_counts(args)
   trackers, log_dir = tracking_flags(args.log_to, args.log_dir, args.out)
   _compile_cache(args)
-  alg, ds = build(args.algorithm, args.dataset, args.seed, _factory_options(args))
+  alg, ds = build(args.algorithm, args.dataset, args.data_seed, _factory_options(args))
   ds, mesh = _scale(args, ds)
   hparams = _parse_kv(args.hparam, "--hparam")
   print(
@@ -359,10 +366,13 @@ def cmd_run(args) -> int:
       eval_every=args.eval_every,
       out_dir=args.out,
     )
+  if args.out and _finished_elsewhere(args, alg, ds, hparams, cv=args.cv_folds is not None):
+    return 0
   loggers = []
   if trackers and is_writer():
-    name = run_name(alg.name, ds.name, f"s{args.seed}")
-    loggers = make_loggers(trackers, log_dir, name, {"seed": args.seed, **hparams})
+    name = run_name(alg.name, ds.name, f"d{args.data_seed}", f"s{args.seed}")
+    params = tracking_params(alg, ds, args, hparams)
+    loggers = make_loggers(trackers, log_dir, name, params)
     print(f"logging to {', '.join(trackers)} in {log_dir} as {name}")
   try:
     hist = run(
@@ -372,13 +382,15 @@ def cmd_run(args) -> int:
       seed=args.seed,
       hparams=hparams,
       eval_every=args.eval_every,
-      progress=not args.no_progress,
+      # off in logs: a bar written into a redirected stderr runs into the summary table
+      progress=not args.no_progress and sys.stderr.isatty(),
       out_dir=args.out,
       checkpoint_dir=args.checkpoint_dir,
       checkpoint_every=args.checkpoint_every,
       keep_checkpoints=args.keep_checkpoints,
       mesh=mesh,
       loggers=loggers,
+      metadata={"data_seed": args.data_seed},
     )
   except NonFiniteError as e:
     print(f"error: {e}", file=sys.stderr)
@@ -401,6 +413,75 @@ def cmd_run(args) -> int:
   if args.out and is_writer():  # run() wrote them (no second rewrite of finished results)
     print(f"wrote metrics.jsonl, summary.json, metrics.csv and clients.csv in {args.out}")
   return 0
+
+
+def tracking_params(alg, ds, args, hparams, seed=None) -> Dict[str, object]:
+  """The full configuration of a tracked run, as its parameters: algorithm, dataset, data and
+  training seeds, rounds, every setting (``setting.NAME``) and hyper-parameter (``hparam.NAME``,
+  defaults included) and the package version."""
+  from fedjax_dro import __version__
+  from fedjax_dro.algorithms.base import make_hparams
+  from fedjax_dro.engine.runner import shortest_floats
+
+  params: Dict[str, object] = {
+    "algorithm": alg.name,
+    "dataset": ds.name,
+    "num_clients": ds.num_clients,
+    "data_seed": args.data_seed,
+    "rounds": args.rounds,
+    "fedjax_dro_version": __version__,
+  }
+  if seed is not None or hasattr(args, "seed"):
+    params["seed"] = args.seed if seed is None else seed
+  params.update({f"setting.{k}": v for k, v in alg.config.items()})
+  full = {k: shortest_floats(v) for k, v in make_hparams(alg, hparams).items()}
+  params.update({f"hparam.{k}": v for k, v in full.items()})
+  return params
+
+
+def _finished_elsewhere(args, alg, ds, hparams, cv: bool) -> bool:
+  """``--out`` holding a finished run: of another configuration, refused unless ``--overwrite``
+  (one line naming what is there); of this one, said to be complete with its stored summary
+  (True: nothing to run). A run with a checkpoint directory resumes or finishes on its own."""
+  from fedjax_dro.algorithms.base import make_hparams
+  from fedjax_dro.engine.runner import shortest_floats
+  from fedjax_dro.records import json_text
+
+  path = os.path.join(args.out, "summary.json")
+  if args.overwrite or not os.path.isfile(path):
+    return False
+  try:
+    with open(path) as f:
+      stored = json.load(f)
+    old = stored["config"]
+  except (OSError, ValueError, KeyError, TypeError):
+    return False  # not one of our summaries: nothing to compare, the run writes its own
+  new = {
+    "algorithm": alg.name,
+    "dataset": ds.name,
+    "metadata": {"data_seed": args.data_seed},
+    "seed": args.seed,
+    "rounds": args.rounds,
+    "settings": json.loads(json_text(alg.config)),
+  }
+  if not cv:
+    new["hparams"] = {k: shortest_floats(v) for k, v in make_hparams(alg, hparams).items()}
+  differ = [k for k, v in new.items() if old.get(k) != v]
+  if differ:
+    raise ValueError(
+      f"--out {args.out} holds a finished run of another configuration ({old.get('algorithm')} "
+      f"on {old.get('dataset')}, training seed {old.get('seed')}, {old.get('rounds')} rounds; "
+      f"differs in "
+      f"{', '.join(differ)}); pass --overwrite to replace it, or choose another --out"
+    )
+  if args.checkpoint_dir or stored.get("rounds_done") != args.rounds:
+    return False
+  print(f"{args.out} already holds this run, complete ({args.rounds} rounds); its summary:")
+  print_table(
+    summary_rows(stored["final"]),
+    ["metric", "weighted mean", "mean", "worst-20%", "best-20%", "worst"],
+  )
+  return True
 
 
 def cmd_sweep(args) -> int:
@@ -431,7 +512,7 @@ def _sweep_locked(args) -> int:
   trackers, log_dir = tracking_flags(args.log_to, args.log_dir, args.out)
   _compile_cache(args)
   seeds = _parse_seeds(args.seeds)
-  alg, ds = build(args.algorithm, args.dataset, args.seed, _factory_options(args))
+  alg, ds = build(args.algorithm, args.dataset, args.data_seed, _factory_options(args))
   grid = _parse_kv(args.grid, "--grid", multi=True)
   ds, mesh = _scale(args, ds, num_configs=math.prod(len(v) for v in grid.values()) * len(seeds))
   print(f"fedjax-dro sweep: {alg.name} on {ds.name}; devices: {_device_line(mesh, alg)}")
@@ -456,19 +537,37 @@ def _sweep_locked(args) -> int:
     ]
     for c, s, d in zip(res.configs, res.final_summary, res.diverged)
   ]
-  print_table(rows, ["hparams", "seed", f"{metric} mean", f"{metric} worst-20%", "diverged"])
+  print_table(
+    rows, ["hparams", "training seed", f"{metric} mean", f"{metric} worst-20%", "diverged"]
+  )
   print(
     f"best (mean {metric}): {res.best(metric)}; {len(res.configs)} runs in one program: "
     f"compile {res.compile_time:.2f}s, run {res.wall_time:.2f}s"
   )
+  if len(seeds) > 1 and _seeds_changed_nothing(res):
+    print(
+      "note: every training seed gave the same results: nothing in this configuration is "
+      "random (all clients take part, full batches, a fixed initialization); --data-seed draws "
+      "other data, --clients-per-round or --batch-size make the training stochastic"
+    )
+  res.metadata = {"data_seed": args.data_seed}
   if args.out and is_writer():
     res.save(args.out)
     print(f"wrote sweep.json and sweep.csv in {args.out}")
   if trackers and is_writer():  # one tracked run per row, under one sweep name
-    base = run_name(alg.name, ds.name, "sweep")
-    log_sweep_to(res, trackers, log_dir, base, _parse_kv(args.hparam, "--hparam"))
+    base = run_name(alg.name, ds.name, f"d{args.data_seed}", "sweep")
+    params = tracking_params(alg, ds, args, _parse_kv(args.hparam, "--hparam"), seed=seeds[0])
+    log_sweep_to(res, trackers, log_dir, base, params)
     print(f"logged {len(res.configs)} rows to {', '.join(trackers)} in {log_dir} as {base}/")
   return 0
+
+
+def _seeds_changed_nothing(res) -> bool:
+  """Whether the rows of every grid point are identical across the training seeds."""
+  groups: Dict[str, list] = {}
+  for c, s in zip(res.configs, res.final_summary):
+    groups.setdefault(json.dumps(c["hparams"], sort_keys=True), []).append(json.dumps(s))
+  return all(len(set(v)) == 1 for v in groups.values())
 
 
 def cmd_list(args) -> int:
@@ -545,14 +644,58 @@ def cmd_compare(args) -> int:
   return 0
 
 
+def interrupted_message(args) -> str:
+  """The one line printed on Ctrl-C: the round of the newest checkpoint and how to resume, or
+  what is kept without one."""
+  ckpt, out = getattr(args, "checkpoint_dir", None), getattr(args, "out", None)
+  rounds = []
+  if ckpt and os.path.isdir(ckpt):
+    from fedjax_dro.records.checkpoint import scan
+
+    try:
+      rounds = scan(ckpt)
+    except (OSError, ValueError):
+      rounds = []
+  if rounds:
+    return (
+      f"interrupted: stopped after round {rounds[-1]} (checkpoint in {ckpt}); rerun the same "
+      "command to resume"
+    )
+  if args.command == "run":
+    kept = f"; the evaluations finished so far are in {out}/metrics.jsonl" if out else ""
+    how = (
+      "before the first checkpoint; a rerun starts over"
+      if ckpt
+      else "with no checkpoint (--checkpoint-dir DIR makes a run resumable)"
+    )
+    return f"interrupted {how}{kept}"
+  kept = f"; the files already finished in {out} are kept" if out else ""
+  return f"interrupted: {args.command} stopped{kept}"
+
+
 def main(argv: Optional[List[str]] = None) -> int:
   parser = argparse.ArgumentParser(prog="fedjax-dro", description=__doc__.split("\n")[0])
   sub = parser.add_subparsers(dest="command")
   p_run = sub.add_parser("run", help="run one algorithm on one dataset and print a summary table")
   _add_common(p_run)
-  p_run.add_argument("--seed", type=int, default=0)
+  p_run.add_argument(
+    "--seed",
+    type=int,
+    default=0,
+    help="training seed: model initialization, client sampling, minibatches (the data are drawn "
+    "with --data-seed)",
+  )
   p_run.add_argument("--out", default=None, help="directory for metrics.jsonl and summary.json")
-  p_run.add_argument("--no-progress", action="store_true", help="no progress bar")
+  p_run.add_argument(
+    "--overwrite",
+    action="store_true",
+    help="replace a finished run of another configuration in --out (refused without it)",
+  )
+  p_run.add_argument(
+    "--no-progress",
+    action="store_true",
+    help="no progress bar (there is none when stderr is not a terminal)",
+  )
   p_run.add_argument(
     "--checkpoint-dir",
     default=None,
@@ -589,10 +732,22 @@ def main(argv: Optional[List[str]] = None) -> int:
   )
   p_sweep = sub.add_parser("sweep", help="vmapped sweep over a hyper-parameter grid and seeds")
   _add_common(p_sweep)
-  p_sweep.add_argument("--grid", action="append", default=[], metavar="NAME=V1,V2,...")
-  p_sweep.add_argument("--seeds", default="0")
-  p_sweep.add_argument("--seed", type=int, default=0, help="dataset seed")
-  p_sweep.add_argument("--out", default=None)
+  p_sweep.add_argument(
+    "--grid",
+    action="append",
+    default=[],
+    metavar="NAME=V1,V2,...",
+    help="values of one hyper-parameter (repeatable; the sweep runs their product); the names "
+    "are in `fedjax-dro list ALGORITHM`",
+  )
+  p_sweep.add_argument(
+    "--seeds",
+    default="0",
+    metavar="S1,S2,...",
+    help="training seeds (model initialization, client sampling, minibatches), as run --seed; "
+    "every grid point runs with each; the data are drawn once, with --data-seed",
+  )
+  p_sweep.add_argument("--out", default=None, help="directory for sweep.json and sweep.csv")
   p_rep = sub.add_parser("reproduce", help="reproduce a paper figure (JSON + PNG)")
   from fedjax_dro.reproduce import EXPERIMENTS
 
@@ -646,6 +801,9 @@ def main(argv: Optional[List[str]] = None) -> int:
   except (ValueError, TypeError, MemoryError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
+  except KeyboardInterrupt:  # Ctrl-C: one line saying where the run stopped, exit code 130
+    print(interrupted_message(args), file=sys.stderr)
+    return 130
   except OSError as e:  # a full disk, a read-only or vanished directory: one line naming the path
     where = f" ({e.filename})" if e.filename and str(e.filename) not in str(e) else ""
     print(f"error: {' '.join(str(e).split())}{where}", file=sys.stderr)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import numbers
 import os
 import sys
@@ -143,6 +144,7 @@ def run(
   keep_checkpoints: int = 2,
   mesh=None,
   loggers=None,
+  metadata: Optional[Dict[str, Any]] = None,
 ) -> History:
   """Runs ``rounds`` communication rounds of ``alg`` on ``data``.
 
@@ -185,8 +187,18 @@ def run(
       ``MLflowLogger`` or any object with their methods) that receive each round's training
       metrics and each evaluation (summary statistics and per-client histograms) as the run goes;
       left open for the caller (only process 0 logs).
+    metadata: JSON-able facts about the run that the engine does not use, recorded in its
+      configuration (``History.config["metadata"]``, ``summary.json``, checkpoints): the seed the
+      data were drawn with (``{"data_seed": 0}``; ``seed`` is the training seed), a note.
   """
   rounds, chunk = check_run_args(alg, rounds, eval_every)
+  if metadata is not None:
+    if not isinstance(metadata, dict):
+      raise TypeError(f"metadata must be a dict of JSON-able values, got {type(metadata).__name__}")
+    try:
+      json.dumps(metadata, allow_nan=False)
+    except (TypeError, ValueError) as e:
+      raise TypeError(f"metadata must hold JSON-able values (numbers, strings, lists): {e}") from e
   mesh = None if mesh is None else check_mesh(mesh)
   loggers = check_loggers(loggers)
   for name, value in (
@@ -255,13 +267,15 @@ def run(
     "algorithm": alg.name,
     "model": model_identity(alg.model),
     "settings": alg.config,
-    "hparams": {k: np.asarray(v).tolist() for k, v in hp.items()},
+    "hparams": {k: shortest_floats(v) for k, v in hp.items()},
     "rounds": rounds,
     "eval_every": chunk,
     "seed": int(seed) if isinstance(seed, numbers.Integral) else {"key": np.asarray(seed).tolist()},
     "dataset": data_name,
     "num_clients": train.num_clients,
   }
+  if metadata:
+    config["metadata"] = dict(metadata)
   if fingerprints is not None:
     config["fingerprints"] = fingerprints
   history = History(alg.name, config, {}, [])
@@ -457,6 +471,18 @@ class _AheadOfTime:
       return self.compiled(*args)
     except (TypeError, ValueError):
       return self.jitted(*args)
+
+
+def shortest_floats(value):
+  """``value`` (a scalar or array) as JSON-able Python numbers, each float the shortest decimal
+  that rounds to it in its own precision: a float32 ``0.1`` is written ``0.1``, not
+  ``0.10000000149011612`` (the number the user gave, and the same float32 when read back)."""
+  arr = np.asarray(value)
+  if arr.dtype.kind != "f":
+    return arr.tolist()
+  kind = arr.dtype.type
+  flat = [float(np.format_float_scientific(kind(x), unique=True)) for x in arr.reshape(-1)]
+  return flat[0] if arr.ndim == 0 else np.array(flat, dtype=object).reshape(arr.shape).tolist()
 
 
 def _progress_bar(total, name):

@@ -37,6 +37,7 @@ from fedjax_dro.engine.sharding import (
   axis_size,
   check_mesh,
   fetch,
+  is_writer,
   place_data,
   real_clients,
   shard_leading,
@@ -117,6 +118,8 @@ class SweepResult:
     compile_time: seconds spent compiling; ``0.0`` when the program of an earlier ``sweep`` call
       with the same algorithm object, settings and shapes was reused (e.g. the folds of
       :func:`fedjax_dro.model_selection.cross_validate`).
+    metadata: JSON-able facts about the sweep that it does not use (the data seed: ``seeds`` are
+      training seeds), written to ``sweep.json``.
   """
 
   algorithm: str
@@ -129,6 +132,7 @@ class SweepResult:
   wall_time: float
   compile_time: float
   final_state: Any = None  # stacked states, leading axis = rows
+  metadata: Dict[str, Any] = dataclasses.field(default_factory=dict)
 
   def save(self, out_dir: str) -> List[str]:
     """Writes ``sweep.json`` and ``sweep.csv``
@@ -165,6 +169,7 @@ def sweep(
   true_params=None,
   check_finite: bool = True,
   mesh=None,
+  loggers=None,
 ) -> SweepResult:
   """Runs every combination of ``grid`` x ``seeds`` as one vmapped program.
 
@@ -178,7 +183,18 @@ def sweep(
   ``"sweep"`` size with copies of row 0, which are dropped from the result. A client count that the
   ``"clients"`` size does not divide is padded in storage only: the program sees the real clients
   (:class:`~fedjax_dro.engine.sharding.PaddedClients`).
+
+  ``loggers``: ``loggers(row, config) -> [Logger]`` (:mod:`fedjax_dro.records.loggers`), called
+  once per row after the sweep with the row's ``{"hparams", "seed"}``: each row becomes its own
+  tracked run with its per-round training metrics and its final evaluation
+  (:func:`~fedjax_dro.records.loggers.log_sweep`); the loggers are closed after their row. For
+  example ``loggers=lambda row, c: [TensorBoardLogger(f"tb/{sweep_row_name(c)}")]``.
   """
+  if loggers is not None and not callable(loggers):
+    raise TypeError(
+      "loggers must be a callable loggers(row, config) -> [Logger] (one tracked run per row), "
+      f"got {type(loggers).__name__}"
+    )
   rounds, chunk = check_run_args(alg, rounds, eval_every)
   mesh = None if mesh is None else check_mesh(mesh)
   given_true_params = true_params
@@ -294,7 +310,7 @@ def sweep(
     summarize_per_client({k: v[i] for k, v in per_client.items()}, eval_num_examples)
     for i in range(num)
   ]
-  return SweepResult(
+  result = SweepResult(
     alg.name,
     configs,
     train_metrics,
@@ -306,3 +322,8 @@ def sweep(
     compile_time,
     jax.tree.map(lambda a: a[:num], state),
   )
+  if loggers is not None and is_writer():
+    from fedjax_dro.records.loggers import log_sweep
+
+    log_sweep(result, loggers)
+  return result

@@ -306,6 +306,7 @@ def sweep_to_csv(result, out_dir: str) -> List[str]:
         "diverged": np.asarray(result.diverged).tolist(),
         "wall_time_s": result.wall_time,
         "compile_time_s": result.compile_time,
+        **({"metadata": result.metadata} if getattr(result, "metadata", None) else {}),
       },
       indent=2,
     ),

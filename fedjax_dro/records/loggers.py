@@ -409,14 +409,25 @@ def make_loggers(
 def log_sweep_to(
   result, names: Sequence[str], log_dir: str, base: str, params: Optional[Mapping[str, Any]] = None
 ) -> None:
-  """:func:`log_sweep` with :func:`make_loggers`: row ``k`` is the run ``<base>/row<k>`` (three
-  digits), with ``params``, its hyper-parameters and its seed as MLflow parameters."""
+  """:func:`log_sweep` with :func:`make_loggers`: each row is the run ``<base>/<its
+  hyper-parameters and seed>`` (``fedavg-sweep/client_lr=0.1,seed=0``), with ``params``, its
+  hyper-parameters (``hparam.NAME``) and its training seed (``seed``) as MLflow parameters."""
 
   def row_loggers(row, config):
-    row_params = {**(params or {}), **config["hparams"], "seed": config["seed"]}
-    return make_loggers(names, log_dir, f"{base}/row{row:03d}", row_params)
+    hp = {f"hparam.{k}": v for k, v in config["hparams"].items()}
+    row_params = {**(params or {}), **hp, "seed": config["seed"]}
+    return make_loggers(names, log_dir, f"{base}/{sweep_row_name(config)}", row_params)
 
   log_sweep(result, row_loggers)
+
+
+def sweep_row_name(config: Mapping[str, Any]) -> str:
+  """A sweep row's run name from its hyper-parameters and seed: ``client_lr=0.1,seed=0``."""
+  parts = [
+    f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in config["hparams"].items()
+  ]
+  text = ",".join(parts + [f"seed={config['seed']}"])
+  return re.sub(r"[^A-Za-z0-9_.=,-]+", "_", text)
 
 
 def run_name(*parts: Any) -> str:

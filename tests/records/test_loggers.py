@@ -15,7 +15,7 @@ import fedjax_dro as fd
 from fedjax_dro import algorithms as A, cli, models
 from fedjax_dro.data import synthetic_classification
 from fedjax_dro.records import Logger, MLflowLogger, TensorBoardLogger
-from fedjax_dro.records.loggers import check_loggers, log_sweep, parse_log_to
+from fedjax_dro.records.loggers import check_loggers, parse_log_to, sweep_row_name
 
 QUANTILES = ["q10", "q25", "q50", "q75", "q90"]
 
@@ -232,10 +232,19 @@ def test_cli_sweep_logs_one_run_per_row(tmp_path, capsys):
   assert cli.main(argv + ["--out", out, "--log-to", "tensorboard", "--log-dir", logs]) == 0
   assert "logged 4 rows" in capsys.readouterr().out
   with open(os.path.join(out, "sweep.json")) as f:
-    final = json.load(f)["final"]
-  rows = sorted(glob.glob(os.path.join(logs, "tensorboard", "*", "row*")))
-  assert [os.path.basename(r) for r in rows] == ["row000", "row001", "row002", "row003"]
-  for i, row_dir in enumerate(rows):
+    saved = json.load(f)
+  final = saved["final"]
+  assert saved["metadata"] == {"data_seed": 0}
+  # every row's run is named by its hyper-parameters and training seed
+  rows = sorted(glob.glob(os.path.join(logs, "tensorboard", "*", "client_lr=*")))
+  assert [os.path.basename(r) for r in rows] == [
+    "client_lr=0.01,seed=0",
+    "client_lr=0.01,seed=1",
+    "client_lr=0.1,seed=0",
+    "client_lr=0.1,seed=1",
+  ]
+  for i, config in enumerate(saved["configs"]):
+    row_dir = [r for r in rows if os.path.basename(r) == sweep_row_name(config)][0]
     scalars, histograms = _read_tensorboard(row_dir)
     assert sorted(s for (k, s) in scalars if k == "train/train_loss") == [1, 2, 3]
     for stat in ["mean", "worst20"] + QUANTILES:
@@ -246,8 +255,17 @@ def test_cli_sweep_logs_one_run_per_row(tmp_path, capsys):
 def test_log_sweep_rows_read_back(tmp_path):
   pytest.importorskip("tensorboardX")
   ds, alg = _problem()
-  res = fd.sweep(alg, ds, rounds=3, grid={"client_lr": [0.05, 0.2]}, seeds=[0])
-  log_sweep(res, lambda row, config: [TensorBoardLogger(str(tmp_path / f"row{row}"))])
+  # fd.sweep(loggers=...) logs every row as the sweep ends (log_sweep)
+  res = fd.sweep(
+    alg,
+    ds,
+    rounds=3,
+    grid={"client_lr": [0.05, 0.2]},
+    seeds=[0],
+    loggers=lambda row, config: [TensorBoardLogger(str(tmp_path / f"row{row}"))],
+  )
+  with pytest.raises(TypeError, match="loggers"):
+    fd.sweep(alg, ds, rounds=1, loggers=[TensorBoardLogger(str(tmp_path / "x"))])
   for i in range(2):
     scalars, histograms = _read_tensorboard(str(tmp_path / f"row{i}"))
     curve = [scalars[("train/train_loss", r)] for r in (1, 2, 3)]
@@ -337,3 +355,23 @@ sys.exit(cli.main(["run", "--rounds", "4", "--eval-every", "2", "--no-progress",
   assert "Traceback" not in proc.stderr and len(lines) == 1, proc.stderr[-3000:]
   assert lines[0].startswith("error: cannot write ") and "events.out.tfevents" in lines[0]
   assert "No space left on device (ENOSPC)" in lines[0]
+
+
+def test_a_tracked_run_carries_its_full_configuration():
+  """The parameters of a CLI run: algorithm, dataset, data and training seeds, rounds, every
+  setting and hyper-parameter (defaults included, floats as given) and the package version."""
+  import argparse
+
+  from fedjax_dro import __version__
+
+  ds, alg = _problem()
+  args = argparse.Namespace(data_seed=3, seed=7, rounds=20)
+  params = cli.tracking_params(alg, ds, args, {"client_lr": 0.1})
+  assert params["algorithm"] == "fedavg" and params["dataset"] == ds.name
+  assert params["data_seed"] == 3 and params["seed"] == 7 and params["rounds"] == 20
+  assert params["hparam.client_lr"] == 0.1 and params["hparam.server_lr"] == 1.0
+  assert params["setting.clients_per_round"] == 3 and params["setting.local_steps"] == 2
+  assert params["fedjax_dro_version"] == __version__
+  assert sweep_row_name({"hparams": {"client_lr": 0.1, "q": 2.0}, "seed": 1}) == (
+    "client_lr=0.1,q=2,seed=1"
+  )
