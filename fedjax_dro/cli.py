@@ -1,4 +1,4 @@
-"""Command line: ``fedjax-dro run | sweep | reproduce | list``.
+"""The fedjax-dro command line: run, sweep, compare, reproduce, plot, list.
 
     fedjax-dro run                                   # FedAvg on synthetic-ridge, summary table
     fedjax-dro run --algorithm scaffold --dataset synthetic-classification --rounds 200 \
@@ -136,7 +136,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     metavar="N|auto",
     help="shard the client axis over the first N devices; auto: as many as divide the clients "
     "evenly. On CPU the cores become JAX devices (one per core for auto): faster from ~100 "
-    "clients on, slower for small federations (README, 'Scale')",
+    "clients on, slower for small federations (docs/scale.md)",
   )
   scale.add_argument(
     "--mesh",
@@ -166,7 +166,9 @@ def _add_common(p: argparse.ArgumentParser) -> None:
   )
   track = p.add_argument_group("experiment tracking (see fedjax_dro.records.loggers)")
   track.add_argument("--log-to", metavar="tensorboard,mlflow", help="also log to these (extras)")
-  track.add_argument("--log-dir", metavar="DIR", help="--log-to's files (default: --out)")
+  track.add_argument(
+    "--log-dir", metavar="DIR", help="--log-to's files (default: --out, else ./fedjax-dro-logs)"
+  )
 
 
 def _factory_options(args) -> dict:
@@ -673,10 +675,39 @@ def interrupted_message(args) -> str:
   return f"interrupted: {args.command} stopped{kept}"
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-  parser = argparse.ArgumentParser(prog="fedjax-dro", description=__doc__.split("\n")[0])
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+  """Every flag's default in its help (where it has one: not None, off or empty); descriptions
+  and epilogs kept as written."""
+
+  def _get_help_string(self, action):
+    if action.default in (None, False, [], argparse.SUPPRESS) or "%(default)" in (
+      action.help or ""
+    ):
+      return action.help
+    return super()._get_help_string(action)
+
+
+def _reproduce_epilog() -> str:
+  from fedjax_dro.reproduce import EXPERIMENTS, RUN_TIMES
+
+  lines = ["experiments (run time on 2 CPU cores without --quick):"]
+  for name in sorted(EXPERIMENTS):
+    lines.append(f"  {name:<18} {RUN_TIMES.get(name, '')}")
+  return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+  """The ``fedjax-dro`` argument parser (every command and flag, each with its help)."""
+  parser = argparse.ArgumentParser(
+    prog="fedjax-dro",
+    description="fedjax-dro: simulated federated learning (distributionally robust and "
+    "personalized algorithms) in JAX. Commands: run, sweep, compare, reproduce, plot, list; "
+    "`fedjax-dro COMMAND --help` for each.",
+    formatter_class=_HelpFormatter,
+  )
   sub = parser.add_subparsers(dest="command")
-  p_run = sub.add_parser("run", help="run one algorithm on one dataset and print a summary table")
+  add_parser = lambda *a, **k: sub.add_parser(*a, formatter_class=_HelpFormatter, **k)  # noqa: E731
+  p_run = add_parser("run", help="run one algorithm on one dataset and print a summary table")
   _add_common(p_run)
   p_run.add_argument(
     "--seed",
@@ -730,7 +761,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     help="held-out metric for --cv-folds "
     "(loss, mse, r2, accuracy; example-weighted mean over clients)",
   )
-  p_sweep = sub.add_parser("sweep", help="vmapped sweep over a hyper-parameter grid and seeds")
+  p_sweep = add_parser("sweep", help="vmapped sweep over a hyper-parameter grid and seeds")
   _add_common(p_sweep)
   p_sweep.add_argument(
     "--grid",
@@ -748,14 +779,27 @@ def main(argv: Optional[List[str]] = None) -> int:
     "every grid point runs with each; the data are drawn once, with --data-seed",
   )
   p_sweep.add_argument("--out", default=None, help="directory for sweep.json and sweep.csv")
-  p_rep = sub.add_parser("reproduce", help="reproduce a paper figure (JSON + PNG)")
+  p_rep = add_parser("reproduce", help="reproduce a paper figure (JSON + PNG)")
   from fedjax_dro.reproduce import EXPERIMENTS
 
-  p_rep.add_argument("experiment", choices=sorted(EXPERIMENTS))
-  p_rep.add_argument("--out", default=None, help="output directory")
-  p_rep.add_argument("--rounds", type=int, default=None, help="communication rounds")
-  p_rep.add_argument("--quick", action="store_true", help="tiny grids, few rounds (smoke test)")
-  p_rep.add_argument("--seed", type=int, default=0, help="data seed")
+  p_rep.epilog = _reproduce_epilog()
+  p_rep.add_argument("experiment", choices=sorted(EXPERIMENTS), help="the experiment (below)")
+  p_rep.add_argument("--out", default=None, help="output directory (JSON, markdown, PNG)")
+  p_rep.add_argument(
+    "--rounds", type=int, default=None, help="communication rounds (default: the experiment's)"
+  )
+  p_rep.add_argument(
+    "--quick",
+    action="store_true",
+    help="tiny grids, few rounds, small data: a smoke run, labelled quick in its tables",
+  )
+  p_rep.add_argument(
+    "--seed",
+    type=int,
+    default=0,
+    help="the experiment's first seed (its seeds are SEED, SEED+1, ...; each draws the data and "
+    "the training randomness)",
+  )
   p_rep.add_argument(
     "--data-dir", default=None, help="folder with the image data set the experiment reads"
   )
@@ -766,17 +810,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     "--leaf-dir", default=None, help="folder of LEAF FEMNIST JSON files the experiment reads"
   )
   _add_compile_cache(p_rep)
-  p_cmp = sub.add_parser(
+  p_cmp = add_parser(
     "compare", help="a fair comparison of strategies declared in a TOML file (JSON + MD + PNG)"
   )
   p_cmp.add_argument("config", help="the TOML file (see fedjax_dro.compare.config)")
   p_cmp.add_argument("--out", default=None, help="output directory (default: compare-NAME)")
   _add_compile_cache(p_cmp)
-  p_plot = sub.add_parser("plot", help="PNG plots of run / sweep output directories")
+  p_plot = add_parser("plot", help="PNG plots of run / sweep output directories")
   p_plot.add_argument("dirs", nargs="+", help="run directories (seeds) and/or sweep directories")
   p_plot.add_argument("--out", default=None, help="output directory (default: the first dir)")
   p_plot.add_argument("--metric", default=None, help="metric to plot (default: accuracy or r2)")
-  p_list = sub.add_parser(
+  p_list = add_parser(
     "list", help="list algorithms and datasets; with NAME, an algorithm's settings and hparams"
   )
   p_list.add_argument(
@@ -785,6 +829,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     default=None,
     help="an algorithm: print its settings and hyper-parameters (defaults, ranges, meanings)",
   )
+  return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+  parser = build_parser()
   args = parser.parse_args(argv)
   if args.command is None:
     parser.print_help()

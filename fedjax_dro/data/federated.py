@@ -40,6 +40,16 @@ class FederatedData:
   def num_clients(self) -> int:
     return int(self.x.shape[0])
 
+  def __repr__(self) -> str:  # shapes and counts, not the arrays
+    def spec(a):
+      return f"{getattr(a, 'dtype', type(a).__name__)}{list(getattr(a, 'shape', ()))}"
+
+    try:
+      rows = f", {int(np.sum(np.asarray(self.num_examples)))} valid rows"
+    except Exception:  # under tracing: shapes only
+      rows = ""
+    return f"FederatedData(x={spec(self.x)}, y={spec(self.y)}{rows})"
+
   @property
   def max_examples(self) -> int:
     return int(self.x.shape[1])
@@ -95,6 +105,15 @@ class FederatedDataset:
   @property
   def num_clients(self) -> int:
     return self.train.num_clients
+
+  def __repr__(self) -> str:  # the splits' shapes, not their arrays
+    parts = [f"name={self.name!r}", f"task={self.task!r}", f"{self.num_clients} clients"]
+    if self.num_classes is not None:
+      parts.append(f"num_classes={self.num_classes}")
+    parts += [f"{k}={v!r}" for k in ("train", "validation", "test") if (v := getattr(self, k))]
+    if self.true_params is not None:
+      parts.append(f"true_params={np.asarray(self.true_params).shape}")
+    return "FederatedDataset(" + ", ".join(parts) + ")"
 
 
 def _as_array(value, name: str) -> np.ndarray:

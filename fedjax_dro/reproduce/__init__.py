@@ -47,6 +47,18 @@ EXPERIMENTS: Dict[str, Callable[..., Dict[str, Any]]] = {
 }
 
 
+# What each experiment is and how long its full run takes on a shared 2-core CPU (the recorded
+# runs' wall times; --quick runs take about a minute each).
+RUN_TIMES: Dict[str, str] = {
+  "scaffpd-synthetic": "SCAFF-PD Fig. 2 (synthetic shift): a few minutes",
+  "scaffpd-table1": "SCAFF-PD Table 1 and Fig. 3 (features file or stand-in): about 2 hours",
+  "fgdro-table7": "FGDRO Table 7 (CIFAR-10 files or digits stand-in): about 17 minutes",
+  "karula-synthetic": "Karula Table 1a (synthetic ridge, both readings): about 76 minutes",
+  "karula-heart": "Karula Table 1b (UCI heart disease, shipped): about 8 minutes",
+  "karula-femnist": "Karula by-writer digits / LEAF FEMNIST, three budgets: about 45 minutes",
+}
+
+
 def reproduce(name: str, **kwargs) -> Dict[str, Any]:
   """Runs the experiment registered as ``name`` with ``kwargs`` (see :data:`EXPERIMENTS`)."""
   if name not in EXPERIMENTS:
@@ -56,6 +68,7 @@ def reproduce(name: str, **kwargs) -> Dict[str, Any]:
 
 __all__ = [
   "EXPERIMENTS",
+  "RUN_TIMES",
   "reproduce",
   "scaffpd_synthetic",
   "shift_problem",

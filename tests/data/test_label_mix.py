@@ -43,3 +43,16 @@ def test_bad_inputs():
     rows_with_label_mix(labels, [0.5, 0.5], 0)
   with pytest.raises(ValueError, match="labels"):
     rows_with_label_mix([0.5, 1.0], [0.5, 0.5], 2)
+
+
+def test_printing_data_shows_shapes_not_arrays():
+  from fedjax_dro.data import get_dataset
+
+  ds = get_dataset("synthetic-ridge").load(0)
+  text = repr(ds)
+  assert len(text) < 400 and "array(" not in text and "30 clients" in text
+  assert repr(ds.train) == (
+    f"FederatedData(x={ds.train.x.dtype}{list(ds.train.x.shape)}, "
+    f"y={ds.train.y.dtype}{list(ds.train.y.shape)}, "
+    f"{int(np.sum(ds.train.num_examples))} valid rows)"
+  )
