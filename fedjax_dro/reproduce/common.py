@@ -6,6 +6,11 @@ import os
 import time
 from typing import Any, Callable, Dict, Optional
 
+QUICK_BANNER = (
+  "**Quick smoke run** (`--quick`: tiny grids, few rounds, small data): it shows that the "
+  "pipeline runs, not the experiment's numbers.\n\n"
+)
+
 
 def run_tables(
   experiment: str,
@@ -15,6 +20,7 @@ def run_tables(
   verbose: bool,
   *,
   selections: Optional[dict] = None,
+  quick: bool = False,
   **meta,
 ) -> Dict[str, Any]:
   """Runs every :class:`~fedjax_dro.compare.Experiment` of a paper's table on the harness (each
@@ -30,6 +36,7 @@ def run_tables(
     verbose: print progress and tables.
     selections: shared between the experiments (:func:`fedjax_dro.compare.compare`): the same
       strategies and data under several budgets rest on one selection per seed.
+    quick: a ``--quick`` smoke run (its combined table says so).
     meta: further entries of the result (the data's description, ...).
   """
   from fedjax_dro.compare import compare
@@ -41,10 +48,10 @@ def run_tables(
   }
   result = {"experiment": experiment, **meta, "results": results}
   result["wall_time_s"] = time.perf_counter() - t0
-  md = markdown(result)
+  md = (QUICK_BANNER if quick else "") + markdown(result)
   if verbose:
     print(md)
-  write_result(out_dir, experiment.replace("-", "_"), result, md)
+  write_result(out_dir, experiment.replace("-", "_"), result, md, quick=quick)
   return result
 
 
@@ -55,6 +62,7 @@ def write_result(
   markdown: str,
   plot: Optional[Callable[[Dict[str, Any], str], str]] = None,
   log: Callable[[str], None] = lambda line: None,
+  quick: bool = False,
 ) -> None:
   """Writes ``<stem>.json`` (``result``), ``<stem>.md`` (``markdown``) and, with ``plot``,
   ``<stem>.png`` (``plot(result, path)``) to ``out_dir``, atomically; their paths go into
@@ -67,7 +75,13 @@ def write_result(
     markdown: its table.
     plot: ``plot(result, path) -> path``, or ``None`` for no figure.
     log: where the line naming the files goes.
+    quick: a ``--quick`` smoke run: ``result["quick"]`` is set and the markdown starts with a
+      line saying so (unless it already does).
   """
+  if quick:
+    result["quick"] = True
+    if not markdown.startswith(QUICK_BANNER):
+      markdown = QUICK_BANNER + markdown
   if out_dir is None:
     return
   from fedjax_dro.records import atomic_write, json_text

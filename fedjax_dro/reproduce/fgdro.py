@@ -274,6 +274,7 @@ def fgdro_table7(
     markdown_table(result),
     plot_fgdro_table7 if plot else None,
     log,
+    quick=quick,
   )
   return result
 

@@ -325,7 +325,9 @@ def karula_synthetic(
     raise ValueError(f"readings must be a non-empty list out of {list(READINGS)}, got {readings!r}")
   with float64():  # the projection and the ridge closed forms are compared in float64
     experiments = {r: ridge_experiment(r, quick=quick, **settings) for r in readings}
-    return run_tables("karula-synthetic", experiments, synthetic_markdown, out_dir, verbose)
+    return run_tables(
+      "karula-synthetic", experiments, synthetic_markdown, out_dir, verbose, quick=quick
+    )
 
 
 def heart_experiment(**settings) -> C.Experiment:
@@ -391,7 +393,7 @@ def karula_heart(
   )
   with float64():  # Karula's projection runs in float64, as in Table 1a
     experiments = {"heart": heart_experiment(quick=quick, **settings)}
-    return run_tables("karula-heart", experiments, heart_markdown, out_dir, verbose)
+    return run_tables("karula-heart", experiments, heart_markdown, out_dir, verbose, quick=quick)
 
 
 def _cell(entry, digits=3):

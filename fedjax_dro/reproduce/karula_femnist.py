@@ -320,6 +320,7 @@ def karula_femnist(
     out_dir,
     verbose,
     selections={},  # one selection per strategy and seed, shared by the three budgets
+    quick=quick,
     data=data_name,
     writers=n,
     train_rows_per_writer=int(np.asarray(first.train.num_examples).max()),

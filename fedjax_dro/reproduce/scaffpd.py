@@ -327,6 +327,7 @@ def _scaffpd_synthetic(out_dir, *, rounds, quick, seed, rhos, plot, verbose) -> 
     scaffpd_markdown(result),
     plot_scaffpd_synthetic if plot else None,
     log,
+    quick=quick,
   )
   return result
 

@@ -26,6 +26,9 @@ def test_quick_reproduction_writes_json_and_png(tmp_path):
   with open(os.path.join(out, "scaffpd_synthetic.png"), "rb") as f:
     assert f.read(8) == b"\x89PNG\r\n\x1a\n"
   assert saved["setting"]["rounds"] == rounds and saved["setting"]["l2"] > 0
+  assert saved["quick"] is True
+  with open(os.path.join(out, "scaffpd_synthetic.md")) as f:
+    assert f.read().startswith("**Quick smoke run**")
   (panel,) = saved["panels"]
   assert panel["rho"] == 0.05 and panel["rho_ours"] == 0.025
   assert panel["saddle_residual"] < 1e-10
@@ -88,3 +91,15 @@ def test_bad_inputs():
     reproduce.scaffpd_synthetic(None, rhos=(-0.1,))
   with pytest.raises(ValueError, match="personalized"):
     with_distances(A.local(linreg(2)), [{"w": jnp.zeros(2), "b": jnp.zeros(())}])
+
+
+def test_quick_results_are_labelled_quick(tmp_path):
+  from fedjax_dro.reproduce.common import QUICK_BANNER, write_result
+
+  for quick in (False, True):
+    result = {"x": 1}
+    write_result(str(tmp_path / str(quick)), "t", result, "| table |\n", quick=quick)
+    with open(os.path.join(tmp_path, str(quick), "t.md")) as f:
+      assert f.read().startswith(QUICK_BANNER) is quick
+    with open(os.path.join(tmp_path, str(quick), "t.json")) as f:
+      assert json.load(f).get("quick", False) is quick
