@@ -1,8 +1,10 @@
 """``fedjax-dro reproduce scaffpd-table1``: the paper's partition (Dirichlet label skew, then 30% of
 the clients keep 30% of their rows), the footnote's worst-20% accuracy against a hand
-computation, quick end-to-end runs on a generated features file (through the CLI) and on the
-stand-in (labelled as such), and the stand-in generator."""
+computation, the stand-in's spread of class difficulty (a centralized linear classifier), the
+protocol's equal grids in smoothness units with uniform ERM weighting, and quick end-to-end runs
+on the stand-in and on a generated features file (through the CLI)."""
 
+import importlib
 import json
 import math
 import os
@@ -14,6 +16,8 @@ from fedjax_dro import cli, reproduce
 from fedjax_dro.data import write_features
 from fedjax_dro.data.standins import gaussian_mixture_features
 from fedjax_dro.reproduce.scaffpd_table1 import table1_partition, worst_fraction_accuracy
+
+T = importlib.import_module("fedjax_dro.reproduce.scaffpd_table1")
 
 NUM_CLASSES, DIM, TRAIN_PER_CLASS, TEST_PER_CLASS = 100, 16, 12, 4
 
@@ -72,72 +76,139 @@ def test_worst20_is_the_mean_of_the_lowest_fifth_of_the_clients():
   assert worst_fraction_accuracy([0.5, 0.4, 0.3, 0.9, 0.8, 0.7, 0.6]) == pytest.approx(0.35)
 
 
-def _check_result(saved, stand_in: bool):
+def test_stand_in_classes_differ_in_difficulty():
+  """The stand-in's classes: a centralized linear classifier (nearest class mean, closed form)
+  is right on about 0.2 of the hardest tenth's test rows and 0.8 of the easiest tenth's; with
+  hardness 0 the classes are about equally hard."""
+  fs = gaussian_mixture_features(**T.STAND_IN, seed=T.STAND_IN_SEED)
+  assert fs.features.shape == (60000, 128)
+  assert np.all(np.bincount(fs.labels[~fs.split]) == 500)
+  assert np.all(np.bincount(fs.labels[fs.split]) == 100)
+  tr, te = ~fs.split, fs.split
+
+  def deciles(fs):
+    acc = T.centralized_class_accuracy(
+      fs.features[tr], fs.labels[tr], fs.features[te], fs.labels[te], 100
+    )
+    return np.percentile(acc, [10, 50, 90])
+
+  lo, mid, hi = deciles(fs)
+  assert lo < 0.35 and hi > 0.7 and 0.35 < mid < 0.7, (lo, mid, hi)
+  flat = gaussian_mixture_features(**dict(T.STAND_IN, hardness=0.0), seed=T.STAND_IN_SEED)
+  flo, _, fhi = deciles(flat)
+  assert fhi - flo < 0.5 * (hi - lo), (flo, fhi, lo, hi)
+  # the hardest classes are the last ones (rank c / 99)
+  acc = T.centralized_class_accuracy(
+    fs.features[tr], fs.labels[tr], fs.features[te], fs.labels[te], 100
+  )
+  assert acc[:10].mean() > acc[-10:].mean() + 0.4
+
+
+UNITS = {"inverse_minibatch": 0.05, "inverse_full_batch": 0.8}
+
+
+def test_equal_grids_in_smoothness_units_and_uniform_erm_weighting():
+  from fedjax_dro import models
+
+  rows = T.strategies(UNITS)
+  assert [s.label for s in rows] == list(T.WEIGHTING)
+  model = models.softmax_regression(4, 3, l2=T.L2)
+  for s in rows:
+    assert s.num_configurations == 9, s.label
+    steps = s.grid.get("client_lr", s.grid.get("lr_w"))
+    assert min(steps) == pytest.approx(0.05) and max(steps) == pytest.approx(0.8)
+    alg = s.make(model)
+    assert set(s.grid) | set(s.fixed) <= set(alg.hparams), s.label
+  algs = {s.label: s.make(model) for s in rows}
+  for label in ("FedAvg", "SCAFFOLD"):
+    assert algs[label].config["weighting"] == "uniform"
+    assert "uniform" in T.WEIGHTING[label]
+  assert "tau" not in algs["SCAFF-PD"].hparams and "L" not in algs["q-FFL"].hparams
+  assert algs["SCAFF-PD"].config["tied_hparams"]["tau"] == ["client_lr", T.LOCAL_STEPS, 1.0]
+  assert {s.label: s.fixed.get("rho") for s in rows if "rho" in s.fixed} == {
+    "AFL": 0.0,
+    "DRFA": T.RHO,
+    "SCAFF-PD": T.RHO,
+  }
+  assert all(s.num_configurations == 1 for s in T.strategies(UNITS, quick=True))
+
+
+def _check_result(saved, stand_in: bool, alphas, seeds):
   assert saved["experiment"] == "scaffpd-table1"
   assert saved["dataset"]["stand_in"] is stand_in
-  assert [p["alpha"] for p in saved["partitions"]] == [0.01, 0.05, 0.1]
-  labels = ["FedAvg", "SCAFFOLD", "q-FFL", "AFL", "DRFA", "AgnosticFedAvg", "SCAFF-PD"]
-  for p in saved["partitions"]:
-    assert list(p["algorithms"]) == labels
-    assert len(p["reduced_clients"]) == 6
-    for i, (n0, n) in enumerate(zip(p["client_rows_before_removal"], p["client_rows"])):
-      assert n == (n0 - math.floor(0.7 * n0) if i in p["reduced_clients"] else n0)
-    for row in p["algorithms"].values():
-      acc = np.asarray(row["client_test_acc"])
-      assert acc.shape == (20,) and np.all((acc >= 0) & (acc <= 1))
-      # the footnote, by hand: sort, take the lowest 20% (4 of 20), average
-      assert row["worst20_acc"] == pytest.approx(np.mean(np.sort(acc)[:4]))
-      assert row["avg_acc"] == pytest.approx(np.mean(acc))
-      assert row["worst20_acc"] <= row["avg_acc"]
-  # Fig. 3 at alpha = 0.01: one SCAFF-PD curve per rho, SCAFFOLD beside them
-  fig3 = saved["fig3"]
-  assert fig3["alpha"] == 0.01 and list(fig3["rhos"]) == ["0.1", "0.2", "0.5"]
-  rounds = saved["setting"]["rounds"]
-  for row in [*fig3["rhos"].values(), fig3["SCAFFOLD"]]:
-    assert len(row["curve_avg_acc"]) == len(row["curve_worst20_acc"]) == rounds
-    assert row["curve_worst20_acc"][-1] == pytest.approx(row["worst20_acc"])
-  # Table 1's SCAFF-PD row is the rho = 0.1 one
-  assert saved["partitions"][0]["algorithms"]["SCAFF-PD"]["hparams"]["rho"] == 0.1
-  assert saved["wall_time_s"] > 0
+  assert list(saved["results"]) == [f"{a:g}" for a in alphas]
+  assert saved["setting"]["seeds"] == seeds
+  u = saved["smoothness"]
+  assert u["inverse_full_batch"] == pytest.approx(1 / u["L_full_batch"])
+  assert u["L_minibatch"] > u["L_full_batch"]
+  for alpha, rec in saved["results"].items():
+    assert rec["reference"] == "SCAFF-PD"
+    assert rec["metric"] == {"name": "accuracy", "stat": "worst20", "higher_is_better": True}
+    assert "validation" in rec["protocol"]["selection"]
+    ref = rec["per_seed"]["SCAFF-PD"]
+    for label, rows in rec["per_seed"].items():
+      assert [r["seed"] for r in rows] == seeds
+      values = [0.0 if r["failed"] else r["value"] for r in rows]
+      t = rec["table"][label]
+      assert t["accuracy"]["mean"] == pytest.approx(np.mean(values))
+      assert t["accuracy"]["two_se"] == pytest.approx(2 * np.std(values, ddof=1) / math.sqrt(2))
+      for r in rows:
+        assert r["failed"] or (0 <= r["value"] <= r["extra"]["average accuracy"] <= 1)
+        assert r["failed"] or 1 <= r["rounds"] <= saved["setting"]["budget"]["cap"]
+      if label != "SCAFF-PD":
+        d = rec["paired"]["accuracy"][label]
+        diffs = np.array(values) - np.array([r["value"] for r in ref])
+        assert d["difference"] == pytest.approx(diffs.mean())
+        assert d["wins"] == int(np.sum(diffs > 0))
+    for part in saved["partitions"][alpha]:
+      assert len(part["reduced_clients"]) == 6
+      for i, (n0, n) in enumerate(zip(part["client_rows_before_removal"], part["client_rows"])):
+        assert n == (n0 - math.floor(0.7 * n0) if i in part["reduced_clients"] else n0)
 
 
-def _read_outputs(out):
+def test_quick_stand_in_run(tmp_path):
+  out = str(tmp_path / "standin")
+  res = reproduce.scaffpd_table1(out, quick=True, alphas=(0.1,), fig3_rhos=(), verbose=False)
   with open(os.path.join(out, "scaffpd_table1.json")) as f:
     saved = json.load(f)
   with open(os.path.join(out, "scaffpd_table1.md")) as f:
     table = f.read()
-  with open(os.path.join(out, "scaffpd_table1.png"), "rb") as f:
-    assert f.read(8) == b"\x89PNG\r\n\x1a\n"
-  return saved, table
+  _check_result(saved, True, [0.1], [0, 1])
+  assert res["fig3"] is None and not os.path.exists(os.path.join(out, "scaffpd_table1.png"))
+  assert "STAND-IN" in table.splitlines()[0] and "quick smoke run" in table.splitlines()[0]
+  for label, weighting in T.WEIGHTING.items():
+    assert f"| {label} | {weighting} |" in table
+  scaff = saved["results"]["0.1"]["table"]["SCAFF-PD"]["accuracy"]
+  assert f"{100 * scaff['mean']:.2f} +- {100 * scaff['two_se']:.2f}" in table
+  assert os.path.exists(os.path.join(out, "scaffpd_table1_alpha0p1.json"))
 
 
-def test_cli_quick_run_on_a_features_file(tmp_path):
+def test_cli_quick_run_on_a_features_file_with_fig3(tmp_path):
   path, train_labels = _features_file(tmp_path)
   out = str(tmp_path / "out")
   argv = ["reproduce", "scaffpd-table1", "--features", path, "--quick", "--out", out]
   assert cli.main(argv) == 0
-  saved, table = _read_outputs(out)
-  _check_result(saved, stand_in=False)
+  with open(os.path.join(out, "scaffpd_table1.json")) as f:
+    saved = json.load(f)
+  with open(os.path.join(out, "scaffpd_table1.png"), "rb") as f:
+    assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+  _check_result(saved, False, [0.01, 0.05, 0.1], [0, 1])
   ds = saved["dataset"]
   assert ds["source"] == "tiny_features.npz" and ds["dim"] == DIM
   assert ds["train_rows"] == train_labels.size
-  assert ds["validation_rows"] + ds["test_rows"] == NUM_CLASSES * TEST_PER_CLASS
-  assert "STAND-IN" not in table and "tiny_features.npz" in table
-  # the markdown rows hold the JSON's numbers
-  scaff = saved["partitions"][0]["algorithms"]["SCAFF-PD"]
-  assert f"| SCAFF-PD | {100 * scaff['avg_acc']:.2f} | {100 * scaff['worst20_acc']:.2f} |" in table
-
-
-@pytest.mark.slow  # ~35 s; the pipeline runs in the features-file test, the generator below
-def test_quick_stand_in_run_is_labelled_stand_in(tmp_path):
-  out = str(tmp_path / "standin")
-  res = reproduce.scaffpd_table1(out, quick=True, verbose=False)
-  saved, table = _read_outputs(out)
-  _check_result(saved, stand_in=True)
-  assert "STAND-IN" in table.splitlines()[0]
-  assert "STAND-IN" in saved["dataset"]["note"]
-  assert saved["dataset"]["parameters"]["num_classes"] == 100
-  assert res["png_path"].endswith("scaffpd_table1.png")
+  assert ds["held_out_rows"] == NUM_CLASSES * TEST_PER_CLASS
+  fig3 = saved["fig3"]
+  assert [s["label"] for s in fig3["strategies"]] == [
+    "SCAFFOLD",
+    "SCAFF-PD",
+    "SCAFF-PD rho=0.2",
+    "SCAFF-PD rho=0.5",
+  ]
+  # Fig. 3's SCAFFOLD and rho = 0.1 rows rest on the table's selections
+  table = saved["results"]["0.01"]["per_seed"]
+  for label in ("SCAFFOLD", "SCAFF-PD"):
+    for a, b in zip(table[label], fig3["per_seed"][label]):
+      assert a["chosen"] == b["chosen"] and a["value"] == pytest.approx(b["value"])
 
 
 def test_stand_in_generator_layout_and_difficulty():
@@ -169,6 +240,8 @@ def test_bad_inputs(tmp_path):
     reproduce.scaffpd_table1(alphas=[], quick=True, verbose=False)
   with pytest.raises(FileNotFoundError):
     reproduce.scaffpd_table1(features=str(tmp_path / "missing.npz"), quick=True, verbose=False)
+  with pytest.raises(ValueError, match="num_seeds"):
+    reproduce.scaffpd_table1(num_seeds=0, quick=True, verbose=False)
   # a held-out set without a class the clients train on
   feats = np.random.default_rng(0).normal(size=(40, 4))
   labels = np.repeat(np.arange(4), 10)
