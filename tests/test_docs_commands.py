@@ -32,6 +32,9 @@ NOT_RUN = [
 ]
 SLOW = r"^fedjax-dro (reproduce \S+|compare)( |$)"
 USER_FILES = "~/data"  # a Python block reading the user's files is not run
+# pages that need an optional extra: skipped where it is not installed (the test extra has neither
+# the full tensorboard nor mlflow)
+REQUIRES = {"docs/tracking.md": ("tensorboardX", "mlflow")}
 
 
 def _blocks(language, text):
@@ -63,6 +66,11 @@ def _env(tmp_path):
   return env
 
 
+def _require_extras(page):
+  for module in REQUIRES.get(_page_id(page), ()):
+    pytest.importorskip(module, reason=f"{_page_id(page)} needs {module} (an optional extra)")
+
+
 def _write_files(text, cwd):
   for block in _blocks("toml", text):
     first = block.splitlines()[0]
@@ -90,6 +98,7 @@ def _command_cases(slow):
 
 @pytest.mark.parametrize("page,commands", _command_cases(slow=False))
 def test_commands_run_as_printed(page, commands, tmp_path):
+  _require_extras(page)
   text = page.read_text()
   _write_files(text, tmp_path)
   env = _env(tmp_path)
@@ -102,6 +111,7 @@ def test_commands_run_as_printed(page, commands, tmp_path):
 def test_long_commands_run(page, commands, tmp_path):
   """The reproductions with ``--quick`` added (their full runs take minutes to hours); the
   comparisons as printed."""
+  _require_extras(page)
   text = page.read_text()
   _write_files(text, tmp_path)
   env = _env(tmp_path)
@@ -121,6 +131,7 @@ def _python_cases():
 
 @pytest.mark.parametrize("page,blocks", _python_cases())
 def test_python_blocks_run_as_printed(page, blocks, tmp_path):
+  _require_extras(page)
   script = tmp_path / "page.py"
   script.write_text("\n\n".join(blocks))
   _run(f"{shlex.quote(sys.executable)} page.py", tmp_path, _env(tmp_path), timeout=900)

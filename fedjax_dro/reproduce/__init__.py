@@ -51,7 +51,7 @@ EXPERIMENTS: Dict[str, Callable[..., Dict[str, Any]]] = {
 # runs' wall times; --quick runs take about a minute each).
 RUN_TIMES: Dict[str, str] = {
   "scaffpd-synthetic": "SCAFF-PD Fig. 2 (synthetic shift): a few minutes",
-  "scaffpd-table1": "SCAFF-PD Table 1 and Fig. 3 (features file or stand-in): about 2 hours",
+  "scaffpd-table1": "SCAFF-PD Table 1 and Fig. 3 (features file or stand-in): about 95 minutes",
   "fgdro-table7": "FGDRO Table 7 (CIFAR-10 files or digits stand-in): about 17 minutes",
   "karula-synthetic": "Karula Table 1a (synthetic ridge, both readings): about 76 minutes",
   "karula-heart": "Karula Table 1b (UCI heart disease, shipped): about 8 minutes",
