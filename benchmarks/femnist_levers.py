@@ -1,0 +1,310 @@
+"""What moves the FEMNIST-sized FedAvg run's wall time on a GPU: the compilation and the local step.
+
+The FLUTE FEMNIST anchor (``benchmarks/anchors.py``: 3400 clients, 10 a round, one local epoch of
+batch 20, a 2-conv CNN of 6.6 M parameters, 1500 rounds) spends its time in two places: compiling
+the round program, and the participants' local steps, each of which reads and writes the client's
+whole dense layer (a memory-bound step). This script measures the levers on each, side by side in
+one call:
+
+* ``compile``: the whole ``fd.run`` in fresh processes, with XLA's defaults, with its kernel
+  autotuning off (``--xla_gpu_autotune_level=0``), and with JAX's persistent compilation cache,
+  cold and then warm (a researcher's second run of the same program).
+* ``step``: the local epoch of one step-sorted chunk of participants (5 side by side, as the
+  library runs them on a GPU), written four ways with the same arithmetic: the vmapped
+  ``while_loop`` with each client's own exit test (JAX batches it into a loop whose every step
+  selects between the new and the old weights: the library's form), a loop with one exit test
+  for the chunk and the step masked by ``where``, the same with the step size (0 for a client
+  past its steps) multiplied into the update, and with the step size folded into the loss before
+  differentiating (``w + grad(-lr * mask * loss)``: the update is the gradient's own product plus
+  the weights, which XLA may fuse into one kernel). Each variant's final weights are compared with
+  the library form's.
+
+Usage::
+
+    python benchmarks/femnist_levers.py --out results/femnist_levers.json   # a GPU
+    python benchmarks/femnist_levers.py --quick --out /tmp/levers.json      # tiny sizes (tests)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+VARIANTS = ("library_vmapped_while", "chunk_exit_where", "chunk_exit_scaled", "chunk_exit_folded")
+
+
+def _child(mode, rounds, quick, cache_dir):
+  """One fresh process: the anchor's ``fd.run`` for ``rounds`` rounds, whole and its compile."""
+  import anchors
+  from fedjax_dro.algorithms import fedavg
+
+  spec = anchors.WORKLOADS["flute_femnist"]
+  w = anchors.workload(spec, quick, device_bytes=40 << 30)
+  alg = fedavg(w.model, clients_per_round=w.cohort, **w.kw)
+  whole_s, hist = anchors._timed_run(alg, w.train, w.eval, rounds, 0, w.params)
+  return {
+    "mode": mode,
+    "rounds": rounds,
+    "whole_s": whole_s,
+    "compile_s": hist.compile_time,
+    "s_per_round_after_compile": (whole_s - hist.compile_time) / rounds,
+    "device": str(jax.devices()[0].device_kind),
+  }
+
+
+COMPILE_MODES = {
+  "default": {},
+  "autotune_off": {"XLA_FLAGS": "--xla_gpu_autotune_level=0"},
+  "cache_cold": {"JAX_COMPILATION_CACHE_DIR": "{cache}"},
+  "cache_warm": {"JAX_COMPILATION_CACHE_DIR": "{cache}"},
+}
+
+
+def compile_section(rounds, quick, cache_dir):
+  """Each mode in a fresh process (the cache's warm run after its cold one)."""
+  shutil.rmtree(cache_dir, ignore_errors=True)  # the cold run starts from an empty cache
+  rows = []
+  for mode, env_extra in COMPILE_MODES.items():
+    env = dict(os.environ)
+    for k, v in env_extra.items():
+      env[k] = v.format(cache=cache_dir)
+    env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    argv = [sys.executable, __file__, "--child", mode, "--rounds", str(rounds)]
+    argv += ["--quick"] if quick else []
+    t0 = time.perf_counter()
+    done = subprocess.run(argv, env=env, capture_output=True, text=True)
+    row = {"mode": mode, "process_s": time.perf_counter() - t0}
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
+    if done.returncode == 0 and lines:
+      row.update(json.loads(lines[-1]))
+    else:
+      row["error"] = (done.stderr or done.stdout)[-800:]
+    print(json.dumps(row), flush=True)
+    rows.append(row)
+  return rows
+
+
+def _chunk(quick):
+  """A chunk of 5 participants of the FEMNIST workload (1 to 47 local steps of batch 20)."""
+  from fedjax_dro import models
+
+  if quick:
+    image, feats, dense, classes, batch = (8, 8, 1), (4, 8), 16, 62, 4
+    steps = np.array([6, 5, 4, 3, 2], np.int32)
+  else:
+    image, feats, dense, classes, batch = (28, 28, 1), (32, 64), 2048, 62, 20
+    steps = np.array([47, 40, 33, 26, 19], np.int32)
+  model = models.cnn(image, classes, features=feats, dense=dense)
+  c = len(steps)
+  rows = int(steps.max()) * batch
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.standard_normal((c, rows) + image, dtype=np.float32))
+  y = jnp.asarray(rng.integers(0, classes, (c, rows)).astype(np.int32))
+  w0 = model.init(jax.random.PRNGKey(0))
+  w = jax.tree.map(lambda a: jnp.broadcast_to(a, (c,) + a.shape).copy(), w0)
+  return model, w, x, y, jnp.asarray(steps), batch
+
+
+def _variants(model, batch, lr):
+  def loss_at(p, x, y, j):
+    bx = jax.lax.dynamic_slice_in_dim(x, j * batch, batch)
+    by = jax.lax.dynamic_slice_in_dim(y, j * batch, batch)
+    return jnp.mean(model.loss(model.apply(p, bx), by))
+
+  def sgd(p, x, y, j):
+    g = jax.grad(loss_at)(p, x, y, j)
+    return jax.tree.map(lambda a, b: a - lr * b, p, g)
+
+  def library(w, x, y, steps):
+    def one(p, x, y, s):
+      return jax.lax.while_loop(
+        lambda st: st[0] < s, lambda st: (st[0] + 1, sgd(st[1], x, y, st[0])), (0, p)
+      )[1]
+
+    return jax.vmap(one)(w, x, y, steps)
+
+  def chunk_loop(client_step):
+    def run(w, x, y, steps):
+      top = jnp.max(steps)
+
+      def body(st):
+        j, p = st
+        return j + 1, jax.vmap(client_step, in_axes=(0, 0, 0, None, 0))(p, x, y, j, steps)
+
+      return jax.lax.while_loop(lambda st: st[0] < top, body, (0, w))[1]
+
+    return run
+
+  def where_step(p, x, y, j, s):
+    new = sgd(p, x, y, j)
+    return jax.tree.map(lambda a, b: jnp.where(j < s, a, b), new, p)
+
+  def scaled_step(p, x, y, j, s):
+    g = jax.grad(loss_at)(p, x, y, j)
+    c = jnp.where(j < s, lr, 0.0)
+    return jax.tree.map(lambda a, b: a - c * b, p, g)
+
+  def folded_step(p, x, y, j, s):
+    c = jnp.where(j < s, -lr, 0.0)
+    g = jax.grad(lambda q: c * loss_at(q, x, y, j))(p)
+    return jax.tree.map(lambda a, b: a + b, p, g)
+
+  return {
+    "library_vmapped_while": library,
+    "chunk_exit_where": chunk_loop(where_step),
+    "chunk_exit_scaled": chunk_loop(scaled_step),
+    "chunk_exit_folded": chunk_loop(folded_step),
+  }
+
+
+def _count_ops(hlo: str):
+  lines = hlo.splitlines()
+  return {
+    "fusions": sum(1 for ln in lines if " fusion(" in ln and "=" in ln),
+    "custom_calls": sum(1 for ln in lines if "custom-call(" in ln),
+  }
+
+
+def step_section(quick, repeats, hlo_dir=None):
+  model, w, x, y, steps, batch = _chunk(quick)
+  lr = 0.05
+  rows, finals = [], {}
+  for name, fn in _variants(model, batch, lr).items():
+    jitted = jax.jit(fn)
+    t0 = time.perf_counter()
+    compiled = jitted.lower(w, x, y, steps).compile()
+    compile_s = time.perf_counter() - t0
+    hlo = compiled.as_text() or ""
+    if hlo_dir:
+      with open(os.path.join(hlo_dir, f"hlo_{name}.txt"), "w") as f:
+        f.write(hlo)
+    out = jax.block_until_ready(compiled(w, x, y, steps))
+    times = []
+    for _ in range(repeats):
+      t0 = time.perf_counter()
+      jax.block_until_ready(compiled(w, x, y, steps))
+      times.append(time.perf_counter() - t0)
+    finals[name] = out
+    iters = int(steps.max())
+    row = {
+      "variant": name,
+      "compile_s": compile_s,
+      "best_s": min(times),
+      "ms_per_iteration": 1e3 * min(times) / iters,
+      "iterations": iters,
+      "participants": int(steps.shape[0]),
+      **_count_ops(hlo),
+    }
+    ref = finals["library_vmapped_while"]
+    row["max_abs_diff_vs_library"] = float(
+      max(jnp.max(jnp.abs(a - b)) for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(ref)))
+    )
+    print(json.dumps(row), flush=True)
+    rows.append(row)
+  return rows
+
+
+def _ratio(a, b):
+  return f"{a / b:.2f}x" if a and b else "-"
+
+
+def markdown(result) -> str:
+  """The results as the published tables (ratios against the library's form, the defaults)."""
+  out = [
+    "# What moves the FEMNIST-sized FedAvg run's wall time",
+    "",
+    f"Device: **{result['device']}** ({result['platform']}), jax {result['jax']}; command: "
+    f"`python benchmarks/femnist_levers.py {' '.join(result['argv'])}`"
+    + (" (tiny sizes: a test, not a measurement)" if result["quick"] else ""),
+    "",
+  ]
+  step = result.get("step") or []
+  if step:
+    base = step[0]["ms_per_iteration"]
+    out += [
+      f"## The local epoch of one chunk of {step[0]['participants']} participants "
+      f"({step[0]['iterations']} loop iterations)",
+      "",
+      "| form of the step | ms / iteration | against the library's form | kernels (fusions, "
+      "library calls) | max abs difference of the final weights from the library's form |",
+      "|---|---|---|---|---|",
+    ]
+    for r in step:
+      out.append(
+        f"| {r['variant']} | {r['ms_per_iteration']:.3f} | {_ratio(r['ms_per_iteration'], base)} "
+        f"| {r['fusions']}, {r['custom_calls']} | {r['max_abs_diff_vs_library']:.2g} |"
+      )
+    out.append("")
+  comp = result.get("compile") or []
+  if comp:
+    out += [
+      "## The whole `fd.run`, each in a fresh process",
+      "",
+      "| XLA / JAX setting | rounds | whole s | of which compiling s | ms / round after it | "
+      "1500 rounds projected s |",
+      "|---|---|---|---|---|---|",
+    ]
+    for r in comp:
+      if "error" in r:
+        last = r["error"].strip().splitlines()[-1][:160]
+        out.append(f"| {r['mode']} | - | - | - | - | failed: `{last}` |")
+        continue
+      proj = r["compile_s"] + 1500 * r["s_per_round_after_compile"]
+      out.append(
+        f"| {r['mode']} | {r['rounds']} | {r['whole_s']:.1f} | {r['compile_s']:.1f} | "
+        f"{1e3 * r['s_per_round_after_compile']:.1f} | {proj:.1f} |"
+      )
+    out.append("")
+  return "\n".join(out)
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--out", default=os.path.join(HERE, "results", "femnist_levers.json"))
+  p.add_argument("--quick", action="store_true", help="tiny sizes (a test on a CPU)")
+  p.add_argument("--rounds", type=int, default=None, help="rounds of each compile-section run")
+  p.add_argument("--sections", default="step,compile")
+  p.add_argument("--repeats", type=int, default=5)
+  p.add_argument("--hlo-dir", default=None, help="write each step variant's optimized HLO here")
+  p.add_argument("--cache-dir", default="/tmp/fedjax_dro_levers_cache")
+  p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+  args = p.parse_args(argv)
+  rounds = args.rounds or (2 if args.quick else 1500)
+  if args.child:
+    print(json.dumps(_child(args.child, rounds, args.quick, args.cache_dir)), flush=True)
+    return
+  result = {
+    "device": str(jax.devices()[0].device_kind),
+    "platform": jax.default_backend(),
+    "jax": jax.__version__,
+    "quick": args.quick,
+    "argv": sys.argv[1:] if argv is None else list(argv),
+  }
+  for section in args.sections.split(","):
+    if section == "step":
+      result["step"] = step_section(args.quick, args.repeats, args.hlo_dir)
+    elif section == "compile":
+      result["compile"] = compile_section(rounds, args.quick, args.cache_dir)
+    else:
+      p.error(f"unknown section {section!r}")
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+      json.dump(result, f, indent=1)
+    with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
+      f.write(markdown(result))
+
+
+if __name__ == "__main__":
+  main()
