@@ -23,7 +23,7 @@ def test_every_form_of_the_step_matches_a_per_client_loop():
   grad = jax.jit(jax.grad(loss_at), static_argnums=3)
   expected = []
   for i in range(steps.shape[0]):  # the oracle: each client's own steps, one at a time
-    p = jax.tree.map(lambda a: a[i], w)
+    p = jax.tree.map(lambda a, i=i: a[i], w)
     for j in range(int(steps[i])):
       p = jax.tree.map(lambda a, g: a - lr * g, p, grad(p, x[i], y[i], j))
     expected.append(p)
@@ -46,7 +46,7 @@ def test_markdown_ratios_and_a_failed_mode():
       "participants": 5,
       "fusions": 40,
       "custom_calls": 1,
-      "max_abs_diff_vs_library": 0.0,
+      "max_abs_diff_vs_select": 0.0,
     }
     for v, ms in zip(lv.VARIANTS, (0.5, 0.5, 0.45, 0.25))
   ]
@@ -71,7 +71,7 @@ def test_markdown_ratios_and_a_failed_mode():
       "compile": comp,
     }
   )
-  assert "| chunk_exit_folded | 0.250 | 0.50x |" in md
+  assert "| folded_shared_exit | 0.250 | 0.50x |" in md
   # 1500 rounds projected: 12 s compiling + 1500 x 20 ms = 42 s
   assert "| default | 300 | 18.0 | 12.0 | 20.0 | 42.0 |" in md
   assert "failed: `RuntimeError: no cache here`" in md
@@ -80,9 +80,23 @@ def test_markdown_ratios_and_a_failed_mode():
 def test_tiny_run_writes_both_sections(tmp_path):
   lv = load_benchmark("femnist_levers")
   out = tmp_path / "levers.json"
-  lv.main(["--quick", "--repeats", "1", "--out", str(out), "--cache-dir", str(tmp_path / "c")])
+  lv.main(
+    [
+      "--quick",
+      "--repeats",
+      "1",
+      "--rounds",
+      "2",
+      "--out",
+      str(out),
+      "--cache-dir",
+      str(tmp_path / "c"),
+    ]
+  )
   result = json.loads(out.read_text())
   assert [r["variant"] for r in result["step"]] == list(lv.VARIANTS)
+  assert [r["folded_step"] for r in result["run"]] == [False, True, False]
+  assert result["run"][1]["max_abs_diff_of_final_params"] < 1e-5  # the same model (float32)
   assert [r["mode"] for r in result["compile"]] == list(lv.COMPILE_MODES)
   assert all("error" not in r and r["compile_s"] > 0 for r in result["compile"])
   assert (tmp_path / "levers.md").read_text().startswith("# What moves")

@@ -385,6 +385,21 @@ def plan_clients(
   return plan
 
 
+# The name of the client axis of map_clients' vmaps: code traced per client can reduce over the
+# clients side by side (``jax.lax.pmax(x, CLIENT_AXIS)``), e.g. the longest local loop of a chunk.
+CLIENT_AXIS = "fedjax_dro_clients"
+
+
+def client_axis_bound() -> bool:
+  """Whether the code being traced runs inside a vmap over clients named :data:`CLIENT_AXIS`
+  (the ``vmap`` and ``chunked`` backends; not the ``map`` backend, one client at a time)."""
+  try:
+    jax.lax.axis_index(CLIENT_AXIS)
+  except NameError:
+    return False
+  return True
+
+
 def map_clients(fn: Callable, *args, backend: str = "vmap", chunk_size: Optional[int] = None):
   """``fn`` applied to each slice along the leading (client) axis of every leaf of ``args``.
 
@@ -394,7 +409,7 @@ def map_clients(fn: Callable, *args, backend: str = "vmap", chunk_size: Optional
   if backend == "auto":
     backend, chunk_size = plan_clients(fn, args)
   if backend == "vmap":
-    return jax.vmap(fn)(*args)
+    return jax.vmap(fn, axis_name=CLIENT_AXIS)(*args)
   if backend == "map":
     return jax.lax.map(lambda a: fn(*a), args)
   if backend == "chunked":
@@ -402,7 +417,7 @@ def map_clients(fn: Callable, *args, backend: str = "vmap", chunk_size: Optional
     if _num_clients(args) % size == 0 and _num_clients(args) > size:
       strided = _strided(args, size)
       _, out = jax.lax.scan(
-        lambda carry, j: (carry, jax.vmap(fn)(*_strided_chunk(strided, j))),
+        lambda carry, j: (carry, jax.vmap(fn, axis_name=CLIENT_AXIS)(*_strided_chunk(strided, j))),
         None,
         jnp.arange(_num_clients(args) // size),
       )
@@ -499,7 +514,7 @@ def _unstrided(stacked):
 
 
 def _vmapped_weighted(fn, weights, *args):
-  trees, aux = jax.vmap(fn)(*args)
+  trees, aux = jax.vmap(fn, axis_name=CLIENT_AXIS)(*args)
   return _weighted(weights, trees), aux
 
 

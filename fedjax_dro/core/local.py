@@ -10,7 +10,7 @@ import jax.numpy as jnp
 
 from fedjax_dro.core.aggregation import scatter_rows
 from fedjax_dro.core.clients import map_clients, map_clients_weighted_sum
-from fedjax_dro.core.ragged import epoch_chunk, loop_body, sorted_participants, step_block
+from fedjax_dro.core.ragged import epoch_chunk, epoch_loop, sorted_participants
 from fedjax_dro.core.sampling import (
   epoch_permutations,
   epoch_step_rows,
@@ -122,7 +122,9 @@ def schedule_batch(schedule: LocalSchedule, j, x, y, num_examples, step_key=None
   return x, y, jnp.arange(x.shape[0]) < num_examples
 
 
-def scan_schedule(step: Callable, carry, schedule: LocalSchedule, x, y, num_examples):
+def scan_schedule(
+  step: Callable, carry, schedule: LocalSchedule, x, y, num_examples, masked_step=None
+):
   """The loop of ``step(carry, bx, by, bmask) -> (carry, loss)`` over the minibatches of
   ``schedule``. Returns ``(final carry, losses[T])``: ``losses[j]`` is step ``j``'s minibatch
   loss, 0 for the steps a client does not take.
@@ -133,6 +135,9 @@ def scan_schedule(step: Callable, carry, schedule: LocalSchedule, x, y, num_exam
   loop tests its exit condition every :func:`~fedjax_dro.core.ragged.step_block` steps (a
   fixed-length scan of that many steps per iteration, those past the client's count masked:
   carry kept, loss 0); the result is the same for every block.
+
+  ``masked_step(active, carry, bx, by, bmask) -> (carry, loss)``, optional: a step that keeps
+  the carry itself where ``active`` is False (see :func:`~fedjax_dro.core.ragged.epoch_loop`).
   """
   if schedule.steps is None:
 
@@ -141,16 +146,10 @@ def scan_schedule(step: Callable, carry, schedule: LocalSchedule, x, y, num_exam
 
     return jax.lax.scan(body, carry, schedule.step_keys, length=schedule.num_steps)
 
-  def one(j, c):
-    return step(c, *schedule_batch(schedule, j, x, y, num_examples))
+  def batch(j):
+    return schedule_batch(schedule, j, x, y, num_examples)
 
-  loss_shape = jax.eval_shape(lambda c: one(jnp.int32(0), c)[1], carry)
-  losses = jnp.zeros((schedule.num_steps,) + loss_shape.shape, loss_shape.dtype)
-  body = loop_body(one, schedule.steps, min(step_block(), schedule.num_steps))
-  _, carry, losses = jax.lax.while_loop(
-    lambda state: state[0] < schedule.steps, body, (jnp.int32(0), carry, losses)
-  )
-  return carry, losses
+  return epoch_loop(step, batch, schedule.steps, schedule.num_steps, carry, masked_step)
 
 
 def local_sgd(
@@ -192,7 +191,18 @@ def local_sgd(
     # Keep each leaf's dtype (float32 params with a float64 step size stay float32).
     return jax.tree.map(lambda a, b: (a - lr * b).astype(a.dtype), w, g), loss
 
-  return scan_schedule(step, params, schedule, x, y, num_examples)
+  def folded(active, w, bx, by, bmask):
+    # the step size (0 past the client's own steps) folded into the loss: w + grad(-lr * loss)
+    # is the weight gradient's product plus the weights (core.ragged.FOLDED_STEP_AUTO)
+    def scaled(p):
+      loss = client_loss(model, p, bx, by, bmask)
+      return jnp.where(active, -lr, 0).astype(loss.dtype) * loss, loss
+
+    g, loss = jax.grad(scaled, has_aux=True)(w)
+    return jax.tree.map(lambda a, b: (a + b).astype(a.dtype), w, g), loss
+
+  masked = folded if grad_transform is None else None
+  return scan_schedule(step, params, schedule, x, y, num_examples, masked_step=masked)
 
 
 def local_step_counts(settings, num_examples, num_steps: Optional[int] = None):
