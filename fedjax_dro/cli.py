@@ -164,6 +164,21 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     metavar="NAME=VALUE",
     help="extra algorithm factory option (repeatable; numbers or strings)",
   )
+  p.add_argument(
+    "--server-optimizer",
+    default=None,
+    metavar="NAME",
+    help="the server step as an optax optimizer on the averaged difference (fedavg, fedprox): "
+    "sgd, momentum, adam, reddi-adam, yogi, adagrad (fedjax_dro.core.server.NAMED); its update "
+    "is scaled by the server_lr hyper-parameter",
+  )
+  p.add_argument(
+    "--server-option",
+    action="append",
+    default=[],
+    metavar="NAME=VALUE",
+    help="an argument of --server-optimizer (repeatable), e.g. b2=0.999, tau=1e-4, momentum=0.9",
+  )
   track = p.add_argument_group("experiment tracking (see fedjax_dro.records.loggers)")
   track.add_argument("--log-to", metavar="tensorboard,mlflow", help="also log to these (extras)")
   track.add_argument(
@@ -186,6 +201,8 @@ def _factory_options(args) -> dict:
     opts["chunk_size"] = args.chunk_size
   if getattr(args, "precision", None) is not None:
     opts["precision"] = args.precision
+  if getattr(args, "server_optimizer", None) is not None or getattr(args, "server_option", []):
+    opts["server_optimizer"] = _server_optimizer(args)
   for item in args.option:
     if "=" not in item:
       raise ValueError(f"--option expects NAME=VALUE, got {item!r}")
@@ -198,6 +215,27 @@ def _factory_options(args) -> dict:
         pass
     opts[k] = v
   return opts
+
+
+def _server_optimizer(args):
+  """The optax transformation of ``--server-optimizer`` and ``--server-option``."""
+  from fedjax_dro.core.server import named_server_optimizer
+
+  if args.server_optimizer is None:
+    raise ValueError("--server-option needs --server-optimizer NAME")
+  options = {}
+  for item in args.server_option:
+    if "=" not in item:
+      raise ValueError(f"--server-option expects NAME=VALUE, got {item!r}")
+    k, v = item.split("=", 1)
+    try:
+      options[k] = float(v)
+    except ValueError:
+      raise ValueError(f"--server-option {k} must be a number, got {v!r}") from None
+  try:
+    return named_server_optimizer(args.server_optimizer, **options)
+  except ValueError as e:
+    raise ValueError(f"--server-optimizer: {e}") from None
 
 
 def build(algorithm: str, dataset: str, seed: int, options: dict):

@@ -16,11 +16,13 @@ from fedjax_dro.algorithms.base import (
 from fedjax_dro.algorithms.ditto import ditto
 from fedjax_dro.algorithms.dr_dsgd import dr_dsgd
 from fedjax_dro.algorithms.drfa import drfa
+from fedjax_dro.algorithms.fedadagrad import fedadagrad
 from fedjax_dro.algorithms.fedadam import fedadam
 from fedjax_dro.algorithms.fedavg import fedavg
 from fedjax_dro.algorithms.fedavg_momentum import fedavg_momentum
 from fedjax_dro.algorithms.fedprox import fedprox
 from fedjax_dro.algorithms.fedsgd import fedsgd
+from fedjax_dro.algorithms.fedyogi import fedyogi
 from fedjax_dro.algorithms.fgdro_cvar import fgdro_cvar
 from fedjax_dro.algorithms.fgdro_kl import fgdro_kl
 from fedjax_dro.algorithms.fgdro_kl_adam import fgdro_kl_adam
@@ -54,4 +56,4 @@ __all__ = [
 __all__ += ["scaff_pd", "afl", "drfa", "qffl", "agnostic_fedavg"]
 __all__ += ["fgdro_cvar", "fgdro_kl", "fgdro_kl_adam", "local_adam", "dr_dsgd"]
 __all__ += ["pfedme", "ifca", "ditto"]
-__all__ += ["fedavg_momentum"]
+__all__ += ["fedavg_momentum", "fedyogi", "fedadagrad"]

@@ -353,8 +353,15 @@ def with_settings(
         "(model, settings, *, own keyword parameters not among the shared settings)"
       )
 
+    own_names = {p.name for p in own}
+
     @functools.wraps(factory)
     def wrapped(model, **kwargs):
+      if "server_optimizer" in kwargs and "server_optimizer" not in own_names:
+        raise TypeError(
+          f"{factory.__name__} takes no server_optimizer: its server step is not a plain step on "
+          f"the averaged model difference (the algorithms that take one: fedavg, fedprox)"
+        )
       chosen = {n: kwargs.pop(n) for n in declared if n in kwargs}
       if chosen.get("local_epochs") is not None and same_count(
         chosen.get("local_steps", declared.get("local_steps")), declared.get("local_steps")

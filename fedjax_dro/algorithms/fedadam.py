@@ -50,6 +50,7 @@ from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, regis
 from fedjax_dro.core.aggregation import tree_zeros_like
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import local_round, round_metrics
+from fedjax_dro.core.server import adaptive_step
 from fedjax_dro.core.settings import LOCAL_TRAINING, CommonSettings, round_zero, state_init
 
 SERVER_UPDATES = {
@@ -74,15 +75,17 @@ HPARAMS = {
 }
 
 
-def initial_state(params, num_clients):
-  """``x_0 = params``, ``m_0 = v_0 = 0``."""
-  zeros = tree_zeros_like(params)
-  return FedAdamState(params, zeros, zeros, round_zero())
+def initial_state(params, num_clients, initial_v=0.0):
+  """``x_0 = params``, ``m_0 = 0``, ``v_0 = initial_v`` (default 0)."""
+  v = jax.tree.map(lambda a: jnp.full_like(a, initial_v), params)
+  return FedAdamState(params, tree_zeros_like(params), v, round_zero())
 
 
 @register("fedadam")
 @with_settings((*LOCAL_TRAINING, "weighting"))
-def fedadam(model, settings: CommonSettings, *, bias_correction: bool = False) -> Algorithm:
+def fedadam(
+  model, settings: CommonSettings, *, bias_correction: bool = False, initial_v: float = 0.0
+) -> Algorithm:
   """FedAdam (Reddi 2021, Alg. 2): Adam-type server step on the averaged update, no bias correction.
 
   The server keeps Adam-type moments of the averaged client update (the module docstring gives
@@ -98,6 +101,8 @@ def fedadam(model, settings: CommonSettings, *, bias_correction: bool = False) -
       or ``"uniform"`` (the paper's plain mean).
     bias_correction: ``False`` (default): the paper's update ``x + eta m / (sqrt(v) + tau)``;
       ``True``: Adam's bias-corrected moments ``m / (1 - beta1^t)``, ``v / (1 - beta2^t)``.
+    initial_v: the second moment before the first round, ``v_{-1}`` (default 0; Algorithm 2's
+      analysis asks for ``v_{-1} >= tau^2``: :mod:`fedjax_dro.core.server`).
 
   Returns:
     An :class:`~fedjax_dro.algorithms.base.Algorithm`. Hyper-parameters: ``client_lr`` (the local
@@ -111,32 +116,49 @@ def fedadam(model, settings: CommonSettings, *, bias_correction: bool = False) -
       f"bias-corrected moments), got {bias_correction!r}"
     )
   bias_correction = bool(bias_correction)
+  return adaptive_fedopt(
+    "fedadam",
+    "adam",
+    model,
+    settings,
+    HPARAMS,
+    bias_correction=bias_correction,
+    initial_v=initial_v,
+    server_update=SERVER_UPDATES[bias_correction],
+  )
+
+
+def adaptive_fedopt(
+  name, kind, model, settings, hparams, *, bias_correction=False, initial_v=0.0, **config
+):
+  """The FedOpt algorithm ``name`` of Algorithm 2 with the second moment of ``kind``
+  (:func:`fedjax_dro.core.server.adaptive_step`): local SGD, the weighted mean difference, the
+  server's adaptive step. ``hparams`` holds ``client_lr``, ``server_lr``, ``beta1``, ``tau`` and
+  (Adam, Yogi) ``beta2``; ``config`` is recorded in ``Algorithm.config``."""
+  if isinstance(initial_v, bool) or not isinstance(initial_v, (int, float)) or initial_v < 0:
+    raise ValueError(f"{name}: initial_v must be a number >= 0 (v_-1), got {initial_v!r}")
+  initial_v = float(initial_v)
 
   def round_fn(state, data, key, hparams):
     update = local_round(
       model, settings, state.params, data, key, hparams["client_lr"], mean_only=True
     )
-    b1, b2, tau, lr = hparams["beta1"], hparams["beta2"], hparams["tau"], hparams["server_lr"]
-    delta = update.deltas  # Delta_t: the weighted mean of the participants' deltas
-    m = jax.tree.map(lambda m, d: (b1 * m + (1 - b1) * d).astype(m.dtype), state.m, delta)
-    v = jax.tree.map(lambda v, d: (b2 * v + (1 - b2) * d * d).astype(v.dtype), state.v, delta)
-    if bias_correction:
-      t = (state.round + 1).astype(jnp.result_type(b1))
-      c1, c2 = 1 - b1**t, 1 - b2**t
-      step = lambda m, v: (m / c1) / (jnp.sqrt(v / c2) + tau)
-    else:
-      step = lambda m, v: m / (jnp.sqrt(v) + tau)
-    params = jax.tree.map(lambda x, m, v: (x + lr * step(m, v)).astype(x.dtype), state.params, m, v)
+    b1, tau, lr = hparams["beta1"], hparams["tau"], hparams["server_lr"]
+    b2 = hparams.get("beta2", 0.0)
+    t = (state.round + 1).astype(jnp.result_type(b1)) if bias_correction else None
+    m, v, step = adaptive_step(kind, state.m, state.v, update.deltas, b1=b1, b2=b2, tau=tau, t=t)
+    params = jax.tree.map(lambda x, s: (x + lr * s).astype(x.dtype), state.params, step)
     return FedAdamState(params, m, v, state.round + 1), round_metrics(update)
 
   return build_algorithm(
-    "fedadam",
+    name,
     model,
     settings,
-    state_init(settings, initial_state),
+    state_init(settings, lambda params, n: initial_state(params, n, initial_v)),
     round_fn,
-    HPARAMS,
+    hparams,
     cost=local_training_costs(model, settings),
     bias_correction=bias_correction,
-    server_update=SERVER_UPDATES[bias_correction],
+    initial_v=initial_v,
+    **config,
   )

@@ -6,6 +6,11 @@ Networks from Decentralized Data", AISTATS 2017, arXiv:1602.05629.
 Each round s clients run ``local_steps`` SGD steps (step ``client_lr``) from the global model; the
 server moves by ``server_lr`` times the average model difference, weighted by sample counts
 (``weighting="num_examples"``, McMahan's choice) or uniformly.
+
+``server_optimizer``: any optax transformation in place of the plain server step, applied to the
+negative averaged difference as a pseudo-gradient, the model moving by ``server_lr`` times its
+update (FedJAX's convention; :mod:`fedjax_dro.core.server`): ``optax.sgd(1.0)`` is the plain step,
+``reddi_optimizer("yogi")`` FedYogi's. Its state is part of the algorithm's state.
 """
 
 from __future__ import annotations
@@ -18,6 +23,11 @@ from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, regis
 from fedjax_dro.core.aggregation import tree_add
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import local_round, round_metrics
+from fedjax_dro.core.server import (
+  check_server_optimizer,
+  describe_optimizer as describe,
+  server_step,
+)
 from fedjax_dro.core.settings import LOCAL_TRAINING, CommonSettings, round_zero, state_init
 
 
@@ -26,9 +36,29 @@ class FedAvgState(NamedTuple):
   round: jnp.ndarray  # [] int32 rounds done
 
 
-def global_model_init(settings):
-  """``init`` of the algorithms whose whole state is the global model and a round counter."""
-  return state_init(settings, lambda params, num_clients: FedAvgState(params, round_zero()))
+class ServerOptState(NamedTuple):
+  params: Any  # global model pytree
+  opt_state: Any  # the server optimizer's state (an optax state pytree)
+  round: jnp.ndarray  # [] int32 rounds done
+
+
+def global_model_init(settings, server_optimizer=None):
+  """``init`` of the algorithms whose whole state is the global model and a round counter (and,
+  with a ``server_optimizer``, its state)."""
+  if server_optimizer is None:
+    return state_init(settings, lambda params, num_clients: FedAvgState(params, round_zero()))
+  return state_init(
+    settings, lambda params, n: ServerOptState(params, server_optimizer.init(params), round_zero())
+  )
+
+
+def server_update(server_optimizer, state, center, delta, server_lr):
+  """The next state of a FedAvg-type server: ``center + server_lr * delta`` (the plain step), or
+  ``server_optimizer``'s step on the pseudo-gradient ``-delta`` from ``center``."""
+  if server_optimizer is None:
+    return FedAvgState(tree_add(center, delta, server_lr), state.round + 1)
+  params, opt_state = server_step(server_optimizer, state.opt_state, center, delta, server_lr)
+  return ServerOptState(params, opt_state, state.round + 1)
 
 
 HPARAMS = {
@@ -39,7 +69,7 @@ HPARAMS = {
 
 @register("fedavg")
 @with_settings((*LOCAL_TRAINING, "weighting"))
-def fedavg(model, settings: CommonSettings) -> Algorithm:
+def fedavg(model, settings: CommonSettings, *, server_optimizer=None) -> Algorithm:
   """FedAvg (McMahan 2017): local SGD, sample-weighted model averaging.
 
   Participants run local SGD from the global model; the server adds ``server_lr`` times their
@@ -52,6 +82,8 @@ def fedavg(model, settings: CommonSettings) -> Algorithm:
     local_steps: local SGD steps ``E`` each participant takes per round (default 10).
     weighting: ``"num_examples"`` (default: weights proportional to sample counts, McMahan's
       choice) or ``"uniform"``: the weights of the participants' model differences.
+    server_optimizer: an optax ``GradientTransformation`` for the server step (see the module
+      docstring); None (default): the plain step.
 
   Returns:
     An :class:`~fedjax_dro.algorithms.base.Algorithm`. The state is the global model and a round
@@ -64,9 +96,11 @@ def fedavg(model, settings: CommonSettings) -> Algorithm:
     update = local_round(
       model, settings, state.params, data, key, hparams["client_lr"], mean_only=True
     )
-    params = tree_add(state.params, update.deltas, hparams["server_lr"])
-    return FedAvgState(params, state.round + 1), round_metrics(update)
+    new = server_update(server_optimizer, state, state.params, update.deltas, hparams["server_lr"])
+    return new, round_metrics(update)
 
-  init = global_model_init(settings)
+  server_optimizer = check_server_optimizer(server_optimizer, "fedavg")
+  init = global_model_init(settings, server_optimizer)
   cost = local_training_costs(model, settings)
-  return build_algorithm("fedavg", model, settings, init, round_fn, HPARAMS, cost=cost)
+  extra = {} if server_optimizer is None else {"server_optimizer": describe(server_optimizer)}
+  return build_algorithm("fedavg", model, settings, init, round_fn, HPARAMS, cost=cost, **extra)

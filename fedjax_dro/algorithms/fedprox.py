@@ -9,10 +9,10 @@ from __future__ import annotations
 import jax
 
 from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register, with_settings
-from fedjax_dro.algorithms.fedavg import FedAvgState, global_model_init
-from fedjax_dro.core.aggregation import tree_add
+from fedjax_dro.algorithms.fedavg import global_model_init, server_update
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import local_round, round_metrics
+from fedjax_dro.core.server import check_server_optimizer, describe_optimizer as describe
 from fedjax_dro.core.settings import LOCAL_TRAINING, CommonSettings
 
 HPARAMS = {
@@ -24,7 +24,7 @@ HPARAMS = {
 
 @register("fedprox")
 @with_settings((*LOCAL_TRAINING, "weighting"))
-def fedprox(model, settings: CommonSettings) -> Algorithm:
+def fedprox(model, settings: CommonSettings, *, server_optimizer=None) -> Algorithm:
   """FedProx (Li 2020): FedAvg with a proximal term mu/2 ||w - w_global||^2.
 
   FedProx (Li et al. 2020): local problems solved inexactly by SGD.
@@ -37,6 +37,8 @@ def fedprox(model, settings: CommonSettings) -> Algorithm:
       inexact local solver.
     weighting: ``"num_examples"`` (default, sample-count weights) or ``"uniform"``: how the
       server averages the model differences.
+    server_optimizer: an optax ``GradientTransformation`` for the server step (as
+      :func:`~fedjax_dro.algorithms.fedavg.fedavg`'s); None (default): the plain step.
 
   Returns:
     An :class:`~fedjax_dro.algorithms.base.Algorithm`. The state is the global model and a round
@@ -52,9 +54,11 @@ def fedprox(model, settings: CommonSettings) -> Algorithm:
     update = local_round(
       model, settings, center, data, key, hparams["client_lr"], grad_transform=prox, mean_only=True
     )
-    params = tree_add(center, update.deltas, hparams["server_lr"])
-    return FedAvgState(params, state.round + 1), round_metrics(update)
+    new = server_update(server_optimizer, state, center, update.deltas, hparams["server_lr"])
+    return new, round_metrics(update)
 
-  init = global_model_init(settings)
+  server_optimizer = check_server_optimizer(server_optimizer, "fedprox")
+  init = global_model_init(settings, server_optimizer)
   cost = local_training_costs(model, settings)
-  return build_algorithm("fedprox", model, settings, init, round_fn, HPARAMS, cost=cost)
+  extra = {} if server_optimizer is None else {"server_optimizer": describe(server_optimizer)}
+  return build_algorithm("fedprox", model, settings, init, round_fn, HPARAMS, cost=cost, **extra)

@@ -1,0 +1,62 @@
+"""FedAdagrad: an Adagrad-type server step on the averaged client update.
+
+Reddi, Charles, Zaheer, Garrett, Rush, Konecny, Kumar, McMahan, "Adaptive Federated
+Optimization", ICLR 2021 (arXiv:2003.00295), Algorithm 2 (FedAdagrad).
+
+Round ``t``, with ``Delta_t`` the weighted mean of the participants' model differences after
+``K = local_steps`` local SGD steps of size ``eta_l = client_lr`` (``m_{-1} = 0``,
+``v_{-1} = initial_v``)::
+
+    m_t     = beta1 m_{t-1} + (1 - beta1) Delta_t
+    v_t     = v_{t-1} + Delta_t^2                    (elementwise)
+    x_{t+1} = x_t + eta m_t / (sqrt(v_t) + tau)      (eta = server_lr)
+
+Algorithm 2 keeps the momentum ``m_t`` for all three methods, so ``beta1`` is a hyper-parameter
+here too (default 0.9, as for FedAdam and FedYogi); ``beta1 = 0`` is the momentum-free Adagrad
+step (``optax.adagrad``'s form, up to its initial accumulator and ``eps`` inside the root). The
+same machinery as :func:`~fedjax_dro.algorithms.fedadam.fedadam` (:mod:`fedjax_dro.core.server`);
+``fedavg(server_optimizer=reddi_optimizer("adagrad"))`` computes the same iterates (tested).
+``initial_v = 0`` by default (Algorithm 2's analysis asks for ``v_{-1} >= tau^2``:
+``initial_v=tau**2``).
+"""
+
+from __future__ import annotations
+
+from fedjax_dro.algorithms.base import Algorithm, HParam, register, with_settings
+from fedjax_dro.algorithms.fedadam import adaptive_fedopt
+from fedjax_dro.core.settings import LOCAL_TRAINING, CommonSettings
+
+HPARAMS = {
+  "client_lr": HParam(0.1, "local SGD step size"),
+  "server_lr": HParam(0.01, "server step size eta"),
+  "beta1": HParam(0.9, "first-moment decay beta1", strict=False, maximum=1.0),
+  "tau": HParam(1e-3, "adaptivity tau of Reddi et al."),
+}
+
+
+@register("fedadagrad")
+@with_settings((*LOCAL_TRAINING, "weighting"))
+def fedadagrad(model, settings: CommonSettings, *, initial_v: float = 0.0) -> Algorithm:
+  """FedAdagrad (Reddi 2021, Alg. 2): Adagrad-type server step on the averaged update.
+
+  Args:
+    model: the :class:`~fedjax_dro.models.base.Model` of the server model ``x``.
+    clients_per_round: the sampled set ``S_t`` of a round; ``None`` (default): all clients.
+    local_steps: ``K``, the local SGD steps of a client per round (default 10).
+    batch_size: examples in each local SGD step; ``None`` (default): full client data.
+    weighting: the weights of ``Delta_t``: ``"num_examples"`` (default) or ``"uniform"``.
+    initial_v: ``v_{-1}``, the second moment before the first round (default 0).
+
+  Returns:
+    An :class:`~fedjax_dro.algorithms.base.Algorithm`. Hyper-parameters: ``client_lr`` (default
+    0.1), ``server_lr`` (eta, default 0.01), ``beta1`` (default 0.9) and ``tau`` (default 1e-3).
+  """
+  return adaptive_fedopt(
+    "fedadagrad",
+    "adagrad",
+    model,
+    settings,
+    HPARAMS,
+    initial_v=initial_v,
+    server_update="Reddi et al. Algorithm 2 (Adagrad): v += D^2; x += eta m / (sqrt(v) + tau)",
+  )

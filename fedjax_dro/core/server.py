@@ -1,0 +1,208 @@
+"""Server steps on the aggregated model difference: the adaptive steps of FedOpt and any optax
+optimizer applied to the difference as a pseudo-gradient.
+
+Reddi, Charles, Zaheer, Garrett, Rush, Konecny, Kumar, McMahan, "Adaptive Federated
+Optimization", ICLR 2021 (arXiv:2003.00295), Algorithm 2. With ``Delta_t`` the weighted mean of
+the participants' model differences of round ``t`` (``m_{-1} = 0``, ``v_{-1} = initial_v``)::
+
+    m_t = beta1 m_{t-1} + (1 - beta1) Delta_t
+    v_t = v_{t-1} + Delta_t^2                                         (FedAdagrad)
+    v_t = beta2 v_{t-1} + (1 - beta2) Delta_t^2                       (FedAdam)
+    v_t = v_{t-1} - (1 - beta2) Delta_t^2 sign(v_{t-1} - Delta_t^2)   (FedYogi)
+    x_{t+1} = x_t + eta m_t / (sqrt(v_t) + tau)
+
+``tau`` is added outside the root, as printed; ``bias_correction=True`` divides ``m_t`` by
+``1 - beta1^(t+1)`` and ``v_t`` by ``1 - beta2^(t+1)`` first (Adam's form, FedAdam only: what
+``optax.adam`` computes with ``eps = tau``). Algorithm 2 asks for ``v_{-1} >= tau^2`` in its
+analysis; the default ``initial_v = 0`` is the form :func:`~fedjax_dro.algorithms.fedadam` has
+always run (the difference is below ``tau`` in the first step's denominator), and
+``initial_v = tau**2`` is the analysed one.
+
+The FedOpt convention for optax (FedJAX's): the server hands ``-Delta_t`` to the optimizer as the
+gradient and adds ``server_lr`` times the optimizer's update: ``optax.sgd(1.0)`` is FedAvg's step
+and :func:`reddi_optimizer` returns the steps above as optax transformations (``eta`` is then
+``server_lr`` times the optimizer's own rate, 1 for these).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import optax
+
+KINDS = ("adagrad", "adam", "yogi")
+
+
+def second_moment(kind: str, v, d, b2):
+  """``v_t`` of Algorithm 2 from ``v_{t-1}`` and ``Delta_t`` (``d``), one leaf."""
+  if kind == "adagrad":
+    return (v + d * d).astype(v.dtype)
+  if kind == "adam":
+    return (b2 * v + (1 - b2) * d * d).astype(v.dtype)
+  if kind == "yogi":
+    d2 = d * d
+    return (v - (1 - b2) * d2 * jnp.sign(v - d2)).astype(v.dtype)
+  raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+
+
+def adaptive_step(kind: str, m, v, delta, *, b1, b2, tau, t=None):
+  """``(m_t, v_t, step)``: Algorithm 2's moments from ``(m, v) = (m_{t-1}, v_{t-1})`` and the
+  aggregated difference ``delta``, and the step ``m_t / (sqrt(v_t) + tau)`` that the server
+  multiplies by ``eta`` (trees of the parameters' shape). ``t``: the round number ``t + 1`` of
+  Adam's bias correction (None: none)."""
+  m = jax.tree.map(lambda m, d: (b1 * m + (1 - b1) * d).astype(m.dtype), m, delta)
+  v = jax.tree.map(lambda v, d: second_moment(kind, v, d, b2), v, delta)
+  if t is not None:
+    c1, c2 = 1 - b1**t, 1 - b2**t
+    step = jax.tree.map(lambda m, v: (m / c1) / (jnp.sqrt(v / c2) + tau), m, v)
+  else:
+    step = jax.tree.map(lambda m, v: m / (jnp.sqrt(v) + tau), m, v)
+  return m, v, step
+
+
+class Described(NamedTuple):
+  """An optax transformation (``init``, ``update``) with the words ``Algorithm.config`` records
+  for it (what :func:`reddi_optimizer` and :func:`named_server_optimizer` return)."""
+
+  init: Callable
+  update: Callable
+  description: str
+
+
+class ReddiState(NamedTuple):
+  m: Any  # params-shaped first moment of Delta
+  v: Any  # params-shaped second moment of Delta
+  count: jnp.ndarray  # [] int32 steps done
+
+
+def reddi_optimizer(
+  kind: str,
+  *,
+  b1: float = 0.9,
+  b2: float = 0.99,
+  tau: float = 1e-3,
+  bias_correction: bool = False,
+  initial_v: float = 0.0,
+) -> optax.GradientTransformation:
+  """Algorithm 2's server step of ``kind`` (``"adagrad"``, ``"adam"`` or ``"yogi"``) as an optax
+  transformation of the pseudo-gradient ``-Delta_t`` (see the module docstring): its update is
+  ``m_t / (sqrt(v_t) + tau)``, the server's step at ``eta = 1``."""
+  if kind not in KINDS:
+    raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+  if bias_correction and kind != "adam":
+    raise ValueError(f"bias_correction is Adam's (kind='adam'), got kind={kind!r}")
+  for name, value, top in (
+    ("b1", b1, 1.0),
+    ("b2", b2, 1.0),
+    ("tau", tau, None),
+    ("initial_v", initial_v, None),
+  ):
+    if (
+      isinstance(value, bool)
+      or not isinstance(value, (int, float))
+      or value < 0
+      or (top is not None and value > top)
+    ):
+      raise ValueError(f"{name} must be a number in [0, {top or 'inf'}), got {value!r}")
+
+  def init(params):
+    m = jax.tree.map(jnp.zeros_like, params)
+    v = jax.tree.map(lambda a: jnp.full_like(a, initial_v), params)
+    return ReddiState(m, v, jnp.zeros((), jnp.int32))
+
+  def update(grads, state, params=None):
+    del params
+    delta = jax.tree.map(jnp.negative, grads)
+    t = (state.count + 1).astype(jnp.result_type(float)) if bias_correction else None
+    m, v, step = adaptive_step(kind, state.m, state.v, delta, b1=b1, b2=b2, tau=tau, t=t)
+    return step, ReddiState(m, v, state.count + 1)
+
+  args = f"b1={b1}, b2={b2}, " if kind != "adagrad" else f"b1={b1}, "
+  correction = ", bias_correction=True" if bias_correction else ""
+  words = f"reddi_optimizer({kind!r}, {args}tau={tau}, initial_v={initial_v}{correction})"
+  return Described(init, update, words)
+
+
+def check_server_optimizer(server_optimizer, algorithm: str) -> Optional[Any]:
+  """``server_optimizer`` if it is None or an optax ``GradientTransformation``, else a
+  ``TypeError`` naming the argument."""
+  if server_optimizer is None:
+    return None
+  if not isinstance(server_optimizer, optax.GradientTransformation) and not (
+    callable(getattr(server_optimizer, "init", None))
+    and callable(getattr(server_optimizer, "update", None))
+  ):
+    raise TypeError(
+      f"{algorithm}: server_optimizer must be an optax.GradientTransformation (e.g. "
+      f"optax.sgd(1.0), optax.adam(1e-2), fedjax_dro.core.server.reddi_optimizer('yogi')), got "
+      f"{type(server_optimizer).__name__}"
+    )
+  return server_optimizer
+
+
+def describe_optimizer(server_optimizer) -> Optional[str]:
+  """How ``Algorithm.config`` records a server optimizer (None: the paper's plain step)."""
+  if server_optimizer is None:
+    return None
+  what = getattr(server_optimizer, "description", None) or (
+    f"an optax {type(server_optimizer).__name__}"
+  )
+  return f"{what} on -Delta (the pseudo-gradient), x += server_lr * update"
+
+
+def server_step(server_optimizer, opt_state, params, delta, server_lr):
+  """``(params', opt_state')``: ``params + server_lr * update`` of ``server_optimizer`` on the
+  pseudo-gradient ``-delta`` (the parameters' dtypes kept)."""
+  grads = jax.tree.map(jnp.negative, delta)
+  updates, opt_state = server_optimizer.update(grads, opt_state, params)
+  params = jax.tree.map(
+    lambda x, u: (x + server_lr * u).astype(jnp.result_type(x)), params, updates
+  )
+  return params, opt_state
+
+
+# The server optimizers the command line names (``--server-optimizer NAME``), with the arguments
+# each takes (``--server-option NAME=VALUE``) and their defaults; each at rate 1, ``server_lr``
+# scaling its update.
+NAMED = {
+  "sgd": {},
+  "momentum": {"momentum": 0.9},
+  "adam": {"b1": 0.9, "b2": 0.99, "eps": 1e-3},
+  "reddi-adam": {"b1": 0.9, "b2": 0.99, "tau": 1e-3, "initial_v": 0.0},
+  "yogi": {"b1": 0.9, "b2": 0.99, "tau": 1e-3, "initial_v": 0.0},
+  "adagrad": {"b1": 0.9, "tau": 1e-3, "initial_v": 0.0},
+}
+
+
+def named_server_optimizer(name: str, **options) -> optax.GradientTransformation:
+  """The server optimizer ``name`` of :data:`NAMED` with ``options`` over its defaults:
+  ``"sgd"`` (the plain step), ``"momentum"`` (``optax.sgd(1, momentum)``: FedAvgM), ``"adam"``
+  (``optax.adam(1, b1, b2, eps)``: Adam's bias-corrected form), ``"reddi-adam"``, ``"yogi"``,
+  ``"adagrad"`` (Algorithm 2's steps, :func:`reddi_optimizer`)."""
+  if name not in NAMED:
+    raise ValueError(f"server optimizer must be one of {sorted(NAMED)}, got {name!r}")
+  unknown = sorted(set(options) - set(NAMED[name]))
+  if unknown:
+    raise ValueError(
+      f"server optimizer {name!r} takes the options {sorted(NAMED[name])}, got {unknown}"
+    )
+  kw = {**NAMED[name], **options}
+  for k, v in kw.items():
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+      raise ValueError(f"server optimizer option {k} must be a number, got {v!r}")
+  if name in ("reddi-adam", "yogi", "adagrad"):
+    return reddi_optimizer("adam" if name == "reddi-adam" else name, **kw)
+  if name == "sgd":
+    opt = optax.sgd(1.0)
+  elif name == "momentum":
+    opt = optax.sgd(1.0, momentum=kw["momentum"])
+  else:
+    opt = optax.adam(1.0, b1=kw["b1"], b2=kw["b2"], eps=kw["eps"])
+  args = ", ".join(f"{k}={v}" for k, v in kw.items())
+  return Described(
+    opt.init,
+    opt.update,
+    f"optax.{'adam' if name == 'adam' else 'sgd'}(1.0" + (f", {args})" if args else ")"),
+  )
