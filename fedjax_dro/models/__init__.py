@@ -1,5 +1,7 @@
-"""Models: the :class:`Model` protocol, built-in models and a flax adapter."""
+"""Models: the :class:`Model` protocol, built-in models and adapters of Flax (linen, NNX) and
+Equinox modules."""
 
+from fedjax_dro.models.adapters import from_equinox, from_nnx
 from fedjax_dro.models.base import (
   Model,
   client_loss,
@@ -34,4 +36,6 @@ __all__ = [
   "conv_form",
   "head_form",
   "from_flax",
+  "from_nnx",
+  "from_equinox",
 ]

@@ -405,6 +405,23 @@ _LOSSES = {
 }
 
 
+def loss_and_task(loss, metrics, task):
+  """``(loss_fn, metrics_fn, task)`` of an adapter's ``loss`` (a name of ``_LOSSES`` or a
+  callable), ``metrics`` (None: the loss's defaults) and ``task`` (None: the loss's)."""
+  if isinstance(loss, str):
+    if loss not in _LOSSES:
+      raise ValueError(f"loss must be one of {sorted(_LOSSES)} or a callable, got {loss!r}")
+    loss_fn, default_metrics, default_task = _LOSSES[loss]
+  elif callable(loss):
+    loss_fn, default_metrics, default_task = loss, (lambda o, y: {}), "regression"
+  else:
+    raise TypeError(f"loss must be a string or a callable, got {type(loss).__name__}")
+  task = task or default_task
+  if task not in ("classification", "regression"):
+    raise ValueError(f"task must be 'classification' or 'regression', got {task!r}")
+  return loss_fn, metrics or default_metrics, task
+
+
 def from_flax(
   module: nn.Module,
   sample_input,
@@ -432,17 +449,7 @@ def from_flax(
   """
   if not isinstance(module, nn.Module):
     raise TypeError(f"module must be a flax.linen.Module, got {type(module).__name__}")
-  if isinstance(loss, str):
-    if loss not in _LOSSES:
-      raise ValueError(f"loss must be one of {sorted(_LOSSES)} or a callable, got {loss!r}")
-    loss_fn, default_metrics, default_task = _LOSSES[loss]
-  elif callable(loss):
-    loss_fn, default_metrics, default_task = loss, (lambda o, y: {}), "regression"
-  else:
-    raise TypeError(f"loss must be a string or a callable, got {type(loss).__name__}")
-  task = task or default_task
-  if task not in ("classification", "regression"):
-    raise ValueError(f"task must be 'classification' or 'regression', got {task!r}")
+  loss_fn, metrics_fn, task = loss_and_task(loss, metrics, task)
   _check_l2(l2)
   sample = np.asarray(sample_input)
   if sample.dtype.kind not in "biuf":
@@ -465,7 +472,7 @@ def from_flax(
     init,
     apply,
     loss_fn,
-    metrics or default_metrics,
+    metrics_fn,
     task=task,
     l2=float(l2),
     name=name or type(module).__name__,

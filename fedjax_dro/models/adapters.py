@@ -1,0 +1,219 @@
+"""Models written in Flax NNX or in Equinox, as a :class:`~fedjax_dro.models.base.Model`.
+
+A :class:`Model`'s parameters are a plain pytree that the simulator stacks over clients (one row
+per client, vmapped); the module's structure and its non-array attributes stay outside it. Only
+trainable weights can be stacked this way: a module that also carries mutable state (batch
+statistics, RNG streams, caches, Equinox's ``StateIndex``) is refused, naming each such variable,
+since one client's update would have to return that state beside its weights and the algorithms
+here exchange weights only.
+
+* :func:`from_nnx`: a ``flax.nnx.Module`` (or a constructor ``rngs -> Module``): the parameters
+  are its ``nnx.Param`` variables as a nested dict (``State.to_pure_dict``).
+* :func:`from_equinox`: an ``equinox.Module`` (or a constructor ``key -> Module``): the parameters
+  are its floating-point arrays (``eqx.partition(module, eqx.is_inexact_array)``); Equinox is an
+  optional extra (``pip install "fedjax-dro[equinox]"``).
+
+Given an instance, every run starts from the instance's own weights (the run's seed then draws
+clients and minibatches only); given a constructor, ``Model.init(key)`` builds the module from the
+run's key, as the built-in models do.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Callable, Optional, Union
+
+import jax
+
+from fedjax_dro.models.base import Model
+from fedjax_dro.models.builtin import _check_l2, loss_and_task
+
+
+def _shown(obj) -> str:
+  text = getattr(obj, "__qualname__", None) or repr(obj)
+  return re.sub(r" at 0x[0-9a-fA-F]+", "", " ".join(str(text).split()))
+
+
+def _refuse_state(kind: str, found):
+  if found:
+    listed = ", ".join(f"{path} ({what})" for path, what in found[:8])
+    more = f" and {len(found) - 8} more" if len(found) > 8 else ""
+    raise ValueError(
+      f"the {kind} module holds state the simulator cannot stack over clients: {listed}{more}. "
+      f"Supported: trainable weights only ({'nnx.Param' if kind == 'NNX' else 'inexact arrays'}); "
+      f"batch statistics, RNG streams and other mutable variables are not (use a module without "
+      f"them, e.g. LayerNorm or GroupNorm for BatchNorm, and no Dropout)"
+    )
+
+
+def from_nnx(
+  module,
+  *,
+  loss: Union[str, Callable] = "softmax_cross_entropy",
+  metrics: Optional[Callable] = None,
+  task: Optional[str] = None,
+  l2: float = 0.0,
+  name: Optional[str] = None,
+) -> Model:
+  """Adapts a Flax NNX module to a :class:`~fedjax_dro.models.base.Model`.
+
+  Args:
+    module: a ``flax.nnx.Module`` whose ``__call__(x)`` maps a batch ``[m, ...]`` to outputs, or
+      a constructor ``rngs -> Module`` (``Model.init(key)`` then builds it with
+      ``nnx.Rngs(key)``). Its variables must all be ``nnx.Param``.
+    loss, metrics, task, l2, name: as :func:`~fedjax_dro.models.from_flax`'s.
+
+  Returns:
+    A :class:`~fedjax_dro.models.base.Model` whose parameters are the module's ``nnx.Param``
+    values as a nested dict.
+  """
+  from flax import nnx
+
+  if isinstance(module, nnx.Module):
+    instance, make = module, None
+  elif callable(module):
+    make = module
+    instance = nnx.eval_shape(lambda: make(nnx.Rngs(0)))
+    if not isinstance(instance, nnx.Module):
+      raise TypeError(
+        f"module must be a flax.nnx.Module or a constructor rngs -> Module; the constructor "
+        f"returned {type(instance).__name__}"
+      )
+  else:
+    raise TypeError(
+      f"module must be a flax.nnx.Module or a constructor rngs -> Module, got "
+      f"{type(module).__name__}"
+    )
+  loss_fn, metrics_fn, task = loss_and_task(loss, metrics, task)
+  _check_l2(l2)
+  graphdef, params, rest = nnx.split(instance, nnx.Param, ...)
+  found = [
+    (jax.tree_util.keystr(path), type(v).__name__)
+    for path, v in jax.tree_util.tree_leaves_with_path(
+      rest, is_leaf=lambda x: isinstance(x, nnx.Variable)
+    )
+  ]
+  _refuse_state("NNX", found)
+  template = params
+  pure = getattr(nnx, "to_pure_dict", lambda state: state.to_pure_dict())
+
+  if make is None:
+    weights = pure(params)
+
+    def init(key):
+      del key  # the instance's own weights
+      return jax.tree.map(lambda a: a, weights)
+
+  else:
+
+    @jax.jit
+    def init(key):
+      return pure(nnx.split(make(nnx.Rngs(key)), nnx.Param, ...)[1])
+
+  def apply(p, x):
+    state = jax.tree.map(lambda a: a, template)
+    nnx.replace_by_pure_dict(state, p)
+    return nnx.merge(graphdef, state)(x)
+
+  what = _shown(make) if make is not None else _shown(type(instance))
+  return Model(
+    init,
+    apply,
+    loss_fn,
+    metrics_fn,
+    task=task,
+    l2=float(l2),
+    name=name or type(instance).__name__,
+    identity=f"from_nnx({what}, loss={_shown(loss)}, metrics={_shown(metrics)})",
+  )
+
+
+def from_equinox(
+  module,
+  *,
+  per_example: bool = True,
+  loss: Union[str, Callable] = "softmax_cross_entropy",
+  metrics: Optional[Callable] = None,
+  task: Optional[str] = None,
+  l2: float = 0.0,
+  name: Optional[str] = None,
+) -> Model:
+  """Adapts an Equinox module to a :class:`~fedjax_dro.models.base.Model`.
+
+  Args:
+    module: an ``equinox.Module``, or a constructor ``key -> Module`` (``Model.init(key)`` then
+      builds it from the run's key). It must hold no ``equinox.nn.StateIndex`` (batch norm's
+      running statistics and other mutable state).
+    per_example: True (default, Equinox's convention): ``module(x)`` maps one example and the
+      model vmaps it over the batch; False: ``module(x)`` maps a batch ``[m, ...]``.
+    loss, metrics, task, l2, name: as :func:`~fedjax_dro.models.from_flax`'s.
+
+  Returns:
+    A :class:`~fedjax_dro.models.base.Model` whose parameters are the module's floating-point
+    arrays (the module's other leaves held as static).
+  """
+  try:
+    import equinox as eqx
+  except ImportError:  # pragma: no cover - the optional extra
+    raise ImportError(
+      'from_equinox needs Equinox: pip install "fedjax-dro[equinox]" (or pip install equinox)'
+    ) from None
+  if not isinstance(per_example, bool):
+    raise TypeError(f"per_example must be a bool, got {per_example!r}")
+  if isinstance(module, eqx.Module):
+    instance, make = module, None
+  elif callable(module):
+    make = module
+    instance = eqx.filter_eval_shape(make, jax.random.PRNGKey(0))
+    if not isinstance(instance, eqx.Module):
+      raise TypeError(
+        f"module must be an equinox.Module or a constructor key -> Module; the constructor "
+        f"returned {type(instance).__name__}"
+      )
+  else:
+    raise TypeError(
+      f"module must be an equinox.Module or a constructor key -> Module, got "
+      f"{type(module).__name__}"
+    )
+  loss_fn, metrics_fn, task = loss_and_task(loss, metrics, task)
+  _check_l2(l2)
+  is_state = lambda v: isinstance(v, eqx.nn.StateIndex)  # noqa: E731
+  found = [
+    (jax.tree_util.keystr(path), type(v).__name__)
+    for path, v in jax.tree_util.tree_leaves_with_path(instance, is_leaf=is_state)
+    if is_state(v)
+  ]
+  _refuse_state("Equinox", found)
+  params, static = eqx.partition(instance, eqx.is_inexact_array)
+
+  if make is None:
+
+    def init(key):
+      del key  # the instance's own weights
+      return jax.tree.map(lambda a: a, params)
+
+  else:
+
+    @jax.jit
+    def init(key):
+      return eqx.partition(make(key), eqx.is_inexact_array)[0]
+
+  def apply(p, x):
+    model = eqx.combine(p, static)
+    return jax.vmap(model)(x) if per_example else model(x)
+
+  what = _shown(make) if make is not None else _shown(type(instance))
+  sig = "" if per_example else ", per_example=False"
+  return Model(
+    init,
+    apply,
+    loss_fn,
+    metrics_fn,
+    task=task,
+    l2=float(l2),
+    name=name or type(instance).__name__,
+    identity=f"from_equinox({what}{sig}, loss={_shown(loss)}, metrics={_shown(metrics)})",
+  )
+
+
+__all__ = ["from_nnx", "from_equinox"]
