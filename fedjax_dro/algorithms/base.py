@@ -362,6 +362,11 @@ def with_settings(
           f"{factory.__name__} takes no server_optimizer: its server step is not a plain step on "
           f"the averaged model difference (the algorithms that take one: fedavg, fedprox)"
         )
+      if "client_optimizer" in kwargs and "client_optimizer" not in own_names:
+        raise TypeError(
+          f"{factory.__name__} takes no client_optimizer: its local steps are its paper's own "
+          f"(the algorithms that take one: fedavg, fedprox)"
+        )
       chosen = {n: kwargs.pop(n) for n in declared if n in kwargs}
       if chosen.get("local_epochs") is not None and same_count(
         chosen.get("local_steps", declared.get("local_steps")), declared.get("local_steps")

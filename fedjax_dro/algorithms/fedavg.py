@@ -24,7 +24,8 @@ from fedjax_dro.core.aggregation import tree_add
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import local_round, round_metrics
 from fedjax_dro.core.server import (
-  check_server_optimizer,
+  check_optimizer,
+  describe_client_optimizer as describe_client,
   describe_optimizer as describe,
   server_step,
 )
@@ -69,7 +70,9 @@ HPARAMS = {
 
 @register("fedavg")
 @with_settings((*LOCAL_TRAINING, "weighting"))
-def fedavg(model, settings: CommonSettings, *, server_optimizer=None) -> Algorithm:
+def fedavg(
+  model, settings: CommonSettings, *, server_optimizer=None, client_optimizer=None
+) -> Algorithm:
   """FedAvg (McMahan 2017): local SGD, sample-weighted model averaging.
 
   Participants run local SGD from the global model; the server adds ``server_lr`` times their
@@ -82,6 +85,9 @@ def fedavg(model, settings: CommonSettings, *, server_optimizer=None) -> Algorit
     local_steps: local SGD steps ``E`` each participant takes per round (default 10).
     weighting: ``"num_examples"`` (default: weights proportional to sample counts, McMahan's
       choice) or ``"uniform"``: the weights of the participants' model differences.
+    client_optimizer: an optax ``GradientTransformation`` in place of the local SGD step, at
+      rate 1 and scaled by ``client_lr``, its state fresh every round
+      (:mod:`fedjax_dro.core.client_opt`); None (default): plain SGD.
     server_optimizer: an optax ``GradientTransformation`` for the server step (see the module
       docstring); None (default): the plain step.
 
@@ -94,13 +100,23 @@ def fedavg(model, settings: CommonSettings, *, server_optimizer=None) -> Algorit
 
   def round_fn(state, data, key, hparams):
     update = local_round(
-      model, settings, state.params, data, key, hparams["client_lr"], mean_only=True
+      model,
+      settings,
+      state.params,
+      data,
+      key,
+      hparams["client_lr"],
+      mean_only=True,
+      client_optimizer=client_optimizer,
     )
     new = server_update(server_optimizer, state, state.params, update.deltas, hparams["server_lr"])
     return new, round_metrics(update)
 
-  server_optimizer = check_server_optimizer(server_optimizer, "fedavg")
+  server_optimizer = check_optimizer(server_optimizer, "fedavg")
+  client_optimizer = check_optimizer(client_optimizer, "fedavg", "client_optimizer")
   init = global_model_init(settings, server_optimizer)
   cost = local_training_costs(model, settings)
   extra = {} if server_optimizer is None else {"server_optimizer": describe(server_optimizer)}
+  if client_optimizer is not None:
+    extra["client_optimizer"] = describe_client(client_optimizer)
   return build_algorithm("fedavg", model, settings, init, round_fn, HPARAMS, cost=cost, **extra)

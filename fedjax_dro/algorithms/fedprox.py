@@ -12,7 +12,11 @@ from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, regis
 from fedjax_dro.algorithms.fedavg import global_model_init, server_update
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import local_round, round_metrics
-from fedjax_dro.core.server import check_server_optimizer, describe_optimizer as describe
+from fedjax_dro.core.server import (
+  check_optimizer,
+  describe_client_optimizer as describe_client,
+  describe_optimizer as describe,
+)
 from fedjax_dro.core.settings import LOCAL_TRAINING, CommonSettings
 
 HPARAMS = {
@@ -24,7 +28,9 @@ HPARAMS = {
 
 @register("fedprox")
 @with_settings((*LOCAL_TRAINING, "weighting"))
-def fedprox(model, settings: CommonSettings, *, server_optimizer=None) -> Algorithm:
+def fedprox(
+  model, settings: CommonSettings, *, server_optimizer=None, client_optimizer=None
+) -> Algorithm:
   """FedProx (Li 2020): FedAvg with a proximal term mu/2 ||w - w_global||^2.
 
   FedProx (Li et al. 2020): local problems solved inexactly by SGD.
@@ -37,6 +43,9 @@ def fedprox(model, settings: CommonSettings, *, server_optimizer=None) -> Algori
       inexact local solver.
     weighting: ``"num_examples"`` (default, sample-count weights) or ``"uniform"``: how the
       server averages the model differences.
+    client_optimizer: an optax ``GradientTransformation`` in place of the local SGD step, at
+      rate 1 and scaled by ``client_lr``, its state fresh every round
+      (:mod:`fedjax_dro.core.client_opt`); None (default): plain SGD.
     server_optimizer: an optax ``GradientTransformation`` for the server step (as
       :func:`~fedjax_dro.algorithms.fedavg.fedavg`'s); None (default): the plain step.
 
@@ -52,13 +61,24 @@ def fedprox(model, settings: CommonSettings, *, server_optimizer=None) -> Algori
       lambda gi, wi, ci: gi + hparams["mu"] * (wi - ci), g, w, center
     )
     update = local_round(
-      model, settings, center, data, key, hparams["client_lr"], grad_transform=prox, mean_only=True
+      model,
+      settings,
+      center,
+      data,
+      key,
+      hparams["client_lr"],
+      grad_transform=prox,
+      mean_only=True,
+      client_optimizer=client_optimizer,
     )
     new = server_update(server_optimizer, state, center, update.deltas, hparams["server_lr"])
     return new, round_metrics(update)
 
-  server_optimizer = check_server_optimizer(server_optimizer, "fedprox")
+  server_optimizer = check_optimizer(server_optimizer, "fedprox")
+  client_optimizer = check_optimizer(client_optimizer, "fedprox", "client_optimizer")
   init = global_model_init(settings, server_optimizer)
   cost = local_training_costs(model, settings)
   extra = {} if server_optimizer is None else {"server_optimizer": describe(server_optimizer)}
+  if client_optimizer is not None:
+    extra["client_optimizer"] = describe_client(client_optimizer)
   return build_algorithm("fedprox", model, settings, init, round_fn, HPARAMS, cost=cost, **extra)

@@ -288,6 +288,7 @@ def local_round(
   sampling_weights=None,
   mean_only: bool = False,
   state_update: Optional[Callable] = None,
+  client_optimizer=None,
 ) -> LocalRound:
   """Samples participants and runs local SGD on each of them (the FedAvg skeleton, steps 1-3).
 
@@ -309,6 +310,8 @@ def local_round(
       ``client_state``, computed inside its local update, where its delta is at hand (SCAFFOLD's
       control variate), and returned as ``LocalRound.client_state`` (all ``n`` rows, the others
       unchanged). With ``mean_only`` no participant's delta is ever stacked.
+    client_optimizer: an optax transformation in place of the local SGD step, its state fresh
+      each round (:mod:`fedjax_dro.core.client_opt`).
   """
   if state_update is not None and client_state is None:
     raise ValueError("state_update needs the client_state it updates")
@@ -323,19 +326,16 @@ def local_round(
     w0 = params if start is None else start
     transform = None if grad_transform is None else (lambda w, g: grad_transform(w, g, row))
     epochs = None if num_steps is not None else settings.local_epochs
-    w, losses = local_sgd(
-      model,
-      w0,
-      x,
-      y,
-      nex,
-      k,
-      num_steps=None if epochs is not None else (num_steps or settings.local_steps),
-      batch_size=settings.batch_size,
-      lr=lr,
-      grad_transform=transform,
-      num_epochs=epochs,
-    )
+    steps = None if epochs is not None else (num_steps or settings.local_steps)
+    kw = dict(batch_size=settings.batch_size, lr=lr, grad_transform=transform, num_epochs=epochs)
+    if client_optimizer is None:
+      w, losses = local_sgd(model, w0, x, y, nex, k, num_steps=steps, **kw)
+    else:
+      from fedjax_dro.core.client_opt import local_optimizer_steps
+
+      w, losses = local_optimizer_steps(
+        model, w0, x, y, nex, k, optimizer=client_optimizer, num_steps=steps, **kw
+      )
     delta = jax.tree.map(jnp.subtract, w, w0)
     if state_update is None:
       return delta, losses[0]

@@ -125,21 +125,24 @@ def reddi_optimizer(
   return Described(init, update, words)
 
 
-def check_server_optimizer(server_optimizer, algorithm: str) -> Optional[Any]:
-  """``server_optimizer`` if it is None or an optax ``GradientTransformation``, else a
-  ``TypeError`` naming the argument."""
-  if server_optimizer is None:
+def check_optimizer(optimizer, algorithm: str, argument: str = "server_optimizer"):
+  """``optimizer`` if it is None or an optax transformation (an object with callable ``init``
+  and ``update``), else a ``TypeError`` naming ``argument``."""
+  if optimizer is None:
     return None
-  if not isinstance(server_optimizer, optax.GradientTransformation) and not (
-    callable(getattr(server_optimizer, "init", None))
-    and callable(getattr(server_optimizer, "update", None))
+  if not isinstance(optimizer, optax.GradientTransformation) and not (
+    callable(getattr(optimizer, "init", None)) and callable(getattr(optimizer, "update", None))
   ):
-    raise TypeError(
-      f"{algorithm}: server_optimizer must be an optax.GradientTransformation (e.g. "
-      f"optax.sgd(1.0), optax.adam(1e-2), fedjax_dro.core.server.reddi_optimizer('yogi')), got "
-      f"{type(server_optimizer).__name__}"
+    example = (
+      "optax.sgd(1.0), optax.adam(1e-2), fedjax_dro.core.server.reddi_optimizer('yogi')"
+      if argument == "server_optimizer"
+      else "optax.sgd(1.0, momentum=0.9), optax.adam(1.0)"
     )
-  return server_optimizer
+    raise TypeError(
+      f"{algorithm}: {argument} must be an optax.GradientTransformation (e.g. {example}), got "
+      f"{type(optimizer).__name__}"
+    )
+  return optimizer
 
 
 def describe_optimizer(server_optimizer) -> Optional[str]:
@@ -150,6 +153,14 @@ def describe_optimizer(server_optimizer) -> Optional[str]:
     f"an optax {type(server_optimizer).__name__}"
   )
   return f"{what} on -Delta (the pseudo-gradient), x += server_lr * update"
+
+
+def describe_client_optimizer(client_optimizer) -> str:
+  """How ``Algorithm.config`` records a client optimizer."""
+  what = getattr(client_optimizer, "description", None) or (
+    f"an optax {type(client_optimizer).__name__}"
+  )
+  return f"{what} on each local gradient, w += client_lr * update, its state fresh each round"
 
 
 def server_step(server_optimizer, opt_state, params, delta, server_lr):

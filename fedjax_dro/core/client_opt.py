@@ -1,0 +1,57 @@
+"""Local training with an optax optimizer in place of plain SGD (``client_optimizer=``).
+
+Each participant starts the round with a fresh optimizer state, ``opt.init(w)`` at the received
+model, and takes its local steps ``w <- w + client_lr * u`` with ``(u, state) = opt.update(g,
+state, w)`` on each minibatch gradient ``g`` (after the algorithm's gradient correction, if any).
+The state is dropped at the end of the round: in cross-device federated learning a client keeps
+nothing between rounds (FedAvg with ``optax.sgd(1.0)`` is plain local SGD; ``optax.sgd(1.0,
+momentum=0.9)`` heavy-ball local steps; ``optax.adam(1.0)`` local Adam whose moments restart
+every round, unlike :func:`~fedjax_dro.algorithms.local_adam`, whose moments are averaged by the
+server and carried over rounds). ``client_lr`` scales the optimizer's update, so it stays a
+hyper-parameter a sweep vectorizes over.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import jax
+
+from fedjax_dro.core.local import local_schedule, scan_schedule
+from fedjax_dro.models.base import Model, client_loss
+
+
+def local_optimizer_steps(
+  model: Model,
+  params,
+  x,
+  y,
+  num_examples,
+  key,
+  *,
+  optimizer,
+  num_steps: Optional[int] = None,
+  batch_size: Optional[int],
+  lr,
+  grad_transform: Optional[Callable] = None,
+  num_epochs: Optional[int] = None,
+):
+  """:func:`~fedjax_dro.core.local.local_sgd` with ``optimizer`` (an optax transformation at
+  rate 1, scaled by ``lr``) in place of the SGD step: the same minibatches, the same losses."""
+  schedule = local_schedule(
+    key, num_examples, x.shape[0], batch_size=batch_size, num_steps=num_steps, num_epochs=num_epochs
+  )
+
+  def step(carry, bx, by, bmask):
+    w, state = carry
+    loss, g = jax.value_and_grad(lambda p: client_loss(model, p, bx, by, bmask))(w)
+    if grad_transform is not None:
+      g = grad_transform(w, g)
+    updates, state = optimizer.update(g, state, w)
+    w = jax.tree.map(lambda a, u: (a + lr * u).astype(a.dtype), w, updates)
+    return (w, state), loss
+
+  (w, _), losses = scan_schedule(
+    step, (params, optimizer.init(params)), schedule, x, y, num_examples
+  )
+  return w, losses
