@@ -1,8 +1,9 @@
 """Every shell command and Python block of README.md and docs/ runs as printed, so the docs cannot
 drift from the code: per page, its Python blocks run in order in one fresh process, and its
 `fedjax-dro` commands one after the other, both in one scratch folder (a ```toml block whose first
-line is ``# NAME`` is written there as NAME first). Short ones run in the default suite; long ones
-(`fedjax-dro reproduce`, run with ``--quick`` added, and `fedjax-dro compare`) are marked slow.
+line is ``# NAME`` is written there as NAME first, the page's own before another page's). Short
+ones run in the default suite; long ones (`fedjax-dro reproduce`, run with ``--quick`` added, and
+`fedjax-dro compare`) are marked slow.
 What is not run is listed in :data:`NOT_RUN` with the reason (installing, the suite itself, the
 docs build, servers tested in ``tests/records/test_viewers.py``, the user's data files, the
 benchmark scripts, which ``tests/test_benchmarks.py`` runs in their quick form); a test checks
@@ -33,8 +34,8 @@ NOT_RUN = [
 SLOW = r"^fedjax-dro (reproduce \S+|compare)( |$)"
 USER_FILES = "~/data"  # a Python block reading the user's files is not run
 # pages that need an optional extra: skipped where it is not installed (the test extra has neither
-# the full tensorboard nor mlflow)
-REQUIRES = {"docs/tracking.md": ("tensorboardX", "mlflow")}
+# the full tensorboard nor mlflow; it has equinox)
+REQUIRES = {"docs/tracking.md": ("tensorboardX", "mlflow"), "docs/bring-your-own.md": ("equinox",)}
 
 
 def _blocks(language, text):
@@ -72,10 +73,13 @@ def _require_extras(page):
 
 
 def _write_files(text, cwd):
-  for block in _blocks("toml", text):
-    first = block.splitlines()[0]
-    if re.fullmatch(r"# [\w.-]+\.toml", first.strip()):
-      (cwd / first.strip()[2:]).write_text(block)
+  """The page's ```toml files, and those of the other pages it does not define (the README's
+  `compare ridge.toml` runs the file of docs/comparing.md)."""
+  for page in [text] + [p.read_text() for p in PAGES]:
+    for block in _blocks("toml", page):
+      first = block.splitlines()[0].strip()
+      if re.fullmatch(r"# [\w.-]+\.toml", first) and not (cwd / first[2:]).exists():
+        (cwd / first[2:]).write_text(block)
 
 
 def _run(command, cwd, env, timeout):
