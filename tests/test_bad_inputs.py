@@ -164,6 +164,26 @@ def _toml(text: str) -> str:
   return path
 
 
+def _optax():
+  import optax
+
+  return optax
+
+
+def _nnx_with_batch_norm(rngs):
+  from flax import nnx
+
+  class WithBatchNorm(nnx.Module):
+    def __init__(self, rngs):
+      self.lin = nnx.Linear(2, 2, rngs=rngs)
+      self.bn = nnx.BatchNorm(2, rngs=rngs)
+
+    def __call__(self, x):
+      return self.bn(self.lin(x))
+
+  return WithBatchNorm(rngs)
+
+
 _STRATEGY = '[[strategy]]\nlabel = "A"\nalgorithm = "fedavg"\n'
 
 # description: (callable, exception type, fragment naming the argument)
@@ -528,6 +548,26 @@ CASES = {
     ValueError,
     "beta1",
   ),
+  "server optimizer not an optax transformation": (
+    lambda: A.fedavg(linreg(2), server_optimizer="adam"),
+    TypeError,
+    "server_optimizer",
+  ),
+  "server optimizer on an algorithm without a plain server step": (
+    lambda: A.scaffold(linreg(2), server_optimizer=_optax().sgd(1.0)),
+    TypeError,
+    "server_optimizer",
+  ),
+  "client optimizer on an algorithm with its paper's own local steps": (
+    lambda: A.fedadam(linreg(2), client_optimizer=_optax().sgd(1.0)),
+    TypeError,
+    "client_optimizer",
+  ),
+  "NNX module with batch statistics": (
+    lambda: models.from_nnx(_nnx_with_batch_norm),
+    ValueError,
+    "BatchStat",
+  ),
   # ---- run arguments ----
   "data wrong type": (lambda: run(_fedavg(), {"x": 1}, rounds=1), TypeError, "data"),
   "alg wrong type": (lambda: run("fedavg", dataset(DATA), rounds=1), TypeError, "alg"),
@@ -784,6 +824,11 @@ CASES = {
 
 # description: (argv, fragment naming the flag); each must exit with status 2 and "error: ..."
 CLI_CASES = {
+  "unknown --server-optimizer": (["run", "--server-optimizer", "rmsprop"], "--server-optimizer"),
+  "--server-option without --server-optimizer": (
+    ["run", "--server-option", "b2=0.9"],
+    "--server-option",
+  ),
   "--out under /proc": (["run", "--out", "/proc/x"], "--out"),
   "--checkpoint-dir is a file": (["run", "--checkpoint-dir", _FILE], "--checkpoint-dir"),
   "--compile-cache is a file": (["run", "--compile-cache", _FILE], "--compile-cache"),
