@@ -168,7 +168,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     "--server-optimizer",
     default=None,
     metavar="NAME",
-    help="the server step as an optax optimizer on the averaged difference (fedavg, fedprox): "
+    help="the server step as an optax optimizer on the averaged difference (fedavg, fedprox, "
+    "scaffold, agnostic_fedavg): "
     "sgd, momentum, adam, reddi-adam, yogi, adagrad (fedjax_dro.core.server.NAMED); its update "
     "is scaled by the server_lr hyper-parameter",
   )

@@ -39,12 +39,22 @@ from fedjax_dro.core.aggregation import tree_add, weighted_mean
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import dual_round_metrics, local_round_and_losses
 from fedjax_dro.core.precision import params_float_dtype
+from fedjax_dro.core.server import check_optimizer, describe_optimizer as describe, server_step
 from fedjax_dro.core.settings import CommonSettings, round_zero, state_init
 
 
 class AgnosticFedAvgState(NamedTuple):
   params: Any  # w, the global model
   lam: jnp.ndarray  # [n] domain (client) weights lambda
+  round: jnp.ndarray  # [] int32
+
+
+class AgnosticFedAvgOptState(NamedTuple):
+  """:class:`AgnosticFedAvgState` with a server optimizer's state (``server_optimizer=``)."""
+
+  params: Any  # w, the global model
+  lam: jnp.ndarray  # [n] domain (client) weights lambda
+  opt_state: Any  # the server optimizer's state (an optax state pytree)
   round: jnp.ndarray  # [] int32
 
 
@@ -65,7 +75,7 @@ def initial_state(params, num_clients):
 
 @register("agnostic_fedavg", family="dro")
 @with_settings(fixed={"weighting": "uniform"})
-def agnostic_fedavg(model, settings: CommonSettings) -> Algorithm:
+def agnostic_fedavg(model, settings: CommonSettings, *, server_optimizer=None) -> Algorithm:
   """AgnosticFedAvg (Ro 2021): lambda-weighted FedAvg, exponentiated-gradient client weights.
 
   Every client is one domain; the server averages the model differences with the weights lambda.
@@ -77,6 +87,9 @@ def agnostic_fedavg(model, settings: CommonSettings) -> Algorithm:
     local_steps: local SGD steps of each client in ``S`` per round (default 10).
     batch_size: examples per local SGD step; ``None`` (default): the whole client data (the
       domain losses ``L_k`` always use the full data).
+    server_optimizer: an optax ``GradientTransformation`` in place of the server step on the
+      lambda-weighted mean difference, applied to its negative and scaled by ``server_lr``
+      (:mod:`fedjax_dro.core.server`); lambda's update is unchanged. None (default): the step.
 
   Returns:
     An :class:`~fedjax_dro.algorithms.base.Algorithm`. Hyper-parameters: ``client_lr`` (local SGD
@@ -90,16 +103,34 @@ def agnostic_fedavg(model, settings: CommonSettings) -> Algorithm:
     check_data_matches(data, state.lam.shape[0])
     lr = hparams["client_lr"]
     update, losses = local_round_and_losses(model, settings, state.params, data, key, lr)
-    params = tree_add(
-      state.params, weighted_mean(update.deltas, state.lam[update.idx]), hparams["server_lr"]
-    )
+    delta = weighted_mean(update.deltas, state.lam[update.idx])
+    if server_optimizer is None:
+      params = tree_add(state.params, delta, hparams["server_lr"])
+    else:
+      params, opt_state = server_step(
+        server_optimizer, state.opt_state, state.params, delta, hparams["server_lr"]
+      )
     domain_loss = jnp.zeros((data.num_clients,), state.lam.dtype).at[update.idx].set(losses)
     # exp(eta L_i) / sum; shifting by max(L) changes nothing after normalization but cannot overflow
     lam = state.lam * jnp.exp(hparams["domain_lr"] * (domain_loss - jnp.max(domain_loss)))
     lam = lam / jnp.sum(lam)
     metrics = dual_round_metrics(losses, lam)
-    return AgnosticFedAvgState(params, lam, state.round + 1), metrics
+    if server_optimizer is None:
+      return AgnosticFedAvgState(params, lam, state.round + 1), metrics
+    return AgnosticFedAvgOptState(params, lam, opt_state, state.round + 1), metrics
 
-  init = state_init(settings, initial_state)
+  server_optimizer = check_optimizer(server_optimizer, "agnostic_fedavg")
+  if server_optimizer is None:
+    init = state_init(settings, initial_state)
+  else:
+    init = state_init(
+      settings,
+      lambda params, n: AgnosticFedAvgOptState(
+        *initial_state(params, n)[:2], server_optimizer.init(params), round_zero()
+      ),
+    )
   cost = local_training_costs(model, settings, scalars=1)  # delta_k and L_k
-  return build_algorithm("agnostic_fedavg", model, settings, init, round_fn, HPARAMS, cost=cost)
+  extra = {} if server_optimizer is None else {"server_optimizer": describe(server_optimizer)}
+  return build_algorithm(
+    "agnostic_fedavg", model, settings, init, round_fn, HPARAMS, cost=cost, **extra
+  )

@@ -360,7 +360,8 @@ def with_settings(
       if "server_optimizer" in kwargs and "server_optimizer" not in own_names:
         raise TypeError(
           f"{factory.__name__} takes no server_optimizer: its server step is not a plain step on "
-          f"the averaged model difference (the algorithms that take one: fedavg, fedprox)"
+          f"the averaged model difference (the algorithms that take one: fedavg, fedprox, scaffold, "
+          f"agnostic_fedavg)"
         )
       if "client_optimizer" in kwargs and "client_optimizer" not in own_names:
         raise TypeError(

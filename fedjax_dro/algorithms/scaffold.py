@@ -31,6 +31,7 @@ from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, regis
 from fedjax_dro.core.aggregation import scatter_rows, tree_add, tree_stack, tree_zeros_like
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import local_round, local_step_counts, round_metrics
+from fedjax_dro.core.server import check_optimizer, describe_optimizer as describe, server_step
 from fedjax_dro.core.settings import (
   LOCAL_TRAINING,
   CommonSettings,
@@ -48,6 +49,16 @@ class ScaffoldState(NamedTuple):
   round: jnp.ndarray  # [] int32
 
 
+class ScaffoldOptState(NamedTuple):
+  """:class:`ScaffoldState` with a server optimizer's state (``server_optimizer=``)."""
+
+  params: Any  # global model x
+  control: Any  # server control variate c (params-shaped)
+  client_controls: Any  # [n, ...] client control variates c_i
+  opt_state: Any  # the server optimizer's state (an optax state pytree)
+  round: jnp.ndarray  # [] int32
+
+
 HPARAMS = {
   "client_lr": HParam(0.1, "local SGD step size eta_l"),
   "server_lr": HParam(1.0, "global step size eta_g"),
@@ -62,7 +73,7 @@ def initial_state(params, num_clients):
 
 @register("scaffold")
 @with_settings((*LOCAL_TRAINING, "weighting"), defaults={"weighting": "uniform"})
-def scaffold(model, settings: CommonSettings) -> Algorithm:
+def scaffold(model, settings: CommonSettings, *, server_optimizer=None) -> Algorithm:
   """SCAFFOLD option II (Karimireddy 2020): control variates correct client drift.
 
   SCAFFOLD with control-variate option II; unweighted averages by default, as in the paper.
@@ -77,6 +88,10 @@ def scaffold(model, settings: CommonSettings) -> Algorithm:
       unweighted averages: the minimizer of the mean of the client objectives) or
       ``"num_examples"`` (``p_i`` proportional to sample counts, the objective FedAvg's weights
       target; see the module docstring for the two server updates).
+    server_optimizer: an optax ``GradientTransformation`` in place of the global step ``x +=
+      eta_g mean(Delta_i)``, applied to ``-mean(Delta_i)`` and scaled by ``server_lr``
+      (:mod:`fedjax_dro.core.server`); the control variates are unchanged. None (default): the
+      paper's step.
 
   Returns:
     An :class:`~fedjax_dro.algorithms.base.Algorithm`. Hyper-parameters: ``client_lr``, the local
@@ -109,12 +124,12 @@ def scaffold(model, settings: CommonSettings) -> Algorithm:
       mean_only=True,
     )
     mean_delta = update.deltas  # the participants' p-weighted mean delta
-    params = tree_add(state.params, mean_delta, hparams["server_lr"])
+    params, opt_state = move(state, mean_delta, hparams["server_lr"])
     # weighted mean of c_i+ - c_i = -c - delta_i / (J eta_l) over the participants: from the
     # weighted mean delta
     dc = jax.tree.map(lambda c, d: -c - d / (settings.local_steps * lr), state.control, mean_delta)
     control = tree_add(state.control, dc, share(update, data, s / n))
-    new_state = ScaffoldState(params, control, update.client_state, state.round + 1)
+    new_state = pack(state, params, control, update.client_state, opt_state)
     return new_state, round_metrics(update)
 
   def epochs_round(state, data, key, hparams, correct):
@@ -145,11 +160,22 @@ def scaffold(model, settings: CommonSettings) -> Algorithm:
     )
     if settings.weighting == "uniform":  # the plain mean, as the paper writes it
       mean = lambda tree: jax.tree.map(lambda a: jnp.mean(a, axis=0).astype(a.dtype), tree)
-    params = tree_add(state.params, mean(update.deltas), hparams["server_lr"])
+    params, opt_state = move(state, mean(update.deltas), hparams["server_lr"])
     dc = mean(jax.tree.map(jnp.subtract, new, old))
     control = tree_add(state.control, dc, share(update, data, s / n))
     controls = scatter_rows(state.client_controls, update.idx, new)
-    return ScaffoldState(params, control, controls, state.round + 1), round_metrics(update)
+    return pack(state, params, control, controls, opt_state), round_metrics(update)
+
+  def move(state, mean_delta, server_lr):
+    """``(x+, optimizer state+)``: the global step, or the server optimizer's."""
+    if server_optimizer is None:
+      return tree_add(state.params, mean_delta, server_lr), None
+    return server_step(server_optimizer, state.opt_state, state.params, mean_delta, server_lr)
+
+  def pack(state, params, control, controls, opt_state):
+    if server_optimizer is None:
+      return ScaffoldState(params, control, controls, state.round + 1)
+    return ScaffoldOptState(params, control, controls, opt_state, state.round + 1)
 
   def share(update, data, uniform_share):
     """``sum_{i in S} p_i``, the participants' share of the objective's weights (``s / n``
@@ -159,6 +185,16 @@ def scaffold(model, settings: CommonSettings) -> Algorithm:
     total = jnp.sum(aggregation_weights(settings, data.num_examples))
     return jnp.sum(update.weights) / total
 
-  init = state_init(settings, initial_state)
+  server_optimizer = check_optimizer(server_optimizer, "scaffold")
+  if server_optimizer is None:
+    init = state_init(settings, initial_state)
+  else:
+    init = state_init(
+      settings,
+      lambda params, n: ScaffoldOptState(
+        *initial_state(params, n)[:3], server_optimizer.init(params), round_zero()
+      ),
+    )
   cost = local_training_costs(model, settings, models=2)  # delta_i and c_i+ - c_i
-  return build_algorithm("scaffold", model, settings, init, round_fn, HPARAMS, cost=cost)
+  extra = {} if server_optimizer is None else {"server_optimizer": describe(server_optimizer)}
+  return build_algorithm("scaffold", model, settings, init, round_fn, HPARAMS, cost=cost, **extra)

@@ -168,7 +168,7 @@ def test_bad_inputs_name_the_argument():
   for bad in ("adam", 3, optax):
     with pytest.raises(TypeError, match="fedavg: server_optimizer must be an optax"):
       A.fedavg(model, server_optimizer=bad)
-  for name in ("fedadam", "scaff_pd", "fedyogi"):
+  for name in ("fedadam", "scaff_pd", "fedyogi", "afl"):
     with pytest.raises(TypeError, match=f"{name} takes no server_optimizer"):
       A.get_algorithm(name).factory(model, server_optimizer=optax.sgd(1.0))
   for bad in (-1.0, "0", True):
@@ -213,3 +213,29 @@ def test_named_server_optimizers_and_the_command_line(tmp_path):
   ]:
     with pytest.raises(ValueError, match=match):
       cli._server_optimizer(cli.build_parser().parse_args(argv + bad))
+
+
+@pytest.mark.parametrize("name", ["scaffold", "agnostic_fedavg"])
+@pytest.mark.parametrize("work", [{"local_steps": 3}, {"local_epochs": 1}])
+def test_scaffold_and_agnostic_fedavg_take_a_server_optimizer(name, work):
+  """optax.sgd(1.0) is the paper's server step (4 rounds, 1e-12); Yogi's first round is
+  Algorithm 2's step on the paper's averaged difference (the plain step's at server_lr 1)."""
+  data = regression_clients(n=7, d=3, sizes=SIZES, seed=1)
+  kw = dict(clients_per_round=3, batch_size=4, backend="vmap", **work)
+  factory = A.get_algorithm(name).factory
+  hp = {"client_lr": 0.05, "server_lr": 0.7}
+  plain = _run(factory(linreg(3, l2=L2), **kw), data, hp, rounds=4)
+  sgd = _run(factory(linreg(3, l2=L2), server_optimizer=optax.sgd(1.0), **kw), data, hp, rounds=4)
+  np.testing.assert_allclose(sgd, plain, rtol=0, atol=1e-12)
+  one = {"client_lr": 0.05, "server_lr": 1.0}
+  delta = _run(factory(linreg(3, l2=L2), **kw), data, one, rounds=1)  # x_0 = 0: x_1 = Delta
+  b1, b2, tau = 0.8, 0.95, 0.01
+  yogi = reddi_optimizer("yogi", b1=b1, b2=b2, tau=tau)
+  got = _run(
+    factory(linreg(3, l2=L2), server_optimizer=yogi, **kw),
+    data,
+    {**one, "server_lr": 0.1},
+    rounds=1,
+  )
+  v = (1 - b2) * delta**2  # v_0 = 0: sign(0 - Delta^2) = -1
+  np.testing.assert_allclose(got, 0.1 * (1 - b1) * delta / (np.sqrt(v) + tau), rtol=0, atol=1e-12)
