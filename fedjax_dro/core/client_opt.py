@@ -8,7 +8,8 @@ nothing between rounds (FedAvg with ``optax.sgd(1.0)`` is plain local SGD; ``opt
 momentum=0.9)`` heavy-ball local steps; ``optax.adam(1.0)`` local Adam whose moments restart
 every round, unlike :func:`~fedjax_dro.algorithms.local_adam`, whose moments are averaged by the
 server and carried over rounds). ``client_lr`` scales the optimizer's update, so it stays a
-hyper-parameter a sweep vectorizes over.
+hyper-parameter a sweep vectorizes over. :func:`~fedjax_dro.core.local.local_sgd` runs the step
+over the same minibatches as its SGD step.
 """
 
 from __future__ import annotations
@@ -17,30 +18,12 @@ from typing import Callable, Optional
 
 import jax
 
-from fedjax_dro.core.local import local_schedule, scan_schedule
 from fedjax_dro.models.base import Model, client_loss
 
 
-def local_optimizer_steps(
-  model: Model,
-  params,
-  x,
-  y,
-  num_examples,
-  key,
-  *,
-  optimizer,
-  num_steps: Optional[int] = None,
-  batch_size: Optional[int],
-  lr,
-  grad_transform: Optional[Callable] = None,
-  num_epochs: Optional[int] = None,
-):
-  """:func:`~fedjax_dro.core.local.local_sgd` with ``optimizer`` (an optax transformation at
-  rate 1, scaled by ``lr``) in place of the SGD step: the same minibatches, the same losses."""
-  schedule = local_schedule(
-    key, num_examples, x.shape[0], batch_size=batch_size, num_steps=num_steps, num_epochs=num_epochs
-  )
+def optimizer_step(model: Model, optimizer, lr, grad_transform: Optional[Callable] = None):
+  """``step((w, state), bx, by, bmask) -> ((w', state'), loss)``: one local step of
+  ``optimizer`` (an optax transformation at rate 1, its update scaled by ``lr``)."""
 
   def step(carry, bx, by, bmask):
     w, state = carry
@@ -51,7 +34,4 @@ def local_optimizer_steps(
     w = jax.tree.map(lambda a, u: (a + lr * u).astype(a.dtype), w, updates)
     return (w, state), loss
 
-  (w, _), losses = scan_schedule(
-    step, (params, optimizer.init(params)), schedule, x, y, num_examples
-  )
-  return w, losses
+  return step

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_dro.core.aggregation import scatter_rows
+from fedjax_dro.core.client_opt import optimizer_step
 from fedjax_dro.core.clients import map_clients, map_clients_weighted_sum
 from fedjax_dro.core.ragged import epoch_chunk, epoch_loop, sorted_participants
 from fedjax_dro.core.sampling import (
@@ -165,6 +166,7 @@ def local_sgd(
   lr,
   grad_transform: Optional[Callable] = None,
   num_epochs: Optional[int] = None,
+  optimizer=None,
 ):
   """Local SGD on one client's objective: ``num_steps`` steps or ``num_epochs`` passes.
 
@@ -175,6 +177,7 @@ def local_sgd(
       (``local_epochs``; see :func:`local_schedule`).
     grad_transform: optional ``(w, g) -> g'`` applied to every stochastic gradient before the
       step (SCAFFOLD's ``g - c_i + c``, FedProx's ``g + mu (w - w_global)``, ...).
+    optimizer: an optax step in place of the SGD step (:mod:`fedjax_dro.core.client_opt`).
 
   Returns:
     ``(final_params, losses[T])`` where ``losses[k]`` is the minibatch loss at step ``k``
@@ -201,6 +204,11 @@ def local_sgd(
     g, loss = jax.grad(scaled, has_aux=True)(w)
     return jax.tree.map(lambda a, b: (a + b).astype(a.dtype), w, g), loss
 
+  if optimizer is not None:
+    opt_step = optimizer_step(model, optimizer, lr, grad_transform)
+    carry = (params, optimizer.init(params))
+    (w, _), losses = scan_schedule(opt_step, carry, schedule, x, y, num_examples)
+    return w, losses
   masked = folded if grad_transform is None else None
   return scan_schedule(step, params, schedule, x, y, num_examples, masked_step=masked)
 
@@ -310,8 +318,7 @@ def local_round(
       ``client_state``, computed inside its local update, where its delta is at hand (SCAFFOLD's
       control variate), and returned as ``LocalRound.client_state`` (all ``n`` rows, the others
       unchanged). With ``mean_only`` no participant's delta is ever stacked.
-    client_optimizer: an optax transformation in place of the local SGD step, its state fresh
-      each round (:mod:`fedjax_dro.core.client_opt`).
+    client_optimizer: an optax step in place of local SGD (:mod:`fedjax_dro.core.client_opt`).
   """
   if state_update is not None and client_state is None:
     raise ValueError("state_update needs the client_state it updates")
@@ -328,14 +335,9 @@ def local_round(
     epochs = None if num_steps is not None else settings.local_epochs
     steps = None if epochs is not None else (num_steps or settings.local_steps)
     kw = dict(batch_size=settings.batch_size, lr=lr, grad_transform=transform, num_epochs=epochs)
-    if client_optimizer is None:
-      w, losses = local_sgd(model, w0, x, y, nex, k, num_steps=steps, **kw)
-    else:
-      from fedjax_dro.core.client_opt import local_optimizer_steps
-
-      w, losses = local_optimizer_steps(
-        model, w0, x, y, nex, k, optimizer=client_optimizer, num_steps=steps, **kw
-      )
+    w, losses = local_sgd(
+      model, w0, x, y, nex, k, num_steps=steps, optimizer=client_optimizer, **kw
+    )
     delta = jax.tree.map(jnp.subtract, w, w0)
     if state_update is None:
       return delta, losses[0]

@@ -26,7 +26,7 @@ from typing import Callable, Optional, Union
 import jax
 
 from fedjax_dro.models.base import Model
-from fedjax_dro.models.builtin import _check_l2, loss_and_task
+from fedjax_dro.models.builtin import check_l2, loss_and_task
 
 
 def _shown(obj) -> str:
@@ -85,7 +85,7 @@ def from_nnx(
       f"{type(module).__name__}"
     )
   loss_fn, metrics_fn, task = loss_and_task(loss, metrics, task)
-  _check_l2(l2)
+  check_l2(l2)
   graphdef, params, rest = nnx.split(instance, nnx.Param, ...)
   found = [
     (jax.tree_util.keystr(path), type(v).__name__)
@@ -176,7 +176,7 @@ def from_equinox(
       f"{type(module).__name__}"
     )
   loss_fn, metrics_fn, task = loss_and_task(loss, metrics, task)
-  _check_l2(l2)
+  check_l2(l2)
   is_state = lambda v: isinstance(v, eqx.nn.StateIndex)  # noqa: E731
   found = [
     (jax.tree_util.keystr(path), type(v).__name__)

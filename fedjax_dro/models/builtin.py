@@ -32,7 +32,7 @@ def _check_shape(shape, name, ndims=None):
   return tuple(int(d) for d in shape)
 
 
-def _check_l2(l2):
+def check_l2(l2):
   if isinstance(l2, bool) or not isinstance(l2, (int, float)) or not l2 >= 0 or l2 == float("inf"):
     raise ValueError(f"l2 must be a finite non-negative float, got {l2!r}")
   finfo = jnp.finfo(_dtype())  # the dtype the penalty is computed in
@@ -79,7 +79,7 @@ def linear_regression(
     A regression :class:`~fedjax_dro.models.base.Model` (per-example metric ``mse``).
   """
   integer(num_features, "num_features")
-  _check_l2(l2)
+  check_l2(l2)
   if num_outputs is not None:
     integer(num_outputs, "num_outputs")
   if not isinstance(fit_intercept, bool):
@@ -135,7 +135,7 @@ def logistic_regression(num_features: int, *, l2: float = 0.0) -> Model:
     A classification :class:`~fedjax_dro.models.base.Model` (one logit, sigmoid cross-entropy).
   """
   integer(num_features, "num_features")
-  _check_l2(l2)
+  check_l2(l2)
 
   def init(key):
     del key
@@ -242,7 +242,7 @@ def softmax_regression(
   """
   integer(num_features, "num_features")
   integer(num_classes, "num_classes")
-  _check_l2(l2)
+  check_l2(l2)
   if not isinstance(head, str) or head not in HEAD_FORMS:
     raise ValueError(f"head must be one of {HEAD_FORMS}, got {head!r}")
 
@@ -450,7 +450,7 @@ def from_flax(
   if not isinstance(module, nn.Module):
     raise TypeError(f"module must be a flax.linen.Module, got {type(module).__name__}")
   loss_fn, metrics_fn, task = loss_and_task(loss, metrics, task)
-  _check_l2(l2)
+  check_l2(l2)
   sample = np.asarray(sample_input)
   if sample.dtype.kind not in "biuf":
     raise TypeError(f"sample_input must be a real numeric array, got dtype {sample.dtype}")
