@@ -85,7 +85,7 @@ def reddi_optimizer(
   tau: float = 1e-3,
   bias_correction: bool = False,
   initial_v: float = 0.0,
-) -> optax.GradientTransformation:
+) -> Described:
   """Algorithm 2's server step of ``kind`` (``"adagrad"``, ``"adam"`` or ``"yogi"``) as an optax
   transformation of the pseudo-gradient ``-Delta_t`` (see the module docstring): its update is
   ``m_t / (sqrt(v_t) + tau)``, the server's step at ``eta = 1``."""
@@ -105,7 +105,8 @@ def reddi_optimizer(
       or value < 0
       or (top is not None and value > top)
     ):
-      raise ValueError(f"{name} must be a number in [0, {top or 'inf'}), got {value!r}")
+      where = f"[0, {top:g}]" if top is not None else "[0, inf)"
+      raise ValueError(f"{name} must be a number in {where}, got {value!r}")
 
   def init(params):
     m = jax.tree.map(jnp.zeros_like, params)
