@@ -83,3 +83,12 @@ def numpy_epoch_batches(x, y, num_examples: int, key, batch_size: int, epochs: i
     for start in range(0, num_examples, batch_size):
       rows = order[start : start + batch_size]
       yield x[rows], y[rows]
+
+
+def has_module(module: str) -> bool:
+  """Whether ``module`` imports here (an optional extra installed)."""
+  try:
+    __import__(module)
+  except ImportError:
+    return False
+  return True

@@ -16,6 +16,7 @@ from fedjax_dro import algorithms as A, cli, models
 from fedjax_dro.data import synthetic_classification
 from fedjax_dro.records import Logger, MLflowLogger, TensorBoardLogger
 from fedjax_dro.records.loggers import check_loggers, parse_log_to, sweep_row_name
+from tests.helpers import has_module
 
 QUANTILES = ["q10", "q25", "q50", "q75", "q90"]
 
@@ -214,13 +215,13 @@ def _only_dir(pattern):
 
 def test_cli_run_log_to_tensorboard_and_mlflow(tmp_path, capsys):
   pytest.importorskip("tensorboardX")
-  trackers = "tensorboard,mlflow" if _has("mlflow") else "tensorboard"
+  trackers = "tensorboard,mlflow" if has_module("mlflow") else "tensorboard"
   out, logs = str(tmp_path / "out"), str(tmp_path / "logs")
   argv = ["run", "--rounds", "4", "--eval-every", "2", "--no-progress", "--out", out]
   assert cli.main(argv + ["--log-to", trackers, "--log-dir", logs]) == 0
   assert "logging to" in capsys.readouterr().out
   _check_tensorboard(_only_dir(os.path.join(logs, "tensorboard", "*")), out)
-  if _has("mlflow"):
+  if has_module("mlflow"):
     name = os.path.basename(_only_dir(os.path.join(logs, "tensorboard", "*")))
     _check_mlflow(os.path.join(logs, "mlruns"), out, name)
 
@@ -275,14 +276,6 @@ def test_log_sweep_rows_read_back(tmp_path):
     h = histograms[("eval/accuracy", 3)]
     assert h.num == ds.num_clients
     np.testing.assert_allclose(h.sum, res.final_per_client["accuracy"][i].sum(), rtol=1e-6)
-
-
-def _has(module):
-  try:
-    __import__(module)
-  except ImportError:
-    return False
-  return True
 
 
 def test_unknown_tracker_and_missing_extra_are_clear_errors(tmp_path, capsys, monkeypatch):

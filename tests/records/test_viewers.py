@@ -15,6 +15,7 @@ import urllib.request
 import pytest
 
 from fedjax_dro import cli
+from tests.helpers import has_module
 
 
 def _free_port() -> int:
@@ -53,20 +54,14 @@ def _fetch_while_serving(cmd, port, paths, env=None, timeout=120):
 @pytest.fixture(scope="module")
 def logged(tmp_path_factory):
   out = str(tmp_path_factory.mktemp("viewers") / "run")
-  trackers = [t for t, m in (("tensorboard", "tensorboardX"), ("mlflow", "mlflow")) if _has(m)]
+  trackers = [
+    t for t, m in (("tensorboard", "tensorboardX"), ("mlflow", "mlflow")) if has_module(m)
+  ]
   if not trackers:
     pytest.skip("no tracker library installed")
   argv = ["run", "--rounds", "4", "--no-progress", "--out", out, "--log-to", ",".join(trackers)]
   assert cli.main(argv) == 0
   return out
-
-
-def _has(module):
-  try:
-    __import__(module)
-  except ImportError:
-    return False
-  return True
 
 
 @pytest.mark.skipif(shutil.which("tensorboard") is None, reason="tensorboard not installed")
