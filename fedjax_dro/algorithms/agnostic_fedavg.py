@@ -39,7 +39,7 @@ from fedjax_dro.core.aggregation import tree_add, weighted_mean
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import dual_round_metrics, local_round_and_losses
 from fedjax_dro.core.precision import params_float_dtype
-from fedjax_dro.core.server import check_optimizer, describe_optimizer as describe, server_step
+from fedjax_dro.core.server import check_optimizer, optimizer_config, server_step
 from fedjax_dro.core.settings import CommonSettings, round_zero, state_init
 
 
@@ -130,7 +130,7 @@ def agnostic_fedavg(model, settings: CommonSettings, *, server_optimizer=None) -
       ),
     )
   cost = local_training_costs(model, settings, scalars=1)  # delta_k and L_k
-  extra = {} if server_optimizer is None else {"server_optimizer": describe(server_optimizer)}
+  extra = optimizer_config(server_optimizer)
   return build_algorithm(
     "agnostic_fedavg", model, settings, init, round_fn, HPARAMS, cost=cost, **extra
   )

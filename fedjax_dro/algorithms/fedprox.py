@@ -14,8 +14,7 @@ from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import local_round, round_metrics
 from fedjax_dro.core.server import (
   check_optimizer,
-  describe_client_optimizer as describe_client,
-  describe_optimizer as describe,
+  optimizer_config,
 )
 from fedjax_dro.core.settings import LOCAL_TRAINING, CommonSettings
 
@@ -78,7 +77,5 @@ def fedprox(
   client_optimizer = check_optimizer(client_optimizer, "fedprox", "client_optimizer")
   init = global_model_init(settings, server_optimizer)
   cost = local_training_costs(model, settings)
-  extra = {} if server_optimizer is None else {"server_optimizer": describe(server_optimizer)}
-  if client_optimizer is not None:
-    extra["client_optimizer"] = describe_client(client_optimizer)
+  extra = optimizer_config(server_optimizer, client_optimizer)
   return build_algorithm("fedprox", model, settings, init, round_fn, HPARAMS, cost=cost, **extra)

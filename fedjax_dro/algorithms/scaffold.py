@@ -31,7 +31,7 @@ from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, regis
 from fedjax_dro.core.aggregation import scatter_rows, tree_add, tree_stack, tree_zeros_like
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import local_round, local_step_counts, round_metrics
-from fedjax_dro.core.server import check_optimizer, describe_optimizer as describe, server_step
+from fedjax_dro.core.server import check_optimizer, optimizer_config, server_step
 from fedjax_dro.core.settings import (
   LOCAL_TRAINING,
   CommonSettings,
@@ -196,5 +196,5 @@ def scaffold(model, settings: CommonSettings, *, server_optimizer=None) -> Algor
       ),
     )
   cost = local_training_costs(model, settings, models=2)  # delta_i and c_i+ - c_i
-  extra = {} if server_optimizer is None else {"server_optimizer": describe(server_optimizer)}
+  extra = optimizer_config(server_optimizer)
   return build_algorithm("scaffold", model, settings, init, round_fn, HPARAMS, cost=cost, **extra)

@@ -164,6 +164,16 @@ def describe_client_optimizer(client_optimizer) -> str:
   return f"{what} on each local gradient, w += client_lr * update, its state fresh each round"
 
 
+def optimizer_config(server_optimizer=None, client_optimizer=None) -> dict:
+  """The ``Algorithm.config`` entries of the optimizers given (none for the paper's steps)."""
+  out = {}
+  if server_optimizer is not None:
+    out["server_optimizer"] = describe_optimizer(server_optimizer)
+  if client_optimizer is not None:
+    out["client_optimizer"] = describe_client_optimizer(client_optimizer)
+  return out
+
+
 def server_step(server_optimizer, opt_state, params, delta, server_lr):
   """``(params', opt_state')``: ``params + server_lr * update`` of ``server_optimizer`` on the
   pseudo-gradient ``-delta`` (the parameters' dtypes kept)."""
