@@ -554,7 +554,7 @@ CASES = {
     "server_optimizer",
   ),
   "server optimizer on an algorithm without a plain server step": (
-    lambda: A.scaffold(linreg(2), server_optimizer=_optax().sgd(1.0)),
+    lambda: A.afl(linreg(2), server_optimizer=_optax().sgd(1.0)),
     TypeError,
     "server_optimizer",
   ),
