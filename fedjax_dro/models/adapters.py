@@ -61,7 +61,13 @@ def from_nnx(
     module: a ``flax.nnx.Module`` whose ``__call__(x)`` maps a batch ``[m, ...]`` to outputs, or
       a constructor ``rngs -> Module`` (``Model.init(key)`` then builds it with
       ``nnx.Rngs(key)``). Its variables must all be ``nnx.Param``.
-    loss, metrics, task, l2, name: as :func:`~fedjax_dro.models.from_flax`'s.
+    loss: ``"softmax_cross_entropy"`` (default), ``"sigmoid_cross_entropy"``,
+      ``"squared_error"`` or a callable ``(outputs, y) -> per-example loss`` (as
+      :func:`~fedjax_dro.models.from_flax`'s).
+    metrics: callable ``(outputs, y) -> dict of per-example metrics`` (defaults follow ``loss``).
+    task: ``"classification"`` or ``"regression"`` (defaults follow ``loss``).
+    l2: coefficient of ``l2/2 ||params||^2`` added to every client objective (default 0).
+    name: the model's name in results (default: the module's class name).
 
   Returns:
     A :class:`~fedjax_dro.models.base.Model` whose parameters are the module's ``nnx.Param``
@@ -146,7 +152,13 @@ def from_equinox(
       running statistics and other mutable state).
     per_example: True (default, Equinox's convention): ``module(x)`` maps one example and the
       model vmaps it over the batch; False: ``module(x)`` maps a batch ``[m, ...]``.
-    loss, metrics, task, l2, name: as :func:`~fedjax_dro.models.from_flax`'s.
+    loss: ``"softmax_cross_entropy"`` (default), ``"sigmoid_cross_entropy"``,
+      ``"squared_error"`` or a callable ``(outputs, y) -> per-example loss`` (as
+      :func:`~fedjax_dro.models.from_flax`'s).
+    metrics: callable ``(outputs, y) -> dict of per-example metrics`` (defaults follow ``loss``).
+    task: ``"classification"`` or ``"regression"`` (defaults follow ``loss``).
+    l2: coefficient of ``l2/2 ||params||^2`` added to every client objective (default 0).
+    name: the model's name in results (default: the module's class name).
 
   Returns:
     A :class:`~fedjax_dro.models.base.Model` whose parameters are the module's floating-point
