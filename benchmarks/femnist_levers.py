@@ -68,22 +68,41 @@ def _child(mode, rounds, quick, cache_dir):
   }
 
 
+_NO_TRITON = "--xla_gpu_enable_triton_gemm=false"
+_NO_LT = "--xla_gpu_enable_cublaslt=false"
 COMPILE_MODES = {
   "default": {},
   "autotune_off": {"XLA_FLAGS": "--xla_gpu_autotune_level=0"},
   "cache_cold": {"JAX_COMPILATION_CACHE_DIR": "{cache}"},
   "cache_warm": {"JAX_COMPILATION_CACHE_DIR": "{cache}"},
+  # the dots as cuBLAS calls, not Triton fusions (cuBLAS folds ``w + dot`` into its beta = 1)
+  "triton_gemm_off": {"XLA_FLAGS": _NO_TRITON},
+  "triton_gemm_off_autotune_off": {"XLA_FLAGS": f"{_NO_TRITON} --xla_gpu_autotune_level=0"},
+  # the persistent cache with the legacy cuBLAS path (its warm load is what failed with cuBLASLt)
+  "cublaslt_off_cache_cold": {
+    "XLA_FLAGS": f"{_NO_TRITON} {_NO_LT}",
+    "JAX_COMPILATION_CACHE_DIR": "{cache}_nolt",
+  },
+  "cublaslt_off_cache_warm": {
+    "XLA_FLAGS": f"{_NO_TRITON} {_NO_LT}",
+    "JAX_COMPILATION_CACHE_DIR": "{cache}_nolt",
+  },
 }
 
 
-def compile_section(rounds, quick, cache_dir):
-  """Each mode in a fresh process (the cache's warm run after its cold one)."""
-  shutil.rmtree(cache_dir, ignore_errors=True)  # the cold run starts from an empty cache
+def compile_section(rounds, quick, cache_dir, modes=None):
+  """Each mode (all of ``COMPILE_MODES`` by default) in a fresh process (a cache's warm run after
+  its cold one)."""
+  for suffix in ("", "_nolt"):  # the cold runs start from empty caches
+    shutil.rmtree(cache_dir + suffix, ignore_errors=True)
   rows = []
-  for mode, env_extra in COMPILE_MODES.items():
+  for mode in modes or COMPILE_MODES:
+    env_extra = COMPILE_MODES[mode]
     env = dict(os.environ)
     for k, v in env_extra.items():
       env[k] = v.format(cache=cache_dir)
+      if k == "XLA_FLAGS" and os.environ.get(k):  # the caller's own flags come first
+        env[k] = f"{os.environ[k]} {env[k]}"
     env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
     argv = [sys.executable, __file__, "--child", mode, "--rounds", str(rounds)]
     argv += ["--quick"] if quick else []
@@ -359,9 +378,18 @@ def main(argv=None):
   p.add_argument("--repeats", type=int, default=5)
   p.add_argument("--hlo-dir", default=None, help="write each step variant's optimized HLO here")
   p.add_argument("--cache-dir", default="/tmp/fedjax_dro_levers_cache")
+  p.add_argument(
+    "--modes",
+    default=None,
+    help=f"compile-section modes, comma-separated: {', '.join(COMPILE_MODES)}",
+  )
   p.add_argument("--child", default=None, help=argparse.SUPPRESS)
   args = p.parse_args(argv)
   rounds = args.rounds or (2 if args.quick else 1500)
+  modes = args.modes.split(",") if args.modes else None
+  unknown = sorted(set(modes or ()) - set(COMPILE_MODES))
+  if unknown:
+    p.error(f"--modes: unknown {unknown}; expected some of {sorted(COMPILE_MODES)}")
   if args.child:
     print(json.dumps(_child(args.child, rounds, args.quick, args.cache_dir)), flush=True)
     return
@@ -378,7 +406,7 @@ def main(argv=None):
     elif section == "run":
       result["run"] = run_section(args.quick, rounds)
     elif section == "compile":
-      result["compile"] = compile_section(rounds, args.quick, args.cache_dir)
+      result["compile"] = compile_section(rounds, args.quick, args.cache_dir, modes)
     else:
       p.error(f"unknown section {section!r}")
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
