@@ -52,6 +52,11 @@ def _child(mode, rounds, quick, cache_dir):
   """One fresh process: the anchor's ``fd.run`` for ``rounds`` rounds, whole and its compile."""
   import anchors
 
+  if mode.startswith("enable_compile_cache"):  # the library's call, before anything computes
+    import fedjax_dro as fd
+
+    fd.enable_compile_cache(cache_dir + "_lib")
+
   from fedjax_dro.algorithms import fedavg
 
   spec = anchors.WORKLOADS["flute_femnist"]
@@ -79,21 +84,24 @@ COMPILE_MODES = {
   "triton_gemm_off": {"XLA_FLAGS": _NO_TRITON},
   "triton_gemm_off_autotune_off": {"XLA_FLAGS": f"{_NO_TRITON} --xla_gpu_autotune_level=0"},
   # the persistent cache with the legacy cuBLAS path (its warm load is what failed with cuBLASLt)
-  "cublaslt_off_cache_cold": {
+  "triton_and_cublaslt_off_cache_cold": {
     "XLA_FLAGS": f"{_NO_TRITON} {_NO_LT}",
     "JAX_COMPILATION_CACHE_DIR": "{cache}_nolt",
   },
-  "cublaslt_off_cache_warm": {
+  "triton_and_cublaslt_off_cache_warm": {
     "XLA_FLAGS": f"{_NO_TRITON} {_NO_LT}",
     "JAX_COMPILATION_CACHE_DIR": "{cache}_nolt",
   },
+  # what users call: fd.enable_compile_cache (cuBLASLt off, Triton's fusions kept)
+  "enable_compile_cache_cold": {},
+  "enable_compile_cache_warm": {},
 }
 
 
 def compile_section(rounds, quick, cache_dir, modes=None):
   """Each mode (all of ``COMPILE_MODES`` by default) in a fresh process (a cache's warm run after
   its cold one)."""
-  for suffix in ("", "_nolt"):  # the cold runs start from empty caches
+  for suffix in ("", "_nolt", "_lib"):  # the cold runs start from empty caches
     shutil.rmtree(cache_dir + suffix, ignore_errors=True)
   rows = []
   for mode in modes or COMPILE_MODES:

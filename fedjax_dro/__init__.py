@@ -19,6 +19,7 @@ from fedjax_dro.engine import (
   RoundTiming,
   SweepResult,
   compile_rounds,
+  enable_compile_cache,
   run,
   sweep,
 )
@@ -53,5 +54,6 @@ __all__ = [
   "compile_rounds",
   "CompiledRounds",
   "RoundTiming",
+  "enable_compile_cache",
   "__version__",
 ]

@@ -64,17 +64,16 @@ def _add_compile_cache(p: argparse.ArgumentParser) -> None:
 
 def _compile_cache(args) -> None:
   """``--compile-cache DIR``: JAX's persistent compilation cache in DIR, before anything
-  compiles (JAX_COMPILATION_CACHE_DIR does the same for programs compiling in over 1 s)."""
+  compiles (:func:`fedjax_dro.engine.compile_cache.enable_compile_cache`, which on a GPU also
+  makes the cached programs loadable)."""
   path = getattr(args, "compile_cache", None)
   if path is None:
     return
-  import jax
-
+  from fedjax_dro.engine.compile_cache import enable_compile_cache
   from fedjax_dro.records import check_writable_dir
 
-  check_writable_dir(path, "--compile-cache")
-  jax.config.update("jax_compilation_cache_dir", os.path.abspath(path))
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  check_writable_dir(path, "--compile-cache")  # the error names the option
+  enable_compile_cache(path)
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:

@@ -11,6 +11,8 @@ sharding.
 * :mod:`fedjax_dro.engine.compiled`: :func:`compile_rounds`, :class:`CompiledRounds`,
   :class:`RoundTiming`;
 * :mod:`fedjax_dro.engine.sharding`: device meshes, multi-core CPU and multi-host runs;
+* :mod:`fedjax_dro.engine.compile_cache`: :func:`enable_compile_cache`, compiled programs kept on
+  disk between processes;
 * :mod:`fedjax_dro.engine.errors`: :class:`NonFiniteError` and :class:`DeviceMemoryError`.
 
 What runs leave behind (histories, files, checkpoints, plots) is :mod:`fedjax_dro.records`.
@@ -22,6 +24,7 @@ chunk and evaluation programs, their cache) stays importable from its module, as
 whose names may change.
 """
 
+from fedjax_dro.engine.compile_cache import enable_compile_cache
 from fedjax_dro.engine.compiled import CompiledRounds, RoundTiming, compile_rounds
 from fedjax_dro.engine.errors import DeviceMemoryError, NonFiniteError
 from fedjax_dro.engine.plan import RunPlan
@@ -45,6 +48,7 @@ __all__ = [
   "compile_rounds",
   "CompiledRounds",
   "RoundTiming",
+  "enable_compile_cache",
   "NonFiniteError",
   "DeviceMemoryError",
   "even_devices",
