@@ -4,7 +4,7 @@ All clients are one stacked pytree, local updates are vmapped, rounds are jit-co
 scanned, and seeds and hyper-parameters are one more vectorized axis.
 """
 
-from fedjax_dro import algorithms, compare, core, data, engine, models, records, solvers
+from fedjax_dro import algorithms, compare, core, data, engine, models, privacy, records, solvers
 from fedjax_dro.algorithms import (
   Algorithm,
   describe,
@@ -24,6 +24,7 @@ from fedjax_dro.engine import (
   sweep,
 )
 from fedjax_dro.models import Model
+from fedjax_dro.privacy import privacy_budget, private
 from fedjax_dro.records import History
 
 __version__ = "0.1.0"
@@ -34,6 +35,7 @@ __all__ = [
   "data",
   "engine",
   "models",
+  "privacy",
   "records",
   "solvers",
   "Algorithm",
@@ -55,5 +57,7 @@ __all__ = [
   "CompiledRounds",
   "RoundTiming",
   "enable_compile_cache",
+  "private",
+  "privacy_budget",
   "__version__",
 ]

@@ -76,6 +76,92 @@ def _compile_cache(args) -> None:
   enable_compile_cache(path)
 
 
+def _add_privacy(p: argparse.ArgumentParser) -> None:
+  dp = p.add_argument_group(
+    "client-level differential privacy (DP-FedAvg: fedjax_dro.private; docs/privacy.md)"
+  )
+  dp.add_argument(
+    "--dp-clip", type=float, default=None, metavar="C", help="L2 clip norm of each update"
+  )
+  dp.add_argument(
+    "--dp-noise", type=float, default=None, metavar="Z", help="noise multiplier (std Z C)"
+  )
+  dp.add_argument(
+    "--dp-delta", type=float, default=None, metavar="D", help="delta of epsilon (default 1e-5)"
+  )
+  dp.add_argument(
+    "--dp-rate",
+    type=float,
+    default=None,
+    metavar="Q",
+    help="Poisson participation rate (default: clients-per-round / clients)",
+  )
+  dp.add_argument(
+    "--dp-sampling",
+    default=None,
+    choices=["poisson", "fixed"],
+    help="Poisson participation (default) or a fixed-size sample of --clients-per-round",
+  )
+  dp.add_argument("--dp-accountant", default=None, choices=["rdp", "pld"], help="default rdp")
+
+
+def _dp_requested(args) -> bool:
+  names = ("dp_clip", "dp_noise", "dp_delta", "dp_rate", "dp_sampling", "dp_accountant")
+  return any(getattr(args, n, None) is not None for n in names)
+
+
+def _dp_options(args, options: dict) -> dict:
+  """A private run weighs participants uniformly: ``weighting="uniform"`` unless given."""
+  if not _dp_requested(args):
+    return options
+  import inspect
+
+  from fedjax_dro.algorithms import get_algorithm
+
+  accepted = inspect.signature(get_algorithm(args.algorithm).factory).parameters
+  if "weighting" in accepted and "weighting" not in options:
+    options = {**options, "weighting": "uniform"}
+  return options
+
+
+def _private(args, alg, num_clients: int):
+  """``alg`` made private from the ``--dp-*`` flags (unchanged without them)."""
+  if not _dp_requested(args):
+    return alg
+  if args.dp_clip is None:
+    raise ValueError("--dp-clip C is needed for a private run (--dp-noise alone clips nothing)")
+  from fedjax_dro.privacy import private
+
+  sampling = args.dp_sampling or "poisson"
+  rate = args.dp_rate
+  if sampling == "poisson" and rate is None:
+    rate = min(1.0, (alg.config.get("clients_per_round") or num_clients) / num_clients)
+  kw = dict(sampling=sampling, rate=rate, accountant=args.dp_accountant or "rdp")
+  if args.dp_delta is not None:
+    kw["delta"] = args.dp_delta
+  try:
+    return private(alg, args.dp_clip, 0.0 if args.dp_noise is None else args.dp_noise, **kw)
+  except ValueError as e:
+    flags = {
+      "clip_norm": "--dp-clip",
+      "noise_multiplier": "--dp-noise",
+      "delta": "--dp-delta",
+      "rate": "--dp-rate",
+    }
+    msg = str(e)
+    for name, flag in flags.items():
+      if msg.startswith(name):
+        msg = flag + msg[len(name) :]
+    raise ValueError(msg) from None
+
+
+def _privacy_line(privacy: dict) -> str:
+  return (
+    f"privacy: epsilon {privacy['epsilon']:.4g} at delta {privacy['delta']:.3g} after "
+    f"{privacy['rounds']} rounds (noise multiplier {privacy['noise_multiplier']:.4g}; dp-accounting)"
+  )
+
+
 def _add_common(p: argparse.ArgumentParser) -> None:
   p.add_argument(
     "--algorithm", default=DEFAULT_ALGORITHM, help="algorithm name (see `fedjax-dro list`)"
@@ -127,6 +213,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
   )
   p.add_argument("--eval-every", type=int, default=None, help="rounds between evaluations")
   _add_compile_cache(p)
+  _add_privacy(p)
   scale = p.add_argument_group("scale-out (see fedjax_dro.engine.sharding)")
   scale.add_argument(
     "--devices",
@@ -380,7 +467,9 @@ def cmd_run(args) -> int:
   _check_counts(args)
   trackers, log_dir = tracking_flags(args.log_to, args.log_dir, args.out)
   _compile_cache(args)
-  alg, ds = build(args.algorithm, args.dataset, args.data_seed, _factory_options(args))
+  options = _dp_options(args, _factory_options(args))
+  alg, ds = build(args.algorithm, args.dataset, args.data_seed, options)
+  alg = _private(args, alg, ds.num_clients)
   ds, mesh = _scale(args, ds)
   hparams = _parse_kv(args.hparam, "--hparam")
   print(
@@ -444,6 +533,8 @@ def cmd_run(args) -> int:
   print_table(
     summary_rows(hist.final), ["metric", "weighted mean", "mean", "worst-20%", "best-20%", "worst"]
   )
+  if hist.privacy_recorded:
+    print(_privacy_line(hist.evaluations[-1]["privacy"]))
   print(
     f"compile {hist.compile_time:.2f}s, run {hist.wall_time:.2f}s "
     f"({args.rounds / max(hist.wall_time, 1e-9):.1f} rounds/s)"
@@ -552,7 +643,9 @@ def _sweep_locked(args) -> int:
   trackers, log_dir = tracking_flags(args.log_to, args.log_dir, args.out)
   _compile_cache(args)
   seeds = _parse_seeds(args.seeds)
-  alg, ds = build(args.algorithm, args.dataset, args.data_seed, _factory_options(args))
+  options = _dp_options(args, _factory_options(args))
+  alg, ds = build(args.algorithm, args.dataset, args.data_seed, options)
+  alg = _private(args, alg, ds.num_clients)
   grid = _parse_kv(args.grid, "--grid", multi=True)
   ds, mesh = _scale(args, ds, num_configs=math.prod(len(v) for v in grid.values()) * len(seeds))
   print(f"fedjax-dro sweep: {alg.name} on {ds.name}; devices: {_device_line(mesh, alg)}")
@@ -577,9 +670,16 @@ def _sweep_locked(args) -> int:
     ]
     for c, s, d in zip(res.configs, res.final_summary, res.diverged)
   ]
-  print_table(
-    rows, ["hparams", "training seed", f"{metric} mean", f"{metric} worst-20%", "diverged"]
-  )
+  header = ["hparams", "training seed", f"{metric} mean", f"{metric} worst-20%", "diverged"]
+  if "privacy" in alg.config:  # each row's epsilon after the rounds (its own noise multiplier)
+    from fedjax_dro.privacy.accounting import run_epsilon
+
+    header.append(f"epsilon (delta {alg.config['privacy']['delta']:.3g})")
+    for row, c in zip(rows, res.configs):
+      noise = c["hparams"].get("dp_noise", alg.hparams["dp_noise"].default)
+      eps = run_epsilon(alg.config, args.rounds, float(noise), ds.num_clients)["epsilon"]
+      row.append(f"{eps:.4g}")
+  print_table(rows, header)
   print(
     f"best (mean {metric}): {res.best(metric)}; {len(res.configs)} runs in one program: "
     f"compile {res.compile_time:.2f}s, run {res.wall_time:.2f}s"

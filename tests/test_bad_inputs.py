@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_dro import algorithms as A, cli, compare as C, models, run, sweep
+from fedjax_dro import algorithms as A, cli, compare as C, models, privacy as P, run, sweep
 from fedjax_dro.data import (
   dirichlet_partition,
   from_arrays,
@@ -60,6 +60,10 @@ def _classes(k, n=3, m=6, d=2, **kw):
 
 def _fedavg(model=None):
   return A.fedavg(model or linreg(2))
+
+
+def _uniform_fedavg():
+  return A.fedavg(linreg(2), weighting="uniform")
 
 
 def _run(**kw):
@@ -819,6 +823,42 @@ CASES = {
     ValueError,
     "'split'",
   ),
+  # ---- differential privacy (fd.private) ----
+  "private: negative clip": (
+    lambda: P.private(_uniform_fedavg(), -1.0, 1.0, rate=0.5),
+    ValueError,
+    "clip_norm",
+  ),
+  "private: delta >= 1": (
+    lambda: P.private(_uniform_fedavg(), 1.0, 1.0, rate=0.5, delta=1.0),
+    ValueError,
+    "delta",
+  ),
+  "private: Poisson without a rate": (
+    lambda: P.private(_uniform_fedavg(), 1.0, 1.0),
+    ValueError,
+    "rate",
+  ),
+  "private: sample-count weighting": (
+    lambda: P.private(_fedavg(), 1.0, 1.0, rate=0.5),
+    ValueError,
+    "weighting='uniform'",
+  ),
+  "private: a refused algorithm (karula)": (
+    lambda: P.private(A.karula(linreg(2)), 1.0, 1.0, rate=0.5),
+    ValueError,
+    "'karula' cannot be made client-level private",
+  ),
+  "private: an algorithm with no private form yet (afl)": (
+    lambda: P.private(A.afl(linreg(2)), 1.0, 1.0, rate=0.5),
+    ValueError,
+    "'afl' has no private form yet",
+  ),
+  "privacy_budget: neither rate nor clients_per_round": (
+    lambda: P.privacy_budget(1.0, 1.0, delta=1e-5, num_clients=10),
+    ValueError,
+    "rate",
+  ),
   **CHECKPOINT_CASES,  # hostile / damaged checkpoints (tests/records/test_checkpoint_manifest.py)
 }
 
@@ -832,6 +872,10 @@ CLI_CASES = {
   "--out under /proc": (["run", "--out", "/proc/x"], "--out"),
   "--checkpoint-dir is a file": (["run", "--checkpoint-dir", _FILE], "--checkpoint-dir"),
   "--compile-cache is a file": (["run", "--compile-cache", _FILE], "--compile-cache"),
+  "--dp-noise without --dp-clip": (["run", "--dp-noise", "1"], "--dp-clip"),
+  "--dp-clip negative": (["run", "--dp-clip", "-1"], "--dp-clip"),
+  "--dp-delta >= 1": (["run", "--dp-clip", "1", "--dp-delta", "1"], "--dp-delta"),
+  "--dp-clip on karula": (["run", "--algorithm", "karula", "--dp-clip", "1"], "karula"),
   "--seeds not integers": (["sweep", "--seeds", "0,a"], "--seeds"),
   "--seeds negative": (["sweep", "--seeds", "-1", "--rounds", "1"], "seeds"),
   "--hparam not a number": (["run", "--hparam", "client_lr=abc"], "--hparam"),

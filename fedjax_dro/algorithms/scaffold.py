@@ -31,6 +31,7 @@ from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, regis
 from fedjax_dro.core.aggregation import scatter_rows, tree_add, tree_stack, tree_zeros_like
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import local_round, local_step_counts, round_metrics
+from fedjax_dro.core.privacy import participation_share
 from fedjax_dro.core.server import check_optimizer, optimizer_config, server_step
 from fedjax_dro.core.settings import (
   LOCAL_TRAINING,
@@ -180,8 +181,8 @@ def scaffold(model, settings: CommonSettings, *, server_optimizer=None) -> Algor
   def share(update, data, uniform_share):
     """``sum_{i in S} p_i``, the participants' share of the objective's weights (``s / n``
     uniformly): the step of ``c`` along the participants' weighted mean ``c_i+ - c_i``."""
-    if settings.weighting == "uniform":
-      return uniform_share
+    if settings.weighting == "uniform":  # q in a private round with Poisson participation
+      return participation_share(uniform_share)
     total = jnp.sum(aggregation_weights(settings, data.num_examples))
     return jnp.sum(update.weights) / total
 

@@ -1,5 +1,9 @@
 """Local training: ``lax.scan`` over local steps for one client, and the per-round driver that
-runs it for the participating clients with a chosen backend."""
+runs it for the participating clients with a chosen backend.
+
+A little over 600 lines: the local step's forms, the participant draw (plain or private,
+:mod:`fedjax_dro.core.privacy`) and the three round drivers share their key schedule and are
+read together; splitting them would scatter one schedule over modules."""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ import jax.numpy as jnp
 from fedjax_dro.core.aggregation import scatter_rows
 from fedjax_dro.core.client_opt import optimizer_step
 from fedjax_dro.core.clients import map_clients, map_clients_weighted_sum
+from fedjax_dro.core.privacy import active as privacy_active, poisson_draw, private_round
 from fedjax_dro.core.ragged import epoch_chunk, epoch_loop, sorted_participants
 from fedjax_dro.core.sampling import (
   epoch_permutations,
@@ -265,12 +270,20 @@ class LocalRound(NamedTuple):
 
 
 def _draw_participants(settings, data, key, sampling_weights=None):
-  """``(idx, clients, take, put, local_key)``: the round's participants (the key schedule every
-  FedAvg-style round shares), their gathered data, functions gathering their rows of a
-  per-client pytree and writing them back, and the key their local work derives from."""
+  """``(idx, clients, take, put, local_key, present)``: the round's participants (the key
+  schedule every FedAvg-style round shares), their gathered data, functions gathering their rows
+  of a per-client pytree and writing them back, the key their local work derives from, and
+  ``[s]`` which slots hold a participant (None: all; a private round's Poisson draw,
+  :func:`fedjax_dro.core.privacy.poisson_draw`)."""
   n = data.num_clients
-  s = participants(settings, n)
   sample_key, local_key = jax.random.split(key)
+  drawn = poisson_draw(sample_key, n, sampling_weights)
+  if drawn is not None:
+    idx, rows, present = drawn
+    take = lambda tree: jax.tree.map(lambda a: a[rows], tree)
+    put = lambda tree, new: jax.tree.map(lambda a, r: a.at[idx].set(r, mode="drop"), tree, new)
+    return idx, data.take_clients(rows), take, put, local_key, present
+  s = participants(settings, n)
   idx = sample_clients(sample_key, n, s, sampling_weights)
   # full participation: idx = arange(n), no gather or scatter (host-resident data is always
   # gathered; its per-client state is on the device like any other)
@@ -278,7 +291,7 @@ def _draw_participants(settings, data, key, sampling_weights=None):
   clients = data if full and not getattr(data, "host_resident", False) else data.take_clients(idx)
   take = (lambda tree: tree) if full else (lambda tree: jax.tree.map(lambda a: a[idx], tree))
   put = (lambda tree, rows: rows) if full else (lambda tree, rows: scatter_rows(tree, idx, rows))
-  return idx, clients, take, put, local_key
+  return idx, clients, take, put, local_key, None
 
 
 def local_round(
@@ -322,8 +335,11 @@ def local_round(
   """
   if state_update is not None and client_state is None:
     raise ValueError("state_update needs the client_state it updates")
-  idx, clients, take, put, local_key = _draw_participants(settings, data, key, sampling_weights)
+  idx, clients, take, put, local_key, present = _draw_participants(
+    settings, data, key, sampling_weights
+  )
   s = idx.shape[0]
+  dp = private_round(mean_only, present, s, data.num_clients)
   starts = None if client_params is None else take(client_params)
   rows = None if client_state is None else take(client_state)
   reference = params if client_params is None else jax.tree.map(lambda a: a[0], client_params)
@@ -339,12 +355,13 @@ def local_round(
       model, w0, x, y, nex, k, num_steps=steps, optimizer=client_optimizer, **kw
     )
     delta = jax.tree.map(jnp.subtract, w, w0)
+    sent = delta if dp is None else dp.clip(delta)  # the update leaving the client
     if state_update is None:
-      return delta, losses[0]
-    return delta, (losses[0], state_update(row, delta))
+      return sent, losses[0]
+    return sent, (losses[0], state_update(row, delta))
 
   keys = jax.random.split(local_key, s)
-  weights = aggregation_weights(settings, clients.num_examples)
+  weights = aggregation_weights(settings, clients.num_examples) if dp is None else dp.weights
   # local_epochs, sampled participants: sorted by step count into chunks (core.ragged)
   epochs = settings.local_epochs is not None and num_steps is None
   sampled = epochs and clients is not data
@@ -359,7 +376,7 @@ def local_round(
   if mean_only:
     deltas, losses = map_clients_weighted_sum(
       client_update,
-      r_weights / jnp.sum(r_weights),
+      r_weights / jnp.sum(r_weights) if dp is None else r_weights / dp.expected,
       r_clients.x,
       r_clients.y,
       r_clients.num_examples,
@@ -377,6 +394,8 @@ def local_round(
     losses = jax.tree.map(lambda a: a[inverse], losses)
     if not mean_only:
       deltas = jax.tree.map(lambda a: a[inverse], deltas)
+  if dp is not None:  # the noise on the sum, once, on the server
+    deltas = dp.noised(deltas, key)
   if state_update is None:
     return LocalRound(idx, deltas, weights, losses, clients.num_examples)
   losses, new_rows = losses
@@ -396,7 +415,9 @@ def federated_gradient(model: Model, settings, params, data, key) -> LocalRound:
   update's memory like every ``map_clients`` call. Equal to the per-client path up to the order
   of floating-point sums (tested).
   """
-  idx, clients, _, _, local_key = _draw_participants(settings, data, key)
+  if privacy_active() is not None:
+    raise ValueError("federated_gradient has no private form (its update is a gradient)")
+  idx, clients, _, _, local_key, _ = _draw_participants(settings, data, key)
   s = idx.shape[0]
   keys = jax.random.split(local_key, s)
   weights = aggregation_weights(settings, clients.num_examples)
@@ -594,6 +615,9 @@ def local_round_and_losses(model: Model, settings, params, data, key, lr):
 
 
 def round_metrics(update: LocalRound) -> dict:
-  """Scan-able training metrics of a round: weighted mean and max of the participants' losses."""
-  w = update.weights / jnp.sum(update.weights)
-  return {"train_loss": jnp.sum(w * update.losses), "train_loss_max": jnp.max(update.losses)}
+  """Scan-able training metrics of a round: weighted mean and max of the participants' losses
+  (slots of weight 0 left out: a private round's empty slots; 0 when no slot is filled)."""
+  total = jnp.sum(update.weights)
+  w = update.weights / jnp.where(total > 0, total, 1)
+  top = jnp.max(jnp.where(update.weights > 0, update.losses, -jnp.inf))
+  return {"train_loss": jnp.sum(w * update.losses), "train_loss_max": jnp.where(total > 0, top, 0)}

@@ -65,6 +65,7 @@ from fedjax_dro.engine.sharding import (
   sharding_key,
 )
 from fedjax_dro.models.base import model_identity
+from fedjax_dro.privacy.accounting import run_epsilon
 from fedjax_dro.records.checkpoint import (
   CheckpointLock,
   load_checkpoint,
@@ -389,6 +390,9 @@ def run_chunks(plan: RunPlan, state, status, history: History, loggers=()) -> Hi
         "per_client": per_client,
         "summary": summarize_per_client(per_client, plan.eval_num_examples),
       }
+      if "privacy" in alg.config:  # epsilon after the rounds done (dp-accounting)
+        noise = float(np.asarray(hp["dp_noise"]))
+        evaluation["privacy"] = run_epsilon(alg.config, done, noise, train.num_clients)
       history.evaluations.append(evaluation)
       history.final_state = state
       if jsonl_path is not None:  # appended and flushed to disk as it happens

@@ -74,7 +74,13 @@ class History:
       "rounds_done": int(self.evaluations[-1]["round"]) if self.evaluations else 0,
       "wall_time_s": self.wall_time,
       "compile_time_s": self.compile_time,
+      **({"privacy": self.evaluations[-1]["privacy"]} if self.privacy_recorded else {}),
     }
+
+  @property
+  def privacy_recorded(self) -> bool:
+    """Whether the run was private (its evaluations carry epsilon)."""
+    return bool(self.evaluations) and "privacy" in self.evaluations[-1]
 
   def jsonl_records(self):
     """The records of ``metrics.jsonl`` in the order :func:`fedjax_dro.run` appends them: after
@@ -124,12 +130,15 @@ def jsonl_line(record) -> str:
 
 
 def evaluation_record(ev):
-  return {
+  rec = {
     "type": "eval",
     "round": int(ev["round"]),
     "summary": ev["summary"],
     "per_client": {k: np.asarray(v).tolist() for k, v in ev["per_client"].items()},
   }
+  if "privacy" in ev:  # a private run: epsilon at delta after these rounds
+    rec["privacy"] = ev["privacy"]
+  return rec
 
 
 def json_default(obj):

@@ -24,6 +24,7 @@ only process 0 logs.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import time
@@ -308,6 +309,8 @@ def log_evaluation(loggers: Sequence[Any], evaluation: Mapping[str, Any]) -> Non
     return
   step = int(evaluation["round"])
   scalars = evaluation_scalars(evaluation["summary"])
+  if "privacy" in evaluation and math.isfinite(evaluation["privacy"]["epsilon"]):
+    scalars["privacy/epsilon"] = float(evaluation["privacy"]["epsilon"])
   for lg in loggers:
     lg.log_scalars(step, scalars)
     for name, values in evaluation["per_client"].items():

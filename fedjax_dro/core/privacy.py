@@ -1,0 +1,227 @@
+"""Client-level differential privacy inside a round: participation, clipping, noise.
+
+The mechanism is DP-FedAvg's (McMahan, Ramage, Talwar, Zhang, "Learning Differentially Private
+Recurrent Language Models", ICLR 2018, arXiv:1710.06963): each participant's model update is
+clipped to L2 norm ``C``, the clipped updates are summed, Gaussian noise of standard deviation
+``z C`` is added to the sum once, on the server, and the sum is divided by the *expected* number of
+participants (the fixed denominator: one client's share of the average is at most ``C / m``
+whatever the others send). Participants are drawn either by Poisson sampling (each client
+independently with probability ``q``, the sampled Gaussian mechanism's assumption) or as a
+fixed-size uniform sample without replacement, each with its own accounting
+(:mod:`fedjax_dro.privacy.accounting`).
+
+The algorithms' rounds call the shared mechanics of :mod:`fedjax_dro.core.local`;
+:func:`privatizing` makes a round traced inside it private: :func:`fedjax_dro.privacy.private`
+wraps an algorithm's round in it. The clip norm and the noise multiplier are traced values (the
+wrapper's hyper-parameters ``dp_clip`` and ``dp_noise``), so a sweep over them is one program.
+
+Poisson participation in fixed shapes: the round draws a Bernoulli(``q``) mask over the ``n``
+clients and trains the first ``capacity`` of the drawn clients in slots of one fixed size (slots
+left empty carry weight 0 and change nothing). ``capacity`` is the smallest count that a
+Binomial(``n``, ``q``) exceeds with probability at most ``OVERFLOW_PROBABILITY``; a round that
+draws more keeps the first ``capacity`` (counted in the round's ``dp_dropped`` metric). The
+guarantee then holds with ``delta`` increased by at most ``rounds * overflow_probability``, which
+:class:`Privacy` records.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+
+OVERFLOW_PROBABILITY = 1e-12  # per round, the chance that Poisson draws more than the capacity
+NOISE_STREAM = 0x0D5  # fold_in tag of the round key's noise stream (apart from sampling, local)
+SAMPLING = ("poisson", "fixed")
+
+
+class Privacy(NamedTuple):
+  """The static settings of a private algorithm (the clip norm and the noise multiplier are its
+  hyper-parameters ``dp_clip`` and ``dp_noise``).
+
+  Attributes:
+    sampling: ``"poisson"`` (each client with probability ``rate``) or ``"fixed"`` (the
+      algorithm's ``clients_per_round``, uniformly without replacement).
+    rate: the Poisson rate ``q`` (None with fixed sampling).
+    delta: the delta at which epsilon is reported.
+  """
+
+  sampling: str
+  rate: Optional[float]
+  delta: float
+
+
+class Active(NamedTuple):
+  """The privacy of the round being traced: its settings, its traced clip norm and noise, and
+  the round's privacy metrics as its first private draw records them."""
+
+  privacy: Privacy
+  clip_norm: Any  # [] float
+  noise_multiplier: Any  # [] float
+  metrics: dict  # "dp_participants", "dp_dropped": [] traced values
+
+
+_ACTIVE: list = []  # the rounds being traced under privatizing(), innermost last
+
+
+@contextlib.contextmanager
+def privatizing(privacy: Privacy, clip_norm, noise_multiplier):
+  """Within the block, the shared round mechanics traced (participant draws, local rounds) are
+  private: Poisson or fixed participation, clipped updates, noised sum, fixed denominator."""
+  act = Active(privacy, clip_norm, noise_multiplier, {})
+  _ACTIVE.append(act)
+  try:
+    yield act.metrics
+  finally:
+    _ACTIVE.pop()
+
+
+def active() -> Optional[Active]:
+  """The privacy of the round being traced, or None outside :func:`privatizing`."""
+  return _ACTIVE[-1] if _ACTIVE else None
+
+
+def poisson_capacity(num_clients: int, rate: float) -> int:
+  """The fewest slots that hold a Poisson draw of ``num_clients`` clients at ``rate`` but with
+  probability at most :data:`OVERFLOW_PROBABILITY` (all clients when that is fewer)."""
+  from scipy.stats import binom
+
+  if rate >= 1.0:
+    return num_clients
+  c = int(binom.isf(OVERFLOW_PROBABILITY, num_clients, rate)) + 1
+  return max(1, min(num_clients, c))
+
+
+def overflow_probability(num_clients: int, rate: float) -> float:
+  """The chance that one round's Poisson draw exceeds :func:`poisson_capacity`."""
+  from scipy.stats import binom
+
+  return float(binom.sf(poisson_capacity(num_clients, rate), num_clients, rate))
+
+
+def expected_participants(privacy: Privacy, num_clients: int, fixed_count: int) -> float:
+  """The fixed denominator: ``q n`` (Poisson) or the sample size (fixed)."""
+  if privacy.sampling == "poisson":
+    return privacy.rate * num_clients
+  return float(fixed_count)
+
+
+def poisson_participants(key, num_clients: int, rate: float):
+  """``(idx, valid)``: ``[capacity]`` slots holding, in client order, the clients of a Poisson
+  draw (``idx`` = ``num_clients`` in empty slots: gathers clamp it, scatters drop it) and whether
+  each slot is filled; and the ``[]`` count of drawn clients that did not fit."""
+  capacity = poisson_capacity(num_clients, rate)
+  drawn = jax.random.bernoulli(key, rate, (num_clients,))
+  (idx,) = jnp.nonzero(drawn, size=capacity, fill_value=num_clients)
+  valid = idx < num_clients
+  dropped = jnp.sum(drawn) - jnp.sum(valid)
+  return idx.astype(jnp.int32), valid, dropped
+
+
+def poisson_draw(sample_key, num_clients: int, sampling_weights=None):
+  """A private round's Poisson participants, ``(idx, rows, present)``: ``idx`` as
+  :func:`poisson_participants` (``num_clients`` in empty slots, dropped by scatters), ``rows``
+  the same clamped into range (for gathers), ``present`` whether each slot holds a participant.
+  None outside a private round or with fixed-size sampling (the usual draw then applies)."""
+  act = active()
+  if act is None or act.privacy.sampling != "poisson":
+    return None
+  if sampling_weights is not None:
+    raise ValueError("a private round draws its participants uniformly (no sampling weights)")
+  idx, present, dropped = poisson_participants(sample_key, num_clients, act.privacy.rate)
+  act.metrics.setdefault("dp_participants", jnp.sum(present).astype(jnp.float32))
+  act.metrics.setdefault("dp_dropped", dropped.astype(jnp.float32))
+  return idx, jnp.minimum(idx, num_clients - 1), present
+
+
+class PrivateRound(NamedTuple):
+  """The private aggregation of one local round (:func:`private_round`)."""
+
+  clip_norm: Any  # [] float
+  noise_multiplier: Any  # [] float
+  expected: Any  # [] float: the fixed denominator
+  weights: Any  # [s] float: 1 for a participant, 0 for an empty slot
+
+  def clip(self, tree):
+    """A participant's update clipped to L2 norm ``clip_norm``."""
+    return clip_tree(tree, self.clip_norm)[0]
+
+  def noised(self, mean, round_key):
+    """The sum of the clipped updates over the expected count (``mean``) plus the noise on the
+    sum, ``N(0, (z C)^2)`` per entry, over the same count."""
+    std = self.noise_multiplier * self.clip_norm / self.expected
+    return add_noise(mean, noise_key(round_key), std)
+
+
+def private_round(mean_only: bool, present, s: int, num_clients: int) -> Optional[PrivateRound]:
+  """The private aggregation of a local round with ``s`` slots (None outside a private round):
+  each participant counts once (weight 1), the sum is divided by the expected count."""
+  act = active()
+  if act is None:
+    return None
+  if not mean_only:
+    raise ValueError(
+      "a private round releases only the noised sum of the clipped updates (mean_only=True); "
+      "this algorithm reads the participants' updates one by one"
+    )
+  real = jnp.result_type(float)  # float64 where JAX runs in 64 bits: exact weights 1 / m
+  weights = jnp.ones((s,), real) if present is None else present.astype(real)
+  if act.privacy.sampling == "fixed":
+    act.metrics.setdefault("dp_participants", jnp.float32(s))
+    act.metrics.setdefault("dp_dropped", jnp.float32(0))
+  expected = jnp.asarray(expected_participants(act.privacy, num_clients, s), real)
+  return PrivateRound(act.clip_norm, act.noise_multiplier, expected, weights)
+
+
+def participation_share(default):
+  """The participants' expected share of the clients in a private round (``q`` with Poisson
+  sampling), else ``default`` (the algorithm's own ``s / n``)."""
+  act = active()
+  if act is not None and act.privacy.sampling == "poisson":
+    return act.privacy.rate
+  return default
+
+
+def global_norm(tree):
+  """The L2 norm of a pytree's leaves taken together (in float32 or wider)."""
+  leaves = jax.tree.leaves(tree)
+  wide = lambda x: x.astype(jnp.promote_types(x.dtype, jnp.float32))
+  return jnp.sqrt(sum(jnp.sum(jnp.square(wide(x))) for x in leaves))
+
+
+def clip_tree(tree, clip_norm):
+  """``(tree * min(1, clip_norm / ||tree||), ||tree||)``: the tree scaled into the L2 ball of
+  radius ``clip_norm`` (unchanged inside it)."""
+  norm = global_norm(tree)
+  scale = jnp.minimum(1.0, clip_norm / jnp.maximum(norm, 1e-30))
+  return jax.tree.map(lambda x: (x * scale).astype(x.dtype), tree), norm
+
+
+def add_noise(tree, key, std):
+  """``tree`` plus independent Gaussian noise of standard deviation ``std`` on every entry."""
+  leaves, treedef = jax.tree.flatten(tree)
+  keys = jax.random.split(key, len(leaves))
+  noisy = [
+    (x + std * jax.random.normal(k, x.shape, jnp.promote_types(x.dtype, jnp.float32))).astype(
+      x.dtype
+    )
+    for x, k in zip(leaves, keys)
+  ]
+  return jax.tree.unflatten(treedef, noisy)
+
+
+def noise_key(round_key):
+  """The round's noise stream, apart from its sampling and local-training streams."""
+  return jax.random.fold_in(round_key, NOISE_STREAM)
+
+
+def check_rate(rate, name: str = "rate") -> float:
+  """A Poisson rate in (0, 1]."""
+  if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0.0 < rate <= 1.0:
+    raise ValueError(f"{name} must be a number in (0, 1], got {rate!r}")
+  if not math.isfinite(rate):
+    raise ValueError(f"{name} must be finite, got {rate!r}")
+  return float(rate)

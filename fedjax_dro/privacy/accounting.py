@@ -1,0 +1,192 @@
+"""Epsilon of a private run, from Google's ``dp-accounting`` library (not written here).
+
+One round of a private algorithm (:func:`fedjax_dro.privacy.private`) is one release of the
+Gaussian mechanism on the clipped sum of its participants' updates: noise standard deviation
+``z C`` against a sensitivity of ``C`` when a client is added or removed. Its participants are
+
+* drawn by **Poisson** sampling with rate ``q``: the round is
+  ``PoissonSampledDpEvent(q, GaussianDpEvent(z))`` (add-or-remove-one neighbours);
+* a **fixed-size** sample of ``s`` of the ``n`` clients without replacement: replacing one
+  client moves the clipped sum by up to ``2 C``, so the round is
+  ``SampledWithoutReplacementDpEvent(n, s, GaussianDpEvent(z / 2))`` with replace-one
+  neighbours (the only relation ``dp-accounting`` accounts this sampling under).
+
+``T`` rounds compose to ``SelfComposedDpEvent(round, T)``; epsilon at ``delta`` comes from the
+Renyi accountant (``"rdp"``, default: milliseconds a call) or the privacy-loss-distribution
+accountant (``"pld"``: tighter, Poisson sampling only, about half a second a call). With Poisson
+sampling in fixed shapes a round trains at most ``capacity`` participants
+(:mod:`fedjax_dro.core.privacy`); the guarantee of the truncated mechanism is the accountant's
+epsilon at ``delta + T p`` with ``p`` the per-round overflow probability, which
+:func:`run_epsilon` reports as ``delta_overflow``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any, Dict, Optional
+
+ACCOUNTANTS = ("rdp", "pld")
+
+
+def round_event(
+  noise_multiplier: float, *, sampling: str, num_clients: int, rate=None, sample_size=None
+):
+  """The ``dp-accounting`` event of one round (see the module docstring)."""
+  import dp_accounting as dpa
+
+  z = float(noise_multiplier)
+  if sampling == "poisson":
+    return dpa.PoissonSampledDpEvent(float(rate), dpa.GaussianDpEvent(z))
+  if sampling == "fixed":
+    return dpa.SampledWithoutReplacementDpEvent(
+      int(num_clients), int(sample_size), dpa.GaussianDpEvent(z / 2.0)
+    )
+  raise ValueError(f"sampling must be 'poisson' or 'fixed', got {sampling!r}")
+
+
+def _accountant(kind: str, sampling: str):
+  import dp_accounting as dpa
+  from dp_accounting import pld, rdp
+
+  if kind == "rdp":
+    relation = (
+      dpa.NeighboringRelation.REPLACE_ONE
+      if sampling == "fixed"
+      else dpa.NeighboringRelation.ADD_OR_REMOVE_ONE
+    )
+    return rdp.RdpAccountant(neighboring_relation=relation)
+  if kind == "pld":
+    if sampling == "fixed":
+      raise ValueError("accountant='pld' accounts Poisson sampling only; use 'rdp' for 'fixed'")
+    return pld.PLDAccountant()
+  raise ValueError(f"accountant must be one of {ACCOUNTANTS}, got {kind!r}")
+
+
+def epsilon(
+  rounds: int,
+  noise_multiplier: float,
+  delta: float,
+  *,
+  sampling: str,
+  num_clients: int,
+  rate=None,
+  sample_size=None,
+  accountant: str = "rdp",
+) -> float:
+  """Epsilon at ``delta`` after ``rounds`` rounds (``inf`` with no noise, 0 after no round)."""
+  if rounds <= 0:
+    return 0.0
+  if noise_multiplier <= 0:
+    return math.inf
+  acc = _accountant(accountant, sampling)
+  event = round_event(
+    noise_multiplier, sampling=sampling, num_clients=num_clients, rate=rate, sample_size=sample_size
+  )
+  quiet = logging.getLogger("absl")  # the Renyi orders the library skips are logged as warnings
+  level = quiet.level
+  quiet.setLevel(logging.ERROR)
+  try:
+    acc.compose(event, int(rounds))
+    return float(acc.get_epsilon(float(delta)))
+  finally:
+    quiet.setLevel(level)
+
+
+def run_epsilon(
+  config: Dict[str, Any], rounds: int, noise_multiplier: float, num_clients: int
+) -> Dict[str, Any]:
+  """The privacy record of a run after ``rounds`` rounds: ``{"epsilon", "delta",
+  "delta_overflow", "rounds", "noise_multiplier"}`` from the private algorithm's
+  ``config["privacy"]``."""
+  from fedjax_dro.core.privacy import overflow_probability
+
+  priv = config["privacy"]
+  sampling = priv["sampling"]
+  if sampling == "poisson":
+    rate, size = priv["rate"], None
+    over = rounds * overflow_probability(num_clients, rate)
+  else:
+    size = config.get("clients_per_round") or num_clients
+    rate, over = None, 0.0
+  eps = epsilon(
+    rounds,
+    noise_multiplier,
+    priv["delta"],
+    sampling=sampling,
+    num_clients=num_clients,
+    rate=rate,
+    sample_size=size,
+    accountant=priv.get("accountant", "rdp"),
+  )
+  return {
+    "epsilon": eps,
+    "delta": priv["delta"],
+    "delta_overflow": over,
+    "rounds": int(rounds),
+    "noise_multiplier": float(noise_multiplier),
+  }
+
+
+def privacy_budget(
+  target_epsilon: float,
+  noise_multiplier: float,
+  *,
+  delta: float,
+  num_clients: int,
+  rate: Optional[float] = None,
+  clients_per_round: Optional[int] = None,
+  accountant: str = "rdp",
+  max_rounds: int = 1_000_000,
+) -> int:
+  """The most rounds a private run can take with epsilon at most ``target_epsilon`` at ``delta``.
+
+  Give ``rate`` for Poisson participation or ``clients_per_round`` for a fixed-size sample of
+  the ``num_clients`` clients (the two accountings of the module docstring). Epsilon grows with
+  the rounds, so the answer is found by bisection over ``1 .. max_rounds``; 0 when even one
+  round exceeds the target, ``max_rounds`` when that many stay within it.
+
+  Raises:
+    ValueError: for a target or noise that is not a positive number, ``delta`` outside (0, 1),
+      both or neither of ``rate`` and ``clients_per_round``, or a count out of range.
+  """
+  from fedjax_dro.core.checks import integer
+
+  for name, v in (("target_epsilon", target_epsilon), ("noise_multiplier", noise_multiplier)):
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf:
+      raise ValueError(f"{name} must be a positive finite number, got {v!r}")
+  check_delta(delta)
+  num_clients = integer(num_clients, "num_clients")
+  max_rounds = integer(max_rounds, "max_rounds")
+  if (rate is None) == (clients_per_round is None):
+    raise ValueError(
+      "give exactly one of rate (Poisson participation) and clients_per_round "
+      f"(a fixed-size sample), got rate={rate!r}, clients_per_round="
+      f"{clients_per_round!r}"
+    )
+  if rate is not None:
+    from fedjax_dro.core.privacy import check_rate
+
+    kw = dict(sampling="poisson", rate=check_rate(rate))
+  else:
+    size = integer(clients_per_round, "clients_per_round", maximum=num_clients)
+    kw = dict(sampling="fixed", sample_size=size)
+  eps = lambda t: epsilon(
+    t, noise_multiplier, delta, num_clients=num_clients, accountant=accountant, **kw
+  )
+  if eps(1) > target_epsilon:
+    return 0
+  lo, hi = 1, max_rounds
+  if eps(hi) <= target_epsilon:
+    return hi
+  while hi - lo > 1:  # eps(lo) <= target < eps(hi)
+    mid = (lo + hi) // 2
+    lo, hi = (mid, hi) if eps(mid) <= target_epsilon else (lo, mid)
+  return lo
+
+
+def check_delta(delta) -> float:
+  """A delta in (0, 1)."""
+  if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0.0 < delta < 1.0:
+    raise ValueError(f"delta must be a number in (0, 1), got {delta!r}")
+  return float(delta)

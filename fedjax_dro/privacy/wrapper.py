@@ -1,0 +1,161 @@
+""":func:`private`: an algorithm made client-level differentially private (DP-FedAvg).
+
+McMahan, Ramage, Talwar, Zhang, "Learning Differentially Private Recurrent Language Models",
+ICLR 2018, arXiv:1710.06963: every participant's update is clipped to L2 norm ``C``, the clipped
+updates are summed, Gaussian noise of standard deviation ``z C`` is added to the sum once on the
+server, and the sum is divided by the expected number of participants. The mechanics live in
+:mod:`fedjax_dro.core.privacy`; the accounting in :mod:`fedjax_dro.privacy.accounting`.
+
+What each algorithm releases every round and how it is privatized is :data:`RELEASES`; an
+algorithm not in it is refused with the reason (:data:`REFUSED`) or as not yet supported.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Dict
+
+from fedjax_dro.algorithms.base import Algorithm, HParam
+from fedjax_dro.core.privacy import SAMPLING, Privacy, check_rate, privatizing
+from fedjax_dro.privacy.accounting import ACCOUNTANTS, check_delta
+
+DP_HPARAMS = ("dp_clip", "dp_noise")
+
+_SUM = "the noised sum of the clipped updates over the expected participants"
+RELEASES: Dict[str, str] = {
+  "fedavg": f"each participant's model delta; the server reads {_SUM}",
+  "fedprox": f"each participant's model delta (proximal local steps); the server reads {_SUM}",
+  "fedadam": f"each participant's model delta; Adam's moments are computed on the server from "
+  f"{_SUM} (post-processing)",
+  "fedyogi": "as fedadam (Yogi's moments, on the server)",
+  "fedadagrad": "as fedadam (Adagrad's accumulator, on the server)",
+  "scaffold": "each participant's model delta; the server control variate moves by "
+  "q (-c - mean delta / (J lr)) from the same private mean (post-processing); each client's own "
+  "control variate stays on the client (local_steps only: with local_epochs the control "
+  "variates' deltas are a second release, not yet supported)",
+  "ditto": "each participant's global-model delta; the personal models never leave the clients",
+}
+REFUSED: Dict[str, str] = {
+  "karula": "its server step projects all the clients' personalized models jointly onto the "
+  "pairwise-distance constraints: it reads every client's model, so no clipped, noised sum of "
+  "updates can stand in for it",
+}
+
+
+def _positive(value, name, *, zero_ok=False) -> float:
+  ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+  if not ok or value < 0 or (value == 0 and not zero_ok):
+    want = "a non-negative" if zero_ok else "a positive"
+    raise ValueError(f"{name} must be {want} finite number, got {value!r}")
+  return float(value)
+
+
+def private(
+  alg: Algorithm,
+  clip_norm: float,
+  noise_multiplier: float,
+  *,
+  sampling: str = "poisson",
+  rate=None,
+  delta: float = 1e-5,
+  accountant: str = "rdp",
+) -> Algorithm:
+  """``alg`` made client-level differentially private (DP-FedAvg; module docstring).
+
+  Each round every participant's update is clipped to L2 norm ``clip_norm``; the server adds
+  Gaussian noise of standard deviation ``noise_multiplier * clip_norm`` to their sum and divides
+  by the expected number of participants. Every participant counts once (the algorithm must be
+  built with ``weighting="uniform"``: sample-count weights would let a large client outweigh the
+  clip). Epsilon at ``delta`` is reported with every evaluation (``History.evaluations[i]
+  ["privacy"]``, ``metrics.jsonl``, the summary, the CLI, the trackers), from ``dp-accounting``.
+
+  The clip norm and the noise multiplier become the hyper-parameters ``dp_clip`` and
+  ``dp_noise`` (defaults: the values given), so :func:`fedjax_dro.sweep` runs a grid over them
+  as one program. The round also reports ``dp_participants`` (the slots filled) and
+  ``dp_dropped`` (Poisson draws beyond the round's capacity; see
+  :mod:`fedjax_dro.core.privacy`).
+
+  Args:
+    alg: an algorithm of :data:`RELEASES` (others are refused with the reason).
+    clip_norm: the L2 bound ``C`` of each participant's update (> 0).
+    noise_multiplier: ``z`` (>= 0; 0 adds no noise and reports epsilon = inf).
+    sampling: ``"poisson"`` (default: each client takes part with probability ``rate``,
+      independently, whatever the algorithm's ``clients_per_round``) or ``"fixed"`` (the
+      algorithm's ``clients_per_round``, uniformly without replacement).
+    rate: the Poisson rate ``q`` in (0, 1]; required with Poisson sampling, refused otherwise.
+    delta: the delta at which epsilon is reported, in (0, 1).
+    accountant: ``"rdp"`` (default) or ``"pld"`` (Poisson only;
+      :mod:`fedjax_dro.privacy.accounting`).
+
+  Raises:
+    TypeError: if ``alg`` is not an Algorithm.
+    ValueError: for an algorithm that cannot or does not yet have a private form, sample-count
+      weighting, a non-positive clip, a negative noise multiplier, ``delta`` outside (0, 1), a
+      missing or out-of-range ``rate``, or an unknown ``sampling`` / ``accountant``.
+  """
+  if not isinstance(alg, Algorithm):
+    raise TypeError(f"alg must be an Algorithm, got {type(alg).__name__}")
+  if "privacy" in alg.config:
+    raise ValueError(f"{alg.name!r} is already private")
+  if alg.name in REFUSED:
+    raise ValueError(
+      f"private: {alg.name!r} cannot be made client-level private: {REFUSED[alg.name]}"
+    )
+  if alg.name not in RELEASES:
+    raise ValueError(
+      f"private: {alg.name!r} has no private form yet (its round releases more than one clipped "
+      f"sum of updates); supported: {sorted(RELEASES)}"
+    )
+  if alg.config.get("weighting", "uniform") != "uniform":
+    raise ValueError(
+      f"private: build {alg.name!r} with weighting='uniform': every participant counts once, so "
+      f"that the clip bounds each client's share of the sum (got weighting="
+      f"{alg.config['weighting']!r})"
+    )
+  if alg.name == "scaffold" and alg.config.get("local_epochs") is not None:
+    raise ValueError(
+      "private: scaffold with local_epochs releases its participants' control-variate deltas "
+      "besides their model deltas; use local_steps (its control variate then moves with the "
+      "private mean)"
+    )
+  clip_norm = _positive(clip_norm, "clip_norm")
+  noise_multiplier = _positive(noise_multiplier, "noise_multiplier", zero_ok=True)
+  delta = check_delta(delta)
+  if sampling not in SAMPLING:
+    raise ValueError(f"sampling must be one of {SAMPLING}, got {sampling!r}")
+  if accountant not in ACCOUNTANTS:
+    raise ValueError(f"accountant must be one of {ACCOUNTANTS}, got {accountant!r}")
+  if sampling == "poisson":
+    if rate is None:
+      raise ValueError("rate: Poisson sampling needs the participation rate q in (0, 1]")
+    rate = check_rate(rate)
+  elif rate is not None:
+    raise ValueError(f"rate is Poisson sampling's; got rate={rate!r} with sampling='fixed'")
+  elif accountant == "pld":
+    raise ValueError("accountant='pld' accounts Poisson sampling only; use 'rdp' with 'fixed'")
+  settings = Privacy(sampling, rate, delta)
+
+  def round_fn(state, data, key, hparams):
+    inner = {k: v for k, v in hparams.items() if k not in DP_HPARAMS}
+    with privatizing(settings, hparams["dp_clip"], hparams["dp_noise"]) as recorded:
+      state, metrics = alg.round(state, data, key, inner)
+    return state, {**metrics, **recorded}
+
+  hparams = {
+    **alg.hparams,
+    "dp_clip": HParam(clip_norm, "L2 clip norm C of each participant's update"),
+    "dp_noise": HParam(
+      noise_multiplier, "noise multiplier z: noise std z C on the clipped sum", strict=False
+    ),
+  }
+  config = {
+    **alg.config,
+    "privacy": {
+      "mechanism": "DP-FedAvg (clipped updates, Gaussian noise on the sum, fixed denominator)",
+      "sampling": sampling,
+      "rate": rate,
+      "delta": delta,
+      "accountant": accountant,
+    },
+  }
+  return alg._replace(round=round_fn, hparams=hparams, config=config)

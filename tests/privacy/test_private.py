@@ -1,0 +1,264 @@
+"""fd.private (DP-FedAvg): clipping against a per-client reference, the noise's standard
+deviation, Poisson participation, epsilon against dp-accounting called directly, the plain
+algorithm recovered with no noise and a huge clip, a sweep over noise multipliers against single
+runs, the records carrying epsilon, and the refusals."""
+
+import json
+
+import dp_accounting as dpa
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from dp_accounting import rdp
+
+import fedjax_dro as fd
+from fedjax_dro.algorithms import ditto, fedadam, fedavg, fedprox, get_algorithm, scaffold
+from fedjax_dro.algorithms.base import make_hparams
+from fedjax_dro.core.local import local_round
+from fedjax_dro.core.privacy import poisson_capacity
+from tests.helpers import dataset, linreg, regression_clients
+
+N = 12
+
+
+@pytest.fixture(scope="module")
+def task():
+  """Heterogeneous float64 linear-regression clients (21 parameters)."""
+  return dataset(regression_clients(n=N, d=20, seed=0)), linreg(20)
+
+
+def _fedavg(model, **kw):
+  return fedavg(model, local_steps=3, batch_size=8, weighting="uniform", **kw)
+
+
+def _one_round(alg, ds, hp=None, seed=0):
+  params = jax.tree.map(lambda a: a.astype(jnp.float64), alg.model.init(jax.random.PRNGKey(1)))
+  state = alg.init(params, ds.train, jax.random.PRNGKey(2))
+  key = jax.random.PRNGKey(seed)
+  new, metrics = jax.jit(alg.round)(state, ds.train, key, make_hparams(alg, hp))
+  return params, new, metrics, key
+
+
+def _leaves_diff(a, b):
+  return max(float(jnp.max(jnp.abs(x - y))) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+def test_each_update_is_clipped_before_the_sum(task):
+  """Noise 0, every client taking part (fixed): the server moves by sum_i clip(delta_i) / n,
+  delta_i from the plain algorithm's own per-client updates; a client with a huge update moves
+  the model by at most C / n."""
+  ds, model = task
+  big = ds.train.replace(y=ds.train.y) if hasattr(ds.train, "replace") else ds.train
+  x = np.asarray(big.x).copy()
+  x[3] *= 1e3  # client 3's features blown up: its update is huge
+  import dataclasses
+
+  train = dataclasses.replace(big, x=jnp.asarray(x))
+  ds = dataclasses.replace(ds, train=train)
+  alg = _fedavg(model)
+  clip = 0.05
+  palg = fd.private(alg, clip, 0.0, sampling="fixed")
+  params, new, _, key = _one_round(palg, ds)
+  hp = make_hparams(alg)
+  # the oracle: every participant's plain delta (the same key schedule), clipped one by one
+  plain = local_round(
+    model, _settings(alg), params, ds.train, key, hp["client_lr"], mean_only=False
+  )
+  flat = [
+    np.concatenate([np.ravel(np.asarray(leaf[i])) for leaf in jax.tree.leaves(plain.deltas)])
+    for i in range(N)
+  ]
+  norms = np.array([np.linalg.norm(f) for f in flat])
+  assert norms[list(plain.idx).index(3)] > 100 * clip and norms.min() > clip  # all clipped
+  expected = sum(f * min(1.0, clip / np.linalg.norm(f)) for f in flat) / N
+  got = np.concatenate(
+    [
+      np.ravel(np.asarray(b - a))
+      for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(new.params))
+    ]
+  )
+  np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-12)
+  # the huge client's share of the move: at most C / n
+  share = flat[list(plain.idx).index(3)] * min(1.0, clip / norms[list(plain.idx).index(3)]) / N
+  assert np.linalg.norm(share) <= clip / N * (1 + 1e-12)
+
+
+def _settings(alg):
+  from fedjax_dro.core.settings import CommonSettings
+
+  return CommonSettings(**{k: alg.config[k] for k in CommonSettings._fields})
+
+
+@pytest.mark.parametrize("sampling", ["fixed", "poisson"])
+def test_the_noise_std_is_z_c_over_the_expected_participants(task, sampling):
+  """client_lr = 0 (a zero update): the model moves by the noise alone, whose empirical std
+  over many draws equals z C / m (m = s fixed, q n Poisson) within sampling error."""
+  ds, model = task
+  z, clip = 1.7, 0.3
+  if sampling == "fixed":
+    palg = fd.private(_fedavg(model, clients_per_round=4), clip, z, sampling="fixed")
+    m = 4
+  else:
+    palg = fd.private(_fedavg(model), clip, z, rate=0.25)
+    m = 0.25 * N
+  params = model.init(jax.random.PRNGKey(1))
+  state = palg.init(params, ds.train, jax.random.PRNGKey(2))
+  hp = {**make_hparams(palg), "client_lr": jnp.float64(0.0)}  # no local move (below the checks)
+  keys = jax.random.split(jax.random.PRNGKey(5), 600)
+  moved = jax.jit(jax.vmap(lambda k: palg.round(state, ds.train, k, hp)[0].params))(keys)
+  noise = np.concatenate(
+    [
+      np.ravel(np.asarray(b) - np.asarray(a)[None])
+      for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(moved))
+    ]
+  )
+  want = z * clip / m
+  assert noise.size > 10_000
+  assert abs(noise.mean()) < 4 * want / np.sqrt(noise.size)
+  # the std estimate's own standard error is std / sqrt(2 N): 5 of them at most
+  assert abs(noise.std() / want - 1) < 5 / np.sqrt(2 * noise.size)
+
+
+def test_poisson_participation_has_rate_q(task):
+  ds, model = task
+  q = 0.3
+  palg = fd.private(_fedavg(model), 1.0, 0.0, rate=q)
+  params = model.init(jax.random.PRNGKey(1))
+  state = palg.init(params, ds.train, jax.random.PRNGKey(2))
+  hp = make_hparams(palg)
+  keys = jax.random.split(jax.random.PRNGKey(7), 2000)
+  metrics = jax.jit(jax.vmap(lambda k: palg.round(state, ds.train, k, hp)[1]))(keys)
+  counts = np.asarray(metrics["dp_participants"])
+  assert counts.shape == (2000,) and np.all(counts <= poisson_capacity(N, q))
+  se = np.sqrt(N * q * (1 - q) / counts.size)
+  assert abs(counts.mean() - q * N) < 4 * se
+  assert abs(counts.var() / (N * q * (1 - q)) - 1) < 0.15  # binomial variance
+  assert np.all(np.asarray(metrics["dp_dropped"]) == 0)
+
+
+def test_a_poisson_round_writes_back_only_its_participants_rows(task):
+  """SCAFFOLD's per-client control variates: the rows that change are the participants' (empty
+  slots write nothing), as many as the round reports."""
+  ds, model = task
+  palg = fd.private(
+    scaffold(model, local_steps=2, batch_size=8, weighting="uniform"), 1.0, 0.5, rate=0.4
+  )
+  _, new, metrics, _ = _one_round(palg, ds, seed=3)
+  changed = np.any(
+    np.abs(np.asarray(jax.tree.leaves(new.client_controls)[0])).reshape(N, -1) > 0, axis=1
+  )
+  assert changed.sum() == int(metrics["dp_participants"]) > 0
+
+
+def _accountant_eps(event, rounds, delta, relation=dpa.NeighboringRelation.ADD_OR_REMOVE_ONE):
+  acc = rdp.RdpAccountant(neighboring_relation=relation)
+  acc.compose(event, rounds)
+  return acc.get_epsilon(delta)
+
+
+def test_reported_epsilon_is_dp_accounting_called_directly(task, tmp_path):
+  ds, model = task
+  palg = fd.private(_fedavg(model), 1.0, 1.1, rate=0.25, delta=1e-6)
+  hist = fd.run(palg, ds, rounds=7, eval_every=3, out_dir=str(tmp_path))
+  for ev in hist.evaluations:
+    want = _accountant_eps(
+      dpa.PoissonSampledDpEvent(0.25, dpa.GaussianDpEvent(1.1)), ev["round"], 1e-6
+    )
+    assert ev["privacy"]["epsilon"] == pytest.approx(want, rel=1e-12)
+    assert ev["privacy"]["delta"] == 1e-6 and ev["privacy"]["rounds"] == ev["round"]
+  assert [ev["round"] for ev in hist.evaluations] == [3, 6, 7]
+  assert hist.evaluations[0]["privacy"]["epsilon"] < hist.evaluations[-1]["privacy"]["epsilon"]
+  # the records: metrics.jsonl's evaluations and summary.json
+  evals = [json.loads(line) for line in open(tmp_path / "metrics.jsonl") if '"eval"' in line]
+  assert [e["privacy"]["epsilon"] for e in evals] == [
+    ev["privacy"]["epsilon"] for ev in hist.evaluations
+  ]
+  summary = json.load(open(tmp_path / "summary.json"))
+  assert summary["privacy"]["epsilon"] == hist.evaluations[-1]["privacy"]["epsilon"]
+  # fixed-size sampling: s of n without replacement, replace-one neighbours, sensitivity 2C
+  pfix = fd.private(_fedavg(model, clients_per_round=4), 1.0, 1.1, sampling="fixed")
+  h2 = fd.run(pfix, ds, rounds=5)
+  want = _accountant_eps(
+    dpa.SampledWithoutReplacementDpEvent(N, 4, dpa.GaussianDpEvent(0.55)),
+    5,
+    1e-5,
+    dpa.NeighboringRelation.REPLACE_ONE,
+  )
+  assert h2.evaluations[-1]["privacy"]["epsilon"] == pytest.approx(want, rel=1e-12)
+
+
+def test_privacy_budget_is_the_largest_round_count_within_epsilon():
+  rounds = fd.privacy_budget(2.0, 1.0, delta=1e-5, num_clients=1000, rate=0.01)
+  event = dpa.PoissonSampledDpEvent(0.01, dpa.GaussianDpEvent(1.0))
+  assert _accountant_eps(event, rounds, 1e-5) <= 2.0 < _accountant_eps(event, rounds + 1, 1e-5)
+  assert fd.privacy_budget(1e-3, 0.5, delta=1e-5, num_clients=10, clients_per_round=5) == 0
+  with pytest.raises(ValueError, match="exactly one of rate"):
+    fd.privacy_budget(1.0, 1.0, delta=1e-5, num_clients=10)
+  with pytest.raises(ValueError, match="delta must be a number in"):
+    fd.privacy_budget(1.0, 1.0, delta=1.0, num_clients=10, rate=0.1)
+
+
+def test_no_noise_and_a_huge_clip_is_the_plain_algorithm(task):
+  ds, model = task
+  for build in (
+    lambda: _fedavg(model, clients_per_round=5),
+    lambda: fedprox(model, local_steps=2, batch_size=8, clients_per_round=5, weighting="uniform"),
+    lambda: scaffold(model, local_steps=2, batch_size=8, clients_per_round=5, weighting="uniform"),
+    lambda: fedadam(model, local_steps=2, batch_size=8, clients_per_round=5, weighting="uniform"),
+    lambda: ditto(model, local_steps=2, batch_size=8, clients_per_round=5, weighting="uniform"),
+  ):
+    alg = build()
+    plain = fd.run(alg, ds, rounds=3, seed=4)
+    priv = fd.run(fd.private(alg, 1e12, 0.0, sampling="fixed"), ds, rounds=3, seed=4)
+    assert _leaves_diff(plain.final_state, priv.final_state) < 1e-10, alg.name
+
+
+def test_a_sweep_over_noise_multipliers_equals_single_runs(task):
+  ds, model = task
+  palg = fd.private(_fedavg(model), 0.5, 1.0, rate=0.3)
+  res = fd.sweep(palg, ds, rounds=4, grid={"dp_noise": [0.3, 2.0]}, seeds=[1])
+  for row, z in enumerate((0.3, 2.0)):
+    single = fd.run(palg, ds, rounds=4, seed=1, hparams={"dp_noise": z})
+    got = jax.tree.map(lambda a, row=row: a[row], res.final_state)
+    assert _leaves_diff(got.params, single.final_state.params) < 1e-10
+  assert (
+    _leaves_diff(
+      jax.tree.map(lambda a: a[0], res.final_state).params,
+      jax.tree.map(lambda a: a[1], res.final_state).params,
+    )
+    > 1e-3
+  )  # the noise differs
+
+
+def test_refusals_and_bad_inputs(task):
+  ds, model = task
+  with pytest.raises(ValueError, match="'karula' cannot be made client-level private: its server"):
+    fd.private(get_algorithm("karula").factory(model), 1.0, 1.0, rate=0.5)
+  with pytest.raises(ValueError, match="'afl' has no private form yet"):
+    fd.private(get_algorithm("afl").factory(model), 1.0, 1.0, rate=0.5)
+  with pytest.raises(ValueError, match="weighting='uniform'"):
+    fd.private(fedavg(model), 1.0, 1.0, rate=0.5)
+  with pytest.raises(ValueError, match="scaffold with local_epochs"):
+    fd.private(scaffold(model, local_epochs=1, weighting="uniform"), 1.0, 1.0, rate=0.5)
+  alg = _fedavg(model)
+  with pytest.raises(ValueError, match="already private"):
+    fd.private(fd.private(alg, 1.0, 1.0, rate=0.5), 1.0, 1.0, rate=0.5)
+  with pytest.raises(TypeError, match="alg must be an Algorithm"):
+    fd.private("fedavg", 1.0, 1.0, rate=0.5)
+  for kw, match in (
+    (dict(clip_norm=-1.0), "clip_norm must be a positive finite number"),
+    (dict(clip_norm=0.0), "clip_norm must be a positive finite number"),
+    (dict(noise_multiplier=-0.1), "noise_multiplier must be a non-negative finite number"),
+    (dict(delta=1.0), r"delta must be a number in \(0, 1\)"),
+    (dict(rate=None), "rate: Poisson sampling needs"),
+    (dict(rate=1.5), r"rate must be a number in \(0, 1\]"),
+    (dict(sampling="shuffle"), "sampling must be one of"),
+    (dict(sampling="fixed"), "rate is Poisson sampling's"),
+    (dict(accountant="moments"), "accountant must be one of"),
+  ):
+    args = {"clip_norm": 1.0, "noise_multiplier": 1.0, "rate": 0.5, **kw}
+    with pytest.raises(ValueError, match=match):
+      fd.private(alg, **args)
+  with pytest.raises(ValueError, match="hyper-parameter|dp_clip"):
+    fd.run(fd.private(alg, 1.0, 1.0, rate=0.5), ds, rounds=1, hparams={"dp_clip": -1.0})
