@@ -103,10 +103,25 @@ def _add_privacy(p: argparse.ArgumentParser) -> None:
     help="Poisson participation (default) or a fixed-size sample of --clients-per-round",
   )
   dp.add_argument("--dp-accountant", default=None, choices=["rdp", "pld"], help="default rdp")
+  dp.add_argument(
+    "--dp-loss-bound",
+    type=float,
+    default=None,
+    metavar="B",
+    help="algorithms that report losses (afl, agnostic_fedavg): losses clipped to [0, B]",
+  )
+  dp.add_argument(
+    "--dp-loss-noise",
+    type=float,
+    default=None,
+    metavar="ZL",
+    help="noise multiplier of the reported losses (std ZL B; default: --dp-noise)",
+  )
 
 
 def _dp_requested(args) -> bool:
   names = ("dp_clip", "dp_noise", "dp_delta", "dp_rate", "dp_sampling", "dp_accountant")
+  names += ("dp_loss_bound", "dp_loss_noise")
   return any(getattr(args, n, None) is not None for n in names)
 
 
@@ -139,6 +154,8 @@ def _private(args, alg, num_clients: int):
   kw = dict(sampling=sampling, rate=rate, accountant=args.dp_accountant or "rdp")
   if args.dp_delta is not None:
     kw["delta"] = args.dp_delta
+  if args.dp_loss_bound is not None or args.dp_loss_noise is not None:
+    kw.update(loss_bound=args.dp_loss_bound, loss_noise_multiplier=args.dp_loss_noise)
   try:
     return private(alg, args.dp_clip, 0.0 if args.dp_noise is None else args.dp_noise, **kw)
   except ValueError as e:
@@ -147,6 +164,8 @@ def _private(args, alg, num_clients: int):
       "noise_multiplier": "--dp-noise",
       "delta": "--dp-delta",
       "rate": "--dp-rate",
+      "loss_bound": "--dp-loss-bound",
+      "loss_noise_multiplier": "--dp-loss-noise",
     }
     msg = str(e)
     for name, flag in flags.items():
@@ -676,8 +695,8 @@ def _sweep_locked(args) -> int:
 
     header.append(f"epsilon (delta {alg.config['privacy']['delta']:.3g})")
     for row, c in zip(rows, res.configs):
-      noise = c["hparams"].get("dp_noise", alg.hparams["dp_noise"].default)
-      eps = run_epsilon(alg.config, args.rounds, float(noise), ds.num_clients)["epsilon"]
+      dp = {k: c["hparams"].get(k, spec.default) for k, spec in alg.hparams.items()}
+      eps = run_epsilon(alg.config, args.rounds, dp, ds.num_clients)["epsilon"]
       row.append(f"{eps:.4g}")
   print_table(rows, header)
   print(

@@ -849,10 +849,15 @@ CASES = {
     ValueError,
     "'karula' cannot be made client-level private",
   ),
-  "private: an algorithm with no private form yet (afl)": (
+  "private: an algorithm with no private form yet (drfa)": (
+    lambda: P.private(A.drfa(linreg(2)), 1.0, 1.0, rate=0.5),
+    ValueError,
+    "'drfa' has no private form yet",
+  ),
+  "private: AFL without a loss bound": (
     lambda: P.private(A.afl(linreg(2)), 1.0, 1.0, rate=0.5),
     ValueError,
-    "'afl' has no private form yet",
+    "loss_bound",
   ),
   "privacy_budget: neither rate nor clients_per_round": (
     lambda: P.privacy_budget(1.0, 1.0, delta=1e-5, num_clients=10),

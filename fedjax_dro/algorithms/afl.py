@@ -39,10 +39,11 @@ from fedjax_dro.algorithms.base import (
   with_settings,
 )
 from fedjax_dro.algorithms.scaff_pd import check_psi, initial_lambda, psi_hparams, psi_params
-from fedjax_dro.core.aggregation import tree_add, weighted_sum
+from fedjax_dro.core.aggregation import tree_add
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import dual_round_metrics, local_round
 from fedjax_dro.core.precision import params_float_dtype
+from fedjax_dro.core.privacy import inverse_rate, present_slots, release_losses, release_sum
 from fedjax_dro.core.settings import CommonSettings, participants, round_zero, state_init
 from fedjax_dro.solvers.simplex import dual_prox
 
@@ -105,10 +106,14 @@ def afl(
     s = participants(settings, n)
     # one local step of size 1 from w returns delta = -g_i(w); losses = f_i(w; xi)
     update = local_round(model, settings, state.params, data, key, 1.0)
-    scale = n / s
-    lam_s = state.lam[update.idx]
-    params = tree_add(state.params, weighted_sum(update.deltas, scale * lam_s), hparams["lr_w"])
-    v = jnp.zeros((n,), update.losses.dtype).at[update.idx].set(scale * update.losses)
+    scale = inverse_rate(n, s)  # n / s (1 / q in a private round with Poisson participation)
+    lam_s = state.lam[jnp.minimum(update.idx, n - 1)]
+    # sum_i scale lam_i (-g_i); private: clipped, noised for the largest weight any client has
+    present = present_slots(update.weights)
+    step = release_sum(update.deltas, scale * lam_s, present, scale * jnp.max(state.lam), key)
+    params = tree_add(state.params, step, hparams["lr_w"])
+    losses = release_losses(update.losses, key)
+    v = jnp.zeros((n,), update.losses.dtype).at[update.idx].set(scale * losses)
     lam = dual_prox(psi, state.lam, v, hparams["lr_lambda"], **psi_params(psi, hparams))
     r = (state.round + 1).astype(update.losses.dtype)
     avg = jax.tree.map(lambda a, p: a + (p - a) / r, state.params_avg, params)

@@ -39,6 +39,7 @@ from fedjax_dro.core.aggregation import tree_add, weighted_mean
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import dual_round_metrics, local_round_and_losses
 from fedjax_dro.core.precision import params_float_dtype
+from fedjax_dro.core.privacy import inverse_rate, present_slots, release_losses, release_sum
 from fedjax_dro.core.server import check_optimizer, optimizer_config, server_step
 from fedjax_dro.core.settings import CommonSettings, round_zero, state_init
 
@@ -103,7 +104,14 @@ def agnostic_fedavg(model, settings: CommonSettings, *, server_optimizer=None) -
     check_data_matches(data, state.lam.shape[0])
     lr = hparams["client_lr"]
     update, losses = local_round_and_losses(model, settings, state.params, data, key, lr)
-    delta = weighted_mean(update.deltas, state.lam[update.idx])
+    present = present_slots(update.weights)
+    if present is None:
+      delta = weighted_mean(update.deltas, state.lam[update.idx])
+    else:  # private: a fixed denominator, E[sum_S lam] = q (or s / n), for the weighted mean
+      n, s = data.num_clients, update.idx.shape[0]
+      w = state.lam[jnp.minimum(update.idx, n - 1)] * inverse_rate(n, s)
+      delta = release_sum(update.deltas, w, present, jnp.max(state.lam) * inverse_rate(n, s), key)
+      losses = release_losses(losses, key)
     if server_optimizer is None:
       params = tree_add(state.params, delta, hparams["server_lr"])
     else:

@@ -394,7 +394,7 @@ def local_round(
     losses = jax.tree.map(lambda a: a[inverse], losses)
     if not mean_only:
       deltas = jax.tree.map(lambda a: a[inverse], deltas)
-  if dp is not None:  # the noise on the sum, once, on the server
+  if dp is not None and mean_only:  # the noise on the sum, once, on the server
     deltas = dp.noised(deltas, key)
   if state_update is None:
     return LocalRound(idx, deltas, weights, losses, clients.num_examples)
@@ -595,7 +595,7 @@ def participant_losses(model: Model, settings, params, data, idx):
   The loss weights of q-FFL and AgnosticFedAvg (each participant's objective at the model it
   received), evaluated with the settings' backend.
   """
-  clients = data.take_clients(idx)
+  clients = data.take_clients(jnp.minimum(idx, data.num_clients - 1))  # a private round's slots
   return map_clients(
     lambda xd, yd, md: client_loss(model, params, xd, yd, md),
     clients.x,

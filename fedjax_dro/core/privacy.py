@@ -55,23 +55,28 @@ class Privacy(NamedTuple):
 
 
 class Active(NamedTuple):
-  """The privacy of the round being traced: its settings, its traced clip norm and noise, and
-  the round's privacy metrics as its first private draw records them."""
+  """The privacy of the round being traced: its settings, its traced clip norm and noise (and,
+  for the algorithms that release their participants' losses, the losses' clip bound and noise),
+  and the round's privacy metrics as its first private draw records them."""
 
   privacy: Privacy
   clip_norm: Any  # [] float
   noise_multiplier: Any  # [] float
   metrics: dict  # "dp_participants", "dp_dropped": [] traced values
+  loss_bound: Any = None  # [] float: losses clipped to [0, B]
+  loss_noise: Any = None  # [] float: noise std z_l B on each released loss
 
 
 _ACTIVE: list = []  # the rounds being traced under privatizing(), innermost last
 
 
 @contextlib.contextmanager
-def privatizing(privacy: Privacy, clip_norm, noise_multiplier):
-  """Within the block, the shared round mechanics traced (participant draws, local rounds) are
-  private: Poisson or fixed participation, clipped updates, noised sum, fixed denominator."""
-  act = Active(privacy, clip_norm, noise_multiplier, {})
+def privatizing(privacy: Privacy, clip_norm, noise_multiplier, loss_bound=None, loss_noise=None):
+  """Within the block, the shared round mechanics traced (participant draws, local rounds, the
+  releases of :func:`release_sum` and :func:`release_losses`) are private: Poisson or fixed
+  participation, clipped updates, noised sums, fixed denominators. Yields the dict the round's
+  privacy metrics are recorded in."""
+  act = Active(privacy, clip_norm, noise_multiplier, {}, loss_bound, loss_noise)
   _ACTIVE.append(act)
   try:
     yield act.metrics
@@ -158,15 +163,12 @@ class PrivateRound(NamedTuple):
 
 def private_round(mean_only: bool, present, s: int, num_clients: int) -> Optional[PrivateRound]:
   """The private aggregation of a local round with ``s`` slots (None outside a private round):
-  each participant counts once (weight 1), the sum is divided by the expected count."""
+  each participant counts once (weight 1), the sum is divided by the expected count. Without
+  ``mean_only`` the round returns the clipped updates stacked, and the algorithm releases their
+  weighted sum with :func:`release_sum`."""
   act = active()
   if act is None:
     return None
-  if not mean_only:
-    raise ValueError(
-      "a private round releases only the noised sum of the clipped updates (mean_only=True); "
-      "this algorithm reads the participants' updates one by one"
-    )
   real = jnp.result_type(float)  # float64 where JAX runs in 64 bits: exact weights 1 / m
   weights = jnp.ones((s,), real) if present is None else present.astype(real)
   if act.privacy.sampling == "fixed":
@@ -174,6 +176,52 @@ def private_round(mean_only: bool, present, s: int, num_clients: int) -> Optiona
     act.metrics.setdefault("dp_dropped", jnp.float32(0))
   expected = jnp.asarray(expected_participants(act.privacy, num_clients, s), real)
   return PrivateRound(act.clip_norm, act.noise_multiplier, expected, weights)
+
+
+def inverse_rate(num_clients: int, s: int):
+  """``1 / q`` in a private round with Poisson participation, else ``n / s``: the factor that
+  makes a sum over the round's participants an unbiased estimate of the sum over all clients."""
+  act = active()
+  if act is not None and act.privacy.sampling == "poisson":
+    return 1.0 / act.privacy.rate
+  return num_clients / s
+
+
+def present_slots(weights):
+  """Which slots of a local round hold a participant: None outside a private round (all do),
+  else where the round's ``weights`` (1 for a participant, 0 for an empty slot) are positive."""
+  return None if active() is None else weights > 0
+
+
+def release_sum(deltas, weights, present, bound, round_key):
+  """``sum_i weights_i deltas_i`` over the ``[s, ...]`` stacked ``deltas`` (slots with ``present``
+  False left out); in a private round the deltas are the clipped ones and the sum gets Gaussian
+  noise of standard deviation ``z C bound``, ``bound`` the largest weight any client could have
+  (server state, public): adding or removing one client moves the sum by at most ``C bound``."""
+  from fedjax_dro.core.aggregation import weighted_sum
+
+  if present is not None:
+    weights = weights * present.astype(weights.dtype)
+  total = weighted_sum(deltas, weights)
+  act = active()
+  if act is None:
+    return total
+  std = act.noise_multiplier * act.clip_norm * bound
+  return add_noise(total, noise_key(round_key), std)
+
+
+def release_losses(losses, round_key):
+  """The participants' ``[s]`` reported losses: in a private round clipped to ``[0, B]`` and
+  each noised with standard deviation ``z_l B`` (a client's loss is its own coordinate: adding
+  or removing it moves the vector by at most ``B``); unchanged outside one."""
+  act = active()
+  if act is None:
+    return losses
+  if act.loss_bound is None:
+    raise ValueError("this private round releases losses but has no loss bound")
+  clipped = jnp.clip(losses, 0.0, act.loss_bound)
+  std = act.loss_noise * act.loss_bound
+  return add_noise(clipped, jax.random.fold_in(noise_key(round_key), 1), std)
 
 
 def participation_share(default):

@@ -391,8 +391,8 @@ def run_chunks(plan: RunPlan, state, status, history: History, loggers=()) -> Hi
         "summary": summarize_per_client(per_client, plan.eval_num_examples),
       }
       if "privacy" in alg.config:  # epsilon after the rounds done (dp-accounting)
-        noise = float(np.asarray(hp["dp_noise"]))
-        evaluation["privacy"] = run_epsilon(alg.config, done, noise, train.num_clients)
+        noises = {k: float(np.asarray(v)) for k, v in hp.items() if k.startswith("dp_")}
+        evaluation["privacy"] = run_epsilon(alg.config, done, noises, train.num_clients)
       history.evaluations.append(evaluation)
       history.final_state = state
       if jsonl_path is not None:  # appended and flushed to disk as it happens

@@ -93,12 +93,27 @@ def epsilon(
     quiet.setLevel(level)
 
 
+def combined_noise(noise_multiplier: float, loss_noise_multiplier: Optional[float] = None):
+  """The noise multiplier of a round's releases together: ``z`` alone, or with a loss release of
+  multiplier ``z_l`` on the same participants ``(z^-2 + z_l^-2)^(-1/2)`` (two Gaussian
+  mechanisms of sensitivities ``C`` and ``B`` and noise ``z C`` and ``z_l B`` are one Gaussian
+  mechanism on the pair; 0 when either is 0)."""
+  z = float(noise_multiplier)
+  if loss_noise_multiplier is None:
+    return z
+  zl = float(loss_noise_multiplier)
+  if z <= 0 or zl <= 0:
+    return 0.0
+  return (z**-2 + zl**-2) ** -0.5
+
+
 def run_epsilon(
-  config: Dict[str, Any], rounds: int, noise_multiplier: float, num_clients: int
+  config: Dict[str, Any], rounds: int, hparams: Dict[str, Any], num_clients: int
 ) -> Dict[str, Any]:
-  """The privacy record of a run after ``rounds`` rounds: ``{"epsilon", "delta",
-  "delta_overflow", "rounds", "noise_multiplier"}`` from the private algorithm's
-  ``config["privacy"]``."""
+  """The privacy record of a private run after ``rounds`` rounds, from the algorithm's
+  ``config["privacy"]`` and the run's hyper-parameters ``dp_noise`` (and ``dp_loss_noise``):
+  ``{"epsilon", "delta", "delta_overflow", "rounds", "noise_multiplier"}``, the last the
+  combined multiplier the accountant used (:func:`combined_noise`)."""
   from fedjax_dro.core.privacy import overflow_probability
 
   priv = config["privacy"]
@@ -109,9 +124,11 @@ def run_epsilon(
   else:
     size = config.get("clients_per_round") or num_clients
     rate, over = None, 0.0
+  loss_noise = hparams.get("dp_loss_noise") if priv.get("releases_losses") else None
+  z = combined_noise(float(hparams["dp_noise"]), None if loss_noise is None else float(loss_noise))
   eps = epsilon(
     rounds,
-    noise_multiplier,
+    z,
     priv["delta"],
     sampling=sampling,
     num_clients=num_clients,
@@ -124,7 +141,7 @@ def run_epsilon(
     "delta": priv["delta"],
     "delta_overflow": over,
     "rounds": int(rounds),
-    "noise_multiplier": float(noise_multiplier),
+    "noise_multiplier": z,
   }
 
 

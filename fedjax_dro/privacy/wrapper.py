@@ -19,7 +19,7 @@ from fedjax_dro.algorithms.base import Algorithm, HParam
 from fedjax_dro.core.privacy import SAMPLING, Privacy, check_rate, privatizing
 from fedjax_dro.privacy.accounting import ACCOUNTANTS, check_delta
 
-DP_HPARAMS = ("dp_clip", "dp_noise")
+DP_HPARAMS = ("dp_clip", "dp_noise", "dp_loss_bound", "dp_loss_noise")
 
 _SUM = "the noised sum of the clipped updates over the expected participants"
 RELEASES: Dict[str, str] = {
@@ -34,7 +34,14 @@ RELEASES: Dict[str, str] = {
   "control variate stays on the client (local_steps only: with local_epochs the control "
   "variates' deltas are a second release, not yet supported)",
   "ditto": "each participant's global-model delta; the personal models never leave the clients",
+  "afl": "each participant's gradient (clipped; the server's lambda-weighted sum, scaled by 1 / q, "
+  "noised for the largest weight any client has) and its minibatch loss (clipped to [0, B] and "
+  "noised), which drives the lambda ascent (post-processing)",
+  "agnostic_fedavg": "each participant's model delta (clipped; the lambda-weighted sum over the "
+  "expected weight q of the participants, noised for the largest lambda) and its full-data loss "
+  "(clipped to [0, B] and noised), which drives lambda's exponentiated step (post-processing)",
 }
+LOSS_RELEASES = ("afl", "agnostic_fedavg")  # the algorithms that release their losses too
 REFUSED: Dict[str, str] = {
   "karula": "its server step projects all the clients' personalized models jointly onto the "
   "pairwise-distance constraints: it reads every client's model, so no clipped, noised sum of "
@@ -59,6 +66,8 @@ def private(
   rate=None,
   delta: float = 1e-5,
   accountant: str = "rdp",
+  loss_bound=None,
+  loss_noise_multiplier=None,
 ) -> Algorithm:
   """``alg`` made client-level differentially private (DP-FedAvg; module docstring).
 
@@ -86,6 +95,13 @@ def private(
     delta: the delta at which epsilon is reported, in (0, 1).
     accountant: ``"rdp"`` (default) or ``"pld"`` (Poisson only;
       :mod:`fedjax_dro.privacy.accounting`).
+    loss_bound: for the algorithms that also release their participants' losses (afl,
+      agnostic_fedavg; :data:`LOSS_RELEASES`): each reported loss is clipped to
+      ``[0, loss_bound]`` (required there, refused elsewhere). Hyper-parameter ``dp_loss_bound``.
+    loss_noise_multiplier: ``z_l``: each reported loss gets noise of standard deviation
+      ``z_l * loss_bound`` (default: ``noise_multiplier``). Hyper-parameter ``dp_loss_noise``.
+      A round then releases two Gaussian mechanisms on the same participants, which compose
+      exactly into one of noise multiplier ``(z^-2 + z_l^-2)^(-1/2)``: the accountant's.
 
   Raises:
     TypeError: if ``alg`` is not an Algorithm.
@@ -133,11 +149,27 @@ def private(
     raise ValueError(f"rate is Poisson sampling's; got rate={rate!r} with sampling='fixed'")
   elif accountant == "pld":
     raise ValueError("accountant='pld' accounts Poisson sampling only; use 'rdp' with 'fixed'")
+  losses = alg.name in LOSS_RELEASES
+  if losses:
+    if loss_bound is None:
+      raise ValueError(
+        f"loss_bound: {alg.name!r} releases each participant's loss, which is clipped to "
+        "[0, loss_bound]; give the bound"
+      )
+    loss_bound = _positive(loss_bound, "loss_bound")
+    loss_noise = noise_multiplier if loss_noise_multiplier is None else loss_noise_multiplier
+    loss_noise = _positive(loss_noise, "loss_noise_multiplier", zero_ok=True)
+  elif loss_bound is not None or loss_noise_multiplier is not None:
+    raise ValueError(
+      f"loss_bound / loss_noise_multiplier: {alg.name!r} releases no losses (the algorithms "
+      f"that do: {list(LOSS_RELEASES)})"
+    )
   settings = Privacy(sampling, rate, delta)
 
   def round_fn(state, data, key, hparams):
     inner = {k: v for k, v in hparams.items() if k not in DP_HPARAMS}
-    with privatizing(settings, hparams["dp_clip"], hparams["dp_noise"]) as recorded:
+    loss_args = (hparams["dp_loss_bound"], hparams["dp_loss_noise"]) if losses else ()
+    with privatizing(settings, hparams["dp_clip"], hparams["dp_noise"], *loss_args) as recorded:
       state, metrics = alg.round(state, data, key, inner)
     return state, {**metrics, **recorded}
 
@@ -148,6 +180,11 @@ def private(
       noise_multiplier, "noise multiplier z: noise std z C on the clipped sum", strict=False
     ),
   }
+  if losses:
+    hparams["dp_loss_bound"] = HParam(loss_bound, "reported losses clipped to [0, B]")
+    hparams["dp_loss_noise"] = HParam(
+      loss_noise, "loss noise multiplier z_l: noise std z_l B on each loss", strict=False
+    )
   config = {
     **alg.config,
     "privacy": {
@@ -156,6 +193,7 @@ def private(
       "rate": rate,
       "delta": delta,
       "accountant": accountant,
+      "releases_losses": losses,
     },
   }
   return alg._replace(round=round_fn, hparams=hparams, config=config)

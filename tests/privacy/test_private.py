@@ -13,10 +13,26 @@ import pytest
 from dp_accounting import rdp
 
 import fedjax_dro as fd
-from fedjax_dro.algorithms import ditto, fedadam, fedavg, fedprox, get_algorithm, scaffold
+from fedjax_dro.algorithms import (
+  afl,
+  agnostic_fedavg,
+  ditto,
+  fedadam,
+  fedavg,
+  fedprox,
+  get_algorithm,
+  scaffold,
+)
 from fedjax_dro.algorithms.base import make_hparams
 from fedjax_dro.core.local import local_round
-from fedjax_dro.core.privacy import poisson_capacity
+from fedjax_dro.core.privacy import (
+  Privacy,
+  poisson_capacity,
+  privatizing,
+  release_losses,
+  release_sum,
+)
+from fedjax_dro.privacy.wrapper import LOSS_RELEASES
 from tests.helpers import dataset, linreg, regression_clients
 
 N = 12
@@ -207,10 +223,13 @@ def test_no_noise_and_a_huge_clip_is_the_plain_algorithm(task):
     lambda: scaffold(model, local_steps=2, batch_size=8, clients_per_round=5, weighting="uniform"),
     lambda: fedadam(model, local_steps=2, batch_size=8, clients_per_round=5, weighting="uniform"),
     lambda: ditto(model, local_steps=2, batch_size=8, clients_per_round=5, weighting="uniform"),
+    lambda: afl(model, batch_size=8, clients_per_round=5),
+    lambda: agnostic_fedavg(model, local_steps=2, batch_size=8),  # all clients: sum lambda = 1
   ):
     alg = build()
     plain = fd.run(alg, ds, rounds=3, seed=4)
-    priv = fd.run(fd.private(alg, 1e12, 0.0, sampling="fixed"), ds, rounds=3, seed=4)
+    kw = {"loss_bound": 1e12} if alg.name in LOSS_RELEASES else {}
+    priv = fd.run(fd.private(alg, 1e12, 0.0, sampling="fixed", **kw), ds, rounds=3, seed=4)
     assert _leaves_diff(plain.final_state, priv.final_state) < 1e-10, alg.name
 
 
@@ -235,8 +254,12 @@ def test_refusals_and_bad_inputs(task):
   ds, model = task
   with pytest.raises(ValueError, match="'karula' cannot be made client-level private: its server"):
     fd.private(get_algorithm("karula").factory(model), 1.0, 1.0, rate=0.5)
-  with pytest.raises(ValueError, match="'afl' has no private form yet"):
+  with pytest.raises(ValueError, match="'drfa' has no private form yet"):
+    fd.private(get_algorithm("drfa").factory(model), 1.0, 1.0, rate=0.5)
+  with pytest.raises(ValueError, match="loss_bound: 'afl' releases each participant's loss"):
     fd.private(get_algorithm("afl").factory(model), 1.0, 1.0, rate=0.5)
+  with pytest.raises(ValueError, match="'fedavg' releases no losses"):
+    fd.private(_fedavg(model), 1.0, 1.0, rate=0.5, loss_bound=3.0)
   with pytest.raises(ValueError, match="weighting='uniform'"):
     fd.private(fedavg(model), 1.0, 1.0, rate=0.5)
   with pytest.raises(ValueError, match="scaffold with local_epochs"):
@@ -262,3 +285,44 @@ def test_refusals_and_bad_inputs(task):
       fd.private(alg, **args)
   with pytest.raises(ValueError, match="hyper-parameter|dp_clip"):
     fd.run(fd.private(alg, 1.0, 1.0, rate=0.5), ds, rounds=1, hparams={"dp_clip": -1.0})
+
+
+def test_released_sums_and_losses_carry_their_noise_and_clip():
+  """release_sum: noise std z C bound; release_losses: clipped to [0, B], noise std z_l B."""
+  z, clip, bound, zl, b = 0.8, 2.0, 0.25, 1.5, 3.0
+  keys = jax.random.split(jax.random.PRNGKey(0), 4000)
+  zeros = {"w": jnp.zeros((5, 3))}
+
+  def draw(k):
+    with privatizing(Privacy("fixed", None, 1e-5), clip, z, b, zl):
+      total = release_sum(zeros, jnp.ones(5), None, bound, k)
+      return total["w"], release_losses(jnp.array([-1.0, 0.5, 9.0]), k)
+
+  sums, losses = jax.vmap(draw)(keys)
+  assert abs(float(jnp.std(sums)) / (z * clip * bound) - 1) < 5 / np.sqrt(2 * sums.size)
+  noise = np.asarray(losses) - np.array([0.0, 0.5, b])  # the clipped losses, then the noise
+  assert abs(noise.mean()) < 4 * zl * b / np.sqrt(noise.size)
+  assert abs(noise.std() / (zl * b) - 1) < 5 / np.sqrt(2 * noise.size)
+  with privatizing(Privacy("fixed", None, 1e-5), clip, 0.0, b, 0.0):
+    np.testing.assert_array_equal(release_losses(jnp.array([-1.0, 0.5, 9.0]), keys[0]), [0, 0.5, b])
+
+
+def test_epsilon_of_an_algorithm_releasing_losses_composes_both_gaussians(task):
+  """AFL releases its gradients (z) and its losses (z_l) on the same participants: one Gaussian
+  mechanism of multiplier (z^-2 + z_l^-2)^(-1/2), accounted by dp-accounting."""
+  ds, model = task
+  palg = fd.private(
+    afl(model, batch_size=8), 1.0, 1.2, rate=0.3, loss_bound=5.0, loss_noise_multiplier=2.0
+  )
+  hist = fd.run(palg, ds, rounds=4)
+  z = (1.2**-2 + 2.0**-2) ** -0.5
+  want = _accountant_eps(dpa.PoissonSampledDpEvent(0.3, dpa.GaussianDpEvent(z)), 4, 1e-5)
+  assert hist.evaluations[-1]["privacy"]["epsilon"] == pytest.approx(want, rel=1e-12)
+  assert hist.evaluations[-1]["privacy"]["noise_multiplier"] == pytest.approx(z)
+  assert np.isfinite(np.asarray(jax.tree.leaves(hist.final_state.params)[0])).all()
+  pagn = fd.private(
+    agnostic_fedavg(model, local_steps=2, batch_size=8), 1.0, 1.0, rate=0.3, loss_bound=5.0
+  )
+  h2 = fd.run(pagn, ds, rounds=3)
+  assert np.isfinite(np.asarray(h2.final_state.lam)).all()
+  assert h2.evaluations[-1]["privacy"]["noise_multiplier"] == pytest.approx(2**-0.5)
