@@ -13,6 +13,9 @@ table) to ``out_dir``. One module per paper:
   :mod:`fedjax_dro.reproduce.fgdro_protocol`): FGDRO, Appendix G, Table 7 (``--data-dir``: the
   paper's CIFAR-10 protocol; without it, the digits stand-in).
 
+* ``privacy-fairness`` (:mod:`fedjax_dro.reproduce.privacy_fairness`): FedAvg, AFL and
+  AgnosticFedAvg under client-level DP at matched epsilon (this package's own experiment).
+
 To add one, write ``fedjax_dro/reproduce/<paper>.py`` and add its entry below.
 """
 
@@ -23,6 +26,7 @@ from typing import Any, Callable, Dict
 from fedjax_dro.reproduce.fgdro import fgdro_table7, plot_fgdro_table7
 from fedjax_dro.reproduce.karula import karula_heart, karula_synthetic
 from fedjax_dro.reproduce.karula_femnist import karula_femnist
+from fedjax_dro.reproduce.privacy_fairness import plot_privacy_fairness, privacy_fairness
 from fedjax_dro.reproduce.scaffpd import (
   plot_scaffpd_synthetic,
   problem_constants,
@@ -44,6 +48,7 @@ EXPERIMENTS: Dict[str, Callable[..., Dict[str, Any]]] = {
   "karula-synthetic": karula_synthetic,
   "karula-heart": karula_heart,
   "karula-femnist": karula_femnist,
+  "privacy-fairness": privacy_fairness,
 }
 
 
@@ -56,6 +61,7 @@ RUN_TIMES: Dict[str, str] = {
   "karula-synthetic": "Karula Table 1a (synthetic ridge, both readings): about 76 minutes",
   "karula-heart": "Karula Table 1b (UCI heart disease, shipped): about 8 minutes",
   "karula-femnist": "Karula by-writer digits / LEAF FEMNIST, three budgets: about 45 minutes",
+  "privacy-fairness": "FedAvg, AFL, AgnosticFedAvg under client-level DP, four levels: TBD",
 }
 
 
@@ -84,4 +90,6 @@ __all__ = [
   "karula_synthetic",
   "karula_heart",
   "karula_femnist",
+  "privacy_fairness",
+  "plot_privacy_fairness",
 ]
