@@ -104,6 +104,14 @@ def _add_privacy(p: argparse.ArgumentParser) -> None:
   )
   dp.add_argument("--dp-accountant", default=None, choices=["rdp", "pld"], help="default rdp")
   dp.add_argument(
+    "--dp-adaptive-quantile",
+    type=float,
+    default=None,
+    metavar="G",
+    help="adaptive clipping toward the G quantile of the update norms (Andrew et al.; --dp-clip "
+    "is its start)",
+  )
+  dp.add_argument(
     "--dp-loss-bound",
     type=float,
     default=None,
@@ -121,7 +129,7 @@ def _add_privacy(p: argparse.ArgumentParser) -> None:
 
 def _dp_requested(args) -> bool:
   names = ("dp_clip", "dp_noise", "dp_delta", "dp_rate", "dp_sampling", "dp_accountant")
-  names += ("dp_loss_bound", "dp_loss_noise")
+  names += ("dp_loss_bound", "dp_loss_noise", "dp_adaptive_quantile")
   return any(getattr(args, n, None) is not None for n in names)
 
 
@@ -154,6 +162,8 @@ def _private(args, alg, num_clients: int):
   kw = dict(sampling=sampling, rate=rate, accountant=args.dp_accountant or "rdp")
   if args.dp_delta is not None:
     kw["delta"] = args.dp_delta
+  if args.dp_adaptive_quantile is not None:
+    kw["adaptive_quantile"] = args.dp_adaptive_quantile
   if args.dp_loss_bound is not None or args.dp_loss_noise is not None:
     kw.update(loss_bound=args.dp_loss_bound, loss_noise_multiplier=args.dp_loss_noise)
   try:
@@ -166,6 +176,7 @@ def _private(args, alg, num_clients: int):
       "rate": "--dp-rate",
       "loss_bound": "--dp-loss-bound",
       "loss_noise_multiplier": "--dp-loss-noise",
+      "adaptive_quantile": "--dp-adaptive-quantile",
     }
     msg = str(e)
     for name, flag in flags.items():

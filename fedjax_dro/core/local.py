@@ -355,10 +355,8 @@ def local_round(
       model, w0, x, y, nex, k, num_steps=steps, optimizer=client_optimizer, **kw
     )
     delta = jax.tree.map(jnp.subtract, w, w0)
-    sent = delta if dp is None else dp.clip(delta)  # the update leaving the client
-    if state_update is None:
-      return sent, losses[0]
-    return sent, (losses[0], state_update(row, delta))
+    out = losses[0] if state_update is None else (losses[0], state_update(row, delta))
+    return (delta, out) if dp is None else dp.send(delta, out)  # private: clipped, flagged
 
   keys = jax.random.split(local_key, s)
   weights = aggregation_weights(settings, clients.num_examples) if dp is None else dp.weights
@@ -390,6 +388,8 @@ def local_round(
     deltas, losses = run_clients(
       client_update, r_clients, r_keys, r_starts, r_rows, backend=backend, chunk_size=chunk_size
     )
+  if dp is not None:  # the participants' clip flags counted (in the order they ran)
+    losses = dp.received(losses, r_weights)
   if inverse is not None:  # back to the order of idx
     losses = jax.tree.map(lambda a: a[inverse], losses)
     if not mean_only:

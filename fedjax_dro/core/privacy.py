@@ -62,7 +62,7 @@ class Active(NamedTuple):
   privacy: Privacy
   clip_norm: Any  # [] float
   noise_multiplier: Any  # [] float
-  metrics: dict  # "dp_participants", "dp_dropped": [] traced values
+  metrics: dict  # "dp_participants", "dp_dropped", "dp_unclipped": [] traced values
   loss_bound: Any = None  # [] float: losses clipped to [0, B]
   loss_noise: Any = None  # [] float: noise std z_l B on each released loss
 
@@ -153,6 +153,21 @@ class PrivateRound(NamedTuple):
   def clip(self, tree):
     """A participant's update clipped to L2 norm ``clip_norm``."""
     return clip_tree(tree, self.clip_norm)[0]
+
+  def send(self, delta, aux):
+    """What a participant sends: its update clipped, and with its other outputs ``aux`` the flag
+    of an update within the clip (norm <= C: adaptive clipping's report)."""
+    clipped, norm = clip_tree(delta, self.clip_norm)
+    return clipped, (aux, norm <= self.clip_norm)
+
+  def received(self, outputs, weights):
+    """The participants' other outputs, their flags counted over the filled slots (``weights``
+    1 or 0, in the order the outputs ran) into the round's ``dp_unclipped`` metric."""
+    aux, within = outputs
+    act = active()
+    count = jnp.sum(jnp.where(weights > 0, within, False)).astype(jnp.float32)
+    act.metrics.setdefault("dp_unclipped", count)
+    return aux
 
   def noised(self, mean, round_key):
     """The sum of the clipped updates over the expected count (``mean``) plus the noise on the
@@ -264,6 +279,11 @@ def add_noise(tree, key, std):
 def noise_key(round_key):
   """The round's noise stream, apart from its sampling and local-training streams."""
   return jax.random.fold_in(round_key, NOISE_STREAM)
+
+
+def count_key(round_key):
+  """The noise stream of adaptive clipping's count (apart from the updates' and the losses')."""
+  return jax.random.fold_in(noise_key(round_key), 2)
 
 
 def check_rate(rate, name: str = "rate") -> float:

@@ -13,13 +13,39 @@ algorithm not in it is refused with the reason (:data:`REFUSED`) or as not yet s
 from __future__ import annotations
 
 import math
-from typing import Dict
+from typing import Any, Dict, NamedTuple
+
+import jax
+import jax.numpy as jnp
 
 from fedjax_dro.algorithms.base import Algorithm, HParam
-from fedjax_dro.core.privacy import SAMPLING, Privacy, check_rate, privatizing
+from fedjax_dro.core.privacy import (
+  SAMPLING,
+  Privacy,
+  check_rate,
+  count_key,
+  expected_participants,
+  privatizing,
+)
 from fedjax_dro.privacy.accounting import ACCOUNTANTS, check_delta
 
-DP_HPARAMS = ("dp_clip", "dp_noise", "dp_loss_bound", "dp_loss_noise")
+DP_HPARAMS = (
+  "dp_clip",
+  "dp_noise",
+  "dp_loss_bound",
+  "dp_loss_noise",
+  "dp_quantile",
+  "dp_clip_lr",
+  "dp_count_noise",
+)
+
+
+class AdaptiveClipState(NamedTuple):
+  """The state of an algorithm made private with adaptive clipping."""
+
+  inner: Any  # the algorithm's own state
+  clip_scale: Any  # [] float: this round's clip norm over the initial one (dp_clip)
+
 
 _SUM = "the noised sum of the clipped updates over the expected participants"
 RELEASES: Dict[str, str] = {
@@ -68,6 +94,9 @@ def private(
   accountant: str = "rdp",
   loss_bound=None,
   loss_noise_multiplier=None,
+  adaptive_quantile=None,
+  adaptive_lr: float = 0.2,
+  count_noise: float = 0.05,
 ) -> Algorithm:
   """``alg`` made client-level differentially private (DP-FedAvg; module docstring).
 
@@ -102,6 +131,20 @@ def private(
       ``z_l * loss_bound`` (default: ``noise_multiplier``). Hyper-parameter ``dp_loss_noise``.
       A round then releases two Gaussian mechanisms on the same participants, which compose
       exactly into one of noise multiplier ``(z^-2 + z_l^-2)^(-1/2)``: the accountant's.
+    adaptive_quantile: ``gamma`` in (0, 1) for adaptive clipping (Andrew, Thakkar, McMahan,
+      Ramaswamy, "Differentially Private Learning with Adaptive Clipping", NeurIPS 2021,
+      arXiv:1905.03871): each participant also reports whether its update was within the clip;
+      the server adds Gaussian noise of standard deviation ``sigma_b`` to their count ``b``,
+      divides by the expected participants ``m`` and moves the clip geometrically,
+      ``C <- C exp(-adaptive_lr (b~ - gamma))``, so that it tracks the ``gamma`` quantile of the
+      update norms (``clip_norm`` is its start). The state becomes
+      :class:`AdaptiveClipState`; the round reports the clip it used (``dp_clip``). None
+      (default): a fixed clip. Hyper-parameter ``dp_quantile``.
+    adaptive_lr: ``eta_C`` (> 0), hyper-parameter ``dp_clip_lr``.
+    count_noise: ``sigma_b / m`` (>= 0; default 0.05, the paper's ``sigma_b = m / 20``),
+      hyper-parameter ``dp_count_noise``. The count (sensitivity 1/2 once centred) is a second
+      Gaussian release: the accountant composes ``z`` with ``2 sigma_b`` (0: the count is
+      released exactly and epsilon is infinite).
 
   Raises:
     TypeError: if ``alg`` is not an Algorithm.
@@ -164,14 +207,34 @@ def private(
       f"loss_bound / loss_noise_multiplier: {alg.name!r} releases no losses (the algorithms "
       f"that do: {list(LOSS_RELEASES)})"
     )
+  adaptive = adaptive_quantile is not None
+  if adaptive:
+    q_ok = isinstance(adaptive_quantile, (int, float)) and not isinstance(adaptive_quantile, bool)
+    if not q_ok or not 0.0 < adaptive_quantile < 1.0:
+      raise ValueError(f"adaptive_quantile must be a number in (0, 1), got {adaptive_quantile!r}")
+    adaptive_lr = _positive(adaptive_lr, "adaptive_lr")
+    count_noise = _positive(count_noise, "count_noise", zero_ok=True)
   settings = Privacy(sampling, rate, delta)
 
-  def round_fn(state, data, key, hparams):
+  def private_round(state, data, key, hparams, clip):
     inner = {k: v for k, v in hparams.items() if k not in DP_HPARAMS}
     loss_args = (hparams["dp_loss_bound"], hparams["dp_loss_noise"]) if losses else ()
-    with privatizing(settings, hparams["dp_clip"], hparams["dp_noise"], *loss_args) as recorded:
+    with privatizing(settings, clip, hparams["dp_noise"], *loss_args) as recorded:
       state, metrics = alg.round(state, data, key, inner)
     return state, {**metrics, **recorded}
+
+  def round_fn(state, data, key, hparams):
+    if not adaptive:
+      return private_round(state, data, key, hparams, hparams["dp_clip"])
+    clip = hparams["dp_clip"] * state.clip_scale
+    inner, metrics = private_round(state.inner, data, key, hparams, clip)
+    n = data.num_clients
+    m = expected_participants(settings, n, alg.config.get("clients_per_round") or n)
+    sigma = hparams["dp_count_noise"] * m
+    count = metrics["dp_unclipped"] + sigma * jax.random.normal(count_key(key), ())
+    step = hparams["dp_clip_lr"] * (count / m - hparams["dp_quantile"])
+    scale = state.clip_scale * jnp.exp(-step).astype(state.clip_scale.dtype)
+    return AdaptiveClipState(inner, scale), {**metrics, "dp_clip": clip}
 
   hparams = {
     **alg.hparams,
@@ -180,6 +243,12 @@ def private(
       noise_multiplier, "noise multiplier z: noise std z C on the clipped sum", strict=False
     ),
   }
+  if adaptive:
+    hparams["dp_quantile"] = HParam(adaptive_quantile, "adaptive clipping's target quantile")
+    hparams["dp_clip_lr"] = HParam(adaptive_lr, "adaptive clipping's geometric step")
+    hparams["dp_count_noise"] = HParam(
+      count_noise, "noise std on the clip count over the expected participants", strict=False
+    )
   if losses:
     hparams["dp_loss_bound"] = HParam(loss_bound, "reported losses clipped to [0, B]")
     hparams["dp_loss_noise"] = HParam(
@@ -194,6 +263,18 @@ def private(
       "delta": delta,
       "accountant": accountant,
       "releases_losses": losses,
+      "adaptive_clipping": adaptive,
     },
   }
-  return alg._replace(round=round_fn, hparams=hparams, config=config)
+  if not adaptive:
+    return alg._replace(round=round_fn, hparams=hparams, config=config)
+  real = jnp.result_type(float)
+  return alg._replace(
+    init=lambda params, data, key: AdaptiveClipState(
+      alg.init(params, data, key), jnp.ones((), real)
+    ),
+    round=round_fn,
+    client_models=lambda state: alg.client_models(state.inner),
+    hparams=hparams,
+    config=config,
+  )

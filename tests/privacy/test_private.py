@@ -4,6 +4,7 @@ algorithm recovered with no noise and a huge clip, a sweep over noise multiplier
 runs, the records carrying epsilon, and the refusals."""
 
 import json
+import math
 
 import dp_accounting as dpa
 import jax
@@ -326,3 +327,43 @@ def test_epsilon_of_an_algorithm_releasing_losses_composes_both_gaussians(task):
   h2 = fd.run(pagn, ds, rounds=3)
   assert np.isfinite(np.asarray(h2.final_state.lam)).all()
   assert h2.evaluations[-1]["privacy"]["noise_multiplier"] == pytest.approx(2**-0.5)
+
+
+def test_adaptive_clipping_moves_the_clip_toward_the_quantile(task):
+  """With no count noise and every client taking part, one round moves the clip by
+  exp(-eta (b / n - gamma)), b the clients whose plain update (the same key) is within the
+  clip: Andrew et al.'s geometric update. The count is a release: no noise, epsilon inf; with
+  noise the accountant composes z with 2 sigma_b."""
+  ds, model = task
+  alg = _fedavg(model)
+  params = jax.tree.map(lambda a: a.astype(jnp.float64), model.init(jax.random.PRNGKey(1)))
+  hp, key = make_hparams(alg), jax.random.PRNGKey(0)  # _one_round's start and round key
+  plain = local_round(
+    model, _settings(alg), params, ds.train, key, hp["client_lr"], mean_only=False
+  )
+  norms = np.sqrt(
+    sum(np.sum(np.asarray(a).reshape(N, -1) ** 2, axis=1) for a in jax.tree.leaves(plain.deltas))
+  )
+  clip, gamma, eta = float(np.median(norms)), 0.4, 0.5  # half the clients within the clip
+  palg = fd.private(
+    alg, clip, 0.0, sampling="fixed", adaptive_quantile=gamma, adaptive_lr=eta, count_noise=0.0
+  )
+  _, new, metrics, _ = _one_round(palg, ds)
+  b = int(np.sum(norms <= clip))
+  assert 0 < b < N  # the clip splits the clients: the test can see a wrong count
+  assert int(metrics["dp_unclipped"]) == b and float(metrics["dp_clip"]) == clip
+  np.testing.assert_allclose(float(new.clip_scale), np.exp(-eta * (b / N - gamma)), rtol=1e-12)
+  hist = fd.run(palg, ds, rounds=3)
+  assert math.isinf(hist.evaluations[-1]["privacy"]["epsilon"])
+  noisy = fd.private(alg, clip, 1.0, rate=0.5, adaptive_quantile=gamma, count_noise=0.1)
+  h2 = fd.run(noisy, ds, rounds=3)
+  m = 0.5 * N
+  z = (1.0**-2 + (2 * 0.1 * m) ** -2) ** -0.5
+  want = _accountant_eps(dpa.PoissonSampledDpEvent(0.5, dpa.GaussianDpEvent(z)), 3, 1e-5)
+  assert h2.evaluations[-1]["privacy"]["epsilon"] == pytest.approx(want, rel=1e-12)
+  clips = np.asarray(h2.train_metrics["dp_clip"])
+  assert clips[0] == clip and np.all(clips > 0) and len(set(clips.tolist())) == 3
+  with pytest.raises(ValueError, match=r"adaptive_quantile must be a number in \(0, 1\)"):
+    fd.private(alg, clip, 1.0, rate=0.5, adaptive_quantile=1.0)
+  with pytest.raises(ValueError, match="adaptive_lr must be a positive"):
+    fd.private(alg, clip, 1.0, rate=0.5, adaptive_quantile=0.5, adaptive_lr=0.0)
