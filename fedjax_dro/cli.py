@@ -701,14 +701,10 @@ def _sweep_locked(args) -> int:
     for c, s, d in zip(res.configs, res.final_summary, res.diverged)
   ]
   header = ["hparams", "training seed", f"{metric} mean", f"{metric} worst-20%", "diverged"]
-  if "privacy" in alg.config:  # each row's epsilon after the rounds (its own noise multiplier)
-    from fedjax_dro.privacy.accounting import run_epsilon
-
+  if res.privacy is not None:  # each row's epsilon after its rounds (its own noise multiplier)
     header.append(f"epsilon (delta {alg.config['privacy']['delta']:.3g})")
-    for row, c in zip(rows, res.configs):
-      dp = {k: c["hparams"].get(k, spec.default) for k, spec in alg.hparams.items()}
-      eps = run_epsilon(alg.config, args.rounds, dp, ds.num_clients)["epsilon"]
-      row.append(f"{eps:.4g}")
+    for row, record in zip(rows, res.privacy):
+      row.append(f"{record['epsilon']:.4g}")
   print_table(rows, header)
   print(
     f"best (mean {metric}): {res.best(metric)}; {len(res.configs)} runs in one program: "

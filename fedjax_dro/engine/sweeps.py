@@ -120,6 +120,9 @@ class SweepResult:
       :func:`fedjax_dro.model_selection.cross_validate`).
     metadata: JSON-able facts about the sweep that it does not use (the data seed: ``seeds`` are
       training seeds), written to ``sweep.json``.
+    privacy: for a private algorithm (:func:`fedjax_dro.privacy.private`), every row's privacy
+      record after its rounds (``{"epsilon", "delta", ...}``, its own noise multipliers; a
+      diverged row counts the rounds before it stopped); else None.
   """
 
   algorithm: str
@@ -133,6 +136,7 @@ class SweepResult:
   compile_time: float
   final_state: Any = None  # stacked states, leading axis = rows
   metadata: Dict[str, Any] = dataclasses.field(default_factory=dict)
+  privacy: Optional[List[Dict[str, Any]]] = None
 
   def save(self, out_dir: str) -> List[str]:
     """Writes ``sweep.json`` and ``sweep.csv``
@@ -200,6 +204,7 @@ def sweep(
   given_true_params = true_params
   train, eval_data, true_params, _ = split_data(data, eval_data, true_params)
   check_run_inputs(alg, train, eval_data, true_params=given_true_params)
+  num_clients = train.num_clients  # before a mesh pads the client axis
   if grid is not None and not isinstance(grid, dict):
     raise TypeError(
       f"grid must be a dict mapping hyper-parameter names to lists of values, like "
@@ -322,6 +327,19 @@ def sweep(
     compile_time,
     jax.tree.map(lambda a: a[:num], state),
   )
+  if "privacy" in alg.config:  # each row's epsilon from its own noise multipliers
+    from fedjax_dro.privacy.accounting import run_epsilon
+
+    dp = {k: np.asarray(fetch(v)) for k, v in hp.items() if k.startswith("dp_")}
+    result.privacy = [
+      run_epsilon(
+        alg.config,
+        int(status[1][i]) if diverged[i] else rounds,
+        {k: v.reshape(-1)[i] if v.ndim else v for k, v in dp.items()},
+        num_clients,
+      )
+      for i in range(num)
+    ]
   if loggers is not None and is_writer():
     from fedjax_dro.records.loggers import log_sweep
 

@@ -316,6 +316,7 @@ def sweep_to_csv(result, out_dir: str) -> List[str]:
         "wall_time_s": result.wall_time,
         "compile_time_s": result.compile_time,
         **({"metadata": result.metadata} if getattr(result, "metadata", None) else {}),
+        **({"privacy": result.privacy} if getattr(result, "privacy", None) else {}),
       },
       indent=2,
     ),

@@ -242,6 +242,7 @@ def test_a_sweep_over_noise_multipliers_equals_single_runs(task):
     single = fd.run(palg, ds, rounds=4, seed=1, hparams={"dp_noise": z})
     got = jax.tree.map(lambda a, row=row: a[row], res.final_state)
     assert _leaves_diff(got.params, single.final_state.params) < 1e-10
+    assert res.privacy[row] == single.evaluations[-1]["privacy"]  # each row's own epsilon
   assert (
     _leaves_diff(
       jax.tree.map(lambda a: a[0], res.final_state).params,
