@@ -7,7 +7,8 @@ server, and the sum is divided by the expected number of participants. The mecha
 :mod:`fedjax_dro.core.privacy`; the accounting in :mod:`fedjax_dro.privacy.accounting`.
 
 What each algorithm releases every round and how it is privatized is :data:`RELEASES`; an
-algorithm not in it is refused with the reason (:data:`REFUSED`) or as not yet supported.
+algorithm not in it is refused with the reason: it cannot be private (:data:`REFUSED`) or its
+releases are not privatized yet (:data:`NOT_YET`).
 """
 
 from __future__ import annotations
@@ -68,7 +69,34 @@ RELEASES: Dict[str, str] = {
   "(clipped to [0, B] and noised), which drives lambda's exponentiated step (post-processing)",
 }
 LOSS_RELEASES = ("afl", "agnostic_fedavg")  # the algorithms that release their losses too
+NOT_YET: Dict[str, str] = {
+  "drfa": "it draws its participants by the dual weights lambda, not uniformly (one Poisson rate "
+  "does not describe them), and releases losses at a second, randomly averaged model",
+  "qffl": "its server step divides the participants' weighted updates by the sum of their "
+  "reported h_k = q F^(q-1) ||Delta||^2 + L F^q: a ratio of two noised sums, whose noised "
+  "denominator needs its own design",
+  "scaff_pd": "its participants release control variates and the losses of the dual step besides "
+  "their model updates",
+  "fgdro_cvar": "its participants release the moving-average estimates the server averages "
+  "alongside the model",
+  "fgdro_kl": "its participants release the moving-average estimates the server averages "
+  "alongside the model",
+  "fgdro_kl_adam": "its participants release the moving averages and Adam moments the server "
+  "averages alongside the model",
+  "dr_dsgd": "its local round (the shared stateful round) is not yet routed through the private "
+  "participant draw and clip",
+  "fedavg_momentum": "its local round (the shared stateful round) is not yet routed through the "
+  "private participant draw and clip",
+  "ifca": "each client's cluster choice decides which cluster's sum its update joins, and the "
+  "per-cluster counts that normalize those sums are private too",
+  "pfedme": "its participants follow its own schedule (personal updates for every client under "
+  "personal_updates='all'); its global-model update is not yet routed through the private draw",
+  "fedsgd": "its update is one backward pass over all the participants' minibatches together; "
+  "clipping needs each participant's gradient separately",
+}
 REFUSED: Dict[str, str] = {
+  "local": "it has no server: nothing leaves a client, so there is nothing to privatize",
+  "local_adam": "it has no server: nothing leaves a client, so there is nothing to privatize",
   "karula": "its server step projects all the clients' personalized models jointly onto the "
   "pairwise-distance constraints: it reads every client's model, so no clipped, noised sum of "
   "updates can stand in for it",
@@ -161,9 +189,9 @@ def private(
       f"private: {alg.name!r} cannot be made client-level private: {REFUSED[alg.name]}"
     )
   if alg.name not in RELEASES:
+    why = NOT_YET.get(alg.name, "its releases are not declared in RELEASES")
     raise ValueError(
-      f"private: {alg.name!r} has no private form yet (its round releases more than one clipped "
-      f"sum of updates); supported: {sorted(RELEASES)}"
+      f"private: {alg.name!r} has no private form yet: {why}; supported: {sorted(RELEASES)}"
     )
   if alg.config.get("weighting", "uniform") != "uniform":
     raise ValueError(

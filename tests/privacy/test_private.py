@@ -368,3 +368,19 @@ def test_adaptive_clipping_moves_the_clip_toward_the_quantile(task):
     fd.private(alg, clip, 1.0, rate=0.5, adaptive_quantile=1.0)
   with pytest.raises(ValueError, match="adaptive_lr must be a positive"):
     fd.private(alg, clip, 1.0, rate=0.5, adaptive_quantile=0.5, adaptive_lr=0.0)
+
+
+def test_every_algorithm_has_its_row_in_the_release_table():
+  """RELEASES, REFUSED and NOT_YET split the registry; docs/privacy.md has a row for each."""
+  import pathlib
+
+  from fedjax_dro.algorithms import list_algorithms
+  from fedjax_dro.privacy import NOT_YET, REFUSED, RELEASES
+
+  names = set(list_algorithms())
+  groups = [set(RELEASES), set(REFUSED), set(NOT_YET)]
+  assert set.union(*groups) == names and sum(map(len, groups)) == len(names)
+  page = (pathlib.Path(__file__).parents[2] / "docs" / "privacy.md").read_text()
+  table = [line.split("|")[1] for line in page.splitlines() if line.startswith("| ")]
+  listed = {n.strip() for cell in table for n in cell.split(",")}
+  assert names <= listed, sorted(names - listed)
