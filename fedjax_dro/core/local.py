@@ -1,9 +1,10 @@
 """Local training: ``lax.scan`` over local steps for one client, and the per-round driver that
 runs it for the participating clients with a chosen backend.
 
-A little over 600 lines: the local step's forms, the participant draw (plain or private,
-:mod:`fedjax_dro.core.privacy`) and the three round drivers share their key schedule and are
-read together; splitting them would scatter one schedule over modules."""
+About 680 lines, over the house's 600: the local step's forms, the participant draw (plain or
+private, :mod:`fedjax_dro.core.privacy`) and the round drivers (plain, stateful, private
+stateful) share one key schedule and are read together; splitting them would scatter that
+schedule over modules."""
 
 from __future__ import annotations
 
@@ -471,6 +472,7 @@ class StatefulRound(NamedTuple):
   carries: Any
   losses: Any
   num_examples: Any
+  present: Any = None  # [s] bool: a private round's filled slots (None: all)
 
 
 def stateful_local_round(
@@ -515,6 +517,16 @@ def stateful_local_round(
     raise ValueError("give exactly one of step and batch_step")
   n = data.num_clients
   s = participants(settings, n)
+  dp = None
+  if privacy_active() is not None:  # private: the shared draw (Poisson or fixed), clipped deltas
+    idx, clients, take, _, local_key, present = _draw_participants(settings, data, key)
+    s = idx.shape[0]
+    dp = private_round(bool(averaged), present, s, n)
+    if not averaged or client_state is not None:
+      raise ValueError("a private stateful round releases averaged carries from a shared start")
+    return _private_stateful(
+      dp, settings, clients, local_key, idx, start, step, batch_step, model, num_steps, averaged
+    )
   sample_key, local_key = jax.random.split(key)
   idx = sample_clients(sample_key, n, s)
   full = s == n and not getattr(data, "host_resident", False)
@@ -523,17 +535,7 @@ def stateful_local_round(
   if client_state is not None:
     rows = client_state if full else jax.tree.map(lambda a: a[idx], client_state)
 
-  def client_update(x, y, nex, k, row):
-    def one_step(carry, bx, by, bmask):
-      objective = jax.value_and_grad(lambda p: client_loss(model, p, bx, by, bmask))
-      if batch_step is not None:
-        return batch_step(carry, objective)
-      loss, g = objective(carry["params"])
-      return step(carry, loss, g), loss
-
-    schedule = settings_schedule(settings, k, nex, x.shape[0], num_steps)
-    carry, losses = scan_schedule(one_step, start(row), schedule, x, y, nex)
-    return carry, losses[0]
+  client_update = _stateful_update(model, settings, start, step, batch_step, num_steps)
 
   reference = start(None if rows is None else jax.tree.map(lambda a: a[0], rows))["params"]
   backend = backend_for(settings, reference)
@@ -563,9 +565,67 @@ def stateful_local_round(
   return StatefulRound(idx, {**kept, **means}, losses, clients.num_examples)
 
 
+def _stateful_update(model, settings, start, step, batch_step, num_steps):
+  """``(x, y, nex, key, row) -> (carry, first loss)``: one participant's stateful local round."""
+
+  def client_update(x, y, nex, k, row):
+    def one_step(carry, bx, by, bmask):
+      objective = jax.value_and_grad(lambda p: client_loss(model, p, bx, by, bmask))
+      if batch_step is not None:
+        return batch_step(carry, objective)
+      loss, g = objective(carry["params"])
+      return step(carry, loss, g), loss
+
+    schedule = settings_schedule(settings, k, nex, x.shape[0], num_steps)
+    carry, losses = scan_schedule(one_step, start(row), schedule, x, y, nex)
+    return carry, losses[0]
+
+  return client_update
+
+
+def _private_stateful(
+  dp, settings, clients, local_key, idx, start, step, batch_step, model, num_steps, averaged
+):
+  """A private :func:`stateful_local_round`: each participant's deltas of the ``averaged`` carries
+  from the shared start, clipped together, summed over the expected participants and noised
+  (:class:`~fedjax_dro.core.privacy.PrivateRound`); ``carries[key]`` is the start plus that."""
+  client_update = _stateful_update(model, settings, start, step, batch_step, num_steps)
+  base = start(None)
+
+  def released(x, y, nex, k):
+    carry, loss = client_update(x, y, nex, k, None)
+    deltas = {name: jax.tree.map(jnp.subtract, carry[name], base[name]) for name in averaged}
+    return dp.send(deltas, loss)
+
+  s = idx.shape[0]
+  mean, aux = map_clients_weighted_sum(
+    released,
+    dp.weights / dp.expected,
+    clients.x,
+    clients.y,
+    clients.num_examples,
+    jax.random.split(local_key, s),
+    backend=backend_for(settings, base["params"]),
+    chunk_size=settings.chunk_size,
+  )
+  losses = dp.received(aux, dp.weights)
+  mean = dp.noised(mean, jax.random.fold_in(local_key, 0))
+  carries = {name: jax.tree.map(jnp.add, base[name], mean[name]) for name in averaged}
+  return StatefulRound(idx, carries, losses, clients.num_examples, dp.weights > 0)
+
+
 def stateful_round_metrics(update: StatefulRound) -> dict:
-  """Uniform mean and max of the participants' first-step losses (scan-able)."""
-  return {"train_loss": jnp.mean(update.losses), "train_loss_max": jnp.max(update.losses)}
+  """Uniform mean and max of the participants' first-step losses (scan-able; a private round's
+  empty slots left out, 0 when none is filled)."""
+  if update.present is None:
+    return {"train_loss": jnp.mean(update.losses), "train_loss_max": jnp.max(update.losses)}
+  w = update.present.astype(update.losses.dtype)
+  count = jnp.sum(w)
+  top = jnp.max(jnp.where(update.present, update.losses, -jnp.inf))
+  return {
+    "train_loss": jnp.sum(w * update.losses) / jnp.maximum(count, 1),
+    "train_loss_max": jnp.where(count > 0, top, 0),
+  }
 
 
 def map_client_data(fn: Callable, data, keys, *, backend: str, chunk_size: Optional[int]):

@@ -68,6 +68,14 @@ RELEASES: Dict[str, str] = {
   "expected weight q of the participants, noised for the largest lambda) and its full-data loss "
   "(clipped to [0, B] and noised), which drives lambda's exponentiated step (post-processing)",
 }
+RELEASES["dr_dsgd"] = (
+  "each participant's model delta (its local steps weight each gradient by exp(loss / lambda) on "
+  f"the client); the server reads {_SUM}"
+)
+RELEASES["fedavg_momentum"] = (
+  "each participant's model and momentum deltas, clipped together to C (one vector); the server "
+  "reads their noised sums over the expected participants"
+)
 LOSS_RELEASES = ("afl", "agnostic_fedavg")  # the algorithms that release their losses too
 NOT_YET: Dict[str, str] = {
   "drfa": "it draws its participants by the dual weights lambda, not uniformly (one Poisson rate "
@@ -83,10 +91,6 @@ NOT_YET: Dict[str, str] = {
   "alongside the model",
   "fgdro_kl_adam": "its participants release the moving averages and Adam moments the server "
   "averages alongside the model",
-  "dr_dsgd": "its local round (the shared stateful round) is not yet routed through the private "
-  "participant draw and clip",
-  "fedavg_momentum": "its local round (the shared stateful round) is not yet routed through the "
-  "private participant draw and clip",
   "ifca": "each client's cluster choice decides which cluster's sum its update joins, and the "
   "per-cluster counts that normalize those sums are private too",
   "pfedme": "its participants follow its own schedule (personal updates for every client under "

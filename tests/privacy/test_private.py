@@ -225,12 +225,21 @@ def test_no_noise_and_a_huge_clip_is_the_plain_algorithm(task):
     lambda: fedadam(model, local_steps=2, batch_size=8, clients_per_round=5, weighting="uniform"),
     lambda: ditto(model, local_steps=2, batch_size=8, clients_per_round=5, weighting="uniform"),
     lambda: afl(model, batch_size=8, clients_per_round=5),
+    lambda: get_algorithm("dr_dsgd").factory(
+      model, local_steps=2, batch_size=8, clients_per_round=5
+    ),
+    lambda: get_algorithm("fedavg_momentum").factory(
+      model, local_steps=2, batch_size=8, clients_per_round=5
+    ),
     lambda: agnostic_fedavg(model, local_steps=2, batch_size=8),  # all clients: sum lambda = 1
   ):
     alg = build()
-    plain = fd.run(alg, ds, rounds=3, seed=4)
+    hp = {"lam": 100.0, "client_lr": 1e-3} if alg.name == "dr_dsgd" else None  # exp(l / lam)
+    plain = fd.run(alg, ds, rounds=3, seed=4, hparams=hp)
     kw = {"loss_bound": 1e12} if alg.name in LOSS_RELEASES else {}
-    priv = fd.run(fd.private(alg, 1e12, 0.0, sampling="fixed", **kw), ds, rounds=3, seed=4)
+    priv = fd.run(
+      fd.private(alg, 1e12, 0.0, sampling="fixed", **kw), ds, rounds=3, seed=4, hparams=hp
+    )
     assert _leaves_diff(plain.final_state, priv.final_state) < 1e-10, alg.name
 
 
@@ -384,3 +393,16 @@ def test_every_algorithm_has_its_row_in_the_release_table():
   table = [line.split("|")[1] for line in page.splitlines() if line.startswith("| ")]
   listed = {n.strip() for cell in table for n in cell.split(",")}
   assert names <= listed, sorted(names - listed)
+
+
+def test_a_private_stateful_round_under_poisson(task):
+  """FedAvg-M's model and momentum released together under Poisson participation: finite, its
+  metrics over the filled slots only, epsilon reported."""
+  ds, model = task
+  alg = get_algorithm("fedavg_momentum").factory(model, local_steps=2, batch_size=8)
+  hist = fd.run(fd.private(alg, 0.5, 0.8, rate=0.4), ds, rounds=4)
+  m = {k: np.asarray(v) for k, v in hist.train_metrics.items()}
+  assert np.all(m["dp_participants"] <= poisson_capacity(N, 0.4))
+  assert np.all(np.isfinite(m["train_loss"])) and np.all(m["dp_unclipped"] <= m["dp_participants"])
+  assert np.isfinite(np.asarray(hist.final_state.momentum["w"])).all()
+  assert hist.evaluations[-1]["privacy"]["rounds"] == 4
