@@ -41,6 +41,7 @@ def test_every_strategy_spends_the_same_epsilon():
   assert math.isinf(matched_epsilon(0.0, 0.1, 50, 200, _model()))
   algs = {st.label: st.make(_model()) for st in strategies(1.5, 0.1)}
   assert algs["FedAvg"].hparams["dp_noise"].default == 1.5
+  assert algs["DR-DSGD"].hparams["dp_noise"].default == 1.5
   for label in ("AFL", "AgnosticFedAvg"):
     hp = algs[label].hparams
     assert hp["dp_noise"].default == pytest.approx(1.5 * math.sqrt(2))
@@ -111,6 +112,6 @@ def test_a_tiny_run_through_the_cli(tmp_path):
   assert result["quick"] and result["rounds"] == 2
   assert [lv["z"] for lv in result["levels"]] == list(pf.QUICK["levels"])
   for level in result["levels"]:
-    assert set(level["record"]["table"]) == {"FedAvg", "AFL", "AgnosticFedAvg"}
+    assert set(level["record"]["table"]) == {"FedAvg", "AFL", "DR-DSGD", "AgnosticFedAvg"}
   assert (out / "privacy_fairness.png").stat().st_size > 1000
   assert "inf (clip only)" in (out / "privacy_fairness.md").read_text()
