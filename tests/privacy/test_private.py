@@ -419,3 +419,26 @@ def test_a_private_stateful_round_under_poisson(task):
   assert np.all(np.isfinite(m["train_loss"])) and np.all(m["dp_unclipped"] <= m["dp_participants"])
   assert np.isfinite(np.asarray(hist.final_state.momentum["w"])).all()
   assert hist.evaluations[-1]["privacy"]["rounds"] == 4
+
+
+def test_trackers_receive_epsilon():
+  """log_evaluation passes a private run's epsilon to every tracker as privacy/epsilon (and an
+  infinite epsilon, no noise, not at all)."""
+  from fedjax_dro.records.loggers import log_evaluation
+
+  class Recorder:
+    def __init__(self):
+      self.scalars = {}
+
+    def log_scalars(self, step, scalars):
+      self.scalars[step] = dict(scalars)
+
+    def log_histogram(self, step, name, values):
+      pass
+
+  rec = Recorder()
+  ev = {"round": 5, "summary": {}, "per_client": {}, "privacy": {"epsilon": 2.5, "delta": 1e-5}}
+  log_evaluation([rec], ev)
+  assert rec.scalars[5]["privacy/epsilon"] == 2.5
+  log_evaluation([rec], {**ev, "round": 6, "privacy": {"epsilon": math.inf, "delta": 1e-5}})
+  assert "privacy/epsilon" not in rec.scalars[6]
