@@ -1,7 +1,7 @@
 """Local training: ``lax.scan`` over local steps for one client, and the per-round driver that
 runs it for the participating clients with a chosen backend.
 
-About 680 lines, over the house's 600: the local step's forms, the participant draw (plain or
+About 680 lines, over the house's 600 lines: the local step's forms, the participant draw (plain or
 private, :mod:`fedjax_dro.core.privacy`) and the round drivers (plain, stateful, private
 stateful) share one key schedule and are read together; splitting them would scatter that
 schedule over modules."""

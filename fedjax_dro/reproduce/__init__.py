@@ -13,7 +13,7 @@ table) to ``out_dir``. One module per paper:
   :mod:`fedjax_dro.reproduce.fgdro_protocol`): FGDRO, Appendix G, Table 7 (``--data-dir``: the
   paper's CIFAR-10 protocol; without it, the digits stand-in).
 
-* ``privacy-fairness`` (:mod:`fedjax_dro.reproduce.privacy_fairness`): FedAvg, AFL and
+* ``privacy-fairness`` (:mod:`fedjax_dro.reproduce.privacy_fairness`): FedAvg, AFL, DR-DSGD and
   AgnosticFedAvg under client-level DP at matched epsilon (this package's own experiment).
 
 To add one, write ``fedjax_dro/reproduce/<paper>.py`` and add its entry below.
@@ -61,7 +61,7 @@ RUN_TIMES: Dict[str, str] = {
   "karula-synthetic": "Karula Table 1a (synthetic ridge, both readings): about 76 minutes",
   "karula-heart": "Karula Table 1b (UCI heart disease, shipped): about 8 minutes",
   "karula-femnist": "Karula by-writer digits / LEAF FEMNIST, three budgets: about 45 minutes",
-  "privacy-fairness": "FedAvg, AFL, AgnosticFedAvg under client-level DP, four levels: TBD",
+  "privacy-fairness": "FedAvg, AFL, DR-DSGD, AgnosticFedAvg under DP, four levels: about 20 minutes",
 }
 
 

@@ -43,6 +43,7 @@ The protocol (:mod:`fedjax_dro.compare`, one comparison per privacy level):
 from __future__ import annotations
 
 import math
+import time
 from typing import Any, Dict, Optional
 
 import numpy as np
@@ -154,6 +155,7 @@ def privacy_fairness(
   from fedjax_dro import compare as C
   from fedjax_dro.reproduce.common import write_result
 
+  t0 = time.perf_counter()
   cfg = dict(QUICK if quick else DEFAULTS)
   if rounds is not None:
     cfg["rounds"] = rounds
@@ -200,6 +202,7 @@ def privacy_fairness(
     "delta": DELTA,
     "seeds": list(seeds),
     "levels": levels,
+    "wall_time_s": time.perf_counter() - t0,
   }
   md = privacy_markdown(result)
   if verbose:
@@ -216,12 +219,18 @@ def _cell(entry: Dict[str, Any], key: Optional[str] = None) -> str:
   return f"{mean:.3f} +- {two_se:.3f}" if two_se is not None else f"{mean:.3f}"
 
 
+def _epsilon(level) -> float:
+  """A level's epsilon (inf when the JSON holds it as null: no noise)."""
+  eps = level["epsilon"]
+  return math.inf if eps is None else float(eps)
+
+
 def rows(result: Dict[str, Any]):
   """``[(z, epsilon, label, worst20 {mean, two_se}, mean {mean, two_se})]`` of a result."""
   out = []
   for level in result["levels"]:
     for label, row in level["record"]["table"].items():
-      out.append((level["z"], level["epsilon"], label, row["accuracy"], row["accuracy_mean"]))
+      out.append((level["z"], _epsilon(level), label, row["accuracy"], row["accuracy_mean"]))
   return out
 
 
@@ -240,7 +249,46 @@ def privacy_markdown(result: Dict[str, Any]) -> str:
   for z, eps, label, worst, mean in rows(result):
     e = "inf (clip only)" if not math.isfinite(eps) else f"{eps:.3g}"
     lines.append(f"| {z:g} | {e} | {label} | {_cell(worst)} | {_cell(mean)} |")
+  lines += [
+    "",
+    "Paired differences from FedAvg, worst-20% accuracy (mean +- 2 SE over the seeds; wins / "
+    "losses):",
+    "",
+    "| FedAvg z | " + " | ".join(_others(result)) + " |",
+    "|---|" + "---|" * len(_others(result)),
+  ]
+  for level in result["levels"]:
+    paired = level["record"].get("paired", {}).get("accuracy", {})
+    cells = []
+    for label in _others(result):
+      d = paired.get(label)
+      cells.append(
+        "-"
+        if d is None
+        else f"{d['difference']:+.3f} +- {d['difference_2se']:.3f} ({d['wins']} / {d['losses']})"
+      )
+    lines.append(f"| {level['z']:g} | " + " | ".join(cells) + " |")
+  edges = [(lv["z"], e) for lv in result["levels"] for e in lv["record"].get("edges", [])]
+  if edges:
+    lines += [
+      "",
+      f"Choices left on a grid edge after one widening ({len(edges)}; each level's own record "
+      "lists them): "
+      + "; ".join(
+        f"z = {z:g} {e['strategy']} seed {e['seed']} {e['axis']} = {e['value']:.3g}"
+        for z, e in edges
+      )
+      + ".",
+    ]
+  if result.get("wall_time_s") is not None:
+    lines += ["", f"Wall time: {result['wall_time_s'] / 60:.0f} min."]
   return "\n".join(lines) + "\n"
+
+
+def _others(result):
+  """The strategies other than FedAvg, in the table's order."""
+  labels = list(result["levels"][0]["record"]["table"]) if result["levels"] else []
+  return [label for label in labels if label != "FedAvg"]
 
 
 def plot_privacy_fairness(result: Dict[str, Any], path: str) -> str:
