@@ -21,7 +21,7 @@ left empty carry weight 0 and change nothing). ``capacity`` is the smallest coun
 Binomial(``n``, ``q``) exceeds with probability at most ``OVERFLOW_PROBABILITY``; a round that
 draws more keeps the first ``capacity`` (counted in the round's ``dp_dropped`` metric). The
 guarantee then holds with ``delta`` increased by at most ``rounds * overflow_probability``, which
-:class:`Privacy` records.
+:func:`fedjax_dro.privacy.accounting.run_epsilon` reports as ``delta_overflow``.
 """
 
 from __future__ import annotations
