@@ -184,7 +184,7 @@ def privacy_fairness(
         budget=C.Budget("rounds", rounds=r),
         selection="kfold",
         folds=2,
-        max_widenings=1,
+        max_widenings=2,
         reference="FedAvg",
       ),
       extra_metrics=[C.ExtraMetric("accuracy_mean", _accuracy_mean(model), higher_is_better=True)],
