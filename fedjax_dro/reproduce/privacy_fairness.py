@@ -31,8 +31,8 @@ The protocol (:mod:`fedjax_dro.compare`, one comparison per privacy level):
 * the robustness parameters at their defaults (AFL's ``lr_lambda`` 0.1, AgnosticFedAvg's
   ``domain_lr`` 0.1, DR-DSGD's ``lam`` 2), not tuned;
 * per seed, each strategy's step size chosen from three values by 2-fold cross-validation on
-  the clients' training rows (the grid widened once, geometrically, where the choice sits on
-  an edge: the same rule for every strategy), scored on the reported metric (worst-20%
+  the clients' training rows (the grid widened geometrically, up to twice, where the choice
+  sits on an edge: the same rule for every strategy), scored on the reported metric (worst-20%
   accuracy); the mean
   accuracy is a further column. The selection runs are private runs too, but the choice among
   three step sizes is not accounted: the epsilon reported is the final run's (as in most
@@ -272,8 +272,8 @@ def privacy_markdown(result: Dict[str, Any]) -> str:
   if edges:
     lines += [
       "",
-      f"Choices left on a grid edge after one widening ({len(edges)}; each level's own record "
-      "lists them): "
+      f"Choices left on a grid edge after widening ({len(edges)}; each level's own record lists "
+      "them): "
       + "; ".join(
         f"z = {z:g} {e['strategy']} seed {e['seed']} {e['axis']} = {e['value']:.3g}"
         for z, e in edges
