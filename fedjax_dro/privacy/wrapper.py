@@ -165,17 +165,17 @@ def private(
       exactly into one of noise multiplier ``(z^-2 + z_l^-2)^(-1/2)``: the accountant's.
     adaptive_quantile: ``gamma`` in (0, 1) for adaptive clipping (Andrew, Thakkar, McMahan,
       Ramaswamy, "Differentially Private Learning with Adaptive Clipping", NeurIPS 2021,
-      arXiv:1905.03871): each participant also reports whether its update was within the clip;
-      the server adds Gaussian noise of standard deviation ``sigma_b`` to their count ``b``,
-      divides by the expected participants ``m`` and moves the clip geometrically,
+      arXiv:1905.03871): each participant also reports whether its update was within the clip
+      (``b_i`` in {0, 1}); the server adds Gaussian noise of standard deviation ``sigma_b`` to
+      ``sum_i (b_i - 1/2)`` (sensitivity 1/2), forms ``b~ = released / m + 1/2`` with ``m`` the
+      expected participants, and moves the clip geometrically,
       ``C <- C exp(-adaptive_lr (b~ - gamma))``, so that it tracks the ``gamma`` quantile of the
       update norms (``clip_norm`` is its start). The state becomes
       :class:`AdaptiveClipState`; the round reports the clip it used (``dp_clip``). None
       (default): a fixed clip. Hyper-parameter ``dp_quantile``.
     adaptive_lr: ``eta_C`` (> 0), hyper-parameter ``dp_clip_lr``.
     count_noise: ``sigma_b / m`` (>= 0; default 0.05, the paper's ``sigma_b = m / 20``),
-      hyper-parameter ``dp_count_noise``. The count (sensitivity 1/2 once centred) is a second
-      Gaussian release: the accountant composes ``z`` with ``2 sigma_b`` (0: the count is
+      hyper-parameter ``dp_count_noise``. The centred count is a second Gaussian release: the accountant composes ``z`` with ``2 sigma_b`` (0: the count is
       released exactly and epsilon is infinite).
 
   Raises:
@@ -263,8 +263,10 @@ def private(
     n = data.num_clients
     m = expected_participants(settings, n, alg.config.get("clients_per_round") or n)
     sigma = hparams["dp_count_noise"] * m
-    count = metrics["dp_unclipped"] + sigma * jax.random.normal(count_key(key), ())
-    step = hparams["dp_clip_lr"] * (count / m - hparams["dp_quantile"])
+    # released: sum_i (b_i - 1/2) + N(0, sigma^2), sensitivity 1/2; b~ = released / m + 1/2
+    centred = metrics["dp_unclipped"] - metrics["dp_participants"] / 2
+    released = centred + sigma * jax.random.normal(count_key(key), ())
+    step = hparams["dp_clip_lr"] * (released / m + 0.5 - hparams["dp_quantile"])
     scale = state.clip_scale * jnp.exp(-step).astype(state.clip_scale.dtype)
     return AdaptiveClipState(inner, scale), {**metrics, "dp_clip": clip}
 

@@ -378,6 +378,16 @@ def test_adaptive_clipping_moves_the_clip_toward_the_quantile(task):
   np.testing.assert_allclose(float(new.clip_scale), np.exp(-eta * (b / N - gamma)), rtol=1e-12)
   hist = fd.run(palg, ds, rounds=3)
   assert math.isinf(hist.evaluations[-1]["privacy"]["epsilon"])
+  # Poisson: the released count is the centred sum_i (b_i - 1/2) (sensitivity 1/2), so
+  # b~ = (b - p / 2) / m + 1/2 with p the participants drawn and m = q n the expected count
+  pois = fd.private(
+    alg, clip, 0.0, rate=0.5, adaptive_quantile=gamma, adaptive_lr=eta, count_noise=0.0
+  )
+  _, new_p, met, _ = _one_round(pois, ds, seed=5)
+  b, p, m = float(met["dp_unclipped"]), float(met["dp_participants"]), 0.5 * N
+  assert p != m  # the draw's size differs from the expected one: the centring shows
+  want = np.exp(-eta * ((b - p / 2) / m + 0.5 - gamma))
+  np.testing.assert_allclose(float(new_p.clip_scale), want, rtol=1e-12)
   noisy = fd.private(alg, clip, 1.0, rate=0.5, adaptive_quantile=gamma, count_noise=0.1)
   h2 = fd.run(noisy, ds, rounds=3)
   m = 0.5 * N
