@@ -317,7 +317,10 @@ def plot_privacy_fairness(result: Dict[str, Any], path: str) -> str:
         label=label,
       )
     ax.set_xscale("log")
-    ax.set_xlabel(f"epsilon (delta {result['delta']:g}); rightmost: clip only, no noise")
+    ticks = sorted(set(finite)) + [right]
+    ax.set_xticks(ticks, [f"{t:.3g}" for t in ticks[:-1]] + ["inf\n(no noise)"])
+    ax.minorticks_off()
+    ax.set_xlabel(f"epsilon (delta {result['delta']:g})")
     ax.set_title(title)
     ax.grid(alpha=0.3)
   axes[0].legend()
