@@ -17,8 +17,8 @@ wrapper's hyper-parameters ``dp_clip`` and ``dp_noise``), so a sweep over them i
 
 Poisson participation in fixed shapes: the round draws a Bernoulli(``q``) mask over the ``n``
 clients and trains the first ``capacity`` of the drawn clients in slots of one fixed size (slots
-left empty carry weight 0 and change nothing). ``capacity`` is the smallest count that a
-Binomial(``n``, ``q``) exceeds with probability at most ``OVERFLOW_PROBABILITY``; a round that
+left empty carry weight 0 and change nothing). ``capacity`` is one above the ``1 -
+OVERFLOW_PROBABILITY`` quantile of a Binomial(``n``, ``q``) (:func:`poisson_capacity`); a round that
 draws more keeps the first ``capacity`` (counted in the round's ``dp_dropped`` metric). The
 guarantee then holds with ``delta`` increased by at most ``rounds * overflow_probability``, which
 :func:`fedjax_dro.privacy.accounting.run_epsilon` reports as ``delta_overflow``.
@@ -90,8 +90,9 @@ def active() -> Optional[Active]:
 
 
 def poisson_capacity(num_clients: int, rate: float) -> int:
-  """The fewest slots that hold a Poisson draw of ``num_clients`` clients at ``rate`` but with
-  probability at most :data:`OVERFLOW_PROBABILITY` (all clients when that is fewer)."""
+  """Slots that hold a Poisson draw of ``num_clients`` clients at ``rate`` but with probability
+  at most :data:`OVERFLOW_PROBABILITY`: one above the binomial's ``1 - OVERFLOW_PROBABILITY``
+  quantile (all clients when that is fewer)."""
   from scipy.stats import binom
 
   if rate >= 1.0:

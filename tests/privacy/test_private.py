@@ -452,3 +452,23 @@ def test_trackers_receive_epsilon():
   assert rec.scalars[5]["privacy/epsilon"] == 2.5
   log_evaluation([rec], {**ev, "round": 6, "privacy": {"epsilon": math.inf, "delta": 1e-5}})
   assert "privacy/epsilon" not in rec.scalars[6]
+
+
+def test_the_capacity_table_in_the_docs_is_the_codes():
+  """docs/privacy.md's table of Poisson capacities is what poisson_capacity computes, and each
+  capacity holds a Binomial(n, q) draw but with probability <= 1e-12."""
+  import pathlib
+
+  from scipy.stats import binom
+
+  page = (pathlib.Path(__file__).parents[2] / "docs" / "privacy.md").read_text()
+  rows = [
+    [c.strip().replace(",", "") for c in line.split("|")[1:-1]]
+    for line in page.splitlines()
+    if line.startswith("| ") and line.count("|") == 6 and line.split("|")[1].strip()[0].isdigit()
+  ]
+  assert len(rows) == 5
+  for n, q, _, cap, _ in rows:
+    n, q, cap = int(n), float(q), int(cap)
+    assert poisson_capacity(n, q) == cap
+    assert binom.sf(cap - 1, n, q) <= 1e-12 < binom.sf(cap - 2, n, q)  # one above the quantile
