@@ -27,6 +27,11 @@ Readings where the paper is terse (each backed by a test in ``tests/algorithms/t
 * With partial participation (``clients_per_round < N``; the paper uses all clients) the averages
   run over the participants, and only their ``u`` rows advance.
 * Averages are unweighted (``1/N``), as in the paper.
+
+Private form (:func:`fedjax_dro.privacy.private`): a participant releases the change of its
+model and of its threshold, ``(w_{i,I} - w_bar, s_{i,I} - s_bar)``, clipped together to the clip
+norm; the server adds both noised sums over the expected participants to ``w_bar`` and ``s_bar``.
+``u`` stays on the client (its row is written back only for the clients drawn).
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, regis
 from fedjax_dro.core.aggregation import scatter_rows
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import stateful_local_round, stateful_round_metrics
+from fedjax_dro.core.privacy import active
 from fedjax_dro.core.settings import CommonSettings, round_zero, state_init
 
 
@@ -124,10 +130,13 @@ def fgdro_cvar(model, settings: CommonSettings) -> Algorithm:
       w = jax.tree.map(lambda p, g: (p - lr * active * g).astype(p.dtype), carry["params"], grad)
       return {"params": w, "s": s, "u": u}
 
+    # private (fd.private): the threshold's delta is released with the model's, clipped together
+    private = active() is not None
+    averaged = ("params", "s") if private else ("params",)
     update, loss_estimates = estimator_round(
-      model, settings, state.loss_estimates, data, key, start=start, step=step, averaged=("params",)
+      model, settings, state.loss_estimates, data, key, start=start, step=step, averaged=averaged
     )
-    threshold = jnp.mean(update.carries["s"])
+    threshold = update.carries["s"] if private else jnp.mean(update.carries["s"])
     metrics = stateful_round_metrics(update)
     metrics["threshold"] = threshold
     params = update.carries["params"]

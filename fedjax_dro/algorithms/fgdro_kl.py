@@ -31,10 +31,20 @@ Readings where the paper is terse (each backed by a test in ``tests/algorithms/t
   with ``u``), ``m_bar = 0``.
 * Averages are unweighted over the participants (all clients by default, as in the paper); only
   the participants' ``u`` rows advance.
+
+Private form (:func:`fedjax_dro.privacy.private`; FGDRO-KL-Adam the same with ``q``): a
+participant releases the changes of its model and of ``m`` and the relative change of its ``v``,
+``(w_{i,I} - w_bar, m_{i,I} - m_bar, v_{i,I} / v_bar - 1)``, clipped together to the clip norm;
+the server adds the noised sums over the expected participants to ``w_bar`` and ``m_bar`` and
+multiplies ``v_bar`` by one plus the third (the mean of ``v_i`` over the participants is
+``v_bar (1 + mean(v_i / v_bar - 1))``, so with no noise and no clipping this is the plain
+average). Noise can take that factor below 0, where ``log v`` is undefined: it is raised to at
+least ``1e-6`` (post-processing). ``u`` stays on the client.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 import jax
@@ -45,6 +55,7 @@ from fedjax_dro.algorithms.fgdro_cvar import estimator_round
 from fedjax_dro.core.aggregation import tree_zeros_like
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import stateful_round_metrics
+from fedjax_dro.core.privacy import active
 from fedjax_dro.core.settings import CommonSettings, round_zero, state_init
 
 
@@ -63,6 +74,9 @@ HPARAMS = {
   "beta2": HParam(0.1, "moving-average weight of the estimator v of g(w)", maximum=1.0),
   "beta3": HParam(0.1, "moving-average weight of the gradient estimator m", maximum=1.0),
 }
+
+
+V_REL_FLOOR = 1e-6  # private rounds: the released mean of v_i / v_bar is raised to at least this
 
 
 def kl_estimators(carry, loss, grad, hparams):
@@ -91,11 +105,42 @@ def kl_initial(params, num_clients):
 
 def kl_round(model, settings, state, data, key, *, start, step, averaged):
   """The local round of FGDRO-KL and FGDRO-KL-Adam: ``(final carries, log v_bar, loss
-  estimates, metrics)``; ``v`` is averaged in the log domain and reported as ``log_v``."""
-  update, loss_estimates = estimator_round(
-    model, settings, state.loss_estimates, data, key, start=start, step=step, averaged=averaged
-  )
-  log_v = mean_log(update.carries["log_v"])
+  estimates, metrics)``; ``v`` is averaged in the log domain and reported as ``log_v``.
+
+  In a private round (module docstring) each participant also carries ``v_rel = v_i / v_bar``
+  and releases ``v_rel - 1`` with its other deltas."""
+  if active() is None:
+    update, loss_estimates = estimator_round(
+      model, settings, state.loss_estimates, data, key, start=start, step=step, averaged=averaged
+    )
+    log_v = mean_log(update.carries["log_v"])
+  else:
+    real = jnp.result_type(float)
+
+    def rel_start(u):
+      return {**start(u), "v_rel": jnp.ones((), real)}
+
+    def rel_step(carry, loss, grad):
+      new = step({k: v for k, v in carry.items() if k != "v_rel"}, loss, grad)
+      # v_i / v_bar, its exponent capped where its square (in the clip's norm) stays finite
+      cap = 0.5 * math.log(float(jnp.finfo(real).max)) - 2.0
+      ratio = jnp.exp(jnp.minimum(new["log_v"] - state.log_v, cap)).astype(real)
+      return {**new, "v_rel": ratio}
+
+    update, loss_estimates = estimator_round(
+      model,
+      settings,
+      state.loss_estimates,
+      data,
+      key,
+      start=rel_start,
+      step=rel_step,
+      averaged=(*averaged, "v_rel"),
+    )
+    # the mean of v over the participants is v_bar times the released mean of v_rel, kept
+    # positive (noise can take it below 0): at least V_REL_FLOOR
+    rel = jnp.maximum(update.carries["v_rel"], V_REL_FLOOR)
+    log_v = (state.log_v + jnp.log(rel)).astype(state.log_v.dtype)
   metrics = stateful_round_metrics(update)
   metrics["log_v"] = log_v
   return update.carries, log_v, loss_estimates, metrics

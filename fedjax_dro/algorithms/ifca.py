@@ -44,6 +44,18 @@ Round metrics: ``train_loss`` / ``train_loss_max`` (first local minibatch, at th
 model) and ``clusters_used``, the number of clusters some client picks after the round.
 
 Persistent per-client state: ``assignment`` ``[n]`` int32 (the cluster identities).
+
+Private form (:func:`fedjax_dro.privacy.private`): the cluster choice is made on the client and
+never sent (``assignment`` is the simulator's record of the clients' choices; the
+``clusters_used`` metric reads it like an evaluation does). A drawn participant sends its update
+``theta~_i - theta_{j_i}`` clipped to the clip norm into the sum of its cluster, and a 1 into its
+cluster's count. The server releases the ``k`` sums with Gaussian noise of standard deviation
+``z C`` each (a client adds to one sum only) and the ``k`` counts with noise of standard deviation
+``z_c`` each (the wrapper's ``count_noise_multiplier``; one client moves the count vector by 1),
+and moves cluster ``j`` by its noised sum over ``max(noised count, 1)`` where the noised count is
+at least 1/2 (with no noise: where somebody picked it, as in the plain round). Both releases are
+on the same participants: the accountant composes them into one Gaussian mechanism of multiplier
+``(z^-2 + z_c^-2)^(-1/2)``.
 """
 
 from __future__ import annotations
@@ -59,6 +71,7 @@ from fedjax_dro.core.checks import integer, number
 from fedjax_dro.core.clients import map_clients
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import stateful_local_round, stateful_round_metrics
+from fedjax_dro.core.privacy import active, release_group_sums
 from fedjax_dro.core.settings import (
   LOCAL_TRAINING,
   CommonSettings,
@@ -181,6 +194,9 @@ def ifca(model, settings: CommonSettings, *, num_clusters=2, init_scale=0.1) -> 
       params = jax.tree.map(lambda p, g: (p - lr * g).astype(p.dtype), carry["params"], grad)
       return {"params": params}
 
+    if active() is not None:
+      update, clusters = private_clusters(state, data, key, start, step)
+      return finish(state, data, update, clusters)
     update = stateful_local_round(
       model, settings, data, key, start=start, step=step, client_state=state.assignment
     )
@@ -198,6 +214,38 @@ def ifca(model, settings: CommonSettings, *, num_clusters=2, init_scale=0.1) -> 
       averages,
       state.clusters,
     )
+    return finish(state, data, update, clusters)
+
+  def private_clusters(state, data, key, start, step):
+    """The private round (module docstring): ``(update, new cluster models)``."""
+    update = stateful_local_round(
+      model,
+      settings,
+      data,
+      key,
+      start=start,
+      step=step,
+      client_state=state.assignment,
+      released=("params",),
+    )  # the participants' clipped theta~_i - theta_{j_i}, stacked
+    chosen = jax.nn.one_hot(
+      state.assignment[jnp.minimum(update.idx, data.num_clients - 1)],
+      k,
+      dtype=jnp.result_type(float),
+    )
+    sums, counts = release_group_sums(update.carries["params"], chosen, update.present, key)
+    picked = counts >= 0.5  # with no noise: somebody picked it (counts are whole numbers)
+    steps = jax.vmap(lambda t, c: jax.tree.map(lambda a: a / jnp.maximum(c, 1.0), t))(sums, counts)
+    clusters = jax.tree.map(
+      lambda old, d: jnp.where(
+        picked.reshape((k,) + (1,) * (old.ndim - 1)), old + d.astype(old.dtype), old
+      ),
+      state.clusters,
+      steps,
+    )
+    return update, clusters
+
+  def finish(state, data, update, clusters):
     assignment = assign(clusters, data)
     metrics = stateful_round_metrics(update)
     metrics["clusters_used"] = jnp.sum(

@@ -65,6 +65,12 @@ participants ``S`` of the first local minibatch loss ``f_i(w^t; D_{i,0})`` (in b
 clients outside ``S`` also train under ``"all"`` but are not counted).
 
 Persistent per-client state: ``personal`` ``[n, ...]`` (``theta_i``, params-shaped rows).
+
+Private form (:func:`fedjax_dro.privacy.private`): the drawn clients (Poisson or the fixed-size
+sample, in place of ``S``) release ``w_{i,R} - w^t``, clipped to the clip norm; the server forms
+``w^t`` plus the noised sum over the expected participants and takes its ``beta`` step from
+that. The personalized models ``theta_i`` never leave the clients: under ``"all"`` every client
+still trains and updates its own every round, under ``"participants"`` the drawn ones do.
 """
 
 from __future__ import annotations
@@ -86,6 +92,7 @@ from fedjax_dro.core.aggregation import (
 from fedjax_dro.core.checks import integer
 from fedjax_dro.core.costs import Costs, local_training_cost, parameter_count
 from fedjax_dro.core.local import StatefulRound, stateful_local_round, stateful_round_metrics
+from fedjax_dro.core.privacy import active, poisson_draw, release_mean, suspended
 from fedjax_dro.core.sampling import sample_clients
 from fedjax_dro.core.settings import (
   LOCAL_TRAINING,
@@ -168,6 +175,29 @@ def pfedme(
 
   init = state_init(settings, lambda p, n: PFedMeState(p, tree_stack(p, n), round_zero()))
 
+  def private_aggregate(state, data, key, start, batch_step):
+    """The private round (module docstring): ``(sent, average, personal)``."""
+    n = data.num_clients
+    if personal_updates == "participants":
+      update = stateful_local_round(
+        model, settings, data, key, start=start, batch_step=batch_step, averaged=("params",)
+      )  # the drawn clients train and release their clipped w_{i,R} - w^t
+      personal = scatter_rows(state.personal, update.idx, update.carries["theta"])
+      return update, update.carries["params"], personal
+    with suspended():  # "all": every client trains on the client, as in the plain round
+      update = stateful_local_round(model, trained, data, key, start=start, batch_step=batch_step)
+    sample_key = jax.random.split(key)[0]
+    drawn = poisson_draw(sample_key, n)
+    if drawn is None:  # fixed-size sampling: the plain round's S
+      idx = rows = sample_clients(sample_key, n, participants(settings, n))
+      present = None
+    else:
+      idx, rows, present = drawn
+    deltas = jax.tree.map(lambda a, w: a[rows] - w, update.carries["params"], state.params)
+    average = tree_add(state.params, release_mean(deltas, present, n, key))
+    sent = StatefulRound(idx, {}, update.losses[rows], update.num_examples[rows], present)
+    return sent, average, update.carries["theta"]
+
   def round_fn(state, data, key, hparams):
     lam, eta, plr = hparams["lam"], hparams["client_lr"], hparams["personal_lr"]
     n = data.num_clients
@@ -192,6 +222,10 @@ def pfedme(
       # losses[0] at step 0 is f_i(w^t; D_{i,0}): theta starts the round at the received model
       return {"params": w, "theta": theta}, losses[0]
 
+    if active() is not None:
+      sent, average, personal = private_aggregate(state, data, key, start, batch_step)
+      params = tree_add(state.params, tree_sub(average, state.params), hparams["beta"])
+      return PFedMeState(params, personal, state.round + 1), stateful_round_metrics(sent)
     update = stateful_local_round(model, trained, data, key, start=start, batch_step=batch_step)
     theta = update.carries["theta"]
     if personal_updates == "participants" or s == n:

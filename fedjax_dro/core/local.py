@@ -415,9 +415,12 @@ def federated_gradient(model: Model, settings, params, data, key) -> LocalRound:
   which is what makes this cheap on accelerators; the chunks are planned from the per-client
   update's memory like every ``map_clients`` call. Equal to the per-client path up to the order
   of floating-point sums (tested).
+
+  In a private round every participant's gradient must be clipped on its own, so the round is
+  that per-client path (:func:`local_round`, whose private form clips each delta ``-g_k``).
   """
   if privacy_active() is not None:
-    raise ValueError("federated_gradient has no private form (its update is a gradient)")
+    return local_round(model, settings, params, data, key, 1.0, num_steps=1, mean_only=True)
   idx, clients, _, _, local_key, _ = _draw_participants(settings, data, key)
   s = idx.shape[0]
   keys = jax.random.split(local_key, s)
@@ -487,6 +490,7 @@ def stateful_local_round(
   client_state=None,
   num_steps: Optional[int] = None,
   averaged: Tuple[str, ...] = (),
+  released: Tuple[str, ...] = (),
 ) -> StatefulRound:
   """Samples participants and runs local steps that carry more than the model.
 
@@ -512,6 +516,14 @@ def stateful_local_round(
       ``local_round(mean_only=True)``, so a round never holds every participant's copy of a
       model-sized carry (with the MLP 784-200-200-62 and 100 clients, three such carries
       stacked are 250 MB written and read back per round). The other keys stay stacked.
+
+  In a private round (:func:`fedjax_dro.core.privacy.privatizing`) the participants are the
+  private draw, and what they send is their carries' change from their start: the ``averaged``
+  carries' deltas and the ``released`` carries' deltas, clipped together to the clip norm. The
+  ``averaged`` carries (which must start the same for every client) come back as the start plus
+  the noised sum of the clipped deltas over the expected participants; the ``released`` ones as
+  the ``[s, ...]`` clipped deltas, for the algorithm to release (IFCA's per-cluster sums); the
+  other keys (state kept on the clients) stacked, unchanged.
   """
   if (step is None) == (batch_step is None):
     raise ValueError("give exactly one of step and batch_step")
@@ -522,10 +534,12 @@ def stateful_local_round(
     idx, clients, take, _, local_key, present = _draw_participants(settings, data, key)
     s = idx.shape[0]
     dp = private_round(bool(averaged), present, s, n)
-    if not averaged or client_state is not None:
-      raise ValueError("a private stateful round releases averaged carries from a shared start")
+    if not averaged and not released:
+      raise ValueError("a private stateful round must name the carries it releases")
+    rows = None if client_state is None else take(client_state)
+    update = _stateful_update(model, settings, start, step, batch_step, num_steps)
     return _private_stateful(
-      dp, settings, clients, local_key, idx, start, step, batch_step, model, num_steps, averaged
+      dp, settings, clients, local_key, idx, rows, start, update, averaged, released
     )
   sample_key, local_key = jax.random.split(key)
   idx = sample_clients(sample_key, n, s)
@@ -584,33 +598,41 @@ def _stateful_update(model, settings, start, step, batch_step, num_steps):
 
 
 def _private_stateful(
-  dp, settings, clients, local_key, idx, start, step, batch_step, model, num_steps, averaged
+  dp, settings, clients, local_key, idx, rows, start, update, averaged, released
 ):
-  """A private :func:`stateful_local_round`: each participant's deltas of the ``averaged`` carries
-  from the shared start, clipped together, summed over the expected participants and noised
-  (:class:`~fedjax_dro.core.privacy.PrivateRound`); ``carries[key]`` is the start plus that."""
-  client_update = _stateful_update(model, settings, start, step, batch_step, num_steps)
-  base = start(None)
+  """A private :func:`stateful_local_round` (its docstring): each participant's deltas of the
+  ``averaged`` and ``released`` carries from its start, clipped together
+  (:class:`~fedjax_dro.core.privacy.PrivateRound`); the ``averaged`` ones summed over the expected
+  participants and noised, the ``released`` ones returned clipped and stacked."""
+  sent = tuple(averaged) + tuple(released)
 
-  def released(x, y, nex, k):
-    carry, loss = client_update(x, y, nex, k, None)
-    deltas = {name: jax.tree.map(jnp.subtract, carry[name], base[name]) for name in averaged}
-    return dp.send(deltas, loss)
+  def one(x, y, nex, k, row):
+    carry, loss = update(x, y, nex, k, row)
+    base = start(row)
+    deltas = {name: jax.tree.map(jnp.subtract, carry[name], base[name]) for name in sent}
+    kept = {name: value for name, value in carry.items() if name not in sent}
+    clipped, (aux, within) = dp.send(deltas, (kept, loss))
+    rel = {name: clipped[name] for name in released}
+    return {name: clipped[name] for name in averaged}, ((aux, rel), within)
 
   s = idx.shape[0]
-  mean, aux = map_clients_weighted_sum(
-    released,
+  reference = start(None if rows is None else jax.tree.map(lambda a: a[0], rows))
+  mean, out = map_clients_weighted_sum(
+    one,
     dp.weights / dp.expected,
     clients.x,
     clients.y,
     clients.num_examples,
     jax.random.split(local_key, s),
-    backend=backend_for(settings, base["params"]),
+    rows,
+    backend=backend_for(settings, reference["params"]),
     chunk_size=settings.chunk_size,
   )
-  losses = dp.received(aux, dp.weights)
-  mean = dp.noised(mean, jax.random.fold_in(local_key, 0))
-  carries = {name: jax.tree.map(jnp.add, base[name], mean[name]) for name in averaged}
+  (kept, losses), rel = dp.received(out, dp.weights)
+  carries = {**kept, **rel}
+  if averaged:
+    mean = dp.noised(mean, jax.random.fold_in(local_key, 0))
+    carries.update({name: jax.tree.map(jnp.add, reference[name], mean[name]) for name in averaged})
   return StatefulRound(idx, carries, losses, clients.num_examples, dp.weights > 0)
 
 

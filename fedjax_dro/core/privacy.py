@@ -65,18 +65,21 @@ class Active(NamedTuple):
   metrics: dict  # "dp_participants", "dp_dropped", "dp_unclipped": [] traced values
   loss_bound: Any = None  # [] float: losses clipped to [0, B]
   loss_noise: Any = None  # [] float: noise std z_l B on each released loss
+  count_noise: Any = None  # [] float: noise std on each released participant count (IFCA)
 
 
 _ACTIVE: list = []  # the rounds being traced under privatizing(), innermost last
 
 
 @contextlib.contextmanager
-def privatizing(privacy: Privacy, clip_norm, noise_multiplier, loss_bound=None, loss_noise=None):
+def privatizing(
+  privacy: Privacy, clip_norm, noise_multiplier, loss_bound=None, loss_noise=None, count_noise=None
+):
   """Within the block, the shared round mechanics traced (participant draws, local rounds, the
-  releases of :func:`release_sum` and :func:`release_losses`) are private: Poisson or fixed
-  participation, clipped updates, noised sums, fixed denominators. Yields the dict the round's
-  privacy metrics are recorded in."""
-  act = Active(privacy, clip_norm, noise_multiplier, {}, loss_bound, loss_noise)
+  releases of :func:`release_sum`, :func:`release_losses`, :func:`release_mean` and
+  :func:`release_group_sums`) are private: Poisson or fixed participation, clipped updates,
+  noised sums, fixed denominators. Yields the dict the round's privacy metrics are recorded in."""
+  act = Active(privacy, clip_norm, noise_multiplier, {}, loss_bound, loss_noise, count_noise)
   _ACTIVE.append(act)
   try:
     yield act.metrics
@@ -84,8 +87,20 @@ def privatizing(privacy: Privacy, clip_norm, noise_multiplier, loss_bound=None, 
     _ACTIVE.pop()
 
 
+@contextlib.contextmanager
+def suspended():
+  """Within the block nothing is private: the work a protocol keeps on its clients (pFedMe's
+  personal updates of the clients not drawn) runs as in a plain round."""
+  _ACTIVE.append(None)
+  try:
+    yield
+  finally:
+    _ACTIVE.pop()
+
+
 def active() -> Optional[Active]:
-  """The privacy of the round being traced, or None outside :func:`privatizing`."""
+  """The privacy of the round being traced, or None outside :func:`privatizing` (and inside
+  :func:`suspended`)."""
   return _ACTIVE[-1] if _ACTIVE else None
 
 
@@ -294,3 +309,40 @@ def check_rate(rate, name: str = "rate") -> float:
   if not math.isfinite(rate):
     raise ValueError(f"{name} must be finite, got {rate!r}")
   return float(rate)
+
+
+def release_mean(deltas, present, num_clients: int, round_key):
+  """The DP-FedAvg release of ``[s, ...]`` stacked updates already computed (pFedMe's drawn
+  clients under ``personal_updates="all"``): each clipped, summed over the slots ``present``
+  (None: all), divided by the expected participants, noised with ``z C`` on the sum; the clip
+  flags counted into ``dp_unclipped``. Must be called in a private round."""
+  from fedjax_dro.core.aggregation import weighted_sum
+
+  s = jax.tree.leaves(deltas)[0].shape[0]
+  dp = private_round(False, present, s, num_clients)
+  clipped, norms = jax.vmap(lambda d: clip_tree(d, dp.clip_norm))(deltas)
+  dp.received((None, norms <= dp.clip_norm), dp.weights)
+  return dp.noised(weighted_sum(clipped, dp.weights / dp.expected), round_key)
+
+
+def release_group_sums(clipped, groups, present, round_key):
+  """Per-group sums of clipped updates and per-group participant counts, both noised (IFCA's
+  clusters): ``clipped`` ``[s, ...]`` updates already clipped to ``C``, ``groups`` ``[s, k]``
+  one-hot group of each slot, ``present`` ``[s]`` filled slots (None: all). Returns the ``[k, ...]``
+  sums, each with Gaussian noise of standard deviation ``z C`` (a client adds to one group's sum
+  only, so the ``k`` sums together move by at most ``C``), and the ``[k]`` counts, each with noise
+  of standard deviation ``z_c`` (the active ``count_noise``: one client moves the count vector by
+  1). Outside a private round: the exact sums and counts."""
+  from fedjax_dro.core.aggregation import weighted_sum
+
+  if present is not None:
+    groups = groups * present[:, None].astype(groups.dtype)
+  sums = jax.vmap(lambda w: weighted_sum(clipped, w))(groups.T)
+  counts = jnp.sum(groups, axis=0)
+  act = active()
+  if act is None:
+    return sums, counts
+  key = noise_key(round_key)
+  sums = add_noise(sums, key, act.noise_multiplier * act.clip_norm)
+  counts = add_noise(counts, jax.random.fold_in(key, 3), act.count_noise)
+  return sums, counts

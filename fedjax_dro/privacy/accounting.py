@@ -112,7 +112,8 @@ def run_epsilon(
 ) -> Dict[str, Any]:
   """The privacy record of a private run after ``rounds`` rounds, from the algorithm's
   ``config["privacy"]`` and the run's hyper-parameters ``dp_noise`` (and ``dp_loss_noise``,
-  ``dp_count_noise`` where the run releases losses or adapts its clip):
+  ``dp_count_noise``, ``dp_cluster_noise`` where the run releases losses, adapts its clip or
+  releases cluster counts):
   ``{"epsilon", "delta", "delta_overflow", "rounds", "noise_multiplier"}``, the last the
   combined multiplier the accountant used (:func:`combined_noise`)."""
   from fedjax_dro.core.privacy import overflow_probability
@@ -127,6 +128,8 @@ def run_epsilon(
     rate, over = None, 0.0
   loss_noise = hparams.get("dp_loss_noise") if priv.get("releases_losses") else None
   z = combined_noise(float(hparams["dp_noise"]), None if loss_noise is None else float(loss_noise))
+  if priv.get("releases_counts"):  # IFCA's cluster counts: noise std z_c, sensitivity 1
+    z = combined_noise(z, float(hparams["dp_cluster_noise"]))
   if priv.get("adaptive_clipping"):  # the clip count: noise std r m on a sum of sensitivity 1/2
     m = rate * num_clients if sampling == "poisson" else size
     z = combined_noise(z, 2.0 * float(hparams["dp_count_noise"]) * m)

@@ -38,6 +38,7 @@ DP_HPARAMS = (
   "dp_quantile",
   "dp_clip_lr",
   "dp_count_noise",
+  "dp_cluster_noise",
 )
 
 
@@ -76,7 +77,36 @@ RELEASES["fedavg_momentum"] = (
   "each participant's model and momentum deltas, clipped together to C (one vector); the server "
   "reads their noised sums over the expected participants"
 )
+RELEASES["fedsgd"] = (
+  "each participant's minibatch gradient at the global model (clipped on its own: the private "
+  f"round takes the per-client path, not FedSGD's folded backward pass); the server reads {_SUM}"
+)
+RELEASES["fgdro_cvar"] = (
+  "each participant's model delta and threshold delta s_i - s_bar, clipped together to C; the "
+  "server adds their noised sums over the expected participants to w_bar and s_bar; the loss "
+  "estimator u stays on the client"
+)
+RELEASES["fgdro_kl"] = (
+  "each participant's model and m deltas and the relative change v_i / v_bar - 1 of its v, "
+  "clipped together to C; the server adds the noised sums over the expected participants to "
+  "w_bar and m_bar and scales v_bar by one plus the third (at least 1e-6); u stays on the client"
+)
+RELEASES["fgdro_kl_adam"] = (
+  "as fgdro_kl, with the second moment's delta q_i - q_bar clipped together with the others"
+)
+RELEASES["pfedme"] = (
+  "each drawn participant's global-model delta w_{i,R} - w^t; the server reads "
+  f"{_SUM} and takes its beta step from it; the personalized models theta_i never leave the "
+  "clients (under personal_updates='all' every client still updates its own every round)"
+)
+RELEASES["ifca"] = (
+  "each participant's model delta (clipped to C) into the sum of the cluster it chose on the "
+  "client, and a 1 into that cluster's count: k sums noised with std z C each, k counts with "
+  "std z_c each; cluster j moves by its noised sum over max(noised count, 1) where the count "
+  "is at least 1/2"
+)
 LOSS_RELEASES = ("afl", "agnostic_fedavg")  # the algorithms that release their losses too
+COUNT_RELEASES = ("ifca",)  # the algorithms that release per-group participant counts
 NOT_YET: Dict[str, str] = {
   "drfa": "it draws its participants by the dual weights lambda, not uniformly (one Poisson rate "
   "does not describe them), and releases losses at a second, randomly averaged model",
@@ -85,18 +115,6 @@ NOT_YET: Dict[str, str] = {
   "denominator needs its own design",
   "scaff_pd": "its participants release control variates and the losses of the dual step besides "
   "their model updates",
-  "fgdro_cvar": "its participants release the moving-average estimates the server averages "
-  "alongside the model",
-  "fgdro_kl": "its participants release the moving-average estimates the server averages "
-  "alongside the model",
-  "fgdro_kl_adam": "its participants release the moving averages and Adam moments the server "
-  "averages alongside the model",
-  "ifca": "each client's cluster choice decides which cluster's sum its update joins, and the "
-  "per-cluster counts that normalize those sums are private too",
-  "pfedme": "its participants follow its own schedule (personal updates for every client under "
-  "personal_updates='all'); its global-model update is not yet routed through the private draw",
-  "fedsgd": "its update is one backward pass over all the participants' minibatches together; "
-  "clipping needs each participant's gradient separately",
 }
 REFUSED: Dict[str, str] = {
   "local": "it has no server: nothing leaves a client, so there is nothing to privatize",
@@ -129,6 +147,7 @@ def private(
   adaptive_quantile=None,
   adaptive_lr: float = 0.2,
   count_noise: float = 0.05,
+  cluster_count_noise=None,
 ) -> Algorithm:
   """``alg`` made client-level differentially private (DP-FedAvg; module docstring).
 
@@ -177,6 +196,11 @@ def private(
     count_noise: ``sigma_b / m`` (>= 0; default 0.05, the paper's ``sigma_b = m / 20``),
       hyper-parameter ``dp_count_noise``. The centred count is a second Gaussian release: the accountant composes ``z`` with ``2 sigma_b`` (0: the count is
       released exactly and epsilon is infinite).
+    cluster_count_noise: for the algorithms that release per-group participant counts (ifca;
+      :data:`COUNT_RELEASES`): ``z_c``, the standard deviation of the noise on each cluster's
+      count (sensitivity 1; default: ``noise_multiplier``; refused elsewhere). The accountant
+      composes it with the update's release into one Gaussian of multiplier
+      ``(z^-2 + z_c^-2)^(-1/2)``. Hyper-parameter ``dp_cluster_noise``.
 
   Raises:
     TypeError: if ``alg`` is not an Algorithm.
@@ -239,6 +263,15 @@ def private(
       f"loss_bound / loss_noise_multiplier: {alg.name!r} releases no losses (the algorithms "
       f"that do: {list(LOSS_RELEASES)})"
     )
+  counts = alg.name in COUNT_RELEASES
+  if counts:
+    cluster = noise_multiplier if cluster_count_noise is None else cluster_count_noise
+    cluster_count_noise = _positive(cluster, "cluster_count_noise", zero_ok=True)
+  elif cluster_count_noise is not None:
+    raise ValueError(
+      f"cluster_count_noise: {alg.name!r} releases no participant counts (the algorithms that "
+      f"do: {list(COUNT_RELEASES)})"
+    )
   adaptive = adaptive_quantile is not None
   if adaptive:
     q_ok = isinstance(adaptive_quantile, (int, float)) and not isinstance(adaptive_quantile, bool)
@@ -250,8 +283,9 @@ def private(
 
   def private_round(state, data, key, hparams, clip):
     inner = {k: v for k, v in hparams.items() if k not in DP_HPARAMS}
-    loss_args = (hparams["dp_loss_bound"], hparams["dp_loss_noise"]) if losses else ()
-    with privatizing(settings, clip, hparams["dp_noise"], *loss_args) as recorded:
+    loss_args = (hparams["dp_loss_bound"], hparams["dp_loss_noise"]) if losses else (None, None)
+    count_args = (hparams["dp_cluster_noise"],) if counts else ()
+    with privatizing(settings, clip, hparams["dp_noise"], *loss_args, *count_args) as recorded:
       state, metrics = alg.round(state, data, key, inner)
     return state, {**metrics, **recorded}
 
@@ -288,6 +322,10 @@ def private(
     hparams["dp_loss_noise"] = HParam(
       loss_noise, "loss noise multiplier z_l: noise std z_l B on each loss", strict=False
     )
+  if counts:
+    hparams["dp_cluster_noise"] = HParam(
+      cluster_count_noise, "noise std z_c on each cluster's participant count", strict=False
+    )
   config = {
     **alg.config,
     "privacy": {
@@ -297,6 +335,7 @@ def private(
       "delta": delta,
       "accountant": accountant,
       "releases_losses": losses,
+      "releases_counts": counts,
       "adaptive_clipping": adaptive,
     },
   }
