@@ -125,11 +125,18 @@ def _add_privacy(p: argparse.ArgumentParser) -> None:
     metavar="ZL",
     help="noise multiplier of the reported losses (std ZL B; default: --dp-noise)",
   )
+  dp.add_argument(
+    "--dp-cluster-noise",
+    type=float,
+    default=None,
+    metavar="ZC",
+    help="ifca: noise std on each cluster's participant count (default: --dp-noise)",
+  )
 
 
 def _dp_requested(args) -> bool:
   names = ("dp_clip", "dp_noise", "dp_delta", "dp_rate", "dp_sampling", "dp_accountant")
-  names += ("dp_loss_bound", "dp_loss_noise", "dp_adaptive_quantile")
+  names += ("dp_loss_bound", "dp_loss_noise", "dp_adaptive_quantile", "dp_cluster_noise")
   return any(getattr(args, n, None) is not None for n in names)
 
 
@@ -166,6 +173,8 @@ def _private(args, alg, num_clients: int):
     kw["adaptive_quantile"] = args.dp_adaptive_quantile
   if args.dp_loss_bound is not None or args.dp_loss_noise is not None:
     kw.update(loss_bound=args.dp_loss_bound, loss_noise_multiplier=args.dp_loss_noise)
+  if args.dp_cluster_noise is not None:
+    kw["cluster_count_noise"] = args.dp_cluster_noise
   try:
     return private(alg, args.dp_clip, 0.0 if args.dp_noise is None else args.dp_noise, **kw)
   except ValueError as e:
@@ -177,6 +186,7 @@ def _private(args, alg, num_clients: int):
       "loss_bound": "--dp-loss-bound",
       "loss_noise_multiplier": "--dp-loss-noise",
       "adaptive_quantile": "--dp-adaptive-quantile",
+      "cluster_count_noise": "--dp-cluster-noise",
     }
     msg = str(e)
     for name, flag in flags.items():

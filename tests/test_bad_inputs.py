@@ -881,6 +881,10 @@ CLI_CASES = {
   "--dp-clip negative": (["run", "--dp-clip", "-1"], "--dp-clip"),
   "--dp-delta >= 1": (["run", "--dp-clip", "1", "--dp-delta", "1"], "--dp-delta"),
   "--dp-clip on karula": (["run", "--algorithm", "karula", "--dp-clip", "1"], "karula"),
+  "--dp-cluster-noise on fedavg": (
+    ["run", "--dp-clip", "1", "--dp-cluster-noise", "1"],
+    "--dp-cluster-noise",
+  ),
   "--seeds not integers": (["sweep", "--seeds", "0,a"], "--seeds"),
   "--seeds negative": (["sweep", "--seeds", "-1", "--rounds", "1"], "seeds"),
   "--hparam not a number": (["run", "--hparam", "client_lr=abc"], "--hparam"),
