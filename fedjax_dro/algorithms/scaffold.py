@@ -18,6 +18,12 @@ the paper's). Persistent per-client state: ``client_controls`` ``[n, ...]``.
 
 With ``local_epochs`` client ``i`` takes ``K_i = local_epochs * ceil(n_i / batch_size)`` steps
 and ``J`` above is its own ``K_i`` (``c_i+`` is still the mean corrected gradient of its steps).
+
+Client-level differential privacy (:func:`fedjax_dro.privacy.private`, ``RELEASES["scaffold"]``
+of :mod:`fedjax_dro.privacy.wrapper`): with ``local_steps`` a participant releases only its model
+delta and ``c`` moves by post-processing the private mean; with ``local_epochs`` it releases its
+model delta and ``u_i = c_i+ - c_i + c = -delta_i / (K_i eta_l)`` clipped together to ``C`` (the
+server adds the public ``-c`` itself), and computes its own ``c_i+`` from its unclipped delta.
 """
 
 from __future__ import annotations
