@@ -45,6 +45,14 @@ Parameter rules (factory option ``parameter_rule``):
   theta = s kappa / (1 + s kappa), tau = 1 / (s kappa mu), sigma = 1 / (s kappa mu_lambda), which
   satisfy mu tau = mu_lambda sigma = (1 - theta)/theta and 1/(1 - theta) = 1 + s kappa = O(kappa).
 
+Client-level differential privacy (:func:`fedjax_dro.privacy.private`; what each participant
+releases is ``RELEASES["scaff_pd"]`` of :mod:`fedjax_dro.privacy.wrapper`): every participant's
+``c_i`` and ``du_i`` are clipped to ``C / sqrt(2)`` each (together within ``C``) and their
+lambda-weighted sums noised, its ``L_i`` clipped to ``[0, B]`` and noised. With Poisson
+participation (rate ``q``) the round runs on the drawn clients only: the sums are scaled by
+``1 / q`` and the dual step reads ``L_i / q`` for a participant and 0 for the others (AFL's
+unbiased estimate of the loss vector); under fixed sampling every client takes part, as here.
+
 State: ``params`` (x^r), ``lam`` (lambda^r), ``prev_losses`` (L^{r-1}), the Condition 5.1 step
 ratios and ``round``. Metrics: ``train_loss`` (unweighted mean of L^r), ``train_loss_max``,
 ``weighted_loss`` (<lambda^{r+1}, L^r>), ``lambda_max``, ``lambda_min`` and the ``tau``, ``sigma``,
@@ -71,11 +79,22 @@ from fedjax_dro.core.clients import map_clients_weighted_sum
 from fedjax_dro.core.costs import Costs, local_training_cost, one_gradient_each, parameter_count
 from fedjax_dro.core.local import local_sgd, local_step_counts, map_client_data
 from fedjax_dro.core.precision import params_float_dtype
+from fedjax_dro.core.privacy import (
+  active as privacy_active,
+  clip_part,
+  inverse_rate,
+  poisson_draw,
+  private_round,
+  release_losses,
+  release_sum,
+  release_total,
+)
 from fedjax_dro.core.settings import CommonSettings, backend_for, round_zero
 from fedjax_dro.models.base import client_loss_and_grad
 from fedjax_dro.solvers.simplex import PSI_NAMES, dual_prox
 
 PARAMETER_RULES = ("user", "condition_5_1", "condition_5_2")
+SAMPLE_STREAM = 0x5A  # fold_in tag of a private round's Poisson draw (apart from the clients' keys)
 
 
 class ScaffPDState(NamedTuple):
@@ -251,6 +270,8 @@ def scaff_pd(
   def round_fn(state, data, key, hparams):
     n = data.num_clients
     check_data_matches(data, state.lam.shape[0])
+    if privacy_active() is not None:
+      return private_round_fn(state, data, key, hparams)
     backend = backend_for(settings, state.params)
     x = state.params
     eval_key, local_key = jax.random.split(key)
@@ -277,23 +298,7 @@ def scaff_pd(
     lr = hparams["client_lr"]
 
     def local_update(xd, yd, nex, k, c_i):
-      correct = lambda w, g: jax.tree.map(lambda gi, ci, cc: gi - ci + cc, g, c_i, c)
-      u, _ = local_sgd(
-        model,
-        x,
-        xd,
-        yd,
-        nex,
-        k,
-        num_steps=settings.local_steps,
-        batch_size=settings.batch_size,
-        lr=lr,
-        grad_transform=correct,
-        num_epochs=settings.local_epochs,
-      )
-      # J, or under local_epochs the client's own J_i (1 for a client without rows: u = x)
-      steps = jnp.maximum(local_step_counts(settings, nex), 1)
-      return jax.tree.map(lambda a, b: (a - b) / (lr * steps), x, u), ()
+      return direction(x, xd, yd, nex, k, c_i, c, lr), ()
 
     # sum_i lam_i du_i accumulated chunk by chunk: the clients' du are never stacked
     lam_du, _ = map_clients_weighted_sum(
@@ -329,6 +334,116 @@ def scaff_pd(
       "theta": jnp.asarray(theta, dtype),
     }
     return new_state, metrics
+
+  def private_round_fn(state, data, key, hparams):
+    # the round of round_fn with its two messages privatized (wrapper.RELEASES["scaff_pd"]): the
+    # same per-client keys; Poisson participants, or every client under fixed sampling
+    n = data.num_clients
+    backend = backend_for(settings, state.params)
+    x = state.params
+    eval_key, local_key = jax.random.split(key)
+    eval_keys, local_keys = jax.random.split(eval_key, n), jax.random.split(local_key, n)
+    drawn = poisson_draw(jax.random.fold_in(key, SAMPLE_STREAM), n)
+    if drawn is None:  # fixed sampling: clients_per_round is None, every client takes part
+      idx, clients, present = jnp.arange(n), data, None
+    else:
+      idx, rows, present = drawn
+      clients = data.take_clients(rows)
+      eval_keys, local_keys = eval_keys[rows], local_keys[rows]
+    s = idx.shape[0]
+    dp = private_round(True, present, s, n)  # weights 1 (participant) or 0 (empty slot)
+    present = dp.weights > 0
+    scale = inverse_rate(n, s)  # 1 / q (Poisson) or n / s = 1
+
+    # (1) each participant: L_i = f_i(x), and c_i = g_i(x) clipped to C / sqrt(2) for the server
+    def report(xd, yd, nex, k):
+      loss, grad = client_loss_and_grad(model, x, xd, yd, nex, k, settings.batch_size)
+      sent, within = clip_part(grad, 2)
+      return loss, grad, sent, within
+
+    losses, grads, sent, within = map_client_data(
+      report, clients, eval_keys, backend=backend, chunk_size=settings.chunk_size
+    )
+    released = release_losses(losses, key)  # clipped to [0, B], noised
+    # the loss vector's estimate: L_i / q for a participant, 0 for the others (n / s = 1: L)
+    v = jnp.zeros((n,), losses.dtype).at[idx].set(scale * released, mode="drop")
+
+    # (2) extrapolated dual prox step on the released losses (post-processing)
+    tau, sigma, theta = parameter_schedule(
+      parameter_rule, hparams, state.step_ratio, state.prev_step_ratio, n
+    )
+    prev = jnp.where(state.round == 0, v, state.prev_losses)
+    lam = dual_prox(
+      psi, state.lam, (1.0 + theta) * v - theta * prev, sigma, **psi_params(psi, hparams)
+    )
+
+    # (3) c from the clipped c_i, noised for the largest weight; corrected local steps with each
+    # client's own c_i; the lambda-weighted sum of the clipped du_i, noised likewise
+    w = scale * lam[jnp.minimum(idx, n - 1)]
+    bound = scale * jnp.max(lam)
+    c = release_sum(sent, w, present, bound, key)
+    lr = hparams["client_lr"]
+
+    def local_update(xd, yd, nex, k, c_i):
+      return clip_part(direction(x, xd, yd, nex, k, c_i, c, lr), 2)
+
+    lam_du, within_du = map_clients_weighted_sum(
+      local_update,
+      w * dp.weights,
+      clients.x,
+      clients.y,
+      clients.num_examples,
+      local_keys,
+      grads,
+      backend=backend,
+      chunk_size=settings.chunk_size,
+    )
+    lam_du = release_total(lam_du, bound, key)
+    dp.received((None, jnp.logical_and(within, within_du)), dp.weights)  # dp_unclipped
+    params = tree_add(x, lam_du, -tau)
+
+    new_state = ScaffPDState(
+      params,
+      lam,
+      v,
+      next_step_ratio(parameter_rule, hparams, state.step_ratio),
+      state.step_ratio,
+      state.round + 1,
+    )
+    dtype = losses.dtype
+    count = jnp.sum(dp.weights).astype(dtype)
+    top = jnp.max(jnp.where(present, released, -jnp.inf))
+    metrics = {  # of the released losses, over the participants
+      "train_loss": jnp.sum(dp.weights.astype(dtype) * released) / jnp.maximum(count, 1),
+      "train_loss_max": jnp.where(count > 0, top, 0).astype(dtype),
+      "weighted_loss": jnp.dot(lam, v),
+      "lambda_max": jnp.max(lam),
+      "lambda_min": jnp.min(lam),
+      "tau": jnp.asarray(tau, dtype),
+      "sigma": jnp.asarray(sigma, dtype),
+      "theta": jnp.asarray(theta, dtype),
+    }
+    return new_state, metrics
+
+  def direction(x, xd, yd, nex, k, c_i, c, lr):
+    """``du_i = (x - u_i^J) / (lr J_i)`` after the client's corrected local steps from ``x``."""
+    correct = lambda w, g: jax.tree.map(lambda gi, ci, cc: gi - ci + cc, g, c_i, c)
+    u, _ = local_sgd(
+      model,
+      x,
+      xd,
+      yd,
+      nex,
+      k,
+      num_steps=settings.local_steps,
+      batch_size=settings.batch_size,
+      lr=lr,
+      grad_transform=correct,
+      num_epochs=settings.local_epochs,
+    )
+    # J, or under local_epochs the client's own J_i (1 for a client without rows: u = x)
+    steps = jnp.maximum(local_step_counts(settings, nex), 1)
+    return jax.tree.map(lambda a, b: (a - b) / (lr * steps), x, u)
 
   def cost(data):
     # every client: L_i and c_i = g_i(x^r) (P + 1 floats), then J corrected steps and du_i (P)

@@ -18,6 +18,12 @@ the paper's). Persistent per-client state: ``client_controls`` ``[n, ...]``.
 
 With ``local_epochs`` client ``i`` takes ``K_i = local_epochs * ceil(n_i / batch_size)`` steps
 and ``J`` above is its own ``K_i`` (``c_i+`` is still the mean corrected gradient of its steps).
+
+Client-level differential privacy (:func:`fedjax_dro.privacy.private`, ``RELEASES["scaffold"]``
+of :mod:`fedjax_dro.privacy.wrapper`): with ``local_steps`` a participant releases only its model
+delta and ``c`` moves by post-processing the private mean; with ``local_epochs`` it releases its
+model delta and ``u_i = c_i+ - c_i + c = -delta_i / (K_i eta_l)`` clipped together to ``C`` (the
+server adds the public ``-c`` itself), and computes its own ``c_i+`` from its unclipped delta.
 """
 
 from __future__ import annotations
@@ -31,7 +37,14 @@ from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, regis
 from fedjax_dro.core.aggregation import scatter_rows, tree_add, tree_stack, tree_zeros_like
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import local_round, local_step_counts, round_metrics
-from fedjax_dro.core.privacy import participation_share
+from fedjax_dro.core.privacy import (
+  active as privacy_active,
+  clip_rows,
+  inverse_rate,
+  participation_share,
+  present_slots,
+  release_sum,
+)
 from fedjax_dro.core.server import check_optimizer, optimizer_config, server_step
 from fedjax_dro.core.settings import (
   LOCAL_TRAINING,
@@ -105,6 +118,8 @@ def scaffold(model, settings: CommonSettings, *, server_optimizer=None) -> Algor
     s = participants(settings, n)
     lr = hparams["client_lr"]
     correct = lambda w, g, c_i: jax.tree.map(lambda gi, ci, c: gi - ci + c, g, c_i, state.control)
+    if settings.local_epochs is not None and privacy_active() is not None:
+      return private_epochs_round(state, data, key, hparams, correct)
     if settings.local_epochs is not None:
       return epochs_round(state, data, key, hparams, correct)
     # c_i+ = c_i - c + (x - y_i) / (J eta_l) = c_i - c - delta_i / (J eta_l), computed inside each
@@ -166,6 +181,49 @@ def scaffold(model, settings: CommonSettings, *, server_optimizer=None) -> Algor
     control = tree_add(state.control, dc, share(update, data, s / n))
     controls = scatter_rows(state.client_controls, update.idx, new)
     return pack(state, params, control, controls, opt_state), round_metrics(update)
+
+  def private_epochs_round(state, data, key, hparams, correct):
+    # private, local_epochs: K_i differs between participants, so the mean control-variate delta
+    # is no function of the mean model delta: each participant releases its model delta delta_i
+    # and u_i = c_i+ - c_i + c = -delta_i / (K_i lr) (its control-variate delta less the public
+    # c), clipped together to C; c_i+ is computed on the client from its unclipped delta
+    n, lr = data.num_clients, hparams["client_lr"]
+
+    def new_control(row, d):  # row: (c_i, n_i); c_i+ with the client's own K_i
+      c_i, nex = row
+      steps = jnp.maximum(local_step_counts(settings, nex), 1)
+      new = jax.tree.map(
+        lambda ci, c, di: ci - c - di / (steps * lr).astype(di.dtype), c_i, state.control, d
+      )
+      return new, nex
+
+    update = local_round(
+      model,
+      settings,
+      state.params,
+      data,
+      key,
+      lr,
+      client_state=(state.client_controls, data.num_examples),
+      grad_transform=lambda w, g, row: correct(w, g, row[0]),
+      state_update=new_control,
+    )
+    s = update.idx.shape[0]
+    steps = jnp.maximum(local_step_counts(settings, update.num_examples), 1)
+    # the deltas arrive clipped to C (PrivateRound.send); u_i from them is the same multiple of
+    # the clipped delta, so clip_rows' joint clip of (delta_i, u_i) is one clip of the pair
+    u = jax.tree.map(
+      lambda d: -d / (steps.reshape((-1,) + (1,) * (d.ndim - 1)) * lr).astype(d.dtype),
+      update.deltas,
+    )
+    present = present_slots(update.weights)
+    sent = clip_rows((update.deltas, u), present)
+    m_inv = inverse_rate(n, s) / n  # 1 / m, m the expected participants (q n, or s)
+    mean_delta, mean_u = release_sum(sent, update.weights * m_inv, present, m_inv, key)
+    params, opt_state = move(state, mean_delta, hparams["server_lr"])
+    dc = jax.tree.map(lambda c, a: a - c, state.control, mean_u)  # -c + mean u (post-processing)
+    control = tree_add(state.control, dc, share(update, data, s / n))
+    return pack(state, params, control, update.client_state[0], opt_state), round_metrics(update)
 
   def move(state, mean_delta, server_lr):
     """``(x+, optimizer state+)``: the global step, or the server optimizer's."""

@@ -344,5 +344,56 @@ def release_group_sums(clipped, groups, present, round_key):
     return sums, counts
   key = noise_key(round_key)
   sums = add_noise(sums, key, act.noise_multiplier * act.clip_norm)
-  counts = add_noise(counts, jax.random.fold_in(key, 3), act.count_noise)
+  counts = add_noise(counts, jax.random.fold_in(key, 16), act.count_noise)  # its own stream
   return sums, counts
+
+
+# -- releases of more than one model-sized vector per participant (SCAFFOLD with local_epochs,
+# SCAFF-PD) --
+
+
+def clip_rows(stacked, present):
+  """Each slot's row of the ``[s, ...]`` stacked pytree clipped to L2 norm ``C`` as one vector (all
+  its leaves together: what a participant releases in one message, e.g. a model delta and a
+  control-variate delta) in a private round, whose ``dp_unclipped`` metric then counts the filled
+  slots (``present``) whose row was within ``C``; unchanged outside one. Rows already clipped to
+  ``C`` in part (:meth:`PrivateRound.send` clipped their model delta) are clipped again as a whole:
+  when the rest of a row is a fixed multiple of the clipped part, as SCAFFOLD's
+  ``-delta_i / (K_i lr)``, the two clips are one clip of the whole row, and a row is within ``C``
+  exactly when the participant's whole unclipped row was."""
+  act = active()
+  if act is None:
+    return stacked
+  clipped, norms = jax.vmap(lambda row: clip_tree(row, act.clip_norm))(stacked)
+  within = norms <= act.clip_norm
+  if present is not None:
+    within = jnp.logical_and(within, present)
+  act.metrics["dp_unclipped"] = jnp.sum(within).astype(jnp.float32)  # the whole row's flag
+  return clipped
+
+
+def clip_part(tree, parts: int):
+  """``(tree clipped to C / sqrt(parts), whether it was within)``: one of the ``parts``
+  model-sized vectors a participant releases in a round at different times (a later one depends
+  on what the server made of an earlier one, so they cannot be clipped together); together they
+  stay within ``C``, so their noised sums (each with noise ``z C`` times its weight bound) are one
+  Gaussian mechanism of multiplier ``z``, as one vector clipped to ``C`` would be. ``(tree,
+  True)`` outside a private round."""
+  act = active()
+  if act is None:
+    return tree, jnp.bool_(True)
+  bound = act.clip_norm / math.sqrt(parts)
+  clipped, norm = clip_tree(tree, bound)
+  return clipped, norm <= bound
+
+
+def release_total(total, bound, round_key, stream: int = 3):
+  """:func:`release_sum` for a weighted sum already accumulated (chunk by chunk, never stacked):
+  in a private round ``total`` plus Gaussian noise of standard deviation ``z C bound`` drawn from
+  the round's noise stream ``stream`` (3 onward: apart from :func:`release_sum`'s, the losses'
+  (1) and adaptive clipping's count (2)); unchanged outside one."""
+  act = active()
+  if act is None:
+    return total
+  std = act.noise_multiplier * act.clip_norm * bound
+  return add_noise(total, jax.random.fold_in(noise_key(round_key), stream), std)

@@ -18,6 +18,14 @@ sampling in fixed shapes a round trains at most ``capacity`` participants
 (:mod:`fedjax_dro.core.privacy`); the guarantee of the truncated mechanism is the accountant's
 epsilon at ``delta + T p`` with ``p`` the per-round overflow probability, which
 :func:`run_epsilon` reports as ``delta_overflow``.
+
+A round that releases several noised sums on the same participants is still one Gaussian
+mechanism of multiplier ``z`` when the vectors each participant contributes to them together stay
+within ``C`` and every sum gets noise ``z C``: SCAFFOLD with ``local_epochs`` clips its model and
+control-variate deltas together; SCAFF-PD clips its gradient at the global model and its later
+direction to ``C / sqrt(2)`` each, and Gaussian mechanisms compose adaptively into one whose
+sensitivity is the root of the sum of their squared sensitivities. Its losses are a further
+Gaussian on the same participants (:func:`combined_noise`).
 """
 
 from __future__ import annotations

@@ -57,10 +57,13 @@ RELEASES: Dict[str, str] = {
   f"{_SUM} (post-processing)",
   "fedyogi": "as fedadam (Yogi's moments, on the server)",
   "fedadagrad": "as fedadam (Adagrad's accumulator, on the server)",
-  "scaffold": "each participant's model delta; the server control variate moves by "
-  "q (-c - mean delta / (J lr)) from the same private mean (post-processing); each client's own "
-  "control variate stays on the client (local_steps only: with local_epochs the control "
-  "variates' deltas are a second release, not yet supported)",
+  "scaffold": "each participant's model delta; with local_steps (J steps each) the server control "
+  "variate moves by q (-c - mean delta / (J lr)) from the same private mean (post-processing); "
+  "with local_epochs (K_i steps for client i) each participant releases its model delta delta_i "
+  "and its control-variate delta less the public c, c_i+ - c_i + c = -delta_i / (K_i lr), clipped "
+  "together to C (one vector); the server reads their noised sums over the expected participants "
+  "(noise z C on each) and c moves by q (-c + the mean of the second); each client's own control "
+  "variate c_i+ (from its unclipped delta) stays on the client",
   "ditto": "each participant's global-model delta; the personal models never leave the clients",
   "afl": "each participant's gradient (clipped; the server's lambda-weighted sum, scaled by 1 / q, "
   "noised for the largest weight any client has) and its minibatch loss (clipped to [0, B] and "
@@ -105,7 +108,20 @@ RELEASES["ifca"] = (
   "std z_c each; cluster j moves by its noised sum over max(noised count, 1) where the count "
   "is at least 1/2"
 )
-LOSS_RELEASES = ("afl", "agnostic_fedavg")  # the algorithms that release their losses too
+RELEASES["scaff_pd"] = (
+  "each participant, in two messages a round: first its loss L_i = f_i(x) (clipped to [0, B] and "
+  "noised, z_l B; the dual step reads L_i / q for a participant and 0 for the others, AFL's "
+  "unbiased estimate) and its gradient c_i = g_i(x) at the global model (clipped to C / sqrt(2); "
+  "the server reads the lambda-weighted sum scaled by 1 / q, noised for the largest weight, z C "
+  "max(lambda) / q), which give lambda and the correction c (post-processing); then, after its "
+  "local steps corrected by its own unclipped c_i and the released c, its direction du_i = (x - "
+  "u_i) / (lr J_i) (clipped to C / sqrt(2); its lambda-weighted sum likewise noised, z C "
+  "max(lambda) / q), which moves x (post-processing). With sampling='fixed' every client takes "
+  "part each round and 1 / q is 1. The two vectors together stay within C (one Gaussian "
+  "mechanism of multiplier z, adaptively composed), and with the losses one of multiplier "
+  "(z^-2 + z_l^-2)^(-1/2); each client's c_i and local iterates stay on the client"
+)
+LOSS_RELEASES = ("afl", "agnostic_fedavg", "scaff_pd")  # the algorithms that release losses too
 COUNT_RELEASES = ("ifca",)  # the algorithms that release per-group participant counts
 NOT_YET: Dict[str, str] = {
   "drfa": "it draws its participants by the dual weights lambda, not uniformly (one Poisson rate "
@@ -113,8 +129,6 @@ NOT_YET: Dict[str, str] = {
   "qffl": "its server step divides the participants' weighted updates by the sum of their "
   "reported h_k = q F^(q-1) ||Delta||^2 + L F^q: a ratio of two noised sums, whose noised "
   "denominator needs its own design",
-  "scaff_pd": "its participants release control variates and the losses of the dual step besides "
-  "their model updates",
 }
 REFUSED: Dict[str, str] = {
   "local": "it has no server: nothing leaves a client, so there is nothing to privatize",
@@ -176,7 +190,7 @@ def private(
     accountant: ``"rdp"`` (default) or ``"pld"`` (Poisson only;
       :mod:`fedjax_dro.privacy.accounting`).
     loss_bound: for the algorithms that also release their participants' losses (afl,
-      agnostic_fedavg; :data:`LOSS_RELEASES`): each reported loss is clipped to
+      agnostic_fedavg, scaff_pd; :data:`LOSS_RELEASES`): each reported loss is clipped to
       ``[0, loss_bound]`` (required there, refused elsewhere). Hyper-parameter ``dp_loss_bound``.
     loss_noise_multiplier: ``z_l``: each reported loss gets noise of standard deviation
       ``z_l * loss_bound`` (default: ``noise_multiplier``). Hyper-parameter ``dp_loss_noise``.
@@ -226,12 +240,6 @@ def private(
       f"private: build {alg.name!r} with weighting='uniform': every participant counts once, so "
       f"that the clip bounds each client's share of the sum (got weighting="
       f"{alg.config['weighting']!r})"
-    )
-  if alg.name == "scaffold" and alg.config.get("local_epochs") is not None:
-    raise ValueError(
-      "private: scaffold with local_epochs releases its participants' control-variate deltas "
-      "besides their model deltas; use local_steps (its control variate then moves with the "
-      "private mean)"
     )
   clip_norm = _positive(clip_norm, "clip_norm")
   noise_multiplier = _positive(noise_multiplier, "noise_multiplier", zero_ok=True)
