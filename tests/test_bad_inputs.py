@@ -849,10 +849,10 @@ CASES = {
     ValueError,
     "'karula' cannot be made client-level private",
   ),
-  "private: an algorithm with no private form yet (drfa)": (
-    lambda: P.private(A.drfa(linreg(2)), 1.0, 1.0, rate=0.5),
+  "private: an algorithm with no private form yet (scaff_pd)": (
+    lambda: P.private(A.scaff_pd(linreg(2)), 1.0, 1.0, rate=0.5),
     ValueError,
-    "'drfa' has no private form yet",
+    "'scaff_pd' has no private form yet",
   ),
   "private: AFL without a loss bound": (
     lambda: P.private(A.afl(linreg(2)), 1.0, 1.0, rate=0.5),
