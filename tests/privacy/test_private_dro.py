@@ -232,6 +232,35 @@ def test_drfa_every_client_no_noise_is_plain_drfa_in_expectation(task):
   assert lam.max() - lam.min() > 1e-3  # lambda weighted the later rounds unevenly
 
 
+def test_drfa_private_and_plain_updates_have_the_same_expectation(task):
+  """4 of 12 clients, a non-uniform lambda, full-batch local steps (each client's delta d_i
+  fixed), noise 0 and huge bounds: over many round keys the plain round's model (m draws by
+  lambda with replacement, averaged) and the private one's (a uniform sample weighted by
+  lambda_i n / m) both average to w + sum_i lambda_i d_i, which is plain DRFA with
+  sampling='full' (within 5 standard errors, every coordinate)."""
+  ds, model = task
+  plain = drfa(model, local_steps=2, clients_per_round=4)
+  palg = fd.private(plain, 1e12, 0.0, sampling="fixed", loss_bound=1e12)
+  full = drfa(model, local_steps=2, sampling="full")
+  keys = jax.random.split(jax.random.PRNGKey(9), 400)
+
+  def models(alg):
+    params, state = _start(alg, ds, lam=LAM)
+    hp = make_hparams(alg)
+    moved = jax.jit(jax.vmap(lambda k: alg.round(state, ds.train, k, hp)[0].params))(keys)
+    return params, np.asarray(jax.vmap(lambda p: ravel_pytree(p)[0])(moved))
+
+  params, exact = models(full)
+  want = exact[0]
+  assert np.ptp(exact, axis=0).max() < 1e-12  # sampling='full' is deterministic here
+  assert np.abs(want - _flat(params)).max() > 1e-2  # the round moves the model
+  for alg in (plain, palg):
+    every = models(alg)[1]
+    se = every.std(axis=0) / np.sqrt(len(keys))
+    assert np.all(se > 1e-6)  # the samples differ from key to key
+    assert np.all(np.abs(every.mean(axis=0) - want) < 5 * se)
+
+
 def test_drfa_private_round_against_a_per_client_reference(task):
   """Noise 0, 5 of 12 clients (fixed), a non-uniform lambda, clip and loss bound that bite, a
   blown-up participant: the model moves by sum_i (lambda_i n / m) clip_C(d_i, e_i) (the pair
