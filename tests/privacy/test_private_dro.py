@@ -100,9 +100,15 @@ def _init_args(alg, ds):
 def _qffl_reference(alg, ds, params, key, hp, clip, bound):
   """Per client, from the plain local round of the same key: u_k = clip_C(-L F^q delta_k) and
   h_k clipped to [0, B]; returns (u [n, P] unclipped, h unclipped, U, H)."""
-  settings = _settings(alg)
-  plain = local_round(model := alg.model, settings, params, ds.train, key, hp["client_lr"])
-  f = np.asarray(participant_losses(model, settings, params, ds.train, plain.idx)) + 1e-10
+  settings, model = _settings(alg), alg.model
+
+  @jax.jit
+  def plain_round():  # jitted: the reference's own local round, unclipped
+    plain = local_round(model, settings, params, ds.train, key, hp["client_lr"])
+    return plain, participant_losses(model, settings, params, ds.train, plain.idx)
+
+  plain, f = plain_round()
+  f = np.asarray(f) + 1e-10
   q, L = float(hp["q"]), float(hp["L"])
   deltas = np.stack([_flat(jax.tree.map(lambda a, i=i: a[i], plain.deltas)) for i in range(N)])
   u = -L * f[:, None] ** q * deltas
@@ -279,18 +285,23 @@ def test_drfa_private_round_against_a_per_client_reference(task):
   t_snap = jax.random.randint(k_snap, (), 0, tau)
   tr = ds.train
   pairs = []
-  for j, i in enumerate(idx):
-    final, snap, _ = local_sgd_with_snapshot(
+  one_client = jax.jit(
+    lambda x, y, nex, k: local_sgd_with_snapshot(
       model,
       params,
-      tr.x[i],
-      tr.y[i],
-      tr.num_examples[i],
-      jax.random.split(k_local, m)[j],
+      x,
+      y,
+      nex,
+      k,
       num_steps=tau,
       batch_size=8,
       lr=hp["client_lr"],
       snapshot_step=t_snap,
+    )
+  )
+  for j, i in enumerate(idx):
+    final, snap, _ = one_client(
+      tr.x[i], tr.y[i], tr.num_examples[i], jax.random.split(k_local, m)[j]
     )
     pairs.append((_flat(final) - _flat(params), _flat(snap) - _flat(params)))
   norms = np.array([np.sqrt(np.sum(d**2) + np.sum(e**2)) for d, e in pairs])
@@ -303,10 +314,11 @@ def test_drfa_private_round_against_a_per_client_reference(task):
   assert np.linalg.norm(w[1] * scaled[1] * np.concatenate(pairs[1])) <= clip * w[1] * (1 + 1e-12)
   snapshot = ravel_pytree(params)[1](jnp.asarray(_flat(params) + snap_moved))
   uidx = np.asarray(sample_clients(k_usample, N, m))
+  one_loss = jax.jit(lambda w, x, y, nex, k: client_loss_and_grad(model, w, x, y, nex, k, 8)[0])
   eval_keys = jax.random.split(k_eval, m)
   losses = np.array(
     [
-      float(client_loss_and_grad(model, snapshot, tr.x[i], tr.y[i], tr.num_examples[i], k, 8)[0])
+      float(one_loss(snapshot, tr.x[i], tr.y[i], tr.num_examples[i], k))
       for i, k in zip(uidx, eval_keys)
     ]
   )
