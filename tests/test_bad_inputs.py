@@ -849,10 +849,12 @@ CASES = {
     ValueError,
     "'karula' cannot be made client-level private",
   ),
-  "private: an algorithm with no private form yet (drfa)": (
-    lambda: P.private(A.drfa(linreg(2)), 1.0, 1.0, rate=0.5),
+  "private: an algorithm whose releases are not declared (a user's)": (
+    lambda: P.private(
+      A.fedavg(linreg(2), weighting="uniform")._replace(name="mine"), 1.0, 1.0, rate=0.5
+    ),
     ValueError,
-    "'drfa' has no private form yet",
+    "'mine' has no private form yet",
   ),
   "private: AFL without a loss bound": (
     lambda: P.private(A.afl(linreg(2)), 1.0, 1.0, rate=0.5),

@@ -27,6 +27,29 @@ Readings chosen where the paper leaves room:
   its best case in benchmarks): every client trains, models are averaged with weights lambda, and
   every client evaluates the snapshot (v = f(w')). Requires full participation.
 
+Private form (:func:`fedjax_dro.privacy.private`, ``loss_bound=B``; ``sampling="lambda"`` only).
+A single Poisson rate cannot describe sampling by lambda, so the private round draws its
+participants uniformly and weights them by lambda instead (importance weights)::
+
+    P = a uniform sample: Poisson at rate q, or m of n without replacement (q = m / n)
+    each i in P: tau local SGD steps from w as above; d_i = w_i^tau - w, e_i = w_i^{t'} - w,
+                 (d_i, e_i) clipped together to L2 norm C (one vector: both are released)
+    (D, E) = sum_{i in P} (lambda_i / q) (d_i, e_i) + N(0, (z C max(lambda) / q)^2 I)
+    w <- w + D,   w' = w + E
+    U = a second uniform sample, drawn independently of P (Poisson at q, or m of n)
+    v_i = (1 / q) (min(max(f_i(w'; xi), 0), B) + N(0, (z_l B)^2)) on U, 0 elsewhere
+    the lambda step as above
+
+``E[D] = sum_i lambda_i d_i``: the expectation of the plain round's ``(1/m) sum_{i in D} d_i``
+with D drawn by lambda (and what ``sampling="full"`` computes); likewise for the snapshot. Adding
+or removing one client moves ``(D, E)`` by at most ``C max(lambda) / q`` (lambda is public: it is
+computed from earlier releases), hence the noise; the pair is clipped jointly since the snapshot
+delta is a second model-sized release of the same participants, so one Gaussian mechanism covers
+both. The losses are a second sampled Gaussian mechanism, on the independent sample U: the
+accountant composes the two each round (:func:`fedjax_dro.privacy.accounting.composed_epsilon`).
+The round reports ``dp_participants`` / ``dp_dropped`` of P and ``dp_loss_participants`` /
+``dp_loss_dropped`` of U; its loss metrics are the simulator's, over P's filled slots.
+
 lambda^0 is uniform. Metrics: ``train_loss`` (unweighted mean of the trained clients' losses at
 the received model), ``train_loss_max``, ``lambda_max``, ``lambda_min``; lambda is ``state.lam``.
 """
@@ -52,6 +75,15 @@ from fedjax_dro.core.checks import choice, flag
 from fedjax_dro.core.costs import Costs, RoundCost, local_training_cost, parameter_count
 from fedjax_dro.core.local import dual_round_metrics, map_client_data
 from fedjax_dro.core.precision import params_float_dtype
+from fedjax_dro.core.privacy import (
+  active as privacy_active,
+  clip_each,
+  inverse_rate,
+  present_loss_metrics,
+  release_losses,
+  release_sum,
+  uniform_participants,
+)
 from fedjax_dro.core.sampling import sample_clients
 from fedjax_dro.core.settings import CommonSettings, backend_for, participants, round_zero
 from fedjax_dro.models.base import client_loss_and_grad
@@ -158,6 +190,8 @@ def drfa(
   def round_fn(state, data, key, hparams):
     n = data.num_clients
     check_data_matches(data, state.lam.shape[0])
+    if privacy_active() is not None:
+      return private_round_fn(state, data, key, hparams)
     m = participants(settings, n)
     backend = backend_for(settings, state.params)
     k_sample, k_snap, k_local, k_usample, k_eval = jax.random.split(key, 5)
@@ -217,6 +251,73 @@ def drfa(
       grad_psi = hparams["rho"] * (n * state.lam - 1.0)
       lam = dual_prox("chi2", state.lam, v - grad_psi, step, rho=jnp.zeros((), dtype))
     return DRFAState(params, lam, state.round + 1), dual_round_metrics(losses, lam)
+
+  def dual_step(state, v, hparams):
+    n = state.lam.shape[0]
+    step = hparams["gamma"] * tau
+    if prox or psi == "cvar":
+      return dual_prox(psi, state.lam, v, step, **psi_params(psi, hparams))
+    grad_psi = hparams["rho"] * (n * state.lam - 1.0)
+    return dual_prox("chi2", state.lam, v - grad_psi, step, rho=jnp.zeros((), state.lam.dtype))
+
+  def private_round_fn(state, data, key, hparams):
+    # the module docstring's private form: a uniform sample weighted by lambda / q
+    n = data.num_clients
+    m = participants(settings, n)
+    backend = backend_for(settings, state.params)
+    k_sample, k_snap, k_local, k_usample, k_eval = jax.random.split(key, 5)
+    dtype = state.lam.dtype
+    idx, rows, present = uniform_participants(k_sample, n, m)
+    snapshot_step = jax.random.randint(k_snap, (), 0, tau)
+    lr = hparams["client_lr"]
+
+    def client_update(xd, yd, nex, k):
+      final, snap, loss = local_sgd_with_snapshot(
+        model,
+        state.params,
+        xd,
+        yd,
+        nex,
+        k,
+        num_steps=tau,
+        batch_size=settings.batch_size,
+        lr=lr,
+        snapshot_step=snapshot_step,
+      )
+      delta = lambda w: jax.tree.map(jnp.subtract, w, state.params)
+      return (delta(final), delta(snap)), loss
+
+    pairs, losses = map_client_data(
+      client_update,
+      data.take_clients(rows),
+      jax.random.split(k_local, idx.shape[0]),
+      backend=backend,
+      chunk_size=settings.chunk_size,
+    )
+    scale = inverse_rate(n, m)  # 1 / q (Poisson) or n / m (fixed)
+    weights = scale * state.lam[rows]
+    bound = scale * jnp.max(state.lam)  # the largest weight any client can have
+    moved, snap_moved = release_sum(clip_each(pairs, present), weights, present, bound, key)
+    params = jax.tree.map(jnp.add, state.params, moved)
+    snapshot = jax.tree.map(jnp.add, state.params, snap_moved)
+
+    # dual: the losses at the snapshot of a second, independent uniform sample
+    uidx, urows, _ = uniform_participants(k_usample, n, m, "dp_loss")
+    snap_loss = map_client_data(
+      lambda xd, yd, nex, k: client_loss_and_grad(
+        model, snapshot, xd, yd, nex, k, settings.batch_size
+      )[0],
+      data.take_clients(urows),
+      jax.random.split(k_eval, uidx.shape[0]),
+      backend=backend,
+      chunk_size=settings.chunk_size,
+    )
+    released = release_losses(snap_loss.astype(dtype), key)
+    v = jnp.zeros((n,), dtype).at[uidx].set(scale * released, mode="drop")
+    lam = dual_step(state, v, hparams)
+    metrics = {**present_loss_metrics(losses, present), "lambda_max": jnp.max(lam)}
+    metrics["lambda_min"] = jnp.min(lam)
+    return DRFAState(params, lam, state.round + 1), metrics
 
   def cost(data):
     # m trained clients upload their final and snapshot models; m others one snapshot loss each

@@ -14,6 +14,25 @@ so that F_k = 0 and q < 1 stay finite. ``q = 0`` with ``L = 1/client_lr`` is uni
 The implied dual weights lambda_k = F_k^q / sum_{j in S} F_j^q of the last round's participants
 (zero elsewhere) are kept in ``state.lam``. Metrics: ``train_loss`` (unweighted mean of F_k over
 S), ``train_loss_max``, ``lambda_max``.
+
+Private form (:func:`fedjax_dro.privacy.private`, ``loss_bound=B``): the server step reads two sums
+over the same participants, and each participant's part of each is bounded and the sum noised::
+
+    u_k = clip_C(F_k^q Delta_k)              (the whole vector, L2 norm <= C)
+    h~_k = min(max(h_k, 0), B)               (h_k computed from the unclipped Delta_k)
+    U = sum_k u_k + N(0, (z C)^2 I),   H = sum_k h~_k + N(0, (z_l B)^2)
+    w <- w - U / max(H, z_l B)
+
+Both sums are over the participants the round drew (Poisson or fixed), with no fixed denominator:
+the step is their ratio, in which the participant count cancels as in the plain algorithm. The
+floor ``z_l B`` (the standard deviation of H's noise; the smallest positive float when ``z_l =
+0``) is post-processing: a noised H below one noise standard deviation does not tell the true sum
+from 0 (it can even be negative), and the plain step divides by a positive sum; flooring there can
+only shorten the step, to at most ``||U|| / (z_l B)``, never flip its direction. The two releases
+are Gaussian mechanisms on the same participants (sensitivities C and B): the accountant composes
+them into one of multiplier ``(z^-2 + z_l^-2)^(-1/2)``. ``state.lam`` and the metrics are the
+simulator's diagnostics from the participants' losses, not released (the model is all that
+depends on the releases). No noise and huge bounds give the plain algorithm.
 """
 
 from __future__ import annotations
@@ -35,6 +54,14 @@ from fedjax_dro.core.aggregation import tree_add, tree_sq_norm, weighted_sum
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import dual_round_metrics, local_round_and_losses
 from fedjax_dro.core.precision import params_float_dtype
+from fedjax_dro.core.privacy import (
+  active as privacy_active,
+  clip_each,
+  present_loss_metrics,
+  release_bounded_sum,
+  release_sum,
+  unclipped_updates,
+)
 from fedjax_dro.core.settings import CommonSettings, round_zero, state_init
 
 LOSS_EPS = 1e-10  # F_k + LOSS_EPS in the powers (reference implementation)
@@ -83,6 +110,8 @@ def qffl(model, settings: CommonSettings) -> Algorithm:
 
   def round_fn(state, data, key, hparams):
     check_data_matches(data, state.lam.shape[0])
+    if privacy_active() is not None:
+      return private_round_fn(state, data, key, hparams)
     lr = hparams["client_lr"]
     update, losses = local_round_and_losses(model, settings, state.params, data, key, lr)
     q, L = hparams["q"], hparams["L"]
@@ -95,6 +124,34 @@ def qffl(model, settings: CommonSettings) -> Algorithm:
     params = tree_add(state.params, step, -1.0 / jnp.sum(h))
     lam = jnp.zeros((data.num_clients,), state.lam.dtype).at[update.idx].set(fq / jnp.sum(fq))
     metrics = dual_round_metrics(losses, lam, lambda_min=False)
+    return QFFLState(params, lam, state.round + 1), metrics
+
+  def private_round_fn(state, data, key, hparams):
+    # the module docstring's private form: u_k clipped to C, h_k to [0, B], both sums noised
+    with unclipped_updates():  # the participants clip F_k^q Delta_k themselves, not delta_k
+      update, losses = local_round_and_losses(
+        model, settings, state.params, data, key, hparams["client_lr"]
+      )
+    present = update.weights > 0
+    q, L = hparams["q"], hparams["L"]
+    f = losses + LOSS_EPS
+    fq = f**q
+    sq = jax.vmap(tree_sq_norm)(update.deltas) * L**2
+    h = q * f ** (q - 1.0) * sq + L * fq
+    coef = -L * fq  # F_k^q Delta_k = -L F_k^q delta_k
+    scaled = jax.tree.map(
+      lambda d: d * coef.reshape((-1,) + (1,) * (d.ndim - 1)).astype(d.dtype), update.deltas
+    )
+    step = release_sum(clip_each(scaled, present), jnp.ones_like(fq), present, 1.0, key)
+    act = privacy_active()
+    tiny = jnp.finfo(fq.dtype).tiny
+    floor = jnp.maximum(act.loss_noise * act.loss_bound, tiny)
+    total_h = jnp.maximum(release_bounded_sum(h, present, key), floor)
+    params = tree_add(state.params, step, -1.0 / total_h)
+    fq = jnp.where(present, fq, 0.0)
+    share = fq / jnp.maximum(jnp.sum(fq), tiny)
+    lam = jnp.zeros((data.num_clients,), state.lam.dtype).at[update.idx].set(share, mode="drop")
+    metrics = {**present_loss_metrics(losses, present), "lambda_max": jnp.max(lam)}
     return QFFLState(params, lam, state.round + 1), metrics
 
   init = state_init(settings, initial_state)

@@ -39,7 +39,7 @@ from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import local_round, local_step_counts, round_metrics
 from fedjax_dro.core.privacy import (
   active as privacy_active,
-  clip_rows,
+  clip_each,
   inverse_rate,
   participation_share,
   present_slots,
@@ -211,13 +211,13 @@ def scaffold(model, settings: CommonSettings, *, server_optimizer=None) -> Algor
     s = update.idx.shape[0]
     steps = jnp.maximum(local_step_counts(settings, update.num_examples), 1)
     # the deltas arrive clipped to C (PrivateRound.send); u_i from them is the same multiple of
-    # the clipped delta, so clip_rows' joint clip of (delta_i, u_i) is one clip of the pair
+    # the clipped delta, so clip_each's joint clip of (delta_i, u_i) is one clip of the pair
     u = jax.tree.map(
       lambda d: -d / (steps.reshape((-1,) + (1,) * (d.ndim - 1)) * lr).astype(d.dtype),
       update.deltas,
     )
     present = present_slots(update.weights)
-    sent = clip_rows((update.deltas, u), present)
+    sent = clip_each((update.deltas, u), present)
     m_inv = inverse_rate(n, s) / n  # 1 / m, m the expected participants (q n, or s)
     mean_delta, mean_u = release_sum(sent, update.weights * m_inv, present, m_inv, key)
     params, opt_state = move(state, mean_delta, hparams["server_lr"])

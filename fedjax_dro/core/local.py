@@ -16,7 +16,12 @@ import jax.numpy as jnp
 from fedjax_dro.core.aggregation import scatter_rows
 from fedjax_dro.core.client_opt import optimizer_step
 from fedjax_dro.core.clients import map_clients, map_clients_weighted_sum
-from fedjax_dro.core.privacy import active as privacy_active, poisson_draw, private_round
+from fedjax_dro.core.privacy import (
+  active as privacy_active,
+  poisson_draw,
+  present_loss_metrics,
+  private_round,
+)
 from fedjax_dro.core.ragged import epoch_chunk, epoch_loop, sorted_participants
 from fedjax_dro.core.sampling import (
   epoch_permutations,
@@ -641,13 +646,7 @@ def stateful_round_metrics(update: StatefulRound) -> dict:
   empty slots left out, 0 when none is filled)."""
   if update.present is None:
     return {"train_loss": jnp.mean(update.losses), "train_loss_max": jnp.max(update.losses)}
-  w = update.present.astype(update.losses.dtype)
-  count = jnp.sum(w)
-  top = jnp.max(jnp.where(update.present, update.losses, -jnp.inf))
-  return {
-    "train_loss": jnp.sum(w * update.losses) / jnp.maximum(count, 1),
-    "train_loss_max": jnp.where(count > 0, top, 0),
-  }
+  return present_loss_metrics(update.losses, update.present)
 
 
 def map_client_data(fn: Callable, data, keys, *, backend: str, chunk_size: Optional[int]):

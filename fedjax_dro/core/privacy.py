@@ -352,26 +352,6 @@ def release_group_sums(clipped, groups, present, round_key):
 # SCAFF-PD) --
 
 
-def clip_rows(stacked, present):
-  """Each slot's row of the ``[s, ...]`` stacked pytree clipped to L2 norm ``C`` as one vector (all
-  its leaves together: what a participant releases in one message, e.g. a model delta and a
-  control-variate delta) in a private round, whose ``dp_unclipped`` metric then counts the filled
-  slots (``present``) whose row was within ``C``; unchanged outside one. Rows already clipped to
-  ``C`` in part (:meth:`PrivateRound.send` clipped their model delta) are clipped again as a whole:
-  when the rest of a row is a fixed multiple of the clipped part, as SCAFFOLD's
-  ``-delta_i / (K_i lr)``, the two clips are one clip of the whole row, and a row is within ``C``
-  exactly when the participant's whole unclipped row was."""
-  act = active()
-  if act is None:
-    return stacked
-  clipped, norms = jax.vmap(lambda row: clip_tree(row, act.clip_norm))(stacked)
-  within = norms <= act.clip_norm
-  if present is not None:
-    within = jnp.logical_and(within, present)
-  act.metrics["dp_unclipped"] = jnp.sum(within).astype(jnp.float32)  # the whole row's flag
-  return clipped
-
-
 def clip_part(tree, parts: int):
   """``(tree clipped to C / sqrt(parts), whether it was within)``: one of the ``parts``
   model-sized vectors a participant releases in a round at different times (a later one depends
@@ -397,3 +377,98 @@ def release_total(total, bound, round_key, stream: int = 3):
     return total
   std = act.noise_multiplier * act.clip_norm * bound
   return add_noise(total, jax.random.fold_in(noise_key(round_key), stream), std)
+
+
+@contextlib.contextmanager
+def unclipped_updates():
+  """Within a private round, the local rounds traced in the block return their participants'
+  updates unclipped: for an algorithm whose participants release something computed from their
+  update (q-FFL's ``F_k^q Delta_k``), which it clips itself with :func:`clip_each` before
+  releasing it. The block's participant draw is recorded in the round's metrics as usual
+  (``dp_participants``, ``dp_dropped``); its clip flags are not (:func:`clip_each` records those
+  of what is released). Only local rounds that return their stacked updates may run in the
+  block (a ``mean_only`` round noises its sum with the clip norm, infinite here). Outside a
+  private round, nothing changes."""
+  act = active()
+  if act is None:
+    yield
+    return
+  inner = act._replace(clip_norm=math.inf, metrics={})
+  _ACTIVE.append(inner)
+  try:
+    yield
+  finally:
+    _ACTIVE.pop()
+    for name in ("dp_participants", "dp_dropped"):
+      if name in inner.metrics:
+        act.metrics.setdefault(name, inner.metrics[name])
+
+
+def clip_each(stacked, present):
+  """The ``[s, ...]`` stacked per-participant pytrees, each (all its leaves together: what a
+  participant releases in one message, e.g. a model delta and a control-variate delta) clipped to
+  L2 norm ``C`` in a private round, whose ``dp_unclipped`` metric then counts the filled slots
+  (``present``; None: all) whose whole row was within ``C`` (replacing any count of a part of the
+  row); unchanged outside one. Rows already clipped in part (:meth:`PrivateRound.send` clipped
+  their model delta) are clipped again as a whole: when the rest of a row is a fixed multiple of
+  the clipped part, as SCAFFOLD's ``-delta_i / (K_i lr)``, the two clips are one clip of the whole
+  row, and a row is within ``C`` exactly when the participant's whole unclipped row was."""
+  act = active()
+  if act is None:
+    return stacked
+  clipped, norms = jax.vmap(lambda t: clip_tree(t, act.clip_norm))(stacked)
+  within = norms <= act.clip_norm
+  if present is not None:
+    within = jnp.logical_and(within, present)
+  act.metrics["dp_unclipped"] = jnp.sum(within).astype(jnp.float32)  # the whole row's flag
+  return clipped
+
+
+def release_bounded_sum(values, present, round_key):
+  """``sum_i values_i`` over the ``[s]`` participants' scalar reports (slots with ``present``
+  False left out). In a private round each report is clipped to ``[0, B]`` (the loss bound) and
+  the sum gets Gaussian noise of standard deviation ``z_l B`` (adding or removing one client moves
+  it by at most ``B``), on a noise stream of its own; the plain sum outside one."""
+  if present is not None:
+    values = jnp.where(present, values, 0)
+  act = active()
+  if act is None:
+    return jnp.sum(values)
+  if act.loss_bound is None:
+    raise ValueError("this private round releases a bounded sum but has no loss bound")
+  total = jnp.sum(jnp.clip(values, 0.0, act.loss_bound))
+  std = act.loss_noise * act.loss_bound
+  return add_noise(total, jax.random.fold_in(noise_key(round_key), 3), std)
+
+
+def uniform_participants(key, num_clients: int, fixed_count: int, metric: str = "dp"):
+  """A private round's uniform participants, ``(idx, rows, present)`` as :func:`poisson_draw`:
+  a Poisson draw at the rate ``q``, or (fixed-size sampling) ``fixed_count`` clients uniformly
+  without replacement (every slot present). For an algorithm that draws its participants itself
+  (and possibly twice a round, as DRFA's second sample): the draw's size and overflow are recorded
+  as the round's ``{metric}_participants`` and ``{metric}_dropped`` metrics."""
+  from fedjax_dro.core.sampling import sample_clients
+
+  act = active()
+  if act is None:
+    raise ValueError("uniform_participants draws the participants of a private round only")
+  if act.privacy.sampling == "poisson":
+    idx, present, dropped = poisson_participants(key, num_clients, act.privacy.rate)
+  else:
+    idx = sample_clients(key, num_clients, fixed_count).astype(jnp.int32)
+    present, dropped = jnp.ones(idx.shape, bool), jnp.zeros((), jnp.int32)
+  act.metrics.setdefault(f"{metric}_participants", jnp.sum(present).astype(jnp.float32))
+  act.metrics.setdefault(f"{metric}_dropped", dropped.astype(jnp.float32))
+  return idx, jnp.minimum(idx, num_clients - 1), present
+
+
+def present_loss_metrics(losses, present) -> dict:
+  """``train_loss`` and ``train_loss_max``: the unweighted mean and the max of the ``[s]``
+  participants' losses over the filled slots (``present``; 0 when none is)."""
+  w = present.astype(losses.dtype)
+  count = jnp.sum(w)
+  top = jnp.max(jnp.where(present, losses, -jnp.inf))
+  return {
+    "train_loss": jnp.sum(w * losses) / jnp.maximum(count, 1),
+    "train_loss_max": jnp.where(count > 0, top, 0),
+  }

@@ -11,7 +11,9 @@ Gaussian mechanism on the clipped sum of its participants' updates: noise standa
   ``SampledWithoutReplacementDpEvent(n, s, GaussianDpEvent(z / 2))`` with replace-one
   neighbours (the only relation ``dp-accounting`` accounts this sampling under).
 
-``T`` rounds compose to ``SelfComposedDpEvent(round, T)``; epsilon at ``delta`` comes from the
+``T`` rounds compose to ``SelfComposedDpEvent(round, T)`` (a round releasing two mechanisms on
+independently drawn samples, DRFA's updates and losses, is ``ComposedDpEvent`` of their two
+events: :func:`composed_epsilon`); epsilon at ``delta`` comes from the
 Renyi accountant (``"rdp"``, default: milliseconds a call) or the privacy-loss-distribution
 accountant (``"pld"``: tighter, Poisson sampling only, about half a second a call). With Poisson
 sampling in fixed shapes a round trains at most ``capacity`` participants
@@ -123,7 +125,13 @@ def run_epsilon(
   ``dp_count_noise``, ``dp_cluster_noise`` where the run releases losses, adapts its clip or
   releases cluster counts):
   ``{"epsilon", "delta", "delta_overflow", "rounds", "noise_multiplier"}``, the last the
-  combined multiplier the accountant used (:func:`combined_noise`)."""
+  combined multiplier the accountant used (:func:`combined_noise`).
+
+  With ``config["privacy"]["separate_loss_sample"]`` (DRFA: its losses come from a second
+  participant sample drawn independently of the first) a round is two sampled Gaussian
+  mechanisms, the updates' (``noise_multiplier``) and the losses' (``loss_noise_multiplier``,
+  also in the record), composed by :func:`composed_epsilon`; ``delta_overflow`` then counts two
+  Poisson draws a round."""
   from fedjax_dro.core.privacy import overflow_probability
 
   priv = config["privacy"]
@@ -135,29 +143,36 @@ def run_epsilon(
     size = config.get("clients_per_round") or num_clients
     rate, over = None, 0.0
   loss_noise = hparams.get("dp_loss_noise") if priv.get("releases_losses") else None
-  z = combined_noise(float(hparams["dp_noise"]), None if loss_noise is None else float(loss_noise))
+  separate = bool(priv.get("separate_loss_sample"))  # the losses' own, independent sample
+  together = None if loss_noise is None or separate else float(loss_noise)
+  z = combined_noise(float(hparams["dp_noise"]), together)
   if priv.get("releases_counts"):  # IFCA's cluster counts: noise std z_c, sensitivity 1
     z = combined_noise(z, float(hparams["dp_cluster_noise"]))
   if priv.get("adaptive_clipping"):  # the clip count: noise std r m on a sum of sensitivity 1/2
     m = rate * num_clients if sampling == "poisson" else size
     z = combined_noise(z, 2.0 * float(hparams["dp_count_noise"]) * m)
-  eps = epsilon(
-    rounds,
-    z,
-    priv["delta"],
+  kw = dict(
     sampling=sampling,
     num_clients=num_clients,
     rate=rate,
     sample_size=size,
     accountant=priv.get("accountant", "rdp"),
   )
-  return {
+  if separate:
+    eps = composed_epsilon(rounds, (z, float(loss_noise)), priv["delta"], **kw)
+    over *= 2  # two Poisson draws a round, each truncated to the capacity
+  else:
+    eps = epsilon(rounds, z, priv["delta"], **kw)
+  record = {
     "epsilon": eps,
     "delta": priv["delta"],
     "delta_overflow": over,
     "rounds": int(rounds),
     "noise_multiplier": z,
   }
+  if separate:
+    record["loss_noise_multiplier"] = float(loss_noise)
+  return record
 
 
 def privacy_budget(
@@ -222,3 +237,39 @@ def check_delta(delta) -> float:
   if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0.0 < delta < 1.0:
     raise ValueError(f"delta must be a number in (0, 1), got {delta!r}")
   return float(delta)
+
+
+def composed_epsilon(
+  rounds: int,
+  noise_multipliers,
+  delta: float,
+  *,
+  sampling: str,
+  num_clients: int,
+  rate=None,
+  sample_size=None,
+  accountant: str = "rdp",
+) -> float:
+  """Epsilon at ``delta`` after ``rounds`` rounds of which each releases one Gaussian mechanism
+  per multiplier of ``noise_multipliers``, each on its own independently drawn sample of the
+  clients (the same sampling, rate and size): the round is ``ComposedDpEvent`` of their
+  :func:`round_event`, self-composed ``rounds`` times (``inf`` when any multiplier is 0; 0 after
+  no round)."""
+  import dp_accounting as dpa
+
+  if rounds <= 0:
+    return 0.0
+  zs = [float(z) for z in noise_multipliers]
+  if min(zs) <= 0:
+    return math.inf
+  acc = _accountant(accountant, sampling)
+  kw = dict(sampling=sampling, num_clients=num_clients, rate=rate, sample_size=sample_size)
+  event = dpa.ComposedDpEvent([round_event(z, **kw) for z in zs])
+  quiet = logging.getLogger("absl")
+  level = quiet.level
+  quiet.setLevel(logging.ERROR)
+  try:
+    acc.compose(dpa.SelfComposedDpEvent(event, int(rounds)))
+    return float(acc.get_epsilon(float(delta)))
+  finally:
+    quiet.setLevel(level)

@@ -121,15 +121,35 @@ RELEASES["scaff_pd"] = (
   "mechanism of multiplier z, adaptively composed), and with the losses one of multiplier "
   "(z^-2 + z_l^-2)^(-1/2); each client's c_i and local iterates stay on the client"
 )
-LOSS_RELEASES = ("afl", "agnostic_fedavg", "scaff_pd")  # the algorithms that release losses too
-COUNT_RELEASES = ("ifca",)  # the algorithms that release per-group participant counts
-NOT_YET: Dict[str, str] = {
-  "drfa": "it draws its participants by the dual weights lambda, not uniformly (one Poisson rate "
-  "does not describe them), and releases losses at a second, randomly averaged model",
-  "qffl": "its server step divides the participants' weighted updates by the sum of their "
-  "reported h_k = q F^(q-1) ||Delta||^2 + L F^q: a ratio of two noised sums, whose noised "
-  "denominator needs its own design",
+RELEASES["qffl"] = (
+  "each participant's F_k^q Delta_k (clipped to C; the server's sum noised with std z C) and its "
+  "h_k = q F_k^(q-1) ||Delta_k||^2 + L F_k^q (clipped to [0, B]; the sum noised with std z_l B); "
+  "the server steps by the first sum over the second floored at z_l B (post-processing)"
+)
+RELEASES["drfa"] = (
+  "each participant of a uniform sample (Poisson at q, or s of n: q = s / n; not lambda-sampled) "
+  "sends its final and snapshot model deltas, clipped together to C (one vector); the server's "
+  "lambda_i / q weighted sums are noised for the largest weight (std z C max(lambda) / q); the "
+  "clients of a second, independent uniform sample send their losses at the snapshot model "
+  "(clipped to [0, B] and noised, std z_l B), which drive the lambda ascent (post-processing)"
+)
+# the algorithms that release a scalar report of each participant besides its update, clipped to
+# [0, loss_bound] and noised with dp_loss_noise: what the report is
+LOSS_REPORTS: Dict[str, str] = {
+  "afl": "loss",
+  "agnostic_fedavg": "loss",
+  "scaff_pd": "loss at the global model",
+  "qffl": "h_k = q F_k^(q-1) ||Delta_k||^2 + L F_k^q",
+  "drfa": "loss at the snapshot model (a second, independent sample's)",
 }
+LOSS_RELEASES = tuple(LOSS_REPORTS)  # the algorithms that release their losses (or h_k) too
+# those whose scalar reports come from a second participant sample drawn independently of the
+# first: the accountant composes two sampled Gaussian mechanisms a round
+SEPARATE_LOSS_SAMPLE = ("drfa",)
+COUNT_RELEASES = ("ifca",)  # the algorithms that release per-group participant counts
+# the registered algorithms whose releases are not privatized yet, with the reason (none today;
+# an algorithm registered by a user is refused until it has a RELEASES entry)
+NOT_YET: Dict[str, str] = {}
 REFUSED: Dict[str, str] = {
   "local": "it has no server: nothing leaves a client, so there is nothing to privatize",
   "local_adam": "it has no server: nothing leaves a client, so there is nothing to privatize",
@@ -189,13 +209,17 @@ def private(
     delta: the delta at which epsilon is reported, in (0, 1).
     accountant: ``"rdp"`` (default) or ``"pld"`` (Poisson only;
       :mod:`fedjax_dro.privacy.accounting`).
-    loss_bound: for the algorithms that also release their participants' losses (afl,
-      agnostic_fedavg, scaff_pd; :data:`LOSS_RELEASES`): each reported loss is clipped to
-      ``[0, loss_bound]`` (required there, refused elsewhere). Hyper-parameter ``dp_loss_bound``.
-    loss_noise_multiplier: ``z_l``: each reported loss gets noise of standard deviation
-      ``z_l * loss_bound`` (default: ``noise_multiplier``). Hyper-parameter ``dp_loss_noise``.
-      A round then releases two Gaussian mechanisms on the same participants, which compose
-      exactly into one of noise multiplier ``(z^-2 + z_l^-2)^(-1/2)``: the accountant's.
+    loss_bound: for the algorithms that also release a scalar report of each participant (afl,
+      agnostic_fedavg, scaff_pd, drfa: its loss; qffl: its ``h_k``; :data:`LOSS_RELEASES`): each report is
+      clipped to ``[0, loss_bound]`` (required there, refused elsewhere). Hyper-parameter
+      ``dp_loss_bound``.
+    loss_noise_multiplier: ``z_l``: each reported loss (qffl: the sum of the ``h_k``) gets noise
+      of standard deviation ``z_l * loss_bound`` (default: ``noise_multiplier``).
+      Hyper-parameter ``dp_loss_noise``. A round then releases two Gaussian mechanisms on the
+      same participants, which compose exactly into one of noise multiplier
+      ``(z^-2 + z_l^-2)^(-1/2)``: the accountant's. drfa's losses come from a second sample,
+      drawn independently of the first (:data:`SEPARATE_LOSS_SAMPLE`): the accountant composes
+      the two sampled mechanisms (:func:`fedjax_dro.privacy.accounting.run_epsilon`).
     adaptive_quantile: ``gamma`` in (0, 1) for adaptive clipping (Andrew, Thakkar, McMahan,
       Ramaswamy, "Differentially Private Learning with Adaptive Clipping", NeurIPS 2021,
       arXiv:1905.03871): each participant also reports whether its update was within the clip
@@ -208,8 +232,9 @@ def private(
       (default): a fixed clip. Hyper-parameter ``dp_quantile``.
     adaptive_lr: ``eta_C`` (> 0), hyper-parameter ``dp_clip_lr``.
     count_noise: ``sigma_b / m`` (>= 0; default 0.05, the paper's ``sigma_b = m / 20``),
-      hyper-parameter ``dp_count_noise``. The centred count is a second Gaussian release: the accountant composes ``z`` with ``2 sigma_b`` (0: the count is
-      released exactly and epsilon is infinite).
+      hyper-parameter ``dp_count_noise``. The centred count is a second Gaussian release: the
+      accountant composes ``z`` with ``2 sigma_b`` (0: the count is released exactly and
+      epsilon is infinite).
     cluster_count_noise: for the algorithms that release per-group participant counts (ifca;
       :data:`COUNT_RELEASES`): ``z_c``, the standard deviation of the noise on each cluster's
       count (sensitivity 1; default: ``noise_multiplier``; refused elsewhere). The accountant
@@ -241,6 +266,12 @@ def private(
       f"that the clip bounds each client's share of the sum (got weighting="
       f"{alg.config['weighting']!r})"
     )
+  if alg.name == "drfa" and alg.config.get("sampling", "lambda") != "lambda":
+    raise ValueError(
+      "private: drfa with sampling='full' averages every client with weights lambda each round; "
+      "its private form draws a uniform sample (Poisson or fixed) and weights it by lambda / q: "
+      "build drfa with sampling='lambda'"
+    )
   clip_norm = _positive(clip_norm, "clip_norm")
   noise_multiplier = _positive(noise_multiplier, "noise_multiplier", zero_ok=True)
   delta = check_delta(delta)
@@ -260,8 +291,8 @@ def private(
   if losses:
     if loss_bound is None:
       raise ValueError(
-        f"loss_bound: {alg.name!r} releases each participant's loss, which is clipped to "
-        "[0, loss_bound]; give the bound"
+        f"loss_bound: {alg.name!r} releases each participant's {LOSS_REPORTS[alg.name]}, which "
+        "is clipped to [0, loss_bound]; give the bound"
       )
     loss_bound = _positive(loss_bound, "loss_bound")
     loss_noise = noise_multiplier if loss_noise_multiplier is None else loss_noise_multiplier
@@ -326,9 +357,11 @@ def private(
       count_noise, "noise std on the clip count over the expected participants", strict=False
     )
   if losses:
-    hparams["dp_loss_bound"] = HParam(loss_bound, "reported losses clipped to [0, B]")
+    hparams["dp_loss_bound"] = HParam(loss_bound, "reported losses (q-FFL: h_k) clipped to [0, B]")
     hparams["dp_loss_noise"] = HParam(
-      loss_noise, "loss noise multiplier z_l: noise std z_l B on each loss", strict=False
+      loss_noise,
+      "loss noise multiplier z_l: noise std z_l B on each loss (q-FFL: on the sum of h_k)",
+      strict=False,
     )
   if counts:
     hparams["dp_cluster_noise"] = HParam(
@@ -347,6 +380,8 @@ def private(
       "adaptive_clipping": adaptive,
     },
   }
+  if alg.name in SEPARATE_LOSS_SAMPLE:  # two sampled mechanisms a round (accounting.run_epsilon)
+    config["privacy"]["separate_loss_sample"] = True
   if not adaptive:
     return alg._replace(round=round_fn, hparams=hparams, config=config)
   real = jnp.result_type(float)

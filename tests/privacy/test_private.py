@@ -278,8 +278,9 @@ def test_refusals_and_bad_inputs(task):
   ds, model = task
   with pytest.raises(ValueError, match="'karula' cannot be made client-level private: its server"):
     fd.private(get_algorithm("karula").factory(model), 1.0, 1.0, rate=0.5)
-  with pytest.raises(ValueError, match="'drfa' has no private form yet"):
-    fd.private(get_algorithm("drfa").factory(model), 1.0, 1.0, rate=0.5)
+  mine = _fedavg(model)._replace(name="my_fedavg")  # a user's algorithm, its releases undeclared
+  with pytest.raises(ValueError, match="'my_fedavg' has no private form yet: its releases are not"):
+    fd.private(mine, 1.0, 1.0, rate=0.5)
   with pytest.raises(ValueError, match="loss_bound: 'afl' releases each participant's loss"):
     fd.private(get_algorithm("afl").factory(model), 1.0, 1.0, rate=0.5)
   with pytest.raises(ValueError, match="'fedavg' releases no losses"):
