@@ -6,9 +6,10 @@ updates are summed, Gaussian noise of standard deviation ``z C`` is added to the
 server, and the sum is divided by the expected number of participants. The mechanics live in
 :mod:`fedjax_dro.core.privacy`; the accounting in :mod:`fedjax_dro.privacy.accounting`.
 
-What each algorithm releases every round and how it is privatized is :data:`RELEASES`; an
-algorithm not in it is refused with the reason: it cannot be private (:data:`REFUSED`) or its
-releases are not privatized yet (:data:`NOT_YET`).
+What each algorithm releases every round and how it is privatized is :data:`RELEASES` (every
+registered algorithm with a server); an algorithm not in it is refused with the reason: it cannot
+be private (:data:`REFUSED`), or it is not declared (an algorithm a user registered;
+:data:`NOT_YET`, empty for the registered ones).
 """
 
 from __future__ import annotations
