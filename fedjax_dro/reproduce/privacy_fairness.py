@@ -5,12 +5,19 @@ The question: distributionally robust federated algorithms reweight clients by t
 losses, so that the worst clients improve; under client-level DP (DP-FedAvg: McMahan, Ramage,
 Talwar, Zhang, arXiv:1710.06963; :func:`fedjax_dro.privacy.private`) those loss reports must be
 clipped and noised too, and the robust algorithms' updates are sums with unequal weights, whose
-noise is set by the largest weight. At the *same* epsilon, do AFL (Mohri, Sivek, Suresh,
-"Agnostic Federated Learning", arXiv:1902.00146) and AgnosticFedAvg (Ro, Chen, Mathews, Mohri,
-Suresh, "Communication-Efficient Agnostic Federated Averaging", arXiv:2104.02748) still lift
-the worst-20% accuracy above FedAvg's, and at what cost in average accuracy? DR-DSGD (Ben
-Issaid, Elgabli, Bennis, arXiv:2208.13810, federated form) is robust without loss reports: its
-clients weight their own gradients by ``exp(loss / lambda)``, and only model updates leave them.
+noise is set by the largest weight. At the *same* epsilon, do the DRO algorithms still lift the
+worst-20% accuracy above FedAvg's, and at what cost in average accuracy? The strategies:
+
+* loss reporters, whose server reweights clients by released losses: AFL (Mohri, Sivek, Suresh,
+  "Agnostic Federated Learning", arXiv:1902.00146), AgnosticFedAvg (Ro, Chen, Mathews, Mohri,
+  Suresh, "Communication-Efficient Agnostic Federated Averaging", arXiv:2104.02748), DRFA (Deng,
+  Kamani, Mahdavi, "Distributionally Robust Federated Averaging", arXiv:2102.12660), q-FFL (Li,
+  Sanjabi, Beirami, Smith, "Fair Resource Allocation in Federated Learning", arXiv:1905.10497)
+  and SCAFF-PD (Yu, Wei, Karimireddy, Ma, Jordan, arXiv:2307.13381);
+* robust without loss reports, their reweighting on the clients and only model-type deltas
+  released: DR-DSGD (Ben Issaid, Elgabli, Bennis, arXiv:2208.13810, federated form), FGDRO-CVaR
+  and FGDRO-KL (Guo, Yang, "Communication-Efficient Federated Group Distributionally Robust
+  Optimization", arXiv:2410.06369).
 
 The task: the built-in synthetic softmax classification
 (:func:`fedjax_dro.data.synthetic_classification`) over 200 clients with Dirichlet(0.5) label
@@ -21,15 +28,23 @@ The protocol (:mod:`fedjax_dro.compare`, one comparison per privacy level):
 * participation by Poisson sampling at rate ``q = 0.1`` (20 clients a round in expectation),
   every update clipped to ``C = 1`` and every reported loss to ``[0, B]`` with ``B = 2`` (above
   the initial model's loss ``ln 5``), for every strategy (not tuned);
-* **matched epsilon**: FedAvg's and DR-DSGD's noise multiplier ``z``; AFL and AgnosticFedAvg
-  release their
-  losses besides their updates, so both their releases get ``sqrt(2) z``, whose composition is
-  a Gaussian mechanism of multiplier ``z`` again: the same ``dp-accounting`` event, the same
-  epsilon (checked before anything runs). A level with ``z = 0`` clips but adds no noise
-  (epsilon infinite): the clipping's own effect;
+* **matched epsilon**: FedAvg's noise multiplier ``z`` for FedAvg, DR-DSGD and the FGDRO
+  algorithms (each participant's deltas clipped together to ``C``: one release); AFL,
+  AgnosticFedAvg, q-FFL and SCAFF-PD release their reports besides their updates on the same
+  participants, so both their releases get ``sqrt(2) z``, whose composition is a Gaussian
+  mechanism of multiplier ``z`` again; DRFA's losses come from a second, independent Poisson
+  draw, so its one multiplier for both is set by bisection (:func:`drfa_multiplier`) so that the
+  composition of its two sampled mechanisms has FedAvg's epsilon after the protocol's rounds.
+  Every strategy's epsilon is checked equal before anything runs. A level with ``z = 0`` clips
+  but adds no noise (epsilon infinite): the clipping's own effect;
+* q-FFL's releases are on its own scale, ``F_k L (w - w_k)`` and ``h_k = ||L (w - w_k)||^2 +
+  L F_k`` (q = 1, L = 20): clip ``B L C`` and report bound ``(L C)^2 + L B``
+  (:func:`qffl_bounds`), the images of ``C`` and ``B``;
 * equal rounds (each round is one release, so equal rounds are equal privacy spent);
 * the robustness parameters at their defaults (AFL's ``lr_lambda`` 0.1, AgnosticFedAvg's
-  ``domain_lr`` 0.1, DR-DSGD's ``lam`` 2), not tuned;
+  ``domain_lr`` 0.1, DR-DSGD's ``lam`` 2, FGDRO-CVaR's ``alpha`` 0.2, FGDRO-KL's ``lam`` 1,
+  DRFA's ``gamma`` 0.01, q-FFL's ``q`` 1, SCAFF-PD's ``rho`` 0.1), not tuned; local steps 5 of
+  batches of 10 for every strategy with local steps;
 * per seed, each strategy's step size chosen from three values by 2-fold cross-validation on
   the clients' training rows (the grid widened geometrically, up to twice, where the choice
   sits on an edge: the same rule for every strategy), scored on the reported metric (worst-20%
@@ -58,7 +73,43 @@ STEPS = {
   "AFL": (0.1, 0.3, 1.0),
   "DR-DSGD": (0.03, 0.1, 0.3),
   "AgnosticFedAvg": (0.03, 0.1, 0.3),
+  "FGDRO-CVaR": (0.03, 0.1, 0.3),
+  "FGDRO-KL": (0.03, 0.1, 0.3),
+  "DRFA": (0.03, 0.1, 0.3),
+  "q-FFL": (0.03, 0.1, 0.3),
+  "SCAFF-PD": (0.03, 0.1, 0.3),
 }
+QFFL_L = 20.0  # q-FFL's Lipschitz estimate L (its default), q = 1
+
+
+def qffl_bounds():
+  """q-FFL releases ``F_k^q Delta_k = F_k L (w - w_k)`` and ``h_k = ||L (w - w_k)||^2 + L F_k``
+  (q = 1): on the scale of a model delta clipped to ``C`` and a loss within ``[0, B]``, their
+  bounds are ``B L C`` and ``(L C)^2 + L B`` (the algorithm's own scaling, not tuned)."""
+  return LOSS_BOUND * QFFL_L * CLIP, (QFFL_L * CLIP) ** 2 + QFFL_L * LOSS_BOUND
+
+
+def drfa_multiplier(z: float, rate: float, rounds: int, num_clients: int) -> float:
+  """DRFA's noise multiplier at FedAvg's epsilon: its update and its losses come from two
+  independent Poisson draws a round (two sampled Gaussian mechanisms, composed), so the one
+  multiplier ``z_d`` of both is found by bisection such that their composition after ``rounds``
+  rounds has FedAvg's epsilon (``z``'s); 0 for ``z = 0``."""
+  from fedjax_dro.privacy.accounting import composed_epsilon, epsilon
+
+  if z <= 0:
+    return 0.0
+  kw = dict(sampling="poisson", num_clients=num_clients, rate=rate)
+  target = epsilon(rounds, z, DELTA, **kw)
+  lo, hi = z, 4.0 * z  # two releases need more noise than one, less than 4 z
+  for _ in range(200):
+    mid = 0.5 * (lo + hi)
+    if composed_epsilon(rounds, [mid, mid], DELTA, **kw) > target:
+      lo = mid
+    else:
+      hi = mid
+    if hi - lo <= 1e-13 * hi:
+      break
+  return hi
 
 
 def task(seed: int, num_clients: int):
@@ -72,13 +123,26 @@ def task(seed: int, num_clients: int):
   )
 
 
-def strategies(z: float, rate: float):
-  """The four private strategies at FedAvg noise multiplier ``z`` (matched epsilon)."""
+def strategies(z: float, rate: float, rounds: int = DEFAULTS["rounds"], num_clients: int = 200):
+  """The private strategies at FedAvg noise multiplier ``z`` (matched epsilon after ``rounds``
+  rounds of ``num_clients`` clients: DRFA's multiplier depends on them)."""
   from fedjax_dro import compare as C
-  from fedjax_dro.algorithms import afl, agnostic_fedavg, dr_dsgd, fedavg
+  from fedjax_dro.algorithms import (
+    afl,
+    agnostic_fedavg,
+    dr_dsgd,
+    drfa,
+    fedavg,
+    fgdro_cvar,
+    fgdro_kl,
+    qffl,
+    scaff_pd,
+  )
   from fedjax_dro.privacy import private
 
   zr = math.sqrt(2.0) * z  # both releases of the loss-reporting algorithms
+  zd = drfa_multiplier(z, rate, rounds, num_clients)  # two independently sampled releases
+  q_clip, h_bound = qffl_bounds()
   common = dict(local_steps=5, batch_size=10)
   dro = dict(rate=rate, delta=DELTA, loss_bound=LOSS_BOUND, loss_noise_multiplier=zr)
   return [
@@ -105,6 +169,44 @@ def strategies(z: float, rate: float):
       {"client_lr": list(STEPS["AgnosticFedAvg"])},
       fixed={"domain_lr": 0.1},
     ),
+    C.Strategy(
+      "FGDRO-CVaR",
+      lambda m: private(fgdro_cvar(m, **common), CLIP, z, rate=rate, delta=DELTA),
+      {"client_lr": list(STEPS["FGDRO-CVaR"])},
+      fixed={"alpha": 0.2},
+    ),
+    C.Strategy(
+      "FGDRO-KL",
+      lambda m: private(fgdro_kl(m, **common), CLIP, z, rate=rate, delta=DELTA),
+      {"client_lr": list(STEPS["FGDRO-KL"])},
+      fixed={"lam": 1.0},
+    ),
+    C.Strategy(
+      "DRFA",
+      lambda m: private(drfa(m, **common), CLIP, zd, **{**dro, "loss_noise_multiplier": zd}),
+      {"client_lr": list(STEPS["DRFA"])},
+      fixed={"gamma": 0.01},
+    ),
+    C.Strategy(
+      "q-FFL",
+      lambda m: private(
+        qffl(m, **common),
+        q_clip,
+        zr,
+        rate=rate,
+        delta=DELTA,
+        loss_bound=h_bound,
+        loss_noise_multiplier=zr,
+      ),
+      {"client_lr": list(STEPS["q-FFL"])},
+      fixed={"q": 1.0, "L": QFFL_L},
+    ),
+    C.Strategy(
+      "SCAFF-PD",
+      lambda m: private(scaff_pd(m, **common), CLIP, zr, **dro),
+      {"client_lr": list(STEPS["SCAFF-PD"])},
+      fixed={"rho": 0.1},
+    ),
   ]
 
 
@@ -114,7 +216,7 @@ def matched_epsilon(z: float, rate: float, rounds: int, num_clients: int, model)
   from fedjax_dro.privacy.accounting import run_epsilon
 
   eps = {}
-  for st in strategies(z, rate):
+  for st in strategies(z, rate, rounds, num_clients):
     alg = st.make(model)
     eps[st.label] = run_epsilon(alg.config, rounds, default_hparams(alg), num_clients)["epsilon"]
   values = list(eps.values())
@@ -141,8 +243,8 @@ def privacy_fairness(
   seed: int = 0,
   verbose: bool = True,
 ) -> Dict[str, Any]:
-  """Average and worst-20% accuracy against epsilon for FedAvg, AFL, DR-DSGD and AgnosticFedAvg
-  at matched epsilon (module docstring). Writes ``privacy_fairness.{json,md,png}`` and each
+  """Average and worst-20% accuracy against epsilon for FedAvg and eight DRO algorithms at
+  matched epsilon (module docstring). Writes ``privacy_fairness.{json,md,png}`` and each
   level's comparison record to ``out_dir``.
 
   Args:
@@ -177,7 +279,7 @@ def privacy_fairness(
       name=f"privacy_fairness_z{z:g}",
       data=lambda s: task(s, n),
       model=model,
-      strategies=strategies(z, rate),
+      strategies=strategies(z, rate, r, n),
       protocol=C.Protocol(
         seeds=seeds,
         metric=C.Metric("accuracy", "worst20"),
@@ -236,7 +338,7 @@ def rows(result: Dict[str, Any]):
 
 def privacy_markdown(result: Dict[str, Any]) -> str:
   lines = [
-    "# Privacy and fairness: FedAvg, AFL, DR-DSGD and AgnosticFedAvg at matched epsilon",
+    "# Privacy and fairness: FedAvg and the DRO algorithms at matched epsilon",
     "",
     f"{result['task']}; Poisson participation q = {result['rate']}, {result['rounds']} rounds, "
     f"clip C = {result['clip']}, losses clipped to [0, {result['loss_bound']}], delta = "

@@ -42,11 +42,24 @@ def test_every_strategy_spends_the_same_epsilon():
   algs = {st.label: st.make(_model()) for st in strategies(1.5, 0.1)}
   assert algs["FedAvg"].hparams["dp_noise"].default == 1.5
   assert algs["DR-DSGD"].hparams["dp_noise"].default == 1.5
-  for label in ("AFL", "AgnosticFedAvg"):
+  for label in ("FGDRO-CVaR", "FGDRO-KL"):  # model-type releases only
+    assert algs[label].hparams["dp_noise"].default == 1.5
+  for label in ("AFL", "AgnosticFedAvg", "q-FFL", "SCAFF-PD"):
     hp = algs[label].hparams
     assert hp["dp_noise"].default == pytest.approx(1.5 * math.sqrt(2))
     assert hp["dp_loss_noise"].default == pytest.approx(1.5 * math.sqrt(2))
     assert algs[label].config["privacy"]["rate"] == 0.1
+  # DRFA: two independently sampled releases a round at one multiplier z_d, composed by
+  # dp-accounting directly to FedAvg's epsilon after the protocol's rounds
+  zd = algs["DRFA"].hparams["dp_noise"].default
+  assert algs["DRFA"].hparams["dp_loss_noise"].default == zd and 1.5 < zd < 1.5 * math.sqrt(2)
+  acc = rdp.RdpAccountant()
+  one = dpa.PoissonSampledDpEvent(0.1, dpa.GaussianDpEvent(zd))
+  acc.compose(dpa.SelfComposedDpEvent(dpa.ComposedDpEvent([one, one]), 100))
+  fedavg_eps = rdp.RdpAccountant().compose(
+    dpa.PoissonSampledDpEvent(0.1, dpa.GaussianDpEvent(1.5)), 100
+  )
+  assert acc.get_epsilon(1e-5) == pytest.approx(fedavg_eps.get_epsilon(1e-5), rel=1e-9)
   assert "privacy-fairness" in EXPERIMENTS
 
 
@@ -105,13 +118,14 @@ def test_a_tiny_run_through_the_cli(tmp_path):
     env=env,
     capture_output=True,
     text=True,
-    timeout=900,
+    timeout=1500,
   )
   assert proc.returncode == 0, proc.stderr[-3000:]
   result = json.load(open(out / "privacy_fairness.json"))
   assert result["quick"] and result["rounds"] == 2
   assert [lv["z"] for lv in result["levels"]] == list(pf.QUICK["levels"])
   for level in result["levels"]:
-    assert set(level["record"]["table"]) == {"FedAvg", "AFL", "DR-DSGD", "AgnosticFedAvg"}
+    assert set(level["record"]["table"]) == {st.label for st in strategies(0.0, 0.25)}
+    assert len(level["record"]["table"]) == 9
   assert (out / "privacy_fairness.png").stat().st_size > 1000
   assert "inf (clip only)" in (out / "privacy_fairness.md").read_text()
