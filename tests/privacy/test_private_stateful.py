@@ -230,3 +230,42 @@ def test_count_noise_is_ifcas_alone(task):
     fd.private(_case("ifca", model), 1.0, 1.0, rate=0.5, cluster_count_noise=-1.0)
   with pytest.raises(ValueError, match="weighting='uniform'"):
     fd.private(_make("fedsgd", model), 1.0, 1.0, rate=0.5)
+
+
+ADAPTIVE = {
+  "fedsgd": lambda m: _case("fedsgd", m),
+  "fgdro_kl": lambda m: _case("fgdro_kl", m),
+  "pfedme-all": lambda m: _case("pfedme", m),
+  "ifca": lambda m: _case("ifca", m),
+  "qffl": lambda m: _make("qffl", m, clients_per_round=5, local_steps=2, batch_size=8),
+  "drfa": lambda m: _make("drfa", m, clients_per_round=5, local_steps=2, batch_size=8),
+  "scaff_pd": lambda m: _make("scaff_pd", m, local_steps=2, batch_size=8),
+  "scaffold-epochs": lambda m: _make(
+    "scaffold", m, clients_per_round=5, local_epochs=1, batch_size=8, weighting="uniform"
+  ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ADAPTIVE))
+def test_adaptive_clipping_counts_what_each_private_form_releases(task, name):
+  """A clip of 1e-9 clips every participant's first-round release: with no count noise the
+  count of updates within it is 0, so the clip grows by exactly exp(eta gamma) after the round
+  (fixed sampling); the private form records its flags where adaptive clipping reads them.
+  (Later rounds may count some: SCAFFOLD's corrected gradient of a client drawn again, with the
+  model all but unmoved, is about the tiny server control variate.)"""
+  ds, model = task
+  kw = {"loss_bound": 2.0} if name in ("qffl", "drfa", "scaff_pd") else {}
+  palg = fd.private(
+    ADAPTIVE[name](model),
+    1e-9,
+    0.0,
+    sampling="fixed",
+    adaptive_quantile=0.9,
+    adaptive_lr=0.3,
+    count_noise=0.0,
+    **kw,
+  )
+  hist = fd.run(palg, ds, rounds=2)
+  clip = np.asarray(hist.train_metrics["dp_clip"])
+  assert float(hist.train_metrics["dp_unclipped"][0]) == 0
+  assert clip[1] / clip[0] == pytest.approx(math.exp(0.3 * 0.9), rel=1e-9)
