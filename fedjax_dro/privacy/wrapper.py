@@ -371,7 +371,8 @@ def private(
   config = {
     **alg.config,
     "privacy": {
-      "mechanism": "DP-FedAvg (clipped updates, Gaussian noise on the sum, fixed denominator)",
+      "mechanism": "DP-FedAvg (clipped updates, Gaussian noise on the sum, "
+      + ("the step a ratio of two noised sums)" if alg.name == "qffl" else "fixed denominator)"),
       "sampling": sampling,
       "rate": rate,
       "delta": delta,
