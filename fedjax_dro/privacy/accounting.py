@@ -89,15 +89,19 @@ def epsilon(
     return 0.0
   if noise_multiplier <= 0:
     return math.inf
-  acc = _accountant(accountant, sampling)
   event = round_event(
     noise_multiplier, sampling=sampling, num_clients=num_clients, rate=rate, sample_size=sample_size
   )
+  return _composed(_accountant(accountant, sampling), event, int(rounds), delta)
+
+
+def _composed(acc, event, count: int, delta: float) -> float:
+  """Epsilon at ``delta`` of ``event`` composed ``count`` times, from the accountant ``acc``."""
   quiet = logging.getLogger("absl")  # the Renyi orders the library skips are logged as warnings
   level = quiet.level
   quiet.setLevel(logging.ERROR)
   try:
-    acc.compose(event, int(rounds))
+    acc.compose(event, count)
     return float(acc.get_epsilon(float(delta)))
   finally:
     quiet.setLevel(level)
@@ -262,14 +266,8 @@ def composed_epsilon(
   zs = [float(z) for z in noise_multipliers]
   if min(zs) <= 0:
     return math.inf
-  acc = _accountant(accountant, sampling)
   kw = dict(sampling=sampling, num_clients=num_clients, rate=rate, sample_size=sample_size)
   event = dpa.ComposedDpEvent([round_event(z, **kw) for z in zs])
-  quiet = logging.getLogger("absl")
-  level = quiet.level
-  quiet.setLevel(logging.ERROR)
-  try:
-    acc.compose(dpa.SelfComposedDpEvent(event, int(rounds)))
-    return float(acc.get_epsilon(float(delta)))
-  finally:
-    quiet.setLevel(level)
+  return _composed(
+    _accountant(accountant, sampling), dpa.SelfComposedDpEvent(event, int(rounds)), 1, delta
+  )
