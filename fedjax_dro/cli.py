@@ -116,7 +116,8 @@ def _add_privacy(p: argparse.ArgumentParser) -> None:
     type=float,
     default=None,
     metavar="B",
-    help="algorithms that report losses (afl, agnostic_fedavg): losses clipped to [0, B]",
+    help="algorithms that report losses (afl, agnostic_fedavg, drfa, scaff_pd; qffl's h_k): "
+    "reports clipped to [0, B]",
   )
   dp.add_argument(
     "--dp-loss-noise",
