@@ -57,6 +57,7 @@ The protocol (:mod:`fedjax_dro.compare`, one comparison per privacy level):
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from typing import Any, Dict, Optional
@@ -89,6 +90,7 @@ def qffl_bounds():
   return LOSS_BOUND * QFFL_L * CLIP, (QFFL_L * CLIP) ** 2 + QFFL_L * LOSS_BOUND
 
 
+@functools.lru_cache(maxsize=64)
 def drfa_multiplier(z: float, rate: float, rounds: int, num_clients: int) -> float:
   """DRFA's noise multiplier at FedAvg's epsilon: its update and its losses come from two
   independent Poisson draws a round (two sampled Gaussian mechanisms, composed), so the one
