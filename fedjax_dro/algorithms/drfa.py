@@ -187,6 +187,22 @@ def drfa(
       )
     return DRFAState(params, initial_lambda(n, params_float_dtype(params)), round_zero())
 
+  def snapshot_sgd(params, lr, snapshot_step):
+    """``(x, y, num_examples, key) -> (final, snapshot, first loss)``: a participant's ``tau``
+    local SGD steps from ``params``, its iterate after ``snapshot_step`` kept."""
+    return lambda xd, yd, nex, k: local_sgd_with_snapshot(
+      model,
+      params,
+      xd,
+      yd,
+      nex,
+      k,
+      num_steps=tau,
+      batch_size=settings.batch_size,
+      lr=lr,
+      snapshot_step=snapshot_step,
+    )
+
   def round_fn(state, data, key, hparams):
     n = data.num_clients
     check_data_matches(data, state.lam.shape[0])
@@ -206,19 +222,7 @@ def drfa(
     clients = data.take_clients(idx)
     lr = hparams["client_lr"]
 
-    def client_update(xd, yd, nex, k):
-      return local_sgd_with_snapshot(
-        model,
-        state.params,
-        xd,
-        yd,
-        nex,
-        k,
-        num_steps=tau,
-        batch_size=settings.batch_size,
-        lr=lr,
-        snapshot_step=snapshot_step,
-      )
+    client_update = snapshot_sgd(state.params, lr, snapshot_step)
 
     local_keys = jax.random.split(k_local, m)
     finals, snaps, losses = map_client_data(
@@ -271,19 +275,10 @@ def drfa(
     snapshot_step = jax.random.randint(k_snap, (), 0, tau)
     lr = hparams["client_lr"]
 
+    run_local = snapshot_sgd(state.params, lr, snapshot_step)
+
     def client_update(xd, yd, nex, k):
-      final, snap, loss = local_sgd_with_snapshot(
-        model,
-        state.params,
-        xd,
-        yd,
-        nex,
-        k,
-        num_steps=tau,
-        batch_size=settings.batch_size,
-        lr=lr,
-        snapshot_step=snapshot_step,
-      )
+      final, snap, loss = run_local(xd, yd, nex, k)
       delta = lambda w: jax.tree.map(jnp.subtract, w, state.params)
       return (delta(final), delta(snap)), loss
 
