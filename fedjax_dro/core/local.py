@@ -16,13 +16,20 @@ import jax.numpy as jnp
 from fedjax_dro.core.aggregation import scatter_rows
 from fedjax_dro.core.client_opt import optimizer_step
 from fedjax_dro.core.clients import map_clients, map_clients_weighted_sum
+from fedjax_dro.core.factored import (
+  chosen_layers,
+  factored_dense,
+  factored_end,
+  factored_start,
+  factored_step,
+)
 from fedjax_dro.core.privacy import (
   active as privacy_active,
   poisson_draw,
   present_loss_metrics,
   private_round,
 )
-from fedjax_dro.core.ragged import epoch_chunk, epoch_loop, sorted_participants
+from fedjax_dro.core.ragged import epoch_chunk, epoch_loop, shared_exit, sorted_participants
 from fedjax_dro.core.sampling import (
   epoch_permutations,
   epoch_step_rows,
@@ -32,7 +39,7 @@ from fedjax_dro.core.sampling import (
   step_rows,
 )
 from fedjax_dro.core.settings import aggregation_weights, backend_for, participants
-from fedjax_dro.models.base import Model, client_loss
+from fedjax_dro.models.base import Model, client_loss, masked_mean
 
 
 class LocalSchedule(NamedTuple):
@@ -148,8 +155,9 @@ def scan_schedule(
   fixed-length scan of that many steps per iteration, those past the client's count masked:
   carry kept, loss 0); the result is the same for every block.
 
-  ``masked_step(active, carry, bx, by, bmask) -> (carry, loss)``, optional: a step that keeps
-  the carry itself where ``active`` is False (see :func:`~fedjax_dro.core.ragged.epoch_loop`).
+  ``masked_step(j, active, carry, bx, by, bmask) -> (carry, loss)``, optional: step ``j``,
+  keeping the carry itself where ``active`` is False (see :func:`~fedjax_dro.core.ragged.
+  epoch_loop`).
   """
   if schedule.steps is None:
 
@@ -205,7 +213,7 @@ def local_sgd(
     # Keep each leaf's dtype (float32 params with a float64 step size stay float32).
     return jax.tree.map(lambda a, b: (a - lr * b).astype(a.dtype), w, g), loss
 
-  def folded(active, w, bx, by, bmask):
+  def folded(j, active, w, bx, by, bmask):
     # the step size (0 past the client's own steps) folded into the loss: w + grad(-lr * loss)
     # is the weight gradient's product plus the weights (core.ragged.FOLDED_STEP_AUTO)
     def scaled(p):
@@ -220,6 +228,21 @@ def local_sgd(
     carry = (params, optimizer.init(params))
     (w, _), losses = scan_schedule(opt_step, carry, schedule, x, y, num_examples)
     return w, losses
+  if grad_transform is None and schedule.steps is not None and shared_exit(schedule.num_steps):
+    # wide dense layers kept as W_0 + A^T G over the epoch (core.factored)
+    rows = schedule.num_steps * (x.shape[0] if batch_size is None else batch_size)
+    layers = chosen_layers(model, rows) if factored_dense() else ()
+    if layers:
+      objective = lambda out, by, bmask: masked_mean(model, out, by, bmask)  # noqa: E731
+      carry, losses = epoch_loop(
+        None,
+        lambda j: schedule_batch(schedule, j, x, y, num_examples),
+        schedule.steps,
+        schedule.num_steps,
+        factored_start(params, layers, rows),
+        factored_step(model, layers, params, lr, objective),
+      )
+      return factored_end(carry, layers, params), losses
   masked = folded if grad_transform is None else None
   return scan_schedule(step, params, schedule, x, y, num_examples, masked_step=masked)
 

@@ -213,38 +213,52 @@ def loop_body(one, steps, block: int):
   return lambda state: jax.lax.scan(masked, state, None, length=block)[0]
 
 
+def shared_exit(num_steps: int) -> bool:
+  """Whether :func:`epoch_loop` of ``num_steps`` runs a given ``masked_step`` with one exit test
+  shared by the clients: a block of 1 step (:func:`step_block`), :func:`folded_step` on, and the
+  loop traced for clients side by side in a vmap over :data:`~fedjax_dro.core.clients.
+  CLIENT_AXIS`."""
+  from fedjax_dro.core.clients import client_axis_bound
+
+  block = min(step_block(), num_steps)
+  return block == 1 and folded_step() and client_axis_bound()
+
+
 def epoch_loop(step, batch, steps, num_steps: int, carry, masked_step=None):
   """``(carry, losses[num_steps])``: the ``local_epochs`` loop of ``step(carry, *batch(j)) ->
   (carry, loss)`` over a client's ``steps`` minibatches (``losses[j]`` 0 past them).
 
   By default a ``while_loop`` on the client's own count, its exit tested every
   :func:`step_block` steps (:func:`loop_body`); under ``vmap`` JAX runs it until every client is
-  done, selecting between each client's new and old carry at every step. With ``masked_step(
-  active, carry, *batch(j)) -> (carry, loss)`` (a step that keeps the carry itself where
-  ``active`` is False), a block of 1, :func:`folded_step` and the clients side by side in a vmap
-  over :data:`~fedjax_dro.core.clients.CLIENT_AXIS`, one exit test the clients share instead: the
+  done, selecting between each client's new and old carry at every step. With ``masked_step(j,
+  active, carry, *batch(j)) -> (carry, loss)`` (step ``j``, keeping the carry itself where
+  ``active`` is False) and :func:`shared_exit`, one exit test the clients share instead: the
   loop runs to the largest of their ``steps`` (their maximum over the client axis, an unbatched
-  loop: no select) and ``masked_step`` masks each client's steps past its own count."""
-  from fedjax_dro.core.clients import CLIENT_AXIS, client_axis_bound
+  loop: no select) and ``masked_step`` masks each client's steps past its own count. The carry
+  is the one ``masked_step`` takes, which may differ from ``step``'s (a caller that checks
+  :func:`shared_exit` first may pass a ``step`` that is never called)."""
+  from fedjax_dro.core.clients import CLIENT_AXIS
 
   def one(j, c):
     return step(c, *batch(j))
 
-  loss_shape = jax.eval_shape(lambda c: one(jnp.int32(0), c)[1], carry)
-  losses = jnp.zeros((num_steps,) + loss_shape.shape, loss_shape.dtype)
-  block = min(step_block(), num_steps)
-  if masked_step is None or block != 1 or not folded_step() or not client_axis_bound():
-    body = loop_body(one, steps, block)
+  if masked_step is None or not shared_exit(num_steps):
+    loss_shape = jax.eval_shape(lambda c: one(jnp.int32(0), c)[1], carry)
+    losses = jnp.zeros((num_steps,) + loss_shape.shape, loss_shape.dtype)
+    body = loop_body(one, steps, min(step_block(), num_steps))
     _, carry, losses = jax.lax.while_loop(
       lambda state: state[0] < steps, body, (jnp.int32(0), carry, losses)
     )
     return carry, losses
   top = jax.lax.pmax(steps, CLIENT_AXIS)  # the same for every client side by side
+  zero = jnp.int32(0)
+  loss_shape = jax.eval_shape(lambda c: masked_step(zero, True, c, *batch(zero))[1], carry)
+  losses = jnp.zeros((num_steps,) + loss_shape.shape, loss_shape.dtype)
 
   def shared(state):
     j, c, losses = state
     active = j < steps
-    c, loss = masked_step(active, c, *batch(j))
+    c, loss = masked_step(j, active, c, *batch(j))
     return j + 1, c, losses.at[j].set(jnp.where(active, loss, jnp.zeros_like(loss)))
 
   _, carry, losses = jax.lax.while_loop(

@@ -32,6 +32,13 @@ class Model(NamedTuple):
       model is built for, checked against the data before anything is traced (a product that
       broadcasts a size-1 axis would otherwise train on data of the wrong shape); None: not
       declared (checked by applying the model abstractly only).
+    dense_layers: the model's dense layers ``h = x W + b`` (each a
+      :class:`~fedjax_dro.core.factored.DenseLayer`: the kernel's path in the parameters and its
+      shape) that local SGD may keep in factored form (:mod:`fedjax_dro.core.factored`); each is
+      applied once per call, to a batch of vectors ``x [m, d_in]``.
+    factored_apply: ``(params, x, corrections) -> outputs``: ``apply`` in which the output of
+      each layer of ``dense_layers`` whose path is a key of ``corrections`` gains
+      ``corrections[path](x_in)`` (``x_in`` the layer's input); None: no factored form.
   """
 
   init: Callable[[Array], Params]
@@ -43,6 +50,8 @@ class Model(NamedTuple):
   name: str = "model"
   identity: str = ""
   input_size: Optional[int] = None
+  dense_layers: tuple = ()
+  factored_apply: Optional[Callable] = None
 
 
 def model_identity(model: Model) -> str:
@@ -59,11 +68,16 @@ def _sq_norm(tree) -> Array:
   return sum(jnp.vdot(leaf, leaf).real for leaf in jax.tree.leaves(tree))
 
 
+def masked_mean(model: Model, outputs: Array, y: Array, mask: Array) -> Array:
+  """The mean of ``model.loss`` over the rows where ``mask`` is True (0 where none is)."""
+  per_example = model.loss(outputs, y)
+  w = mask.astype(per_example.dtype)
+  return jnp.sum(per_example * w) / jnp.maximum(jnp.sum(w), 1.0)
+
+
 def client_loss(model: Model, params: Params, x: Array, y: Array, mask: Array) -> Array:
   """Masked mean loss of one client plus the ridge penalty (padded rows contribute nothing)."""
-  per_example = model.loss(model.apply(params, x), y)
-  w = mask.astype(per_example.dtype)
-  loss = jnp.sum(per_example * w) / jnp.maximum(jnp.sum(w), 1.0)
+  loss = masked_mean(model, model.apply(params, x), y, mask)
   if model.l2:
     loss = loss + 0.5 * model.l2 * _sq_norm(params)
   return loss

@@ -468,6 +468,19 @@ def from_flax(
   def apply(params, x):
     return module.apply({"params": params}, x)
 
+  layers = _dense_layers(module, init, sample_input)
+
+  def factored_apply(params, x, corrections):
+    def intercept(call, args, kwargs, context):
+      out = call(*args, **kwargs)
+      path = _plain_dense_path(context)
+      if path in corrections:
+        out = out + corrections[path](args[0]).astype(out.dtype)
+      return out
+
+    with nn.intercept_methods(intercept):
+      return module.apply({"params": params}, x)
+
   return Model(
     init,
     apply,
@@ -477,7 +490,49 @@ def from_flax(
     l2=float(l2),
     name=name or type(module).__name__,
     identity=_flax_identity(module, sample_input, loss, metrics),
+    dense_layers=layers,
+    factored_apply=factored_apply if layers else None,
   )
+
+
+def _plain_dense_path(context):
+  """The kernel's path of a call of a plain ``flax.linen.Dense`` (the class itself, default
+  ``dot_general`` and ``dtype``: ``x @ kernel + bias`` in the parameters' dtype), else None."""
+  m = context.module
+  if context.method_name != "__call__" or type(m) is not nn.Dense:
+    return None
+  if m.dtype is not None or m.dot_general is not None or m.dot_general_cls is not None:
+    return None
+  return tuple(m.path) + ("kernel",)
+
+
+def _dense_layers(module, init, sample_input) -> tuple:
+  """The module's plain dense layers called exactly once per call, on a batch of vectors (``x
+  [m, d_in]``), found by applying it abstractly: what local SGD may keep factored
+  (:mod:`fedjax_dro.core.factored`)."""
+  from fedjax_dro.core.factored import DenseLayer
+
+  calls = {}
+
+  def intercept(call, args, kwargs, context):
+    path = _plain_dense_path(context)
+    if path is not None:
+      calls.setdefault(path, []).append(getattr(args[0], "ndim", None) if args else None)
+    return call(*args, **kwargs)
+
+  params = jax.eval_shape(init, jax.random.PRNGKey(0))
+  with nn.intercept_methods(intercept):
+    jax.eval_shape(lambda p: module.apply({"params": p}, sample_input), params)
+  layers = []
+  for path, ndims in calls.items():
+    kernel = params
+    for key in path:
+      kernel = kernel[key] if isinstance(kernel, dict) and key in kernel else None
+      if kernel is None:
+        break
+    if ndims == [2] and kernel is not None and len(kernel.shape) == 2:
+      layers.append(DenseLayer(path, int(kernel.shape[0]), int(kernel.shape[1])))
+  return tuple(layers)
 
 
 def _flax_identity(module, sample_input, loss, metrics) -> str:

@@ -1,0 +1,178 @@
+"""Local SGD with wide dense layers kept factored (``core.factored``): ``W_0 + A^T G`` over the
+epoch instead of a dense kernel per client. Against a plain per-client loop of local SGD and
+against the dense rounds, in float64; which layers are chosen; the flax adapter's discovery of
+its dense layers; bad input."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fedjax_dro import algorithms as A, models, run
+from fedjax_dro.core.clients import map_clients
+from fedjax_dro.core.factored import (
+  DenseLayer,
+  chosen_layers,
+  factored_dense,
+  local_factored_dense,
+  worth_factoring,
+)
+from fedjax_dro.core.local import local_sgd
+from fedjax_dro.core.ragged import local_epoch_chunk, local_folded_step
+from fedjax_dro.data import from_client_arrays
+from tests.helpers import dataset
+
+SIZES = (9, 2, 11, 3, 7, 10)  # rows of each client
+
+
+def _data(shape, k, seed=0):
+  rng = np.random.default_rng(seed)
+  xs = [rng.normal(size=(m,) + shape) for m in SIZES]
+  ys = [rng.integers(0, k, m).astype(np.int32) for m in SIZES]
+  return from_client_arrays(xs, ys)
+
+
+def _counting(model):
+  """``(model, traced)``: the model whose factored form records each trace in ``traced``."""
+  traced = []
+
+  def factored_apply(params, x, corrections):
+    traced.append(tuple(sorted(corrections)))
+    return model.factored_apply(params, x, corrections)
+
+  return model._replace(factored_apply=factored_apply), traced
+
+
+def _mlp():
+  # Dense_0 40 x 64 is worth factoring over 2 epochs of <= 3 steps of 4 rows (24 < 2*40*64/104);
+  # the head 64 x 3 is not (24 > 2*64*3/67)
+  return models.mlp((40,), 3, (64,))
+
+
+def _cnn():
+  # one conv block 8x8 -> 4x4x2, Dense_0 32 x 32 (24 < 32), head 32 x 3
+  return models.cnn((8, 8), 3, features=(2,), dense=32, conv="patches")
+
+
+def _clients(model, factored, folded=True):
+  """Local SGD (2 epochs of batch 4) of the six clients side by side in ``map_clients``' vmap,
+  from one start; ``(final params [6, ...], losses [6, T])``."""
+  data = _data((40,) if model.input_size == 40 else (8, 8), 3)
+  params = model.init(jax.random.PRNGKey(0))
+  keys = jax.random.split(jax.random.PRNGKey(1), len(SIZES))
+
+  def client(x, y, n, k):
+    return local_sgd(model, params, x, y, n, k, batch_size=4, lr=0.3, num_epochs=2)
+
+  def clients(x, y, n, k):
+    return map_clients(client, x, y, n, k, backend="vmap")
+
+  nex = data.num_examples.at[1].set(0)  # a client that takes no step
+  args = (data.x, data.y, nex, keys)
+  with local_folded_step(folded), local_factored_dense(factored):
+    side_by_side = jax.jit(clients)(*args)
+  # the plain per-client loop: one client at a time, no vmap (the dense step, own exit test)
+  alone = [client(data.x[i], data.y[i], nex[i], keys[i]) for i in range(len(SIZES))]
+  return side_by_side, alone
+
+
+@pytest.mark.parametrize("build", [_mlp, _cnn], ids=["mlp", "cnn"])
+def test_factored_local_sgd_matches_the_per_client_loop(build):
+  """Six clients of 0 to 11 rows (one with none) side by side, 2 epochs of batch 4, the first dense layer
+  factored: every client's final model and step losses equal a plain Python loop of local SGD
+  over the clients to 1e-10 (float64)."""
+  model, traced = _counting(build())
+  (w, losses), alone = _clients(model, factored=True)
+  assert traced and all(t == (("Dense_0", "kernel"),) for t in traced)  # the factored path ran
+  for i, (w_i, l_i) in enumerate(alone):
+    row = jax.tree.map(lambda t, i=i: t[i], w)
+    for a, b in zip(jax.tree.leaves(w_i), jax.tree.leaves(row)):
+      np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=0, atol=1e-10)
+    np.testing.assert_allclose(np.asarray(losses[i]), np.asarray(l_i), rtol=0, atol=1e-10)
+  # the clients did move (the comparison is not of untouched starts)
+  start = model.init(jax.random.PRNGKey(0))["Dense_0"]["kernel"]
+  assert float(jnp.max(jnp.abs(w["Dense_0"]["kernel"][0] - start))) > 1e-3
+
+
+def test_factored_path_needs_the_shared_exit():
+  """Without the folded step (each client's own exit test) the dense step runs: factored_apply
+  is never traced."""
+  model, traced = _counting(_mlp())
+  _clients(model, factored=True, folded=False)
+  assert traced == []
+
+
+@pytest.mark.parametrize("chunk", [None, 2])
+def test_fedavg_rounds_factored_equal_the_dense_rounds(chunk):
+  """FedAvg, 4 of 6 clients a round, one local epoch of batch 4, 3 rounds (participants all at
+  once, or step-sorted chunks of 2): the factored run's model equals the dense run's (select
+  form, each client's own exit) to 1e-10."""
+  train = _data((40,), 3, seed=3)
+  hp = {"client_lr": 0.2, "server_lr": 1.0}
+  finals = {}
+  for factored in (False, True):
+    with local_folded_step(factored), local_factored_dense(factored), local_epoch_chunk(chunk):
+      alg = A.fedavg(_mlp(), clients_per_round=4, local_epochs=1, batch_size=4)
+      hist = run(
+        alg,
+        dataset(train, task="classification", num_classes=3),
+        rounds=3,
+        seed=1,
+        hparams=hp,
+        eval_every=3,
+      )
+    finals[factored] = hist.final_state.params
+  for a, b in zip(jax.tree.leaves(finals[False]), jax.tree.leaves(finals[True])):
+    np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=0, atol=1e-10)
+
+
+def test_worth_factoring_by_hand():
+  """The byte count worked by hand: the FEMNIST CNN's 3136 x 2048 layer over 47 steps of 20 rows
+  (940 * 5184 = 4.87 M < 2 * 6.42 M = 12.85 M) is factored, its 2048 x 62 head (940 * 2110 =
+  1.98 M > 2 * 126,976 = 0.25 M) is not; at the break-even 2 d_in d_out / (d_in + d_out) rows
+  (a 4 x 4 layer: 4 rows) not."""
+  assert worth_factoring(DenseLayer(("k",), 3136, 2048), 940)
+  assert not worth_factoring(DenseLayer(("k",), 2048, 62), 940)
+  assert worth_factoring(DenseLayer(("k",), 4, 4), 3)
+  assert not worth_factoring(DenseLayer(("k",), 4, 4), 4)
+  femnist = models.cnn((28, 28), 62, features=(32, 64), dense=2048)
+  assert [layer.path for layer in chosen_layers(femnist, 47 * 20)] == [("Dense_0", "kernel")]
+  assert chosen_layers(femnist, 2500) == ()  # 2500 * 5184 > 12.85 M
+  assert chosen_layers(models.cnn((28, 28), 62, l2=1e-4), 20) == ()  # ridge: the dense step
+
+
+def test_flax_dense_layer_discovery():
+  """``from_flax`` declares the plain ``nn.Dense`` layers called once on vectors: not one called
+  twice (shared weights), not one applied to a 3-D input, not a subclass, not one with another
+  compute dtype."""
+
+  class Sub(nn.Dense):
+    pass
+
+  class Net(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      shared = nn.Dense(5, name="shared")
+      h = shared(nn.Dense(5, name="once")(x))
+      h = shared(h)
+      seq = nn.Dense(5, name="seq")(h[:, None, :])[:, 0]
+      h = Sub(5, name="sub")(seq)
+      h = nn.Dense(5, dtype=jnp.float32, name="cast")(h)
+      return nn.Dense(3, name="head")(h)
+
+  model = models.from_flax(Net(), jnp.zeros((2, 4)))
+  assert [layer.path for layer in model.dense_layers] == [("once", "kernel"), ("head", "kernel")]
+  assert model.dense_layers[0] == DenseLayer(("once", "kernel"), 4, 5)
+  assert model.factored_apply is not None
+  # a model without plain dense layers has no factored form
+  assert models.from_flax(Sub(3), jnp.zeros((2, 4))).factored_apply is None
+
+
+def test_local_factored_dense_input():
+  with pytest.raises(ValueError, match="local_factored_dense needs True or False"):
+    with local_factored_dense("yes"):
+      pass
+  with local_factored_dense(True):
+    assert factored_dense()
+  assert factored_dense() is factored_dense("cpu") is False
