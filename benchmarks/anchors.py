@@ -36,6 +36,7 @@ reports its wall time, compilation included; otherwise the whole run is projecte
     python benchmarks/anchors.py                 # both workloads, measured rounds + projection
     python benchmarks/anchors.py --full          # the whole runs (meant for a GPU)
     python benchmarks/anchors.py --quick         # tiny sizes (smoke test, seconds)
+    python benchmarks/anchors.py --full --factored-dense   # the dense layer kept factored
 
 Writes ``benchmarks/results/anchors.{json,md}`` (``--out``). Over 600 lines: the two
 workloads, their rooflines, traces and variants, the sweep against one run and their report are
@@ -61,7 +62,14 @@ import numpy as np
 import fedjax_dro as fd
 from fedjax_dro import models
 from fedjax_dro.algorithms import fedavg
-from fedjax_dro.core.ragged import epoch_chunk, local_epoch_chunk, local_step_block, step_block
+from fedjax_dro.core.factored import local_factored_dense
+from fedjax_dro.core.ragged import (
+  epoch_chunk,
+  local_epoch_chunk,
+  local_folded_step,
+  local_step_block,
+  step_block,
+)
 from fedjax_dro.data import FederatedData
 from fedjax_dro.data.host import HostFederatedData, HostStore
 from fedjax_dro.engine.prepare import derive_keys
@@ -535,7 +543,12 @@ def markdown(result):
     "",
     f"Device: **{meta['device_kind']}** ({meta['platform']}, {meta['cpu_count']} CPU cores), "
     f"jax {meta['jax']}; load average before / after: {meta['load_before']} / "
-    f"{meta['load_after']}. Command: `{meta['command']}`.",
+    f"{meta['load_after']}. Command: `{meta['command']}`."
+    + (
+      " Every run with the folded local step and the wide dense layer factored (`core.factored`)."
+      if meta.get("factored_dense")
+      else ""
+    ),
     "",
     "Generated data of the workloads' shapes and client-size distributions, run through "
     "`fd.run`. 'measured' = the wall time of `rounds` rounds after a first run that compiled "
@@ -861,8 +874,21 @@ def main(argv=None):
     "--sweep", action="store_true", help="also the FEMNIST workload as a 64-configuration sweep"
   )
   parser.add_argument("--sweep-rounds", type=int, default=None, help="rounds of the sweep anchor")
+  parser.add_argument(
+    "--factored-dense",
+    action="store_true",
+    help="every run with the folded local step and wide dense layers kept factored "
+    "(core.ragged.local_folded_step, core.factored.local_factored_dense)",
+  )
   parser.add_argument("--out", default=os.path.join(HERE, "results", "anchors.json"))
   args = parser.parse_args(argv)
+  if args.factored_dense:
+    with local_folded_step(True), local_factored_dense(True):
+      return _main(parser, args, argv)
+  return _main(parser, args, argv)
+
+
+def _main(parser, args, argv):
   names = [w for w in args.workloads.split(",") if w]
   for w in names:
     if w not in WORKLOADS:
@@ -890,6 +916,7 @@ def main(argv=None):
     profile=args.profile,
   )
   result = {"meta": meta(argv, load_before), "rows": rows}
+  result["meta"]["factored_dense"] = bool(args.factored_dense)
   if peaks is not None:
     result["peaks"] = peaks
   if blocks:

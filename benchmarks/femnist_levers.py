@@ -9,9 +9,10 @@ one call:
 * ``compile``: the whole ``fd.run`` in fresh processes, with XLA's defaults, with its kernel
   autotuning off (``--xla_gpu_autotune_level=0``), and with JAX's persistent compilation cache,
   cold and then warm (a researcher's second run of the same program).
-* ``run``: the whole ``fd.run`` (``--rounds``, default 1500) with the library's two forms of the
-  masked local step (``core.ragged.local_folded_step``) side by side in one process: select,
-  folded, select again.
+* ``run``: the whole ``fd.run`` (``--rounds``, default 1500) with the library's forms of the
+  masked local step (``core.ragged.local_folded_step``, ``core.factored.local_factored_dense``)
+  side by side in one process: select, folded, folded with the dense layer factored, select
+  again.
 * ``step``: the local epoch of one step-sorted chunk of participants (5 side by side, as the
   library runs them on a GPU), written four ways with the same arithmetic: the vmapped
   ``while_loop`` with each client's own exit test (JAX batches it into a loop whose every step
@@ -20,7 +21,10 @@ one call:
   past its steps) multiplied into the update, and with the step size folded into the loss before
   differentiating (``w + grad(-lr * mask * loss)``: the update is the gradient's own product plus
   the weights, which XLA may fuse into one kernel). Each variant's final weights are compared with
-  the select form's and with a run of the select form at full float32 precision.
+  the select form's and with a run of the select form at full float32 precision. A fifth form,
+  the folded step with the wide dense layer factored (``core.factored``: the layer's kernel
+  kept as ``W_0 + A^T G`` over the epoch, ``W_0`` shared by the chunk), and for every form with
+  one exit test XLA's cost analysis of one iteration (FLOPs, bytes accessed).
 
 Usage::
 
@@ -31,6 +35,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -45,24 +50,36 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-VARIANTS = ("select_own_exit", "where_shared_exit", "scaled_shared_exit", "folded_shared_exit")
+VARIANTS = (
+  "select_own_exit",
+  "where_shared_exit",
+  "scaled_shared_exit",
+  "folded_shared_exit",
+  "factored_shared_exit",
+)
 
 
 def _child(mode, rounds, quick, cache_dir):
   """One fresh process: the anchor's ``fd.run`` for ``rounds`` rounds, whole and its compile."""
   import anchors
 
-  if mode.startswith("enable_compile_cache"):  # the library's call, before anything computes
+  factored = mode.startswith("factored_")
+  mode_kind = mode[len("factored_") :] if factored else mode
+  if mode_kind.startswith("enable_compile_cache"):  # the library's call, before anything computes
     import fedjax_dro as fd
 
-    fd.enable_compile_cache(cache_dir + "_lib")
+    fd.enable_compile_cache(cache_dir + ("_lib_factored" if factored else "_lib"))
 
   from fedjax_dro.algorithms import fedavg
+  from fedjax_dro.core.factored import local_factored_dense
+  from fedjax_dro.core.ragged import local_folded_step
 
   spec = anchors.WORKLOADS["flute_femnist"]
   w = anchors.workload(spec, quick, device_bytes=40 << 30)
-  alg = fedavg(w.model, clients_per_round=w.cohort, **w.kw)
-  whole_s, hist = anchors._timed_run(alg, w.train, w.eval, rounds, 0, w.params)
+  with local_folded_step(True) if factored else contextlib.nullcontext():
+    with local_factored_dense(True) if factored else contextlib.nullcontext():
+      alg = fedavg(w.model, clients_per_round=w.cohort, **w.kw)
+      whole_s, hist = anchors._timed_run(alg, w.train, w.eval, rounds, 0, w.params)
   return {
     "mode": mode,
     "rounds": rounds,
@@ -95,13 +112,17 @@ COMPILE_MODES = {
   # what users call: fd.enable_compile_cache (cuBLASLt off, Triton's fusions kept)
   "enable_compile_cache_cold": {},
   "enable_compile_cache_warm": {},
+  # the same with the wide dense layer factored (core.factored.local_factored_dense)
+  "factored_enable_compile_cache_cold": {},
+  "factored_enable_compile_cache_warm": {},
+  "factored_default": {},
 }
 
 
 def compile_section(rounds, quick, cache_dir, modes=None):
   """Each mode (all of ``COMPILE_MODES`` by default) in a fresh process (a cache's warm run after
   its cold one)."""
-  for suffix in ("", "_nolt", "_lib"):  # the cold runs start from empty caches
+  for suffix in ("", "_nolt", "_lib", "_lib_factored"):  # the cold runs start from empty caches
     shutil.rmtree(cache_dir + suffix, ignore_errors=True)
   rows = []
   for mode in modes or COMPILE_MODES:
@@ -127,39 +148,50 @@ def compile_section(rounds, quick, cache_dir, modes=None):
   return rows
 
 
+# the run section's forms of the local step, in this order (the select form again last: what
+# the order of the calls costs or saves)
+RUN_FORMS = ("select", "folded", "factored", "select")
+
+
 def run_section(quick, rounds):
   """The anchor's whole ``fd.run`` (``rounds`` rounds, compilation included) with the masked
-  step's select form, its folded form (``core.ragged.local_folded_step``), and the select form
-  again (what the order of the calls costs or saves), in this process."""
+  step's select form, its folded form (``core.ragged.local_folded_step``), the folded form with
+  the wide dense layer factored (``core.factored.local_factored_dense``), and the select form
+  again, in this process."""
   import anchors
 
   from fedjax_dro.algorithms import fedavg
+  from fedjax_dro.core.factored import local_factored_dense
   from fedjax_dro.core.ragged import local_folded_step
 
   spec = anchors.WORKLOADS["flute_femnist"]
   w = anchors.workload(spec, quick, device_bytes=40 << 30)
   rows, finals = [], {}
-  for folded in (False, True, False):
-    with local_folded_step(folded):
+  for form in RUN_FORMS:
+    folded, factored = form != "select", form == "factored"
+    with local_folded_step(folded), local_factored_dense(factored):
       alg = fedavg(w.model, clients_per_round=w.cohort, **w.kw)
       whole_s, hist = anchors._timed_run(alg, w.train, w.eval, rounds, 0, w.params)
-    finals[folded] = hist.final_state.params
+    finals.setdefault(form, hist.final_state.params)
     row = {
+      "form": form,
       "folded_step": folded,
+      "factored_dense": factored,
       "rounds": rounds,
       "whole_s": whole_s,
       "compile_s": hist.compile_time,
       "s_per_round": (whole_s - hist.compile_time) / rounds,
     }
+    if form != "select":
+      row["max_abs_diff_of_final_params"] = max(
+        float(jnp.max(jnp.abs(a - b)))
+        for a, b in zip(jax.tree.leaves(finals["select"]), jax.tree.leaves(finals[form]))
+      )
+      row["max_abs_final_param"] = max(
+        float(jnp.max(jnp.abs(a))) for a in jax.tree.leaves(finals["select"])
+      )
     print(json.dumps(row), flush=True)
     rows.append(row)
-  rows[1]["max_abs_diff_of_final_params"] = max(
-    float(jnp.max(jnp.abs(a - b)))
-    for a, b in zip(jax.tree.leaves(finals[False]), jax.tree.leaves(finals[True]))
-  )
-  rows[1]["max_abs_final_param"] = max(
-    float(jnp.max(jnp.abs(a))) for a in jax.tree.leaves(finals[False])
-  )
   return rows
 
 
@@ -168,7 +200,8 @@ def _chunk(quick):
   from fedjax_dro import models
 
   if quick:
-    image, feats, dense, classes, batch = (8, 8, 1), (4, 8), 16, 62, 4
+    # dense 64: its 32 x 64 kernel is worth factoring over 6 steps of 4 rows (24 < 42.7)
+    image, feats, dense, classes, batch = (8, 8, 1), (4, 8), 64, 62, 4
     steps = np.array([6, 5, 4, 3, 2], np.int32)
   else:
     image, feats, dense, classes, batch = (28, 28, 1), (32, 64), 2048, 62, 20
@@ -202,16 +235,27 @@ def _variants(model, batch, lr):
 
     return jax.vmap(one)(w, x, y, steps)
 
-  def chunk_loop(client_step):
+  def chunk_loop(client_step, start=None, end=None):
+    """The chunk's loop of ``client_step(carry, x, y, j, steps)``, one exit test for all;
+    ``start(w)`` / ``end(carry)`` map the weights to the loop's carry and back. The returned
+    function's ``iteration(carry, x, y, j, steps)`` is one pass of the loop's body."""
+
+    def iteration(c, x, y, j, steps):
+      return jax.vmap(client_step, in_axes=(0, 0, 0, None, 0))(c, x, y, j, steps)
+
     def run(w, x, y, steps):
       top = jnp.max(steps)
 
       def body(st):
-        j, p = st
-        return j + 1, jax.vmap(client_step, in_axes=(0, 0, 0, None, 0))(p, x, y, j, steps)
+        j, c = st
+        return j + 1, iteration(c, x, y, j, steps)
 
-      return jax.lax.while_loop(lambda st: st[0] < top, body, (0, w))[1]
+      c = w if start is None else start(w)
+      c = jax.lax.while_loop(lambda st: st[0] < top, body, (0, c))[1]
+      return c if end is None else end(c)
 
+    run.iteration = iteration
+    run.start = start
     return run
 
   def where_step(p, x, y, j, s):
@@ -228,12 +272,53 @@ def _variants(model, batch, lr):
     g = jax.grad(lambda q: c * loss_at(q, x, y, j))(p)
     return jax.tree.map(lambda a, b: a + b, p, g)
 
+  def factored_loop(start, rows):
+    """The library's factored step (``core.factored``): the chunk's wide dense layers as
+    ``W_0 + A^T G`` over ``rows`` (its largest count of steps times the batch), every client
+    starting from the model ``start`` (as in a round)."""
+    from fedjax_dro.core.factored import chosen_layers, factored_end, factored_start, factored_step
+
+    layers = chosen_layers(model, rows)
+    objective = lambda out, by, m: jnp.mean(model.loss(out, by))  # noqa: E731
+    step = factored_step(model, layers, start, lr, objective)
+
+    def client_step(c, x, y, j, s):
+      bx = jax.lax.dynamic_slice_in_dim(x, j * batch, batch)
+      by = jax.lax.dynamic_slice_in_dim(y, j * batch, batch)
+      return step(j, j < s, c, bx, by, None)[0]
+
+    return chunk_loop(
+      client_step,
+      start=jax.vmap(lambda p: factored_start(p, layers, rows)),
+      end=jax.vmap(lambda c: factored_end(c, layers, start)),
+    )
+
+  def factored(w, x, y, steps):
+    return factored_loop(jax.tree.map(lambda a: a[0], w), x.shape[1])(w, x, y, steps)
+
+  factored.loop_for = factored_loop
+
   return {
     "select_own_exit": select,
     "where_shared_exit": chunk_loop(where_step),
     "scaled_shared_exit": chunk_loop(scaled_step),
     "folded_shared_exit": chunk_loop(folded_step),
+    "factored_shared_exit": factored,
   }
+
+
+def _iteration_cost(fn, w, x, y, steps):
+  """XLA's cost analysis (FLOPs, bytes accessed) of one pass of ``fn``'s loop body, all the
+  chunk's participants side by side (None for a loop without one exit test)."""
+  if hasattr(fn, "loop_for"):
+    fn = fn.loop_for(jax.tree.map(lambda a: a[0], w), x.shape[1])
+  if not hasattr(fn, "iteration"):
+    return None, None
+  carry = w if fn.start is None else fn.start(w)
+  lowered = jax.jit(fn.iteration).lower(carry, x, y, jnp.int32(1), steps)
+  cost = lowered.compile().cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  return float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
 
 
 def _count_ops(hlo: str):
@@ -270,6 +355,7 @@ def step_section(quick, repeats, hlo_dir=None):
       times.append(time.perf_counter() - t0)
     finals[name] = out
     iters = int(steps.max())
+    flops, nbytes = _iteration_cost(fn, w, x, y, steps)
     row = {
       "variant": name,
       "compile_s": compile_s,
@@ -277,6 +363,8 @@ def step_section(quick, repeats, hlo_dir=None):
       "ms_per_iteration": 1e3 * min(times) / iters,
       "iterations": iters,
       "participants": int(steps.shape[0]),
+      "iteration_flops": flops,
+      "iteration_bytes": nbytes,
       **_count_ops(hlo),
     }
     ref = finals["select_own_exit"]
@@ -314,14 +402,20 @@ def markdown(result) -> str:
       f"({step[0]['iterations']} loop iterations)",
       "",
       "| form of the step | ms / iteration | against the select form | kernels (fusions, "
-      "library calls) | max abs difference of the final weights from the select form's | "
+      "library calls) | one iteration, XLA's cost analysis: GFLOP, MB accessed | "
+      "max abs difference of the final weights from the select form's | "
       "from the select form's at full float32 precision |",
-      "|---|---|---|---|---|---|",
+      "|---|---|---|---|---|---|---|",
     ]
     for r in step:
+      cost = (
+        f"{r['iteration_flops'] / 1e9:.2f}, {r['iteration_bytes'] / 1e6:.0f}"
+        if r.get("iteration_bytes")
+        else "-"
+      )
       out.append(
         f"| {r['variant']} | {r['ms_per_iteration']:.3f} | {_ratio(r['ms_per_iteration'], base)} "
-        f"| {r['fusions']}, {r['custom_calls']} | {r['max_abs_diff_vs_select']:.2g} | "
+        f"| {r['fusions']}, {r['custom_calls']} | {cost} | {r['max_abs_diff_vs_select']:.2g} | "
         + (
           f"{r['max_abs_diff_vs_full_precision']:.2g} |"
           if "max_abs_diff_vs_full_precision" in r
@@ -353,26 +447,32 @@ def markdown(result) -> str:
   if run:
     base = run[0]
     out += [
-      "## The whole `fd.run`, the masked step's two forms side by side",
+      "## The whole `fd.run`, the forms of the local step side by side",
       "",
       "| masked step | rounds | whole s | of which compiling s | ms / round after it | "
       "whole against the first select run |",
       "|---|---|---|---|---|---|",
     ]
+    names = {
+      "select": "select",
+      "folded": "folded (`w + grad(-lr * active * loss)`)",
+      "factored": "folded, dense layer factored (`W_0 + A^T G`)",
+    }
     for r in run:
-      form = "folded (`w + grad(-lr * active * loss)`)" if r["folded_step"] else "select"
+      form = names[r.get("form") or ("folded" if r["folded_step"] else "select")]
       out.append(
         f"| {form} | {r['rounds']} | {r['whole_s']:.1f} | {r['compile_s']:.1f} | "
         f"{1e3 * r['s_per_round']:.2f} | {_ratio(r['whole_s'], base['whole_s'])} |"
       )
-    folded = [r for r in run if "max_abs_diff_of_final_params" in r]
-    if folded:
-      out += [
-        "",
-        f"Final models of the two forms: max abs difference "
-        f"{folded[0]['max_abs_diff_of_final_params']:.2g} (largest parameter "
-        f"{folded[0]['max_abs_final_param']:.2g}).",
-      ]
+    for r in run:
+      if "max_abs_diff_of_final_params" in r:
+        form = r.get("form", "folded")
+        out += [
+          "",
+          f"Final model of the {form} form against the select form's: max abs difference "
+          f"{r['max_abs_diff_of_final_params']:.2g} (largest parameter "
+          f"{r['max_abs_final_param']:.2g}).",
+        ]
     out.append("")
   return "\n".join(out)
 

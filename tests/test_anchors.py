@@ -139,3 +139,15 @@ def test_sweep_executed_steps_worked_by_hand(monkeypatch):
   # the run's executed steps for its backend: each participant alone (chunk 1) or one group
   assert anchors.executed_steps(None, sizes, kw, 0, 1, 1, chunk=1) == (6.0, 6.0)
   assert anchors.executed_steps(None, sizes, kw, 0, 1, 1) == (10.0, 6.0)
+
+
+def test_quick_factored_dense_run(tmp_path):
+  """--factored-dense: the quick FEMNIST workload runs with the folded step and the dense layer
+  factored, and the results say so."""
+  a = load_benchmark("anchors")
+  out = tmp_path / "anchors.json"
+  argv = ["--quick", "--workloads", "flute_femnist", "--factored-dense", "--out", str(out)]
+  result = a.main(argv + ["--device-bytes", "0"])
+  assert result["meta"]["factored_dense"] is True
+  assert result["rows"][0]["rounds_measured"] == 2
+  assert "wide dense layer factored" in (tmp_path / "anchors.md").read_text()

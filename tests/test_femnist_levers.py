@@ -1,4 +1,4 @@
-"""benchmarks/femnist_levers.py: the four forms of the local epoch compute the same weights as a
+"""benchmarks/femnist_levers.py: the five forms of the local epoch compute the same weights as a
 plain per-client loop (on a CPU: no TF32), the tables it publishes, and its tiny run end to end
 (its logic, not its timings)."""
 
@@ -95,8 +95,11 @@ def test_tiny_run_writes_both_sections(tmp_path):
   )
   result = json.loads(out.read_text())
   assert [r["variant"] for r in result["step"]] == list(lv.VARIANTS)
-  assert [r["folded_step"] for r in result["run"]] == [False, True, False]
-  assert result["run"][1]["max_abs_diff_of_final_params"] < 1e-5  # the same model (float32)
+  assert [r["form"] for r in result["run"]] == ["select", "folded", "factored", "select"]
+  for r in result["run"][1:3]:  # the same model (float32)
+    assert r["max_abs_diff_of_final_params"] < 1e-5
+  factored = [r for r in result["step"] if r["variant"] == "factored_shared_exit"][0]
+  assert factored["iteration_bytes"] > 0 and factored["iteration_flops"] > 0
   assert [r["mode"] for r in result["compile"]] == list(lv.COMPILE_MODES)
   assert all("error" not in r and r["compile_s"] > 0 for r in result["compile"])
   assert (tmp_path / "levers.md").read_text().startswith("# What moves")

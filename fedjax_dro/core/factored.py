@@ -34,11 +34,13 @@ from typing import Any, NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
-# Whether local SGD keeps wide dense layers factored, by platform. Off until measured faster
-# where it is meant to help (a GPU, where the dense step is bound by the kernel's memory
-# traffic: ``python benchmarks/femnist_levers.py --sections step,run`` compares the two side by
-# side). On the 2-core CPU the FEMNIST chunk's epoch (5 participants, 47 steps) ran 2.27 s
-# against the folded dense step's 2.46 s (``benchmarks/results/femnist_levers_cpu.md``).
+# Whether local SGD keeps wide dense layers factored, by platform. It moves fewer bytes for about
+# the same FLOPs, so it can only pay where the step is bound by memory traffic (a GPU: the
+# FEMNIST-sized round's dense layer, ``python benchmarks/femnist_levers.py --sections step,run``
+# compares the forms side by side; not yet measured there, so off). On the 2-core CPU, bound by
+# FLOPs (``benchmarks/results/femnist_levers_cpu.md``): a chunk of 5 FEMNIST participants at 47
+# steps 47.9 against 54.4 ms an iteration (XLA's cost analysis: 896 against 1217 MB), the whole
+# rounds of 10 participants 2.14 against 1.87 s: off.
 FACTORED_DENSE_AUTO = {"cpu": False, "gpu": False}
 _FACTORED: list = []  # the override of local_factored_dense(), innermost last
 
