@@ -37,6 +37,10 @@ def test_gpu_preset_tiny_runs_every_part(tmp_path):
       == rf["client_step"]["bytes"] * r["executed_steps_per_round"] / (peaks["bytes_per_s"])
     )
   assert "trace" in saved["anchors"][0]
+  # the FEMNIST anchor again with the dense layer factored
+  (factored,) = saved["factored"]
+  assert factored["workload"] == "flute_femnist" and factored["factored_dense"]
+  assert any("the dense layer factored" in line for line in saved["acceptance"])
   # the variants: every (exit-test block, chunk) of VARIANTS but the platform's own
   variants = {(r["step_block"], r["epoch_chunk"]) for r in saved["blocks"]}
   assert variants == set(gpu.VARIANTS) - {(1, None)}  # the CPU's defaults: k = 1, one group

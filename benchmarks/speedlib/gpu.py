@@ -10,6 +10,8 @@ the roofline, ``speedlib/roofline.py``). Then the sections of ``--gpu-sections``
    measured rounds, the whole 1500-round run (compilation included), the round against its
    roofline, and a ``jax.profiler`` trace of the measured rounds (kernels, kernel time and
    device-to-host copies per round, how busy the device was: ``speedlib/trace.py``);
+   ``femnist_factored``: the same with the wide dense layer kept factored over the local epoch
+   (``core.factored.local_factored_dense``), measured whole where the budget allows;
 2. ``variants``: the same rounds under the other ways of running the participants
    (:data:`VARIANTS`: the epoch loop's exit tested every k steps, the participants sorted by
    step count in chunks of c), side by side with their rooflines and traces;
@@ -44,8 +46,9 @@ import time
 import anchors
 import jax
 
+from fedjax_dro.core.factored import local_factored_dense
 from fedjax_dro.core.precision import default_precision
-from fedjax_dro.core.ragged import epoch_chunk, step_block
+from fedjax_dro.core.ragged import epoch_chunk, local_folded_step, step_block
 from fedjax_dro.models import conv_form
 from speedlib import (
   report as speed_report,
@@ -58,7 +61,7 @@ BUDGET_S = 480.0
 # The FEMNIST round's variants side by side: (exit test every k local steps, participants sorted
 # by step count in chunks of c; None: one group, the backend's plan)
 VARIANTS = ((1, None), (1, 1), (1, 2), (4, 5))
-GPU_SECTIONS = ("femnist", "variants", "sweep", "roofline", "cifar")
+GPU_SECTIONS = ("femnist", "femnist_factored", "variants", "sweep", "roofline", "cifar")
 # also measurable, not run by default: the CNN at n = 1000 against the per-client loop with both
 # convolution forms, both forms in bf16, the MLP in each precision, 10,000 CNN clients
 EXTRA_SECTIONS = ("cnn", "cnn_bf16", "mlp_precision", "cnn_10k")
@@ -210,6 +213,16 @@ def _run(args, argv):
     if row:
       anchor_rows = {"flute_femnist": row, **anchor_rows}
     result["anchors"] = list(anchor_rows.values())
+    save()
+  # 1b. the same anchor with its wide dense layer factored over the local epoch (core.factored)
+  if "femnist_factored" in sections:
+
+    def factored():
+      with local_folded_step(True), local_factored_dense(True):
+        return anchor("flute_femnist")
+
+    row = _guarded("femnist_factored", factored, errors)
+    result["factored"] = [dict(row, factored_dense=True)] if row else []
     save()
   # 2. the same rounds under the other ways of running the participants
   if "variants" in sections:
@@ -375,13 +388,17 @@ def acceptance(result):
         else f"did not complete ({big.get('error')})"
       )
     )
-  for r in result.get("anchors") or []:
+  factored = [dict(r, label=", the dense layer factored") for r in result.get("factored") or []]
+  for r in (result.get("anchors") or []) + factored:
     whole = (
       f"whole run {r['full_run_s']:.1f} s measured"
       if "full_run_s" in r
       else f"whole run projected {r['projected_run_s']:.1f} s"
     )
-    line = f"anchor {r['workload']}: {r['s_per_round'] * 1e3:.1f} ms / round, {whole}"
+    line = (
+      f"anchor {r['workload']}{r.get('label', '')}: {r['s_per_round'] * 1e3:.1f} ms / round, "
+      f"{whole}"
+    )
     if r["workload"] == "flute_femnist":
       took = r.get("full_run_s", r["projected_run_s"])
       line += f" (target <= 10 s: {'PASS' if took <= 10 else 'FAIL'})"
@@ -475,7 +492,7 @@ def markdown(result):
     {
       k: v
       for k, v in result.items()
-      if k not in ("anchors", "acceptance", "cnn_bf16", "blocks", "sweep", "peaks")
+      if k not in ("anchors", "acceptance", "cnn_bf16", "blocks", "sweep", "peaks", "factored")
     }
   )
   lines += body.split("\n")[4:]  # the speed report's sections, without its title and device line
