@@ -162,6 +162,12 @@ def factored_step(model, layers, start, lr, loss_fn):
         def correction(x, k=k, layer=layer):
           # the layer's input is recorded; its output gains the factors' product and a zero
           # probe whose gradient is dL/dh
+          if x.shape != (rows, layer.d_in):
+            raise ValueError(
+              f"the factored dense layer {'/'.join(layer.path)} takes one row per example, "
+              f"[{rows}, {layer.d_in}]; got an input of shape {x.shape} (declare it out of "
+              "Model.dense_layers)"
+            )
           seen[layer.path] = x
           return (x @ carry.inputs[k].T) @ carry.grads[k] + probes[k]
 

@@ -506,31 +506,45 @@ def _plain_dense_path(context):
   return tuple(m.path) + ("kernel",)
 
 
+def _rows_of(shape):
+  """The rows of a ``[rows, d]`` shape; None for any other."""
+  return shape[0] if shape is not None and len(shape) == 2 else None
+
+
 def _dense_layers(module, init, sample_input) -> tuple:
-  """The module's plain dense layers called exactly once per call, on a batch of vectors (``x
-  [m, d_in]``), found by applying it abstractly: what local SGD may keep factored
-  (:mod:`fedjax_dro.core.factored`)."""
+  """The module's plain dense layers called exactly once per call, on the batch's rows as
+  vectors (``x [m, d_in]`` for a batch of ``m`` examples), found by applying it abstractly to
+  batches of two sizes: what local SGD may keep factored (:mod:`fedjax_dro.core.factored`)."""
   from fedjax_dro.core.factored import DenseLayer
 
-  calls = {}
-
-  def intercept(call, args, kwargs, context):
-    path = _plain_dense_path(context)
-    if path is not None:
-      calls.setdefault(path, []).append(getattr(args[0], "ndim", None) if args else None)
-    return call(*args, **kwargs)
-
   params = jax.eval_shape(init, jax.random.PRNGKey(0))
-  with nn.intercept_methods(intercept):
-    jax.eval_shape(lambda p: module.apply({"params": p}, sample_input), params)
+  m = sample_input.shape[0]
+  found = []
+  for rows in (m, m + 1):
+    calls = {}
+
+    def intercept(call, args, kwargs, context, calls=calls):
+      path = _plain_dense_path(context)
+      if path is not None:
+        calls.setdefault(path, []).append(getattr(args[0], "shape", None) if args else None)
+      return call(*args, **kwargs)
+
+    batch = jax.ShapeDtypeStruct((rows,) + sample_input.shape[1:], sample_input.dtype)
+    with nn.intercept_methods(intercept):
+      jax.eval_shape(lambda p, x: module.apply({"params": p}, x), params, batch)
+    # called once, on a [rows, d] input: the layer's input rows are the batch's examples
+    # called once, on a [rows, d_in] input: one input row per example of the batch
+    found.append(
+      [p for p, shapes in calls.items() if len(shapes) == 1 and _rows_of(shapes[0]) == rows]
+    )
   layers = []
-  for path, ndims in calls.items():
+  for path in (p for p in found[0] if p in found[1]):  # in the order they are called
     kernel = params
     for key in path:
       kernel = kernel[key] if isinstance(kernel, dict) and key in kernel else None
       if kernel is None:
         break
-    if ndims == [2] and kernel is not None and len(kernel.shape) == 2:
+    if kernel is not None and len(kernel.shape) == 2:
       layers.append(DenseLayer(path, int(kernel.shape[0]), int(kernel.shape[1])))
   return tuple(layers)
 

@@ -143,9 +143,9 @@ def test_worth_factoring_by_hand():
 
 
 def test_flax_dense_layer_discovery():
-  """``from_flax`` declares the plain ``nn.Dense`` layers called once on vectors: not one called
-  twice (shared weights), not one applied to a 3-D input, not a subclass, not one with another
-  compute dtype."""
+  """``from_flax`` declares the plain ``nn.Dense`` layers called once on the batch's rows: not
+  one called twice (shared weights), not one applied to a 3-D input or to more rows than the
+  batch has, not a subclass, not one with another compute dtype."""
 
   class Sub(nn.Dense):
     pass
@@ -159,6 +159,7 @@ def test_flax_dense_layer_discovery():
       seq = nn.Dense(5, name="seq")(h[:, None, :])[:, 0]
       h = Sub(5, name="sub")(seq)
       h = nn.Dense(5, dtype=jnp.float32, name="cast")(h)
+      h = nn.Dense(5, name="pairs")(jnp.concatenate([h, h], 0))[: h.shape[0]]
       return nn.Dense(3, name="head")(h)
 
   model = models.from_flax(Net(), jnp.zeros((2, 4)))
@@ -167,6 +168,18 @@ def test_flax_dense_layer_discovery():
   assert model.factored_apply is not None
   # a model without plain dense layers has no factored form
   assert models.from_flax(Sub(3), jnp.zeros((2, 4))).factored_apply is None
+  # a layer declared by hand whose input is not one row per example: a clear error when traced
+  wrong = model._replace(dense_layers=(DenseLayer(("pairs", "kernel"), 5, 5),))
+  params = wrong.init(jax.random.PRNGKey(0))
+  x, y = jnp.ones((1, 2, 4)), jnp.zeros((1, 2), jnp.int32)
+
+  def client(x, y, n, k):
+    return local_sgd(wrong, params, x, y, n, k, batch_size=2, lr=0.1, num_epochs=1)
+
+  keys = jax.random.split(jax.random.PRNGKey(0), 1)
+  with local_folded_step(True), local_factored_dense(True):
+    with pytest.raises(ValueError, match="pairs/kernel takes one row per example, \\[2, 5\\]"):
+      map_clients(client, x, y, jnp.array([2]), keys, backend="vmap")
 
 
 def test_local_factored_dense_input():
