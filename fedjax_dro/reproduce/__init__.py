@@ -61,7 +61,7 @@ RUN_TIMES: Dict[str, str] = {
   "karula-synthetic": "Karula Table 1a (synthetic ridge, both readings): about 76 minutes",
   "karula-heart": "Karula Table 1b (UCI heart disease, shipped): about 8 minutes",
   "karula-femnist": "Karula by-writer digits / LEAF FEMNIST, three budgets: about 45 minutes",
-  "privacy-fairness": "FedAvg, AFL, DR-DSGD, AgnosticFedAvg under DP, four levels: about 15 minutes",
+  "privacy-fairness": "FedAvg and eight DRO algorithms under DP, four levels: about 17 minutes",
 }
 
 

@@ -46,7 +46,7 @@ The protocol (:mod:`fedjax_dro.compare`, one comparison per privacy level):
   DRFA's ``gamma`` 0.01, q-FFL's ``q`` 1, SCAFF-PD's ``rho`` 0.1), not tuned; local steps 5 of
   batches of 10 for every strategy with local steps;
 * per seed, each strategy's step size chosen from three values by 2-fold cross-validation on
-  the clients' training rows (the grid widened geometrically, up to twice, where the choice
+  the clients' training rows (the grid widened geometrically, up to four times, where the choice
   sits on an edge: the same rule for every strategy), scored on the reported metric (worst-20%
   accuracy); the mean
   accuracy is a further column. The selection runs are private runs too, but the choice among
@@ -288,7 +288,7 @@ def privacy_fairness(
         budget=C.Budget("rounds", rounds=r),
         selection="kfold",
         folds=2,
-        max_widenings=2,
+        max_widenings=4,
         reference="FedAvg",
       ),
       extra_metrics=[C.ExtraMetric("accuracy_mean", _accuracy_mean(model), higher_is_better=True)],
