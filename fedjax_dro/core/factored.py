@@ -21,7 +21,8 @@ per-client reference loop to 1e-10, ``tests/core/test_factored.py``). It applies
 step is plain SGD on the model's objective: no gradient correction, no client optimizer, no ridge
 penalty (``l2 = 0``), a model that declares its dense layers (:func:`~fedjax_dro.models.
 builtin.from_flax` does, for every ``flax.linen.Dense`` called once on a batch of vectors), and
-the folded masked step of clients side by side (:func:`~fedjax_dro.core.ragged.folded_step`).
+``local_steps``, or ``local_epochs`` with the folded masked step of clients side by side
+(:func:`~fedjax_dro.core.ragged.shared_exit`).
 :func:`local_factored_dense` turns it on or off; the default is :data:`FACTORED_DENSE_AUTO` of
 the platform.
 """
@@ -47,8 +48,9 @@ _FACTORED: list = []  # the override of local_factored_dense(), innermost last
 
 @contextlib.contextmanager
 def local_factored_dense(enabled: bool):
-  """Within the block, programs traced for local SGD with the folded masked step keep the
-  model's wide dense layers factored (``enabled``) or dense (default:
+  """Within the block, programs traced for local SGD (``local_steps``, or ``local_epochs`` with
+  the folded masked step) keep the model's wide dense layers factored (``enabled``) or dense
+  (default:
   :data:`FACTORED_DENSE_AUTO` of the platform). Results are the same up to rounding; only the
   speed differs. Takes effect on programs traced inside the block."""
   if not isinstance(enabled, bool):

@@ -228,23 +228,41 @@ def local_sgd(
     carry = (params, optimizer.init(params))
     (w, _), losses = scan_schedule(opt_step, carry, schedule, x, y, num_examples)
     return w, losses
-  if grad_transform is None and schedule.steps is not None and shared_exit(schedule.num_steps):
-    # wide dense layers kept as W_0 + A^T G over the epoch (core.factored)
+  if grad_transform is None and factored_dense():
+    # wide dense layers kept as W_0 + A^T G over the local steps (core.factored)
     rows = schedule.num_steps * (x.shape[0] if batch_size is None else batch_size)
-    layers = chosen_layers(model, rows) if factored_dense() else ()
-    if layers:
-      objective = lambda out, by, bmask: masked_mean(model, out, by, bmask)  # noqa: E731
-      carry, losses = epoch_loop(
-        None,
-        lambda j: schedule_batch(schedule, j, x, y, num_examples),
-        schedule.steps,
-        schedule.num_steps,
-        factored_start(params, layers, rows),
-        factored_step(model, layers, params, lr, objective),
-      )
-      return factored_end(carry, layers, params), losses
+    layers = chosen_layers(model, rows)
+    if layers and (schedule.steps is None or shared_exit(schedule.num_steps)):
+      return _factored_sgd(model, layers, params, lr, schedule, x, y, num_examples, rows)
   masked = folded if grad_transform is None else None
   return scan_schedule(step, params, schedule, x, y, num_examples, masked_step=masked)
+
+
+def _factored_sgd(model, layers, params, lr, schedule, x, y, num_examples, rows: int):
+  """Local SGD of ``schedule`` with ``layers`` kept as ``W_0 + A^T G`` (``rows`` stacked rows:
+  :mod:`fedjax_dro.core.factored`): a scan over the steps (``local_steps``) or the epoch loop's
+  shared exit (``local_epochs``). Returns ``(final_params, losses[T])`` as :func:`local_sgd`."""
+  objective = lambda out, by, bmask: masked_mean(model, out, by, bmask)  # noqa: E731
+  step = factored_step(model, layers, params, lr, objective)
+  start = factored_start(params, layers, rows)
+  if schedule.steps is None:
+
+    def body(carry, inputs):
+      j, step_key = inputs
+      return step(j, True, carry, *schedule_batch(schedule, None, x, y, num_examples, step_key))
+
+    steps = (jnp.arange(schedule.num_steps), schedule.step_keys)
+    carry, losses = jax.lax.scan(body, start, steps)
+  else:
+    carry, losses = epoch_loop(
+      None,
+      lambda j: schedule_batch(schedule, j, x, y, num_examples),
+      schedule.steps,
+      schedule.num_steps,
+      start,
+      step,
+    )
+  return factored_end(carry, layers, params), losses
 
 
 def local_step_counts(settings, num_examples, num_steps: Optional[int] = None):

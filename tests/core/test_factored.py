@@ -55,15 +55,17 @@ def _cnn():
   return models.cnn((8, 8), 3, features=(2,), dense=32, conv="patches")
 
 
-def _clients(model, factored, folded=True):
-  """Local SGD (2 epochs of batch 4) of the six clients side by side in ``map_clients``' vmap,
-  from one start; ``(final params [6, ...], losses [6, T])``."""
+def _clients(model, factored, folded=True, **local):
+  """Local SGD (default: 2 epochs of batch 4; ``local``: other ``local_sgd`` arguments) of the
+  six clients side by side in ``map_clients``' vmap, from one start; ``(final params [6, ...],
+  losses [6, T])``."""
+  local = local or dict(batch_size=4, num_epochs=2)
   data = _data((40,) if model.input_size == 40 else (8, 8), 3)
   params = model.init(jax.random.PRNGKey(0))
   keys = jax.random.split(jax.random.PRNGKey(1), len(SIZES))
 
   def client(x, y, n, k):
-    return local_sgd(model, params, x, y, n, k, batch_size=4, lr=0.3, num_epochs=2)
+    return local_sgd(model, params, x, y, n, k, lr=0.3, **local)
 
   def clients(x, y, n, k):
     return map_clients(client, x, y, n, k, backend="vmap")
@@ -77,13 +79,21 @@ def _clients(model, factored, folded=True):
   return side_by_side, alone
 
 
+LOCAL = {
+  "epochs": dict(batch_size=4, num_epochs=2),  # <= 6 steps of 4 rows: 24 rows
+  "steps": dict(batch_size=5, num_steps=4),  # 4 steps of 5 rows drawn with replacement: 20
+  "full_batch_steps": dict(batch_size=None, num_steps=2),  # 2 steps of all 11 padded rows: 22
+}
+
+
+@pytest.mark.parametrize("local", list(LOCAL))
 @pytest.mark.parametrize("build", [_mlp, _cnn], ids=["mlp", "cnn"])
-def test_factored_local_sgd_matches_the_per_client_loop(build):
-  """Six clients of 0 to 11 rows (one with none) side by side, 2 epochs of batch 4, the first dense layer
-  factored: every client's final model and step losses equal a plain Python loop of local SGD
-  over the clients to 1e-10 (float64)."""
+def test_factored_local_sgd_matches_the_per_client_loop(build, local):
+  """Six clients of 0 to 11 rows (one with none) side by side, 2 epochs of batch 4, 4 steps of
+  5 rows or 2 full-batch steps, the first dense layer factored: every client's final model and
+  step losses equal a plain Python loop of local SGD over the clients to 1e-10 (float64)."""
   model, traced = _counting(build())
-  (w, losses), alone = _clients(model, factored=True)
+  (w, losses), alone = _clients(model, factored=True, **LOCAL[local])
   assert traced and all(t == (("Dense_0", "kernel"),) for t in traced)  # the factored path ran
   for i, (w_i, l_i) in enumerate(alone):
     row = jax.tree.map(lambda t, i=i: t[i], w)
