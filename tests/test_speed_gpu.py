@@ -63,7 +63,15 @@ def test_gpu_preset_tiny_runs_every_part(tmp_path):
   assert [(r["model"], r["num_clients"]) for r in rows] == [("cnn-auto", 4), ("mlp", 4)]
   for r in rows:
     assert r["share"] == pytest.approx(r["bound_s"] * r["updates_per_s"] / r["num_clients"])
+  # and again with their wide dense layers factored (4 steps of 32 rows: 128 stacked rows): the
+  # tiny MLP's 256 x 128 layer, not its 128 x 16 one; the tiny CNN's layers are all too narrow
+  # (at full size: the CNN's 3136 x 128, the MLP's 784 x 200 and 200 x 200)
+  assert "factored" not in rows[0]
+  f = rows[1]["factored"]
+  assert f["layers"] == ["Dense_0"]
+  assert f["speedup"] == pytest.approx(f["updates_per_s"] / rows[1]["updates_per_s"])
   md = (tmp_path / "speed_gpu.md").read_text()
+  assert "against the dense rounds" in md
   assert "tiny sizes" in md and "## Anchors" in md and md.count("## Acceptance") == 1
   for title in ("## Rounds against the roofline", "## A sweep of the workload against one run"):
     assert title in md

@@ -449,6 +449,12 @@ def acceptance(result):
     )
     if r["model"].startswith("cnn"):
       line += f" (target 40%: {'PASS' if r['share'] >= 0.4 else 'FAIL'})"
+    if r.get("factored"):
+      f = r["factored"]
+      line += (
+        f"; with {', '.join(f['layers'])} factored: {f['updates_per_s']:.0f} updates/s, "
+        f"{f['speedup']:.2f}x the dense rounds"
+      )
     out.append(line)
   for name, err in (result.get("errors") or {}).items():
     # brackets would read as cross-references in the documentation's markdown

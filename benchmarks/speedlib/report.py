@@ -484,5 +484,21 @@ def roofline_lines(section):
       f"{r['measured_s'] * 1e3:.2f} | {r['bound_s'] * 1e3:.3f} ({r['limited_by']}) | "
       f"{100 * r['share']:.0f}% |"
     )
+  factored = [r for r in section["rows"] if r.get("factored")]
+  if factored:
+    lines += [
+      "",
+      "The same rounds with the wide dense layers kept factored over the local steps "
+      "(`core.factored.local_factored_dense`), timed after the rows above:",
+      "",
+      "| model | n | layers factored | updates/s | against the dense rounds |",
+      "|---|---|---|---|---|",
+    ]
+    for r in factored:
+      f = r["factored"]
+      lines.append(
+        f"| {r['model']} | {r['num_clients']} | {', '.join(f['layers'])} | "
+        f"{_fmt_rate(f['updates_per_s'])} | {f['speedup']:.2f}x |"
+      )
   lines.append("")
   return lines

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import fedjax_dro as fd
 from fedjax_dro.algorithms import fedavg, list_algorithms
 from fedjax_dro.core import clients as client_backends
+from fedjax_dro.core.factored import chosen_layers, local_factored_dense
 from fedjax_dro.core.precision import PRECISIONS, default_precision, with_precision
 from fedjax_dro.engine import make_mesh
 from fedjax_dro.models import num_parameters
@@ -454,6 +455,17 @@ def rooflines(args, dense, bandwidth):
     cost = roofline.cohort_step_cost(model, params, data.x[:c, :BATCH], data.y[:c, :BATCH], BATCH)
     per_update = {k: cost[k] * LOCAL_STEPS / c for k in ("flops", "bytes")}
     timed = backend_row(model, data, params, "auto", precision, 0.05, 2 if args.quick else 3)
+    # the same rounds with the wide dense layers factored over the local steps (core.factored)
+    layers = chosen_layers(model, LOCAL_STEPS * BATCH)
+    factored = None
+    if layers:
+      with local_factored_dense(True):
+        f = backend_row(model, data, params, "auto", precision, 0.05, 2 if args.quick else 3)
+      factored = {
+        "layers": ["/".join(layer.path[:-1]) for layer in layers],
+        "updates_per_s": f["updates_per_s"],
+        "speedup": f["updates_per_s"] / timed["updates_per_s"],
+      }
     row = {
       "model": kind,
       "num_clients": n,
@@ -464,6 +476,8 @@ def rooflines(args, dense, bandwidth):
       "plan": plan_label(timed),
       **roofline.roofline_row(per_update, n, peak, bandwidth, timed["s_per_round"]),
     }
+    if factored:
+      row["factored"] = factored
     rows.append(row)
     print(json.dumps({k: v for k, v in row.items() if k != "step_cost"}), flush=True)
   return {"precision": precision, "peak_flops_per_s": peak, "bytes_per_s": bandwidth, "rows": rows}

@@ -119,32 +119,40 @@ def with_precision(model: Model, precision) -> Model:
   matmul precision and casts floating outputs back to the parameters' dtype. Wrapping a wrapped
   model re-wraps the original ``apply`` (policies do not nest). With ``precision=None``, float64
   parameters are computed as ``"float32"`` does on every platform (the recorded policy is still
-  the platform's default, which applies to float32 parameters).
+  the platform's default, which applies to float32 parameters). The model's factored form
+  (``factored_apply``, :mod:`fedjax_dro.core.factored`) runs under the same policy.
   """
   by_default = precision is None
   precision = resolve_precision(precision)
-  apply = (
-    getattr(model.apply, "__wrapped__", model.apply) if model_precision(model) else model.apply
+  wrapped_before = model_precision(model) is not None
+
+  def under_policy(fn):
+    fn = getattr(fn, "__wrapped__", fn) if wrapped_before else fn
+
+    @functools.wraps(fn)
+    def wrapped(params, x, *rest):
+      master = _master_dtype(params)
+      policy = precision
+      if by_default and master == jnp.float64:
+        policy = "float32"  # the default never casts a float64 model down (x64 asks for float64)
+      compute, matmul = _COMPUTE_DTYPE[policy], _MATMUL_PRECISION[policy]
+      if compute is not None:
+        params = jax.tree.map(lambda a: a.astype(compute) if _is_float(a) else a, params)
+        x = x.astype(compute) if _is_float(x) else x
+      if matmul is None:
+        out = fn(params, x, *rest)
+      else:
+        with jax.default_matmul_precision(matmul):
+          out = fn(params, x, *rest)
+      if compute is None or master is None:
+        return out
+      return jax.tree.map(lambda o: o.astype(master) if _is_float(o) else o, out)
+
+    setattr(wrapped, _TAG, precision)
+    return wrapped
+
+  factored = model.factored_apply
+  return model._replace(
+    apply=under_policy(model.apply),
+    factored_apply=None if factored is None else under_policy(factored),
   )
-
-  @functools.wraps(apply)
-  def wrapped(params, x):
-    master = _master_dtype(params)
-    policy = precision
-    if by_default and master == jnp.float64:
-      policy = "float32"  # the default never casts a float64 model down (x64 asks for float64)
-    compute, matmul = _COMPUTE_DTYPE[policy], _MATMUL_PRECISION[policy]
-    if compute is not None:
-      params = jax.tree.map(lambda a: a.astype(compute) if _is_float(a) else a, params)
-      x = x.astype(compute) if _is_float(x) else x
-    if matmul is None:
-      out = apply(params, x)
-    else:
-      with jax.default_matmul_precision(matmul):
-        out = apply(params, x)
-    if compute is None or master is None:
-      return out
-    return jax.tree.map(lambda o: o.astype(master) if _is_float(o) else o, out)
-
-  setattr(wrapped, _TAG, precision)
-  return model._replace(apply=wrapped)

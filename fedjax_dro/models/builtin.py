@@ -15,6 +15,7 @@ import optax
 
 from fedjax_dro.core.checks import integer
 from fedjax_dro.models.base import Model
+from fedjax_dro.models.dense_layers import dense_layers, factored_apply
 
 
 def _check_shape(shape, name, ndims=None):
@@ -468,18 +469,7 @@ def from_flax(
   def apply(params, x):
     return module.apply({"params": params}, x)
 
-  layers = _dense_layers(module, init, sample_input)
-
-  def factored_apply(params, x, corrections):
-    def intercept(call, args, kwargs, context):
-      out = call(*args, **kwargs)
-      path = _plain_dense_path(context)
-      if path in corrections:
-        out = out + corrections[path](args[0]).astype(out.dtype)
-      return out
-
-    with nn.intercept_methods(intercept):
-      return module.apply({"params": params}, x)
+  layers = dense_layers(module, init, sample_input)
 
   return Model(
     init,
@@ -491,62 +481,8 @@ def from_flax(
     name=name or type(module).__name__,
     identity=_flax_identity(module, sample_input, loss, metrics),
     dense_layers=layers,
-    factored_apply=factored_apply if layers else None,
+    factored_apply=factored_apply(module) if layers else None,
   )
-
-
-def _plain_dense_path(context):
-  """The kernel's path of a call of a plain ``flax.linen.Dense`` (the class itself, default
-  ``dot_general`` and ``dtype``: ``x @ kernel + bias`` in the parameters' dtype), else None."""
-  m = context.module
-  if context.method_name != "__call__" or type(m) is not nn.Dense:
-    return None
-  if m.dtype is not None or m.dot_general is not None or m.dot_general_cls is not None:
-    return None
-  return tuple(m.path) + ("kernel",)
-
-
-def _rows_of(shape):
-  """The rows of a ``[rows, d]`` shape; None for any other."""
-  return shape[0] if shape is not None and len(shape) == 2 else None
-
-
-def _dense_layers(module, init, sample_input) -> tuple:
-  """The module's plain dense layers called exactly once per call, on the batch's rows as
-  vectors (``x [m, d_in]`` for a batch of ``m`` examples), found by applying it abstractly to
-  batches of two sizes: what local SGD may keep factored (:mod:`fedjax_dro.core.factored`)."""
-  from fedjax_dro.core.factored import DenseLayer
-
-  params = jax.eval_shape(init, jax.random.PRNGKey(0))
-  m = sample_input.shape[0]
-  found = []
-  for rows in (m, m + 1):
-    calls = {}
-
-    def intercept(call, args, kwargs, context, calls=calls):
-      path = _plain_dense_path(context)
-      if path is not None:
-        calls.setdefault(path, []).append(getattr(args[0], "shape", None) if args else None)
-      return call(*args, **kwargs)
-
-    batch = jax.ShapeDtypeStruct((rows,) + sample_input.shape[1:], sample_input.dtype)
-    with nn.intercept_methods(intercept):
-      jax.eval_shape(lambda p, x: module.apply({"params": p}, x), params, batch)
-    # called once, on a [rows, d] input: the layer's input rows are the batch's examples
-    # called once, on a [rows, d_in] input: one input row per example of the batch
-    found.append(
-      [p for p, shapes in calls.items() if len(shapes) == 1 and _rows_of(shapes[0]) == rows]
-    )
-  layers = []
-  for path in (p for p in found[0] if p in found[1]):  # in the order they are called
-    kernel = params
-    for key in path:
-      kernel = kernel[key] if isinstance(kernel, dict) and key in kernel else None
-      if kernel is None:
-        break
-    if kernel is not None and len(kernel.shape) == 2:
-      layers.append(DenseLayer(path, int(kernel.shape[0]), int(kernel.shape[1])))
-  return tuple(layers)
 
 
 def _flax_identity(module, sample_input, loss, metrics) -> str:

@@ -231,3 +231,27 @@ def test_sweep_factored_equals_the_dense_sweep():
   )
   for a, b in zip(jax.tree.leaves(dense.final_per_client), jax.tree.leaves(fact.final_per_client)):
     np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=0, atol=1e-10)
+
+
+def test_factored_form_runs_under_the_precision_policy():
+  """``with_precision`` wraps the factored form too: under ``"bf16"`` the layers (and their
+  corrections) see bf16 inputs, and with zero corrections it computes what ``apply`` does."""
+  from fedjax_dro.core.precision import with_precision
+
+  model = with_precision(_mlp(), "bf16")
+  params = jax.tree.map(lambda a: a.astype(jnp.float32), model.init(jax.random.PRNGKey(0)))
+  x = jnp.asarray(np.random.default_rng(0).normal(size=(3, 40)), jnp.float32)
+  seen = []
+
+  def zero(x_in):
+    seen.append(x_in.dtype)
+    return jnp.zeros((x_in.shape[0], 64), jnp.float32)
+
+  out = model.factored_apply(params, x, {("Dense_0", "kernel"): zero})
+  assert seen == [jnp.bfloat16] and out.dtype == jnp.float32
+  np.testing.assert_array_equal(np.asarray(out), np.asarray(model.apply(params, x)))
+  # wrapping again re-wraps the original (policies do not nest)
+  again = with_precision(model, "float32")
+  seen.clear()
+  again.factored_apply(params, x, {("Dense_0", "kernel"): zero})
+  assert seen == [jnp.float32]
