@@ -1,4 +1,4 @@
-"""Local SGD with a model's wide dense layers kept in factored form during the local epoch.
+"""Local SGD with a model's wide dense layers kept in factored form over the local steps.
 
 A dense layer ``h = x W + b`` trained by plain SGD moves its kernel by a sum of outer products:
 with ``g_t = dL_t / dh`` (the gradient of step ``t``'s minibatch loss with respect to the layer's
@@ -52,9 +52,8 @@ _FACTORED: list = []  # the override of local_factored_dense(), innermost last
 def local_factored_dense(enabled: bool):
   """Within the block, programs traced for local SGD (``local_steps``, or ``local_epochs`` with
   the folded masked step) keep the model's wide dense layers factored (``enabled``) or dense
-  (default:
-  :data:`FACTORED_DENSE_AUTO` of the platform). Results are the same up to rounding; only the
-  speed differs. Takes effect on programs traced inside the block."""
+  (default: :data:`FACTORED_DENSE_AUTO` of the platform). Results are the same up to rounding;
+  only the speed differs. Takes effect on programs traced inside the block."""
   if not isinstance(enabled, bool):
     raise ValueError(f"local_factored_dense needs True or False, got {enabled!r}")
   _FACTORED.append(enabled)
@@ -136,7 +135,8 @@ class FactoredCarry(NamedTuple):
 
 
 def factored_start(params, layers, rows: int) -> FactoredCarry:
-  """The carry at the start of the epoch: ``params`` less the factored kernels, empty factors."""
+  """The carry at the start of the local steps: ``params`` less the factored kernels, empty
+  factors."""
   rest = params
   for layer in layers:
     rest = _with(rest, layer.path, None)
@@ -149,11 +149,11 @@ def factored_start(params, layers, rows: int) -> FactoredCarry:
 
 
 def factored_step(model, layers, start, lr, loss_fn):
-  """The folded masked step ``(j, active, carry, bx, by, bmask) -> (carry, loss)`` of local SGD
-  with ``layers`` factored: step ``j`` writes its layers' inputs and scaled output gradients at
-  rows ``j * batch``; the other parameters move by ``grad(-lr * active * loss)``. ``start`` is
-  the parameter tree the epoch starts from (its kernels are ``W_0``); ``loss_fn(outputs, by,
-  bmask)`` is the minibatch objective."""
+  """The masked step ``(j, active, carry, bx, by, bmask) -> (carry, loss)`` of local SGD with
+  ``layers`` factored (``active`` False: step size 0, as in the folded step): step ``j`` writes
+  its layers' inputs and scaled output gradients at rows ``j * batch``; the other parameters
+  move by ``grad(-lr * active * loss)``. ``start`` is the parameter tree the local steps start
+  from (its kernels are ``W_0``); ``loss_fn(outputs, by, bmask)`` is the minibatch objective."""
 
   def step(j, active, carry, bx, by, bmask):
     kernels = [_get(start, layer.path) for layer in layers]
@@ -206,7 +206,7 @@ def factored_step(model, layers, start, lr, loss_fn):
 
 
 def factored_end(carry: FactoredCarry, layers, start):
-  """The parameters at the end of the epoch: each factored kernel ``W_0 + A^T G``."""
+  """The parameters after the local steps: each factored kernel ``W_0 + A^T G``."""
   params = carry.rest
   for layer, a, g in zip(layers, carry.inputs, carry.grads):
     kernel = _get(start, layer.path)
