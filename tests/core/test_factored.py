@@ -255,3 +255,35 @@ def test_factored_form_runs_under_the_precision_policy():
   seen.clear()
   again.factored_apply(params, x, {("Dense_0", "kernel"): zero})
   assert seen == [jnp.float32]
+
+
+def test_private_fedavg_factored_equals_the_dense_rounds():
+  """Client-level DP FedAvg (Poisson participation, clip 0.5, noise 0.8; the same keys), one
+  local epoch of batch 4: the factored run's model equals the dense run's to 1e-10 (clipping
+  and noise act on the delta, whichever form computed it)."""
+  import fedjax_dro as fd
+
+  train = _data((40,), 3, seed=6)
+  finals = {}
+  for factored in (False, True):
+    model, traced = _counting(_mlp())
+    with local_folded_step(factored), local_factored_dense(factored):
+      alg = fd.private(
+        A.fedavg(model, local_epochs=1, batch_size=4, weighting="uniform"),
+        0.5,
+        0.8,
+        rate=0.5,
+        delta=1e-5,
+      )
+      hist = run(
+        alg,
+        dataset(train, task="classification", num_classes=3),
+        rounds=3,
+        seed=2,
+        hparams={"client_lr": 0.2},
+        eval_every=3,
+      )
+    finals[factored] = hist.final_state
+    assert bool(traced) == factored
+  for a, b in zip(jax.tree.leaves(finals[False]), jax.tree.leaves(finals[True])):
+    np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=0, atol=1e-10)
