@@ -35,6 +35,8 @@ from typing import Any, NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
+from fedjax_dro.core.ragged import overriding, platform_name
+
 # Whether local SGD keeps wide dense layers factored, by platform. It moves fewer bytes for about
 # the same FLOPs, so it can only pay where the step is bound by memory traffic (a GPU: the
 # FEMNIST-sized round's dense layer, ``python benchmarks/femnist_levers.py --sections step,run``
@@ -56,11 +58,8 @@ def local_factored_dense(enabled: bool):
   only the speed differs. Takes effect on programs traced inside the block."""
   if not isinstance(enabled, bool):
     raise ValueError(f"local_factored_dense needs True or False, got {enabled!r}")
-  _FACTORED.append(enabled)
-  try:
+  with overriding(_FACTORED, enabled):
     yield
-  finally:
-    _FACTORED.pop()
 
 
 def factored_dense(platform: Optional[str] = None) -> bool:
@@ -69,9 +68,7 @@ def factored_dense(platform: Optional[str] = None) -> bool:
   ``rocm`` count as ``gpu``; other platforms False)."""
   if _FACTORED:
     return _FACTORED[-1]
-  platform = platform or jax.default_backend()
-  platform = "gpu" if platform in ("cuda", "rocm") else platform
-  return FACTORED_DENSE_AUTO.get(platform, False)
+  return FACTORED_DENSE_AUTO.get(platform_name(platform), False)
 
 
 class DenseLayer(NamedTuple):

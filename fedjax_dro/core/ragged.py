@@ -12,6 +12,26 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
+
+@contextlib.contextmanager
+def overriding(stack: list, value):
+  """Within the block, ``value`` is the innermost entry of the override ``stack`` (the body of
+  :func:`local_step_block`, :func:`local_epoch_chunk`, :func:`local_folded_step` and
+  :func:`fedjax_dro.core.factored.local_factored_dense`)."""
+  stack.append(value)
+  try:
+    yield
+  finally:
+    stack.pop()
+
+
+def platform_name(platform: Optional[str] = None) -> str:
+  """``platform`` (default ``jax.default_backend()``) with ``cuda`` and ``rocm`` named ``gpu``:
+  the key of the ``*_AUTO`` tables."""
+  platform = platform or jax.default_backend()
+  return "gpu" if platform in ("cuda", "rocm") else platform
+
+
 # Local steps per test of the epoch loop's exit condition, by platform (``local_epochs``; see
 # :func:`scan_schedule`). XLA's GPU runtime copies a ``while_loop``'s predicate to the host and
 # waits for it on every iteration; a block of k steps is a fixed-length ``lax.scan`` (a loop of
@@ -32,11 +52,8 @@ def local_step_block(k: int):
   effect on programs traced inside the block (a new algorithm object, or a new run)."""
   if not isinstance(k, int) or isinstance(k, bool) or k < 1:
     raise ValueError(f"local_step_block needs a positive integer k, got {k!r}")
-  _STEP_BLOCK.append(k)
-  try:
+  with overriding(_STEP_BLOCK, k):
     yield
-  finally:
-    _STEP_BLOCK.pop()
 
 
 def step_block(platform: Optional[str] = None) -> int:
@@ -45,8 +62,7 @@ def step_block(platform: Optional[str] = None) -> int:
   and ``rocm`` count as ``gpu``; other platforms 1)."""
   if _STEP_BLOCK:
     return _STEP_BLOCK[-1]
-  platform = platform or jax.default_backend()
-  platform = "gpu" if platform in ("cuda", "rocm") else platform
+  platform = platform_name(platform)
   return STEP_BLOCK_AUTO.get(platform, 1)
 
 
@@ -74,11 +90,8 @@ def local_epoch_chunk(size: Optional[int]):
   and the memory of a round do. Takes effect on programs traced inside the block."""
   if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 1):
     raise ValueError(f"local_epoch_chunk needs a positive integer or None, got {size!r}")
-  _EPOCH_CHUNK.append(size)
-  try:
+  with overriding(_EPOCH_CHUNK, size):
     yield
-  finally:
-    _EPOCH_CHUNK.pop()
 
 
 def epoch_chunk(platform: Optional[str] = None, participants: Optional[int] = None):
@@ -88,8 +101,7 @@ def epoch_chunk(platform: Optional[str] = None, participants: Optional[int] = No
   ``cuda`` and ``rocm`` count as ``gpu``; other platforms, or ``participants`` None: None)."""
   if _EPOCH_CHUNK:
     return _EPOCH_CHUNK[-1]
-  platform = platform or jax.default_backend()
-  platform = "gpu" if platform in ("cuda", "rocm") else platform
+  platform = platform_name(platform)
   groups = EPOCH_GROUPS_AUTO.get(platform)
   if groups is None or participants is None:
     return None
@@ -124,11 +136,8 @@ def local_folded_step(enabled: bool):
   the block."""
   if not isinstance(enabled, bool):
     raise ValueError(f"local_folded_step needs True or False, got {enabled!r}")
-  _FOLDED_STEP.append(enabled)
-  try:
+  with overriding(_FOLDED_STEP, enabled):
     yield
-  finally:
-    _FOLDED_STEP.pop()
 
 
 def folded_step(platform: Optional[str] = None) -> bool:
@@ -137,8 +146,7 @@ def folded_step(platform: Optional[str] = None) -> bool:
   ``rocm`` count as ``gpu``; other platforms False)."""
   if _FOLDED_STEP:
     return _FOLDED_STEP[-1]
-  platform = platform or jax.default_backend()
-  platform = "gpu" if platform in ("cuda", "rocm") else platform
+  platform = platform_name(platform)
   return FOLDED_STEP_AUTO.get(platform, False)
 
 
