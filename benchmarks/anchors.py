@@ -62,7 +62,6 @@ import numpy as np
 import fedjax_dro as fd
 from fedjax_dro import models
 from fedjax_dro.algorithms import fedavg
-from fedjax_dro.core.factored import local_factored_dense
 from fedjax_dro.core.ragged import (
   epoch_chunk,
   local_epoch_chunk,
@@ -74,6 +73,7 @@ from fedjax_dro.data import FederatedData
 from fedjax_dro.data.host import HostFederatedData, HostStore
 from fedjax_dro.engine.prepare import derive_keys
 from fedjax_dro.engine.programs import predicted_participants
+from fedjax_dro.experimental.factored import local_factored_dense
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from speedlib import (
@@ -545,7 +545,7 @@ def markdown(result):
     f"jax {meta['jax']}; load average before / after: {meta['load_before']} / "
     f"{meta['load_after']}. Command: `{meta['command']}`."
     + (
-      " Every run with the folded local step and the wide dense layer factored (`core.factored`)."
+      " Every run with the folded local step and the wide dense layer factored (`experimental.factored`)."
       if meta.get("factored_dense")
       else ""
     ),
@@ -878,7 +878,7 @@ def main(argv=None):
     "--factored-dense",
     action="store_true",
     help="every run with the folded local step and wide dense layers kept factored "
-    "(core.ragged.local_folded_step, core.factored.local_factored_dense)",
+    "(core.ragged.local_folded_step, experimental.factored.local_factored_dense)",
   )
   parser.add_argument("--out", default=os.path.join(HERE, "results", "anchors.json"))
   args = parser.parse_args(argv)

@@ -10,7 +10,7 @@ one call:
   autotuning off (``--xla_gpu_autotune_level=0``), and with JAX's persistent compilation cache,
   cold and then warm (a researcher's second run of the same program).
 * ``run``: the whole ``fd.run`` (``--rounds``, default 1500) with the library's forms of the
-  masked local step (``core.ragged.local_folded_step``, ``core.factored.local_factored_dense``)
+  masked local step (``core.ragged.local_folded_step``, ``experimental.factored.local_factored_dense``)
   side by side in one process: select, folded, folded with the dense layer factored, select
   again.
 * ``step``: the local epoch of one step-sorted chunk of participants (5 side by side, as the
@@ -22,7 +22,7 @@ one call:
   differentiating (``w + grad(-lr * mask * loss)``: the update is the gradient's own product plus
   the weights, which XLA may fuse into one kernel). Each variant's final weights are compared with
   the select form's and with a run of the select form at full float32 precision. A fifth form,
-  the folded step with the wide dense layer factored (``core.factored``: the layer's kernel
+  the folded step with the wide dense layer factored (``experimental.factored``: the layer's kernel
   kept as ``W_0 + A^T G`` over the epoch, ``W_0`` shared by the chunk), and for every form with
   one exit test XLA's cost analysis of one iteration (FLOPs, bytes accessed).
 
@@ -71,8 +71,8 @@ def _child(mode, rounds, quick, cache_dir):
     fd.enable_compile_cache(cache_dir + ("_lib_factored" if factored else "_lib"))
 
   from fedjax_dro.algorithms import fedavg
-  from fedjax_dro.core.factored import local_factored_dense
   from fedjax_dro.core.ragged import local_folded_step
+  from fedjax_dro.experimental.factored import local_factored_dense
 
   spec = anchors.WORKLOADS["flute_femnist"]
   w = anchors.workload(spec, quick, device_bytes=40 << 30)
@@ -112,7 +112,7 @@ COMPILE_MODES = {
   # what users call: fd.enable_compile_cache (cuBLASLt off, Triton's fusions kept)
   "enable_compile_cache_cold": {},
   "enable_compile_cache_warm": {},
-  # the same with the wide dense layer factored (core.factored.local_factored_dense)
+  # the same with the wide dense layer factored (experimental.factored.local_factored_dense)
   "factored_enable_compile_cache_cold": {},
   "factored_enable_compile_cache_warm": {},
   "factored_default": {},
@@ -156,13 +156,13 @@ RUN_FORMS = ("select", "folded", "factored", "select")
 def run_section(quick, rounds):
   """The anchor's whole ``fd.run`` (``rounds`` rounds, compilation included) with the masked
   step's select form, its folded form (``core.ragged.local_folded_step``), the folded form with
-  the wide dense layer factored (``core.factored.local_factored_dense``), and the select form
+  the wide dense layer factored (``experimental.factored.local_factored_dense``), and the select form
   again, in this process."""
   import anchors
 
   from fedjax_dro.algorithms import fedavg
-  from fedjax_dro.core.factored import local_factored_dense
   from fedjax_dro.core.ragged import local_folded_step
+  from fedjax_dro.experimental.factored import local_factored_dense
 
   spec = anchors.WORKLOADS["flute_femnist"]
   w = anchors.workload(spec, quick, device_bytes=40 << 30)
@@ -273,10 +273,15 @@ def _variants(model, batch, lr):
     return jax.tree.map(lambda a, b: a + b, p, g)
 
   def factored_loop(start, rows):
-    """The library's factored step (``core.factored``): the chunk's wide dense layers as
+    """The library's factored step (``experimental.factored``): the chunk's wide dense layers as
     ``W_0 + A^T G`` over ``rows`` (its largest count of steps times the batch), every client
     starting from the model ``start`` (as in a round)."""
-    from fedjax_dro.core.factored import chosen_layers, factored_end, factored_start, factored_step
+    from fedjax_dro.experimental.factored import (
+      chosen_layers,
+      factored_end,
+      factored_start,
+      factored_step,
+    )
 
     layers = chosen_layers(model, rows)
     objective = lambda out, by, m: jnp.mean(model.loss(out, by))  # noqa: E731

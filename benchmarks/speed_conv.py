@@ -1,5 +1,6 @@
 """The CNN's two convolution forms side by side on this device: the measurements behind
-``models.cnn(..., conv="auto")`` (:data:`fedjax_dro.models.builtin.CONV_MEASUREMENTS`).
+``models.cnn(..., conv="auto")`` (``speedlib/measured.py``'s ``CONV_MEASUREMENTS``, behind the platform defaults of
+``fd.Tuning(conv=..., conv_bf16=...)``).
 
 The built-in CNN of ``benchmarks/speed.py`` (28x28x1, 62 classes, convolutions 32/64, dense 128)
 trained with FedAvg (4 local steps of batch 32, full participation) with the clients' per-client
@@ -33,6 +34,7 @@ if HERE not in sys.path:
 
 import jax
 import numpy as np
+from speedlib.measured import CONV_MEASUREMENTS
 from speedlib.workloads import (
   BATCH,
   LOCAL_STEPS,
@@ -46,7 +48,7 @@ import fedjax_dro as fd
 from fedjax_dro import models
 from fedjax_dro.algorithms import fedavg
 from fedjax_dro.data import from_client_arrays
-from fedjax_dro.models.builtin import CONV_MEASUREMENTS, conv_form
+from fedjax_dro.models.builtin import conv_form
 
 FORMS = ("lax", "patches")
 DTYPE_OF = {"float32": "float32", "bf16": "bfloat16"}  # precision policy -> compute dtype key
@@ -146,7 +148,7 @@ def markdown(result):
     )
   lines += [
     "",
-    '## What `conv="auto"` picks (`fedjax_dro.models.builtin.CONV_MEASUREMENTS`)',
+    '## What `conv="auto"` picks (the platform defaults `Tuning.conv` / `conv_bf16`)',
     "",
     "The faster form at the largest measured n of each (platform, compute dtype). GPU: the H100",
     "figures of an earlier version (n = 1000 clients of the same CNN, older code; the per-client loop ran",

@@ -1,5 +1,6 @@
 """Softmax regression's two head forms side by side on this device: the measurements behind
-``models.softmax_regression(..., head="auto")`` (:data:`fedjax_dro.models.builtin.HEAD_MEASUREMENTS`).
+``models.softmax_regression(..., head="auto")`` (``speedlib/measured.py``'s ``HEAD_MEASUREMENTS``, behind the platform default of
+``fd.Tuning(head_transposed_max_classes=...)``).
 
 FedAvg rounds of softmax regression (d = 64 features, 4 local steps of batch 32 from 64 examples
 per client, full participation, float32, the ``auto`` backend) through ``fd.compile_rounds``, for
@@ -29,6 +30,7 @@ if HERE not in sys.path:
 
 import jax
 import numpy as np
+from speedlib.measured import HEAD_MEASUREMENTS
 from speedlib.workloads import (
   BATCH,
   EXAMPLES,
@@ -42,8 +44,9 @@ from speedlib.workloads import (
 import fedjax_dro as fd
 from fedjax_dro import models
 from fedjax_dro.algorithms import fedavg
+from fedjax_dro.common.tuning import platform_defaults
 from fedjax_dro.data import from_client_arrays
-from fedjax_dro.models.builtin import HEAD_MEASUREMENTS, HEAD_TRANSPOSED_MAX_CLASSES, head_form
+from fedjax_dro.models.builtin import head_form
 
 FORMS = ("plain", "transposed")
 FEATURES = 64
@@ -108,7 +111,7 @@ def markdown(result):
     )
   lines += [
     "",
-    '## What `head="auto"` picks (`fedjax_dro.models.builtin.HEAD_MEASUREMENTS`)',
+    '## What `head="auto"` picks (the platform default `Tuning.head_transposed_max_classes`)',
     "",
     "Transposed up to the largest k below which every measured k was faster transposed; plain",
     "above it and on platforms without measurements.",
@@ -118,7 +121,8 @@ def markdown(result):
   ]
   for plat in sorted(set(HEAD_MEASUREMENTS) | {"gpu"}):
     picks = ", ".join(head_form(k, plat) for k in CLASSES)
-    lines.append(f"| {plat} | {HEAD_TRANSPOSED_MAX_CLASSES.get(plat, 0)} | {picks} |")
+    limit = platform_defaults(plat).head_transposed_max_classes
+    lines.append(f"| {plat} | {limit} | {picks} |")
   lines.append("")
   return "\n".join(lines)
 

@@ -12,6 +12,7 @@ from fedjax_dro.algorithms import (
   list_algorithms,
   make_hparams,
 )
+from fedjax_dro.common.tuning import Tuning, tuned
 from fedjax_dro.data import FederatedData, FederatedDataset, from_arrays, from_client_arrays
 from fedjax_dro.engine import (
   CompiledRounds,
@@ -57,6 +58,8 @@ __all__ = [
   "CompiledRounds",
   "RoundTiming",
   "enable_compile_cache",
+  "Tuning",
+  "tuned",
   "private",
   "privacy_budget",
   "__version__",

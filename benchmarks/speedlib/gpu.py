@@ -11,7 +11,7 @@ the roofline, ``speedlib/roofline.py``). Then the sections of ``--gpu-sections``
    roofline, and a ``jax.profiler`` trace of the measured rounds (kernels, kernel time and
    device-to-host copies per round, how busy the device was: ``speedlib/trace.py``);
    ``femnist_factored``: the same with the wide dense layer kept factored over the local epoch
-   (``core.factored.local_factored_dense``), measured whole where the budget allows;
+   (``experimental.factored.local_factored_dense``), measured whole where the budget allows;
 2. ``variants``: the same rounds under the other ways of running the participants
    (:data:`VARIANTS`: the epoch loop's exit tested every k steps, the participants sorted by
    step count in chunks of c), side by side with their rooflines and traces;
@@ -46,9 +46,9 @@ import time
 import anchors
 import jax
 
-from fedjax_dro.core.factored import local_factored_dense
 from fedjax_dro.core.precision import default_precision
 from fedjax_dro.core.ragged import epoch_chunk, local_folded_step, step_block
+from fedjax_dro.experimental.factored import local_factored_dense
 from fedjax_dro.models import conv_form
 from speedlib import (
   report as speed_report,
@@ -214,7 +214,7 @@ def _run(args, argv):
       anchor_rows = {"flute_femnist": row, **anchor_rows}
     result["anchors"] = list(anchor_rows.values())
     save()
-  # 1b. the same anchor with its wide dense layer factored over the local epoch (core.factored)
+  # 1b. the same anchor with its wide dense layer factored over the local epoch (experimental.factored)
   if "femnist_factored" in sections:
 
     def factored():

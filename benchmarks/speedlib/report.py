@@ -489,7 +489,7 @@ def roofline_lines(section):
     lines += [
       "",
       "The same rounds with the wide dense layers kept factored over the local steps "
-      "(`core.factored.local_factored_dense`), timed after the rows above:",
+      "(`experimental.factored.local_factored_dense`), timed after the rows above:",
       "",
       "| model | n | layers factored | updates/s | against the dense rounds |",
       "|---|---|---|---|---|",

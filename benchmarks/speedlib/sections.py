@@ -16,9 +16,9 @@ import jax.numpy as jnp
 import fedjax_dro as fd
 from fedjax_dro.algorithms import fedavg, list_algorithms
 from fedjax_dro.core import clients as client_backends
-from fedjax_dro.core.factored import chosen_layers, local_factored_dense
 from fedjax_dro.core.precision import PRECISIONS, default_precision, with_precision
 from fedjax_dro.engine import make_mesh
+from fedjax_dro.experimental.factored import chosen_layers, local_factored_dense
 from fedjax_dro.models import num_parameters
 from speedlib.workloads import (
   BACKENDS,
@@ -455,7 +455,7 @@ def rooflines(args, dense, bandwidth):
     cost = roofline.cohort_step_cost(model, params, data.x[:c, :BATCH], data.y[:c, :BATCH], BATCH)
     per_update = {k: cost[k] * LOCAL_STEPS / c for k in ("flops", "bytes")}
     timed = backend_row(model, data, params, "auto", precision, 0.05, 2 if args.quick else 3)
-    # the same rounds with the wide dense layers factored over the local steps (core.factored)
+    # the same rounds with the wide dense layers factored over the local steps (experimental.factored)
     layers = chosen_layers(model, LOCAL_STEPS * BATCH)
     factored = None
     if layers:

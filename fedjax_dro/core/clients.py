@@ -8,7 +8,7 @@ All backends compute the same thing; they differ in how XLA executes it:
 * ``"chunked"``: ``lax.map`` over chunks of ``chunk_size`` clients with ``vmap`` inside a chunk —
   bounds memory while keeping batching. When ``chunk_size`` divides the number of clients the
   chunks are strided over the client axis (chunk ``j`` = clients ``j, j + n/size, ...``), so a
-  client axis sharded over devices stays sharded (:func:`client_shards`).
+  client axis sharded over devices stays sharded (``Tuning.client_shards``).
 * ``"auto"``: planned at each call site (:func:`plan_clients`), from the per-client memory of
   the function being mapped: ``vmap`` over all participants when one round's client work fits in
   :func:`memory_budget` (half the device's free memory: the allocator's free bytes on GPU/TPU,
@@ -18,7 +18,7 @@ All backends compute the same thing; they differ in how XLA executes it:
   client's compiled update. On CPU chunks are also kept near :data:`AUTO_CPU_CHUNK_BYTES` of
   working set, which ``benchmarks/speed.py`` measured as the fastest on 2 cores (hundreds of
   softmax-regression clients per chunk, ~8 MLP clients, one CNN client at a time). Inside a
-  vmapped sweep (:func:`memory_shared_by`) a chunk runs once per row side by side, so both the
+  vmapped sweep (``Tuning.memory_share``) a chunk runs once per row side by side, so both the
   memory budget and this cache target are shared by the rows.
 """
 
@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import contextvars
-import hashlib
 import math
 import os
 from typing import Callable, NamedTuple, Optional, Tuple
@@ -36,6 +34,8 @@ import jax
 import jax.extend as jex
 import jax.numpy as jnp
 import numpy as np
+
+from fedjax_dro.common.tuning import current, reset, tuned
 
 BACKENDS = ("vmap", "map", "chunked", "auto")
 DEFAULT_CHUNK_SIZE = 8
@@ -46,11 +46,6 @@ AUTO_CPU_CHUNK_BYTES = 24 * 2**20
 # The jaxpr estimate of per-client memory must fit this many times over to skip measuring it
 # (XLA's conv workspaces and layout copies can exceed it: +9% for the built-in CNN).
 JAXPR_MARGIN = 1.5
-
-_BUDGET_OVERRIDE: contextvars.ContextVar = contextvars.ContextVar("budget_override", default=None)
-_MEMORY_SHARE: contextvars.ContextVar = contextvars.ContextVar("memory_share", default=1)
-_CLIENT_SHARDS: contextvars.ContextVar = contextvars.ContextVar("client_shards", default=1)
-_MEASURED: dict = {}  # per-client memory measurements, by the per-client program's jaxpr
 
 
 def validate_backend(backend: str, chunk_size: Optional[int]) -> None:
@@ -141,61 +136,33 @@ def free_memory(device=None) -> Optional[int]:
 
 def memory_budget(device=None) -> Optional[int]:
   """Bytes the ``auto`` backend may plan one round's client work into: ``AUTO_MEMORY_FRACTION``
-  of the free memory (:func:`free_memory`), divided by the rows of an enclosing sweep; or the
-  value of an enclosing :func:`memory_budget_limit`. ``None`` when unknown (no limit)."""
-  override = _BUDGET_OVERRIDE.get()
+  of the free memory (:func:`free_memory`), or the traced program's ``Tuning.memory_budget``,
+  divided by its ``memory_share`` (the rows of a vmapped sweep side by side). ``None`` when
+  unknown (no limit)."""
+  tuning = current()
+  override = tuning.memory_budget
   free = override if override is not None else free_memory(device)
   if free is None:
     return None
   fraction = 1.0 if override is not None else AUTO_MEMORY_FRACTION
-  return int(fraction * free / max(1, _MEMORY_SHARE.get()))
-
-
-def budget_override() -> Optional[int]:
-  """The bytes of an enclosing :func:`memory_budget_limit` (None outside one): part of what a
-  traced program's ``auto`` plans depend on, so program caches key on it."""
-  return _BUDGET_OVERRIDE.get()
+  return int(fraction * free / max(1, tuning.memory_share))
 
 
 @contextlib.contextmanager
 def memory_budget_limit(num_bytes: Optional[int]):
-  """Programs traced inside plan their ``auto`` backends into ``num_bytes`` (``None``: the
-  device's free memory). For tests and for sharing a device with other work."""
+  """Programs traced (and runs started) inside plan their ``auto`` backends into ``num_bytes``
+  (``fd.tuned(memory_budget=num_bytes)``; ``None``: the device's free memory). For tests and for
+  sharing a device with other work."""
   if num_bytes is not None and (
     isinstance(num_bytes, bool) or not isinstance(num_bytes, (int, np.integer)) or num_bytes < 0
   ):
     raise ValueError(f"num_bytes must be a non-negative integer or None, got {num_bytes!r}")
-  token = _BUDGET_OVERRIDE.set(None if num_bytes is None else int(num_bytes))
-  try:
-    yield
-  finally:
-    _BUDGET_OVERRIDE.reset(token)
-
-
-@contextlib.contextmanager
-def memory_shared_by(rows: int):
-  """Programs traced inside run ``rows`` copies of every round side by side on each device (a
-  vmapped sweep): each gets ``1/rows`` of the memory budget and, on CPU, of the cache target
-  :data:`AUTO_CPU_CHUNK_BYTES` (a chunk of ``c`` clients then works on ``rows * c`` clients'
-  data at once; ``benchmarks/speed.py``'s ``sweep_cache`` section measures the difference)."""
-  token = _MEMORY_SHARE.set(max(1, int(rows)) * _MEMORY_SHARE.get())
-  try:
-    yield
-  finally:
-    _MEMORY_SHARE.reset(token)
-
-
-@contextlib.contextmanager
-def client_shards(shards: int):
-  """Programs traced inside run with the client axis split over ``shards`` devices (the
-  ``"clients"`` axis of a :func:`fedjax_dro.engine.make_mesh` mesh): the ``auto`` backend plans
-  each device's chunk (memory and cache are per device) and lays the chunks out so that every
-  chunk has the same number of clients on every device (:func:`sharded_chunk_size`)."""
-  token = _CLIENT_SHARDS.set(max(1, int(shards)))
-  try:
-    yield
-  finally:
-    _CLIENT_SHARDS.reset(token)
+  if num_bytes is None:
+    with reset("memory_budget"):
+      yield
+  else:
+    with tuned(memory_budget=int(num_bytes)):
+      yield
 
 
 def sharded_chunk_size(num_clients: int, per_device: int, shards: int) -> Optional[int]:
@@ -284,26 +251,20 @@ def client_memory(fn: Callable, args, *, measure: bool = True) -> Tuple[int, int
 
   ``how="jaxpr"``: :func:`jaxpr_peak_bytes` of the per-client program (an estimate, no
   compilation). ``how="compiled"`` (``measure=True``): XLA's memory analysis of the compiled
-  per-client program (one extra compilation of one client's update, cached by its jaxpr); the
-  jaxpr estimate is the fallback when the platform has no memory analysis.
+  per-client program (one extra compilation of one client's update, made only where memory is
+  tight); the jaxpr estimate is the fallback when the platform has no memory analysis.
   """
   one = jax.tree.map(lambda a: jax.ShapeDtypeStruct(jnp.shape(a)[1:], jnp.result_type(a)), args)
   closed = jax.make_jaxpr(fn)(*one)
-  key = hashlib.sha256(str(closed).encode()).hexdigest() if measure else None
-  if key is not None and key in _MEASURED:
-    return _MEASURED[key]
   shared = sum(_nbytes(c.aval) if hasattr(c, "aval") else _nbytes(c) for c in closed.consts)
   # the peak counts the program's inputs: the client's own slices and the shared constants
-  result = (max(0, jaxpr_peak_bytes(closed) - shared), shared, "jaxpr")
-  if measure:
-    try:
-      result = (_compiled_bytes(fn, one), shared, "compiled")
-    except Exception:  # keep the estimate
-      pass
-    if len(_MEASURED) >= 256:
-      _MEASURED.clear()
-    _MEASURED[key] = result
-  return result
+  estimate = (max(0, jaxpr_peak_bytes(closed) - shared), shared, "jaxpr")
+  if not measure:
+    return estimate
+  try:
+    return (_compiled_bytes(fn, one), shared, "compiled")
+  except Exception:  # keep the estimate
+    return estimate
 
 
 def _num_clients(args) -> int:
@@ -345,7 +306,7 @@ def plan_clients(
   (:func:`client_memory`), so runs with room to spare compile nothing extra.
 
   CPU: chunks are also capped so that a chunk's working set, summed over the rows of an
-  enclosing sweep (:func:`memory_shared_by`), stays near :data:`AUTO_CPU_CHUNK_BYTES` (measured
+  enclosing sweep (``Tuning.memory_share``), stays near :data:`AUTO_CPU_CHUNK_BYTES` (measured
   with ``benchmarks/speed.py`` on 2 cores: the softmax-regression federation runs best in chunks
   of hundreds of clients, the MLP 784-200-200-62 in chunks of ~8, the CNN one client at a time,
   where ``vmap`` over all clients is 1.5-3x slower for the last two). A chunk of one client is
@@ -356,6 +317,7 @@ def plan_clients(
   """
   n = _num_clients(args)
   platform = platform or jax.default_backend()
+  tuning = current()
   budget = memory_budget()
   kept = jax.eval_shape(fn, *_one_client(args))
   kept = kept if stacked is None else stacked(kept)
@@ -363,7 +325,7 @@ def plan_clients(
   per_client, shared, how = client_memory(fn, args, measure=False)
   cap = None
   if platform == "cpu":  # keep a chunk's working set near the cache
-    cap = plan_chunk_size(n, per_client, AUTO_CPU_CHUNK_BYTES / max(1, _MEMORY_SHARE.get()))
+    cap = plan_chunk_size(n, per_client, AUTO_CPU_CHUNK_BYTES / max(1, tuning.memory_share))
   if budget is not None:
     reserved = shared + n * out_bytes
     chunk = plan_chunk_size(n, JAXPR_MARGIN * per_client, budget, shared_bytes=reserved)
@@ -373,8 +335,8 @@ def plan_clients(
       chunk = plan_chunk_size(n, per_client, budget, shared_bytes=reserved)
     if chunk is not None and (cap is None or chunk < cap):
       cap = chunk
-  if cap is not None and _CLIENT_SHARDS.get() > 1:  # cap is per device: lay out sharded chunks
-    cap = sharded_chunk_size(n, cap, _CLIENT_SHARDS.get())
+  if cap is not None and tuning.client_shards > 1:  # cap is per device: lay out sharded chunks
+    cap = sharded_chunk_size(n, cap, tuning.client_shards)
   if cap is None:
     plan = ("vmap", None)
   else:

@@ -16,13 +16,6 @@ import jax.numpy as jnp
 from fedjax_dro.core.aggregation import scatter_rows
 from fedjax_dro.core.client_opt import optimizer_step
 from fedjax_dro.core.clients import map_clients, map_clients_weighted_sum
-from fedjax_dro.core.factored import (
-  chosen_layers,
-  factored_dense,
-  factored_end,
-  factored_start,
-  factored_step,
-)
 from fedjax_dro.core.privacy import (
   active as privacy_active,
   poisson_draw,
@@ -39,6 +32,13 @@ from fedjax_dro.core.sampling import (
   step_rows,
 )
 from fedjax_dro.core.settings import aggregation_weights, backend_for, participants
+from fedjax_dro.experimental.factored import (
+  chosen_layers,
+  factored_dense,
+  factored_end,
+  factored_start,
+  factored_step,
+)
 from fedjax_dro.models.base import Model, client_loss, masked_mean
 
 
@@ -215,7 +215,7 @@ def local_sgd(
 
   def folded(j, active, w, bx, by, bmask):
     # the step size (0 past the client's own steps) folded into the loss: w + grad(-lr * loss)
-    # is the weight gradient's product plus the weights (core.ragged.FOLDED_STEP_AUTO)
+    # is the weight gradient's product plus the weights (Tuning.folded_step)
     def scaled(p):
       loss = client_loss(model, p, bx, by, bmask)
       return jnp.where(active, -lr, 0).astype(loss.dtype) * loss, loss
@@ -229,7 +229,7 @@ def local_sgd(
     (w, _), losses = scan_schedule(opt_step, carry, schedule, x, y, num_examples)
     return w, losses
   if grad_transform is None and factored_dense():
-    # wide dense layers kept as W_0 + A^T G over the local steps (core.factored)
+    # wide dense layers kept as W_0 + A^T G over the local steps (experimental.factored)
     rows = schedule.num_steps * (x.shape[0] if batch_size is None else batch_size)
     layers = chosen_layers(model, rows)
     if layers and (schedule.steps is None or shared_exit(schedule.num_steps)):
@@ -240,7 +240,7 @@ def local_sgd(
 
 def _factored_sgd(model, layers, params, lr, schedule, x, y, num_examples, rows: int):
   """Local SGD of ``schedule`` with ``layers`` kept as ``W_0 + A^T G`` (``rows`` stacked rows:
-  :mod:`fedjax_dro.core.factored`): a scan over the steps (``local_steps``) or the epoch loop's
+  :mod:`fedjax_dro.experimental.factored`): a scan over the steps (``local_steps``) or the epoch loop's
   shared exit (``local_epochs``). Returns ``(final_params, losses[T])`` as :func:`local_sgd`."""
   objective = lambda out, by, bmask: masked_mean(model, out, by, bmask)  # noqa: E731
   step = factored_step(model, layers, params, lr, objective)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import types
 from typing import Iterator, Optional
 
 import jax
@@ -41,9 +42,13 @@ from fedjax_dro.models.base import Model
 
 PRECISIONS = ("float32", "tf32", "bf16")
 # jax.default_matmul_precision value of each policy (None: the context's / JAX's default).
-_MATMUL_PRECISION = {"float32": "highest", "tf32": "tensorfloat32", "bf16": None}
+_MATMUL_PRECISION = types.MappingProxyType(
+  {"float32": "highest", "tf32": "tensorfloat32", "bf16": None}
+)
 # Compute dtype of the floating parameters and inputs (None: leave them as they are).
-_COMPUTE_DTYPE = {"float32": None, "tf32": jnp.float32, "bf16": jnp.bfloat16}
+_COMPUTE_DTYPE = types.MappingProxyType(
+  {"float32": None, "tf32": jnp.float32, "bf16": jnp.bfloat16}
+)
 _TAG = "__fedjax_precision__"
 
 
@@ -120,7 +125,7 @@ def with_precision(model: Model, precision) -> Model:
   model re-wraps the original ``apply`` (policies do not nest). With ``precision=None``, float64
   parameters are computed as ``"float32"`` does on every platform (the recorded policy is still
   the platform's default, which applies to float32 parameters). The model's factored form
-  (``factored_apply``, :mod:`fedjax_dro.core.factored`) runs under the same policy.
+  (``factored_apply``, :mod:`fedjax_dro.experimental.factored`) runs under the same policy.
   """
   by_default = precision is None
   precision = resolve_precision(precision)

@@ -1,8 +1,9 @@
 """How a round runs its participants' unequal local work (``local_epochs``): how many local steps
-run between two tests of the loop's exit condition (:func:`local_step_block`), and in how many
-step-sorted chunks the sampled participants run (:func:`local_epoch_chunk`). Neither changes a
-result, only the speed; :func:`fedjax_dro.core.local.scan_schedule` and
-:func:`fedjax_dro.core.local.local_round` read them when a program is traced."""
+run between two tests of the loop's exit condition (``Tuning.step_block``), in how many
+step-sorted chunks the sampled participants run (``Tuning.epoch_groups`` / ``epoch_chunk``) and
+how a done participant's step is masked (``Tuning.folded_step``). None changes a result, only the
+speed; :func:`fedjax_dro.core.local.scan_schedule` and :func:`fedjax_dro.core.local.local_round`
+read them from the traced program's :class:`~fedjax_dro.common.tuning.Tuning`."""
 
 from __future__ import annotations
 
@@ -12,142 +13,71 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-
-@contextlib.contextmanager
-def overriding(stack: list, value):
-  """Within the block, ``value`` is the innermost entry of the override ``stack`` (the body of
-  :func:`local_step_block`, :func:`local_epoch_chunk`, :func:`local_folded_step` and
-  :func:`fedjax_dro.core.factored.local_factored_dense`)."""
-  stack.append(value)
-  try:
-    yield
-  finally:
-    stack.pop()
+from fedjax_dro.common.tuning import current, reset, tuned
 
 
-def platform_name(platform: Optional[str] = None) -> str:
-  """``platform`` (default ``jax.default_backend()``) with ``cuda`` and ``rocm`` named ``gpu``:
-  the key of the ``*_AUTO`` tables."""
-  platform = platform or jax.default_backend()
-  return "gpu" if platform in ("cuda", "rocm") else platform
-
-
-# Local steps per test of the epoch loop's exit condition, by platform (``local_epochs``; see
-# :func:`scan_schedule`). XLA's GPU runtime copies a ``while_loop``'s predicate to the host and
-# waits for it on every iteration; a block of k steps is a fixed-length ``lax.scan`` (a loop of
-# known trip count, run without that round trip) inside the ``while_loop``, so the host waits
-# once per k steps, at the price of up to k - 1 masked steps at the end. Measured on an H100
-# (``benchmarks/anchors.py``, the FEMNIST-sized round): the device stays busy over 90% of the
-# round at k = 1 and the masked steps cost more than the round trips saved (k = 1, 4, 8: 22.7,
-# 26.6, 27.7 ms a round), so 1 everywhere; ``local_step_block`` chooses another k.
-STEP_BLOCK_AUTO = {"cpu": 1, "gpu": 1}
-_STEP_BLOCK: list = []  # the override of local_step_block(), innermost last
-
-
+# The named shorthands of fedjax_dro.common.tuning.tuned() for this module's three choices.
 @contextlib.contextmanager
 def local_step_block(k: int):
   """Within the block, programs traced for ``local_epochs`` test the loop's exit condition every
-  ``k`` local steps (default: :data:`STEP_BLOCK_AUTO` of the platform). The results do not
-  depend on ``k`` (steps past a client's own count are masked); only the speed does. Takes
-  effect on programs traced inside the block (a new algorithm object, or a new run)."""
+  ``k`` local steps (``fd.tuned(step_block=k)``; default: the platform's,
+  :func:`fedjax_dro.common.tuning.platform_defaults`). The results do not depend on ``k`` (steps
+  past a client's own count are masked); only the speed does."""
   if not isinstance(k, int) or isinstance(k, bool) or k < 1:
     raise ValueError(f"local_step_block needs a positive integer k, got {k!r}")
-  with overriding(_STEP_BLOCK, k):
+  with tuned(step_block=k):
     yield
-
-
-def step_block(platform: Optional[str] = None) -> int:
-  """The local steps per exit test of the epoch loop: :func:`local_step_block`'s ``k`` inside
-  one, else :data:`STEP_BLOCK_AUTO` of ``platform`` (default ``jax.default_backend()``; ``cuda``
-  and ``rocm`` count as ``gpu``; other platforms 1)."""
-  if _STEP_BLOCK:
-    return _STEP_BLOCK[-1]
-  platform = platform_name(platform)
-  return STEP_BLOCK_AUTO.get(platform, 1)
-
-
-# Groups of participants of a ``local_epochs`` round, by platform (None: as the backend plans).
-# Side by side, a round's participants run until the one with the most steps is done, the others
-# masked; on a GPU a masked step costs what a real one does (each client's weights are read and
-# written every step: the round is bound by memory traffic), so the participants of a sampled
-# round are sorted by their step counts and run in this many chunks, each until its own largest
-# is done. Measured on an H100 (``benchmarks/anchors.py``, the FEMNIST-sized round: 10
-# participants of 1 to 47 steps): one group 22.8 ms a round, 2 groups of 5 18.7 ms, 5 groups of
-# 2 19.3 ms, one at a time 17.9 ms with the device idle 40% of the round (each chunk's loop is
-# launched and waited for step by step). More groups cost more loop iterations where the
-# participants' step counts are equal (a cohort of equal clients gains nothing from sorting), so
-# 2. The CPU keeps the backend's plan: None.
-EPOCH_GROUPS_AUTO = {"cpu": None, "gpu": 2}
-_EPOCH_CHUNK: list = []  # the override of local_epoch_chunk(), innermost last
 
 
 @contextlib.contextmanager
 def local_epoch_chunk(size: Optional[int]):
   """Within the block, ``local_epochs`` rounds with partial participation run their participants
-  sorted by step count in chunks of ``size`` (None: in the backend's own plan, unsorted; default:
-  :data:`EPOCH_GROUPS_AUTO` of the platform). Results do not depend on it (each participant keeps
-  its own key and minibatches; sums run in another order: equal to rounding); only the speed
-  and the memory of a round do. Takes effect on programs traced inside the block."""
+  sorted by step count in chunks of ``size`` (``fd.tuned(epoch_chunk=size)``; None: in the
+  backend's own plan, unsorted, ``epoch_groups=1``). Results do not depend on it (each
+  participant keeps its own key and minibatches; sums run in another order: equal to rounding);
+  only the speed and the memory of a round do."""
   if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 1):
     raise ValueError(f"local_epoch_chunk needs a positive integer or None, got {size!r}")
-  with overriding(_EPOCH_CHUNK, size):
-    yield
-
-
-def epoch_chunk(platform: Optional[str] = None, participants: Optional[int] = None):
-  """The participants per step-sorted chunk of a ``local_epochs`` round of ``participants``
-  clients: the innermost :func:`local_epoch_chunk`, else ``ceil(participants / groups)`` with
-  ``groups`` from :data:`EPOCH_GROUPS_AUTO` of ``platform`` (default ``jax.default_backend()``;
-  ``cuda`` and ``rocm`` count as ``gpu``; other platforms, or ``participants`` None: None)."""
-  if _EPOCH_CHUNK:
-    return _EPOCH_CHUNK[-1]
-  platform = platform_name(platform)
-  groups = EPOCH_GROUPS_AUTO.get(platform)
-  if groups is None or participants is None:
-    return None
-  return -(-int(participants) // groups)
-
-
-# How local SGD masks the steps of participants that are done (``local_epochs``, participants
-# side by side under ``vmap``, no gradient correction), by platform. False: each client's loop
-# tests its own count, and JAX runs the batched loop until all are done, selecting between the
-# new and the old weights of every client at every step (a read of both and a write of the
-# weights, the largest kernel of the FEMNIST-sized round on an H100). True: one loop to the
-# chunk's largest count (an unbatched exit test, the count's maximum over the client axis), and
-# the step size, 0 for a client past its own steps, folded into the loss before differentiating:
-# ``w + grad(-lr * active * loss)``, an update XLA fuses into the weight gradient's product.
-# Measured on an H100 (``benchmarks/femnist_levers.py``, 5 FEMNIST participants of 19 to 47
-# steps): 0.545 -> 0.398 ms a step, the weights closer to a full-precision run than the select
-# form's (TF32 products: 0.0069 and 0.012 apart); the FEMNIST-sized round 18.7 -> 14.3 ms
-# (``benchmarks/anchors.py``). On the 2-core CPU no faster, so off there. A
-# done client's step still runs on its padded minibatch with step size 0: a model whose loss is
-# not finite on padding rows (zeros) would make its weights NaN, which the run reports (the
-# select form would have hidden it).
-FOLDED_STEP_AUTO = {"cpu": False, "gpu": True}
-_FOLDED_STEP: list = []  # the override of local_folded_step(), innermost last
+  if size is None:
+    with reset("epoch_chunk"), tuned(epoch_groups=1):
+      yield
+  else:
+    with tuned(epoch_chunk=size):
+      yield
 
 
 @contextlib.contextmanager
 def local_folded_step(enabled: bool):
   """Within the block, programs traced for ``local_epochs`` local SGD with participants side by
-  side use the folded form of the masked step (``enabled``) or the select form (default:
-  :data:`FOLDED_STEP_AUTO` of the platform). The results are the same up to rounding (tested
-  against the reference loop); only the speed differs. Takes effect on programs traced inside
-  the block."""
+  side use the folded form of the masked step (``enabled``) or the select form
+  (``fd.tuned(folded_step=enabled)``). The results are the same up to rounding (tested against
+  the reference loop); only the speed differs."""
   if not isinstance(enabled, bool):
     raise ValueError(f"local_folded_step needs True or False, got {enabled!r}")
-  with overriding(_FOLDED_STEP, enabled):
+  with tuned(folded_step=enabled):
     yield
 
 
-def folded_step(platform: Optional[str] = None) -> bool:
-  """Whether local SGD folds its masked step (:func:`local_folded_step` inside one, else
-  :data:`FOLDED_STEP_AUTO` of ``platform``, default ``jax.default_backend()``; ``cuda`` and
-  ``rocm`` count as ``gpu``; other platforms False)."""
-  if _FOLDED_STEP:
-    return _FOLDED_STEP[-1]
-  platform = platform_name(platform)
-  return FOLDED_STEP_AUTO.get(platform, False)
+def step_block() -> int:
+  """The local steps per exit test of the epoch loop (the traced program's tuning)."""
+  return current().step_block
+
+
+def epoch_chunk(participants: Optional[int] = None):
+  """The participants per step-sorted chunk of a ``local_epochs`` round of ``participants``
+  clients: the tuning's ``epoch_chunk``, else ``ceil(participants / epoch_groups)`` (None when
+  ``participants`` is None)."""
+  tuning = current()
+  if tuning.epoch_chunk is not None:
+    return tuning.epoch_chunk
+  if participants is None:
+    return None
+  return -(-int(participants) // tuning.epoch_groups)
+
+
+def folded_step() -> bool:
+  """Whether local SGD folds its masked step (the traced program's tuning)."""
+  return current().folded_step
 
 
 def step_sorted_order(counts, chunk: int):
@@ -269,7 +199,8 @@ def epoch_loop(step, batch, steps, num_steps: int, carry, masked_step=None):
     c, loss = masked_step(j, active, c, *batch(j))
     return j + 1, c, losses.at[j].set(jnp.where(active, loss, jnp.zeros_like(loss)))
 
-  _, carry, losses = jax.lax.while_loop(
-    lambda state: state[0] < top, shared, (jnp.int32(0), carry, losses)
-  )
+  with jax.named_scope("shared_exit"):  # the form is visible in the compiled program
+    _, carry, losses = jax.lax.while_loop(
+      lambda state: state[0] < top, shared, (jnp.int32(0), carry, losses)
+    )
   return carry, losses

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_dro.algorithms.base import Algorithm
-from fedjax_dro.core.clients import client_shards
+from fedjax_dro.common.tuning import Tuning, resolve, scope
 from fedjax_dro.data.federated import FederatedData, FederatedDataset
 from fedjax_dro.engine.prepare import (
   check_run_args,
@@ -138,6 +138,7 @@ def compile_rounds(
   init_params=None,
   check_finite: bool = True,
   mesh=None,
+  tuning: Optional[Tuning] = None,
 ) -> CompiledRounds:
   """Compiles ``rounds`` rounds of ``alg`` on ``data`` into one program (see
   :class:`CompiledRounds`); the keys, initial state and hyper-parameters derive from ``seed``
@@ -149,7 +150,8 @@ def compile_rounds(
       print(timing.rounds_per_second, prog.compile_time)
 
   ``mesh`` shards the client axis of the data over the mesh's ``"clients"`` axis as in
-  :func:`fedjax_dro.run` (see :mod:`fedjax_dro.engine.sharding`).
+  :func:`fedjax_dro.run` (see :mod:`fedjax_dro.engine.sharding`); ``tuning`` the performance
+  choices as there (:class:`~fedjax_dro.common.tuning.Tuning`).
   """
   rounds, _ = check_run_args(alg, rounds, None)
   train, _, _, _ = split_data(data, None, None)
@@ -169,7 +171,7 @@ def compile_rounds(
   shards = 1
   if mesh is not None:
     shards = axis_size(mesh, "clients")
-  with client_shards(shards):
+  with scope(resolve(tuning).replace(client_shards=shards)):
     program = chunk_fn.lower(state, status, jnp.int32(0), hp, run_key, train).compile()
   compile_time = time.perf_counter() - t0
   return CompiledRounds(alg, train, rounds, hp, run_key, state, program, compile_time, status)

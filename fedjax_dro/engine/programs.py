@@ -19,7 +19,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_dro.algorithms.base import Algorithm
-from fedjax_dro.core.clients import budget_override
 from fedjax_dro.core.metrics import estimation_error, evaluate_clients
 from fedjax_dro.core.sampling import sample_clients
 
@@ -52,8 +51,9 @@ class ProgramCache:
   the compilation again. Keys hold what the program depends on besides its arguments' values:
   the algorithm object (entries keep a reference to it, so the ``id`` of a collected algorithm is
   never confused with a newer object's), the argument shapes, dtypes and shardings, the caller's
-  static settings, and an enclosing :func:`~fedjax_dro.core.clients.memory_budget_limit`. Least
-  recently used entries are dropped beyond ``max_entries``.
+  static settings and the run's resolved :class:`~fedjax_dro.common.tuning.Tuning` (the caller
+  puts it in the key: the program is traced inside its scope, and is a function of it alone).
+  Least recently used entries are dropped beyond ``max_entries``.
   """
 
   def __init__(self, max_entries: int = 8):
@@ -61,7 +61,7 @@ class ProgramCache:
     self._entries: "collections.OrderedDict[tuple, tuple]" = collections.OrderedDict()
 
   def _key(self, alg, key):
-    return (id(alg), budget_override()) + tuple(key)
+    return (id(alg),) + tuple(key)
 
   def get(self, alg, key):
     """The cached value for ``(alg, key)``, or None."""

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_dro.algorithms.base import Algorithm
-from fedjax_dro.core.clients import client_shards
+from fedjax_dro.common.tuning import Tuning, resolve, scope
 from fedjax_dro.data.federated import FederatedData, FederatedDataset
 from fedjax_dro.engine.errors import is_out_of_memory, memory_error, nonfinite_error
 from fedjax_dro.engine.plan import RunPlan
@@ -95,8 +95,9 @@ from fedjax_dro.records.loggers import check_loggers, log_evaluation, log_rounds
 _RUN_PROGRAMS = ProgramCache(max_entries=8)
 
 
-def _compile_run(alg, rounds, chunk, check_finite, true_params, args, eval_data, shards):
-  """``(compiled chunk program, evaluation function, compile seconds)`` of a run."""
+def _compile_run(alg, rounds, chunk, check_finite, true_params, args, eval_data, tuning):
+  """``(compiled chunk program, evaluation function, compile seconds)`` of a run, traced with
+  the resolved ``tuning``."""
   # real_clients: data padded for a mesh (PaddedClients) is sliced back to its n clients inside
   chunk_fn = jax.jit(
     real_clients(make_chunk_fn(alg, rounds, chunk, check_finite)), donate_argnums=(0,)
@@ -106,7 +107,7 @@ def _compile_run(alg, rounds, chunk, check_finite, true_params, args, eval_data,
   with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
     try:
-      with client_shards(shards):
+      with scope(tuning):
         compiled = chunk_fn.lower(*args).compile()
     except Exception as e:
       if is_out_of_memory(e):
@@ -116,7 +117,7 @@ def _compile_run(alg, rounds, chunk, check_finite, true_params, args, eval_data,
     # compile time, not the first chunk's run time (benchmarks/speed.py measures both).
     if not is_host_data(eval_data):
       try:
-        with client_shards(shards):
+        with scope(tuning):
           lowered = eval_fn.lower(compiled.out_info[0], eval_data)
         eval_fn = _AheadOfTime(eval_fn, lowered.compile())
       except Exception as e:
@@ -146,6 +147,7 @@ def run(
   mesh=None,
   loggers=None,
   metadata: Optional[Dict[str, Any]] = None,
+  tuning: Optional[Tuning] = None,
 ) -> History:
   """Runs ``rounds`` communication rounds of ``alg`` on ``data``.
 
@@ -191,6 +193,9 @@ def run(
     metadata: JSON-able facts about the run that the engine does not use, recorded in its
       configuration (``History.config["metadata"]``, ``summary.json``, checkpoints): the seed the
       data were drawn with (``{"data_seed": 0}``; ``seed`` is the training seed), a note.
+    tuning: performance choices (:class:`~fedjax_dro.common.tuning.Tuning`) over those of an
+      enclosing ``fd.tuned`` block and the platform's defaults; they change how the rounds are
+      computed, not what (the cache keys on the resolved value).
   """
   rounds, chunk = check_run_args(alg, rounds, eval_every)
   if metadata is not None:
@@ -251,7 +256,8 @@ def run(
 
   args = (state, status, jnp.int32(0), hp, run_key, train)
   shards = axis_size(mesh, "clients")
-  key = (rounds, chunk, check_finite, abstract_key(args), sharding_key(args), shards)
+  resolved = resolve(tuning).replace(client_shards=shards)
+  key = (rounds, chunk, check_finite, abstract_key(args), sharding_key(args), resolved)
   key += (abstract_key(eval_data), sharding_key(eval_data))
   cached = _RUN_PROGRAMS.get(alg, key) if true_params is None else None
   if cached is not None:  # same algorithm, settings and shapes: another seed or hparams
@@ -259,7 +265,7 @@ def run(
     compile_time = 0.0
   else:
     compiled, eval_fn, compile_time = _compile_run(
-      alg, rounds, chunk, check_finite, true_params, args, eval_data, shards
+      alg, rounds, chunk, check_finite, true_params, args, eval_data, resolved
     )
     if true_params is None:  # true_params is closed over: cache only the common case
       _RUN_PROGRAMS.put(alg, key, (compiled, eval_fn))
@@ -309,7 +315,8 @@ def run(
       locks.enter_context(DirectoryLock(plan.out_dir, "out_dir"))
     if plan.write_checkpoints:
       locks.enter_context(CheckpointLock(checkpoint_dir))
-    return run_chunks(plan, state, status, history, loggers=loggers if writer else ())
+    with scope(resolved):  # what the loop traces (host-resident evaluation) has the run's tuning
+      return run_chunks(plan, state, status, history, loggers=loggers if writer else ())
 
 
 def run_chunks(plan: RunPlan, state, status, history: History, loggers=()) -> History:

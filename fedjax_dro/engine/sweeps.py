@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_dro.algorithms.base import Algorithm
-from fedjax_dro.core.clients import client_shards, memory_shared_by
+from fedjax_dro.common.tuning import Tuning, resolve, scope
 from fedjax_dro.core.metrics import HIGHER_IS_BETTER
 from fedjax_dro.data.federated import FederatedData, FederatedDataset
 from fedjax_dro.engine.errors import is_out_of_memory, memory_error
@@ -60,12 +60,19 @@ def _sweep_programs(
   true_params,
   shards: int = 1,
   sweep_shards: int = 1,
+  tuning: Optional[Tuning] = None,
 ):
   """``(compiled chunk program, vmapped eval function, compile seconds)``, cached. ``shards`` /
-  ``sweep_shards``: devices the client axis / the rows are split over."""
-  key = (rounds, chunk, check_finite, abstract_key(args), sharding_key(args), shards, sweep_shards)
+  ``sweep_shards``: devices the client axis / the rows are split over; ``tuning``: the
+  sweep's (resolved here with the rows of one device side by side)."""
   # the rows of one device run side by side: the auto backend plans each into its share
   rows_per_device = math.ceil(int(np.shape(args[1][0])[0]) / max(1, sweep_shards))
+  resolved = resolve(tuning)
+  resolved = resolved.replace(
+    memory_share=resolved.memory_share * rows_per_device, client_shards=shards
+  )
+  key = (rounds, chunk, check_finite, abstract_key(args), sharding_key(args), sweep_shards)
+  key += (resolved,)
   hit = _SWEEP_PROGRAMS.get(alg, key) if true_params is None else None
   if hit is not None:
     return hit[0], hit[1], 0.0
@@ -77,28 +84,28 @@ def _sweep_programs(
   )
   t0 = time.perf_counter()
   try:
-    with memory_shared_by(rows_per_device), client_shards(shards):
+    with scope(resolved):
       compiled = vchunk.lower(*args).compile()
   except Exception as e:
     if is_out_of_memory(e):
       raise memory_error(e, f"compiling the {alg.name} sweep") from None
     raise
   compile_time = time.perf_counter() - t0
-  evaluate = _shared_memory(
+  evaluate = _in_scope(
     jax.jit(real_clients(jax.vmap(make_eval_fn(alg, true_params), in_axes=(0, None)))),
-    rows_per_device,
+    resolved.replace(client_shards=1),
   )
   if true_params is None:  # true_params is closed over: cache only the common case
     _SWEEP_PROGRAMS.put(alg, key, (compiled, evaluate))
   return compiled, evaluate, compile_time
 
 
-def _shared_memory(fn, rows: int):
-  """``fn`` traced (on its first call) with the ``auto`` backend planning each of the ``rows``
-  evaluations that run side by side into its share of the memory."""
+def _in_scope(fn, tuning):
+  """``fn`` traced (on its first call) with ``tuning`` (the sweep's: the ``auto`` backend plans
+  each of the evaluations that run side by side into its share of the memory)."""
 
   def call(*args):
-    with memory_shared_by(rows):
+    with scope(tuning):
       return fn(*args)
 
   return call
@@ -174,6 +181,7 @@ def sweep(
   check_finite: bool = True,
   mesh=None,
   loggers=None,
+  tuning: Optional[Tuning] = None,
 ) -> SweepResult:
   """Runs every combination of ``grid`` x ``seeds`` as one vmapped program.
 
@@ -193,6 +201,9 @@ def sweep(
   tracked run with its per-round training metrics and its final evaluation
   (:func:`~fedjax_dro.records.loggers.log_sweep`); the loggers are closed after their row. For
   example ``loggers=lambda row, c: [TensorBoardLogger(f"tb/{sweep_row_name(c)}")]``.
+
+  ``tuning``: performance choices (:class:`~fedjax_dro.common.tuning.Tuning`) as in
+  :func:`fedjax_dro.run`.
   """
   if loggers is not None and not callable(loggers):
     raise TypeError(
@@ -285,6 +296,7 @@ def sweep(
     true_params,
     axis_size(mesh, "clients"),
     axis_size(mesh, "sweep"),
+    tuning,
   )
   t0 = time.perf_counter()
   curves: Dict[str, list] = {}
@@ -298,11 +310,11 @@ def sweep(
       raise
     for k, v in metrics.items():
       curves.setdefault(k, []).append(fetch(v)[:num, : min(chunk, rounds - c * chunk)])
-  per_client = (
-    evaluate_host(alg, state, eval_data, true_params, batched=True)
-    if is_host_data(eval_data)
-    else fetch(evaluate(state, eval_data))
-  )
+  if is_host_data(eval_data):
+    with scope(resolve(tuning)):
+      per_client = evaluate_host(alg, state, eval_data, true_params, batched=True)
+  else:
+    per_client = fetch(evaluate(state, eval_data))
   per_client = jax.tree.map(lambda a: a[:num], per_client)
   status = jax.tree.map(lambda a: a[:num], fetch(status))
   wall = time.perf_counter() - t0

@@ -33,8 +33,8 @@ class Model(NamedTuple):
       broadcasts a size-1 axis would otherwise train on data of the wrong shape); None: not
       declared (checked by applying the model abstractly only).
     dense_layers: the model's dense layers ``h = x W + b`` (each a
-      :class:`~fedjax_dro.core.factored.DenseLayer`: the kernel's path in the parameters and its
-      shape) that local SGD may keep in factored form (:mod:`fedjax_dro.core.factored`); each is
+      :class:`~fedjax_dro.common.model.DenseLayer`: the kernel's path in the parameters and its
+      shape) that local SGD may keep in factored form (:mod:`fedjax_dro.experimental.factored`); each is
       applied once per call, to a batch of vectors ``x [m, d_in]``.
     factored_apply: ``(params, x, corrections) -> outputs``: ``apply`` in which the output of
       each layer of ``dense_layers`` whose path is a key of ``corrections`` gains

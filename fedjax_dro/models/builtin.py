@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from fedjax_dro.common.tuning import current, platform_defaults
 from fedjax_dro.core.checks import integer
 from fedjax_dro.models.base import Model
 from fedjax_dro.models.dense_layers import dense_layers, factored_apply
@@ -168,36 +169,6 @@ def _softmax_metrics(logits, y):
   return {"accuracy": (jnp.argmax(logits, -1) == y.astype(jnp.int32)).astype(logits.dtype)}
 
 
-# FedAvg rounds of softmax regression through ``fd.compile_rounds`` (d = 64, 4 local steps of
-# batch 32, 1000 clients side by side, float32), client updates / s with the weights read as
-# stored ("plain") and through a transposed copy ("transposed"), by number of classes k:
-# benchmarks/speed_head.py, results in benchmarks/results/speed_head.{json,md}, 2-core CPU. Other
-# platforms have no measurements and read the weights as stored.
-HEAD_MEASUREMENTS = {
-  "cpu": {
-    2: {"plain": 54100.0, "transposed": 78600.0},
-    10: {"plain": 45500.0, "transposed": 53900.0},
-    16: {"plain": 44300.0, "transposed": 48500.0},
-    32: {"plain": 31100.0, "transposed": 24700.0},
-    62: {"plain": 21100.0, "transposed": 18600.0},
-  },
-}
-
-
-def _head_limit(rates_by_k):
-  """The largest k below which every measured k is faster transposed (0: none)."""
-  limit = 0
-  for k in sorted(rates_by_k):
-    if rates_by_k[k]["transposed"] <= rates_by_k[k]["plain"]:
-      break
-    limit = k
-  return limit
-
-
-# platform -> the most classes for which ``head="auto"`` reads the weights transposed.
-HEAD_TRANSPOSED_MAX_CLASSES = {p: _head_limit(r) for p, r in HEAD_MEASUREMENTS.items()}
-
-
 def head_form(num_classes: int, platform: Optional[str] = None) -> str:
   """How ``models.softmax_regression(..., head="auto")`` reads its weights: ``"transposed"`` or
   ``"plain"``.
@@ -206,19 +177,16 @@ def head_form(num_classes: int, platform: Optional[str] = None) -> str:
   ``lax.optimization_barrier``: the model, its parameters and its results are the same, but
   the weight gradient of the backward pass comes out as ``(g^T x)^T``, with the class dimension
   leading, which XLA's CPU backend runs faster under ``vmap`` when ``k`` is small (without the
-  barrier its simplifier folds the transposes away). It is chosen on platforms and class counts
-  where :data:`HEAD_MEASUREMENTS` measured it faster (:data:`HEAD_TRANSPOSED_MAX_CLASSES`).
+  barrier its simplifier folds the transposes away). It is chosen for at most
+  ``Tuning.head_transposed_max_classes`` classes: the traced program's tuning, or with
+  ``platform`` given that platform's default (measured: ``docs/benchmarks/head.md``).
 
   Args:
     num_classes: ``k``.
-    platform: ``"cpu"``, ``"gpu"``, ... (default ``jax.default_backend()``).
+    platform: ``"cpu"``, ``"gpu"``, ... (default: the traced program's tuning).
   """
-  platform = platform or jax.default_backend()
-  if not isinstance(platform, str):
-    raise TypeError(f"platform must be a string such as 'cpu' or 'gpu', got {platform!r}")
-  platform = "gpu" if platform in ("cuda", "rocm") else platform
-  limit = HEAD_TRANSPOSED_MAX_CLASSES.get(platform, 0)
-  return "transposed" if num_classes <= limit else "plain"
+  tuning = current() if platform is None else platform_defaults(platform)
+  return "transposed" if num_classes <= tuning.head_transposed_max_classes else "plain"
 
 
 HEAD_FORMS = ("auto", "plain", "transposed")
@@ -322,55 +290,23 @@ def _max_pool2(x):
 
 CONV_FORMS = ("auto", "lax", "patches")
 
-# Client updates per second of the built-in CNN (28x28x1, 62 classes, convolutions 32/64, dense
-# 128; FedAvg, 4 local steps of batch 32) with per-client weights side by side under vmap, each
-# convolution form in the same process: (platform, compute dtype) -> {clients: {form: rate}}.
-# GPU, float32 row: an NVIDIA H200 with this version, tf32 products (the GPU default policy),
-# n = 1000 clients (benchmarks/results/speed_gpu.md; an H100 with an earlier version gave the same
-# order: lax 919, patches 3132). GPU, bfloat16 row: an H100 with an earlier version, n = 1000.
-# CPU: benchmarks/speed_conv.py (results in benchmarks/results/speed_conv.{json,md}), 2 cores
-# shared with other jobs (load 9-14: low absolute rates, the ratios are the point; bf16 at
-# n = 100 not measured: lax's one call would take about an hour). ``conv="auto"`` takes the
-# faster form at the largest measured n (see conv_form).
-CONV_MEASUREMENTS = {
-  ("gpu", "float32"): {1000: {"lax": 3520.2, "patches": 9501.2}},
-  ("gpu", "bfloat16"): {1000: {"lax": 6216.0, "patches": 3766.0}},
-  ("cpu", "float32"): {1: {"lax": 0.996, "patches": 14.9}, 100: {"lax": 0.0841, "patches": 5.28}},
-  ("cpu", "bfloat16"): {1: {"lax": 0.165, "patches": 1.21}},
-}
-
-
-def _conv_choice(rates):
-  return max(rates[max(rates)].items(), key=lambda kv: kv[1])[0]
-
-
-# (platform, compute dtype) -> the form ``conv="auto"`` resolves to, derived from the table above.
-CONV_AUTO = {key: _conv_choice(rates) for key, rates in CONV_MEASUREMENTS.items()}
-
 
 def conv_form(platform: Optional[str] = None, dtype=None) -> str:
-  """The convolution form ``models.cnn(..., conv="auto")`` computes with.
-
-  Read from :data:`CONV_AUTO` (the faster form in :data:`CONV_MEASUREMENTS`, measured with
-  per-client weights side by side under ``vmap``): bfloat16 and float16 compute look up the
-  ``"bfloat16"`` row, every other dtype (float32, float64) the ``"float32"`` row. Platforms
-  without measurements (e.g. TPU) get ``"lax"``, XLA's native convolution.
+  """The convolution form ``models.cnn(..., conv="auto")`` computes with, ``"lax"`` or
+  ``"patches"``: ``Tuning.conv`` (``conv_bf16`` for bfloat16 and float16 compute) of the traced
+  program's tuning, or with ``platform`` given that platform's default (the faster form with
+  per-client weights side by side under ``vmap``, measured: ``docs/benchmarks/conv.md``;
+  platforms without measurements, e.g. TPU, get ``"lax"``, XLA's native convolution).
 
   Args:
-    platform: ``"cpu"``, ``"gpu"``, ... (default ``jax.default_backend()``; ``"cuda"`` and
+    platform: ``"cpu"``, ``"gpu"``, ... (default: the traced program's tuning; ``"cuda"`` and
       ``"rocm"`` count as ``"gpu"``).
     dtype: the compute dtype (default: the default float dtype).
-
-  Returns:
-    ``"lax"`` or ``"patches"``.
   """
-  platform = platform or jax.default_backend()
-  if not isinstance(platform, str):
-    raise TypeError(f"platform must be a string such as 'cpu' or 'gpu', got {platform!r}")
-  platform = "gpu" if platform in ("cuda", "rocm") else platform
+  tuning = current() if platform is None else platform_defaults(platform)
   dtype = jnp.dtype(_dtype() if dtype is None else dtype)
-  key = "bfloat16" if dtype in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)) else "float32"
-  return CONV_AUTO.get((platform, key), "lax")
+  low = dtype in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+  return tuning.conv_bf16 if low else tuning.conv
 
 
 class _CNN(nn.Module):
@@ -386,7 +322,7 @@ class _CNN(nn.Module):
     form = self.conv
     if form == "auto":  # resolved when traced: the platform and the dtype computed in
       floating = jnp.issubdtype(x.dtype, jnp.floating)
-      form = conv_form(jax.default_backend(), x.dtype if floating else None)
+      form = conv_form(dtype=x.dtype if floating else None)
     for k, f in enumerate(self.features):
       if form == "patches":
         x = _PatchConv(f, name=f"Conv_{k}")(x)

@@ -2,14 +2,14 @@
 :func:`~fedjax_dro.models.from_flax` declares in
 :attr:`~fedjax_dro.models.base.Model.dense_layers` and
 :attr:`~fedjax_dro.models.base.Model.factored_apply` for local SGD's factored dense layers
-(:mod:`fedjax_dro.core.factored`)."""
+(:mod:`fedjax_dro.experimental.factored`)."""
 
 from __future__ import annotations
 
 import flax.linen as nn
 import jax
 
-from fedjax_dro.core.factored import DenseLayer
+from fedjax_dro.common.model import DenseLayer
 
 
 def factored_apply(module: nn.Module):
@@ -49,7 +49,7 @@ def _rows_of(shape):
 def dense_layers(module, init, sample_input) -> tuple:
   """The module's plain dense layers called exactly once per call, on the batch's rows as
   vectors (``x [m, d_in]`` for a batch of ``m`` examples), found by applying it abstractly to
-  batches of two sizes: what local SGD may keep factored (:mod:`fedjax_dro.core.factored`)."""
+  batches of two sizes: what local SGD may keep factored (:mod:`fedjax_dro.experimental.factored`)."""
   params = jax.eval_shape(init, jax.random.PRNGKey(0))
   m = sample_input.shape[0]
   found = []

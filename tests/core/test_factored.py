@@ -1,4 +1,4 @@
-"""Local SGD with wide dense layers kept factored (``core.factored``): ``W_0 + A^T G`` over the
+"""Local SGD with wide dense layers kept factored (``experimental.factored``): ``W_0 + A^T G`` over the
 epoch instead of a dense kernel per client. Against a plain per-client loop of local SGD and
 against the dense rounds, in float64; which layers are chosen; the flax adapter's discovery of
 its dense layers; bad input."""
@@ -11,16 +11,16 @@ import pytest
 
 from fedjax_dro import algorithms as A, models, run
 from fedjax_dro.core.clients import map_clients
-from fedjax_dro.core.factored import (
+from fedjax_dro.core.local import local_sgd
+from fedjax_dro.core.ragged import local_epoch_chunk, local_folded_step
+from fedjax_dro.data import from_client_arrays
+from fedjax_dro.experimental.factored import (
   DenseLayer,
   chosen_layers,
   factored_dense,
   local_factored_dense,
   worth_factoring,
 )
-from fedjax_dro.core.local import local_sgd
-from fedjax_dro.core.ragged import local_epoch_chunk, local_folded_step
-from fedjax_dro.data import from_client_arrays
 from tests.helpers import dataset
 
 SIZES = (9, 2, 11, 3, 7, 10)  # rows of each client
@@ -198,7 +198,10 @@ def test_local_factored_dense_input():
       pass
   with local_factored_dense(True):
     assert factored_dense()
-  assert factored_dense() is factored_dense("cpu") is False
+  assert factored_dense() is False
+  from fedjax_dro.common.tuning import platform_defaults
+
+  assert platform_defaults("cpu").factored_dense is platform_defaults("gpu").factored_dense is False
 
 
 def test_sweep_factored_equals_the_dense_sweep():

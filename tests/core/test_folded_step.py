@@ -12,7 +12,6 @@ from fedjax_dro import algorithms as A, run
 from fedjax_dro.core.clients import CLIENT_AXIS, client_axis_bound, map_clients
 from fedjax_dro.core.local import local_sgd
 from fedjax_dro.core.ragged import (
-  FOLDED_STEP_AUTO,
   folded_step,
   local_epoch_chunk,
   local_folded_step,
@@ -109,13 +108,16 @@ def test_the_select_form_where_the_folded_one_does_not_apply():
 
 
 def test_folded_step_by_platform_and_bad_value():
-  assert FOLDED_STEP_AUTO == {"cpu": False, "gpu": True}
-  assert folded_step("cuda") and folded_step("gpu") and not folded_step("cpu")
-  assert not folded_step("tpu")  # not measured there: the select form
+  from fedjax_dro.common.tuning import platform_defaults
+
+  assert platform_defaults("cuda").folded_step and platform_defaults("gpu").folded_step
+  assert not platform_defaults("cpu").folded_step
+  assert not platform_defaults("tpu").folded_step  # not measured there: the select form
+  assert folded_step() == platform_defaults().folded_step
   with local_folded_step(True):
-    assert folded_step("cpu")
+    assert folded_step()
     with local_folded_step(False):
-      assert not folded_step("gpu")
+      assert not folded_step()
   for bad in (1, None, "yes"):
     with pytest.raises(ValueError, match="local_folded_step needs True or False"):
       with local_folded_step(bad):

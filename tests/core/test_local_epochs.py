@@ -279,17 +279,22 @@ def test_step_sorted_round_returns_rows_in_the_order_of_idx(mean_only):
 
 
 def test_epoch_chunk_by_platform_and_bad_chunk():
-  from fedjax_dro.core.ragged import EPOCH_GROUPS_AUTO, epoch_chunk, local_epoch_chunk
+  from fedjax_dro.common.tuning import platform_defaults, scope, resolve
+  from fedjax_dro.core.ragged import epoch_chunk, local_epoch_chunk
 
-  assert epoch_chunk("cpu", participants=10) is None
-  groups = EPOCH_GROUPS_AUTO["gpu"]
-  assert epoch_chunk("cuda", participants=10) == -(-10 // groups)
-  assert epoch_chunk("gpu", participants=9) == -(-9 // groups)
-  assert epoch_chunk("gpu") is None  # no cohort size known
+  assert platform_defaults("cpu").epoch_groups == 1  # the backend's plan: one group
+  with scope(resolve(platform="cpu")):
+    assert epoch_chunk(participants=10) == 10
+  groups = platform_defaults("gpu").epoch_groups
+  assert platform_defaults("cuda") == platform_defaults("gpu") and groups == 2
+  with scope(resolve(platform="cuda")):
+    assert epoch_chunk(participants=10) == -(-10 // groups)
+    assert epoch_chunk(participants=9) == -(-9 // groups)
+    assert epoch_chunk() is None  # no cohort size known
   with local_epoch_chunk(3):
-    assert epoch_chunk("cpu") == 3
+    assert epoch_chunk() == 3
     with local_epoch_chunk(None):
-      assert epoch_chunk("gpu") is None
+      assert epoch_chunk(participants=9) == 9  # one group: the backend's plan
   for bad in (0, -2, 1.5, True):
     with pytest.raises(ValueError, match="local_epoch_chunk needs a positive integer or None"):
       with local_epoch_chunk(bad):
@@ -297,14 +302,16 @@ def test_epoch_chunk_by_platform_and_bad_chunk():
 
 
 def test_step_block_by_platform_and_bad_block():
-  from fedjax_dro.core.ragged import STEP_BLOCK_AUTO, local_step_block, step_block
+  from fedjax_dro.common.tuning import platform_defaults
+  from fedjax_dro.core.ragged import local_step_block, step_block
 
-  assert step_block("cpu") == 1
-  assert step_block("cuda") == STEP_BLOCK_AUTO["gpu"]
-  assert step_block("tpu") == 1
+  assert platform_defaults("cpu").step_block == 1
+  assert platform_defaults("cuda").step_block == platform_defaults("gpu").step_block == 1
+  assert platform_defaults("tpu").step_block == 1
+  assert step_block() == 1
   with local_step_block(5):
-    assert step_block("cpu") == 5
-  assert step_block("cpu") == 1
+    assert step_block() == 5
+  assert step_block() == 1
   for bad in (0, -1, 2.0, True, None):
     with pytest.raises(ValueError, match="local_step_block needs a positive integer"):
       with local_step_block(bad):

@@ -18,7 +18,6 @@ from fedjax_dro.core.clients import (
   map_clients_weighted_sum,
   memory_budget,
   memory_budget_limit,
-  memory_shared_by,
   plan_chunk_size,
 )
 from fedjax_dro.core.metrics import evaluate_clients
@@ -73,7 +72,7 @@ def test_budget_overrides_and_sweep_share():
   assert memory_budget() is None or memory_budget() > 0
   with memory_budget_limit(1000):
     assert memory_budget() == 1000
-    with memory_shared_by(4):
+    with fd.tuned(memory_share=4):
       assert memory_budget() == 250
     assert memory_budget() == 1000
   with pytest.raises(ValueError, match="num_bytes"):
@@ -131,7 +130,7 @@ def test_cpu_caps_chunks_near_the_cache_accelerators_do_not():
   assert backend == "chunked" and chunk * per_client <= clients.AUTO_CPU_CHUNK_BYTES
   assert (chunk + 1) * per_client > clients.AUTO_CPU_CHUNK_BYTES * 0.5
   # a sweep's rows share the cache target as they share the memory: 4 rows side by side
-  with memory_budget_limit(10**12), memory_shared_by(4):
+  with memory_budget_limit(10**12), fd.tuned(memory_share=4):
     backend4, chunk4 = clients.plan_clients(update, args, platform="cpu")
   assert backend4 in ("chunked", "map") and (chunk4 or 1) < chunk
   assert (chunk4 or 1) * per_client <= clients.AUTO_CPU_CHUNK_BYTES / 4

@@ -100,13 +100,13 @@ def _max_diff(a, b):
 SHARDED_EQUALS_SINGLE = """
 import fedjax_dro.engine.sweeps as sweeps_module
 shares, rows_per_device = [], {}
-share = sweeps_module.memory_shared_by
+scope = sweeps_module.scope
 
-def recording_share(rows):  # the rows each device runs side by side, as the planner is told
-  shares.append(rows)
-  return share(rows)
+def recording_scope(tuning):  # the rows each device runs side by side, as the planner is told
+  shares.append(tuning.memory_share)
+  return scope(tuning)
 
-sweeps_module.memory_shared_by = recording_share
+sweeps_module.scope = recording_scope
 ds, model = problem()
 diffs = {}
 for name in NAMES:

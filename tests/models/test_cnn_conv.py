@@ -7,9 +7,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import fedjax_dro as fd
 from fedjax_dro import models
+from fedjax_dro.common.tuning import platform_defaults
 from fedjax_dro.core.precision import with_precision
-from fedjax_dro.models.builtin import CONV_AUTO, CONV_MEASUREMENTS, conv_form
+from fedjax_dro.models.builtin import conv_form
+from tests.helpers import load_benchmark
 
 
 @pytest.mark.parametrize("shape", [(8, 8), (28, 28, 1), (9, 7, 2)])
@@ -25,6 +28,11 @@ def test_patches_equal_lax_conv_outputs_and_gradients(shape, dense):
   loss = lambda m: jax.grad(lambda p: jnp.mean(m.loss(m.apply(p, x), y)))(params)
   for ga, gb in zip(jax.tree.leaves(loss(a)), jax.tree.leaves(loss(b))):
     np.testing.assert_allclose(ga, gb, rtol=0, atol=1e-10)
+
+
+_MEASURED = load_benchmark("speedlib.measured")
+CONV_MEASUREMENTS = _MEASURED.CONV_MEASUREMENTS
+conv_choice = _MEASURED.conv_choice
 
 
 def test_patches_equal_lax_conv_under_vmap_in_float32():
@@ -48,7 +56,8 @@ def test_conv_option_is_validated():
 
 def _uses_lax_conv(model, params, x):
   """Whether the traced model computes with lax.conv (a conv_general_dilated in its jaxpr)."""
-  return "conv_general_dilated" in str(jax.make_jaxpr(model.apply)(params, x))
+  # a fresh function each time: make_jaxpr remembers the traces of a function it has seen
+  return "conv_general_dilated" in str(jax.make_jaxpr(lambda p, v: model.apply(p, v))(params, x))
 
 
 @pytest.mark.parametrize("shape", [(8, 8), (9, 7, 2)])
@@ -66,13 +75,15 @@ def test_auto_equals_lax_and_patches_outputs_and_gradients(shape):
       np.testing.assert_allclose(ga, gb, rtol=0, atol=1e-10)
 
 
-def test_conv_auto_table_is_the_faster_form_of_the_measurements():
+def test_conv_defaults_are_the_faster_form_of_the_measurements():
   # an independent reading of the table: the larger rate at the largest measured n
   for (platform, dtype), by_n in CONV_MEASUREMENTS.items():
     rates = by_n[max(by_n)]
     assert set(rates) == {"lax", "patches"} and min(rates.values()) > 0
     faster = "patches" if rates["patches"] > rates["lax"] else "lax"
-    assert CONV_AUTO[(platform, dtype)] == faster
+    assert conv_choice(by_n) == faster
+    defaults = platform_defaults(platform)
+    assert (defaults.conv_bf16 if dtype == "bfloat16" else defaults.conv) == faster
     assert conv_form(platform, getattr(jnp, dtype)) == faster
   # the GPU figures: lax.conv 3,520 / patches 9,501 in tf32 (H200), 6,216 / 3,766 in bf16 (H100)
   assert conv_form("gpu", jnp.float32) == "patches"
@@ -95,6 +106,11 @@ def test_auto_traces_the_form_of_this_platform_and_precision(precision):
   dtype = jnp.bfloat16 if precision == "bf16" else jnp.float32
   expected = conv_form(jax.default_backend(), dtype)
   assert _uses_lax_conv(wrapped, params, x) == (expected == "lax")
+  # the traced program's tuning decides, not the platform alone
+  other = "lax" if expected == "patches" else "patches"
+  field = "conv_bf16" if precision == "bf16" else "conv"
+  with fd.tuned(**{field: other}):
+    assert _uses_lax_conv(wrapped, params, x) == (other == "lax")
   # the explicit forms trace what they name
   for form in ("lax", "patches"):
     m = with_precision(models.cnn((8, 8), 10, features=(4, 8), dense=None, conv=form), precision)
@@ -117,7 +133,7 @@ def test_bad_conv_value_names_conv(bad):
 
 
 def test_cpu_rows_of_the_table_are_the_recorded_benchmark():
-  """The CPU rows of CONV_MEASUREMENTS are benchmarks/results/speed_conv.json's rates."""
+  """The CPU rows of the measurements are benchmarks/results/speed_conv.json's rates."""
   import json
   import pathlib
 

@@ -7,9 +7,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import fedjax_dro as fd
 from fedjax_dro import models
+from fedjax_dro.common.tuning import platform_defaults
 from fedjax_dro.models.base import client_loss
-from fedjax_dro.models.builtin import HEAD_MEASUREMENTS, HEAD_TRANSPOSED_MAX_CLASSES, head_form
+from fedjax_dro.models.builtin import head_form
+from tests.helpers import load_benchmark
+
+_MEASURED = load_benchmark("speedlib.measured")
+HEAD_MEASUREMENTS = _MEASURED.HEAD_MEASUREMENTS
+head_limit = _MEASURED.head_limit
 
 
 def _problem(k, seed=0):
@@ -47,14 +54,20 @@ def test_transposed_head_is_the_same_model_to_second_order(k):
 
 def _has_barrier(model, k):
   x, _, params = _problem(k)
-  return "optimization_barrier" in str(jax.make_jaxpr(model.apply)(params, x))
+  # a fresh function each time: make_jaxpr remembers the traces of a function it has seen
+  return "optimization_barrier" in str(jax.make_jaxpr(lambda p, v: model.apply(p, v))(params, x))
 
 
 def test_auto_head_follows_the_measurements_on_this_platform():
-  limit = HEAD_TRANSPOSED_MAX_CLASSES.get(jax.default_backend(), 0)
+  limit = platform_defaults(jax.default_backend()).head_transposed_max_classes
   for k in (2, 10, 16, 17, 62):
     expected = k <= limit
     assert _has_barrier(models.softmax_regression(5, k), k) == expected, k
+  # the traced program's tuning decides
+  with fd.tuned(head_transposed_max_classes=62):
+    assert _has_barrier(models.softmax_regression(5, 62), 62)
+  with fd.tuned(head_transposed_max_classes=0):
+    assert not _has_barrier(models.softmax_regression(5, 2), 2)
   assert not _has_barrier(models.softmax_regression(5, 2, head="plain"), 2)
   assert _has_barrier(models.softmax_regression(5, 62, head="transposed"), 62)
 
@@ -62,7 +75,8 @@ def test_auto_head_follows_the_measurements_on_this_platform():
 def test_head_form_rule():
   # CPU: transposed up to the largest k below which every measured k was faster transposed
   rates = HEAD_MEASUREMENTS["cpu"]
-  limit = HEAD_TRANSPOSED_MAX_CLASSES["cpu"]
+  limit = platform_defaults("cpu").head_transposed_max_classes
+  assert head_limit(rates) == limit
   assert limit in rates and all(
     rates[k]["transposed"] > rates[k]["plain"] for k in rates if k <= limit
   )
@@ -89,7 +103,7 @@ def test_bad_head_value_names_head(bad):
 
 
 def test_cpu_row_of_the_table_is_the_recorded_benchmark():
-  """HEAD_MEASUREMENTS["cpu"] is benchmarks/results/speed_head.json's rates."""
+  """The measurements' CPU row is benchmarks/results/speed_head.json's rates."""
   import json
   import pathlib
 

@@ -5,6 +5,7 @@ See :mod:`fedjax_dro.solvers.pairwise` for the problem, its KKT conditions and t
 
 from __future__ import annotations
 
+import types
 from typing import Any, NamedTuple
 
 import jax
@@ -16,7 +17,7 @@ from fedjax_dro.solvers.linalg import qr
 from fedjax_dro.solvers.validation import concrete_or_none as _concrete_or_none
 
 METHODS = ("dual", "admm", "dykstra")
-DEFAULT_MAX_ITERATIONS = {"dual": 2000, "admm": 50000, "dykstra": 200000}
+DEFAULT_MAX_ITERATIONS = types.MappingProxyType({"dual": 2000, "admm": 50000, "dykstra": 200000})
 
 
 # ----------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import time
+import types
 from typing import Any, Callable, NamedTuple, Optional
 
 import jax
@@ -38,11 +39,13 @@ from fedjax_dro.solvers.pairwise.restoration import input_feasible, shrink_facto
 # ----------------------------------------------------------------------------------------------
 # The public entry point
 # ----------------------------------------------------------------------------------------------
-_SOLVERS = {
-  "dual": lambda prep, tol, it, mu0: run_dual(prep, tol, it, mu0),
-  "admm": lambda prep, tol, it, mu0: solve_reduced(lambda p: run_admm(p, tol, it), prep),
-  "dykstra": lambda prep, tol, it, mu0: solve_reduced(lambda p: run_dykstra(p, tol, it), prep),
-}
+_SOLVERS = types.MappingProxyType(
+  {
+    "dual": lambda prep, tol, it, mu0: run_dual(prep, tol, it, mu0),
+    "admm": lambda prep, tol, it, mu0: solve_reduced(lambda p: run_admm(p, tol, it), prep),
+    "dykstra": lambda prep, tol, it, mu0: solve_reduced(lambda p: run_dykstra(p, tol, it), prep),
+  }
+)
 
 
 @functools.partial(jax.jit, static_argnames=("method", "max_iterations", "restore"))

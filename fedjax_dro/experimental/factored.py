@@ -23,66 +23,40 @@ penalty (``l2 = 0``), a model that declares its dense layers (:func:`~fedjax_dro
 builtin.from_flax` does, for every ``flax.linen.Dense`` called once on a batch of vectors), and
 ``local_steps``, or ``local_epochs`` with the folded masked step of clients side by side
 (:func:`~fedjax_dro.core.ragged.shared_exit`).
-:func:`local_factored_dense` turns it on or off; the default is :data:`FACTORED_DENSE_AUTO` of
-the platform.
+
+Experimental: it moves fewer bytes for about the same FLOPs, so it can only pay where a local step
+is bound by memory traffic, and no platform measured so far runs it faster
+(``docs/benchmarks/tuning.md``): ``Tuning.factored_dense`` (or :func:`local_factored_dense`)
+turns it on, off by default everywhere.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from fedjax_dro.core.ragged import overriding, platform_name
-
-# Whether local SGD keeps wide dense layers factored, by platform. It moves fewer bytes for about
-# the same FLOPs, so it can only pay where the step is bound by memory traffic (a GPU: the
-# FEMNIST-sized round's dense layer, ``python benchmarks/femnist_levers.py --sections step,run``
-# compares the forms side by side; not yet measured there, so off). On the 2-core CPU, bound by
-# FLOPs (``benchmarks/results/femnist_levers_cpu.md``): a chunk of 5 FEMNIST participants at 47
-# steps 47.9 against 54.4 ms an iteration (XLA's cost analysis: 896 against 1217 MB), the whole
-# rounds of 10 participants 2.14 against 1.87 s; FedAvg rounds of 100 clients, 4 local steps of
-# 32 rows (``benchmarks/speedlib`` workloads, ``fd.compile_rounds``): the MLP 784-200-200-62
-# 1294 against 1585 updates/s, the CNN 56.1 against 58.8: off.
-FACTORED_DENSE_AUTO = {"cpu": False, "gpu": False}
-_FACTORED: list = []  # the override of local_factored_dense(), innermost last
+from fedjax_dro.common.model import DenseLayer
+from fedjax_dro.common.tuning import current, tuned
 
 
 @contextlib.contextmanager
 def local_factored_dense(enabled: bool):
   """Within the block, programs traced for local SGD (``local_steps``, or ``local_epochs`` with
   the folded masked step) keep the model's wide dense layers factored (``enabled``) or dense
-  (default: :data:`FACTORED_DENSE_AUTO` of the platform). Results are the same up to rounding;
-  only the speed differs. Takes effect on programs traced inside the block."""
+  (``fd.tuned(factored_dense=enabled)``; off on every platform today). Results are the same up
+  to rounding; only the speed differs."""
   if not isinstance(enabled, bool):
     raise ValueError(f"local_factored_dense needs True or False, got {enabled!r}")
-  with overriding(_FACTORED, enabled):
+  with tuned(factored_dense=enabled):
     yield
 
 
-def factored_dense(platform: Optional[str] = None) -> bool:
-  """Whether local SGD factors wide dense layers (:func:`local_factored_dense` inside one, else
-  :data:`FACTORED_DENSE_AUTO` of ``platform``, default ``jax.default_backend()``; ``cuda`` and
-  ``rocm`` count as ``gpu``; other platforms False)."""
-  if _FACTORED:
-    return _FACTORED[-1]
-  return FACTORED_DENSE_AUTO.get(platform_name(platform), False)
-
-
-class DenseLayer(NamedTuple):
-  """A dense layer ``h = x W + b`` of a model, as :attr:`Model.dense_layers` declares it.
-
-  Attributes:
-    path: the kernel's keys in the parameter tree (``("Dense_0", "kernel")``).
-    d_in: rows of the kernel (the input width).
-    d_out: columns of the kernel (the output width).
-  """
-
-  path: tuple
-  d_in: int
-  d_out: int
+def factored_dense() -> bool:
+  """Whether local SGD factors wide dense layers (the traced program's tuning)."""
+  return current().factored_dense
 
 
 def worth_factoring(layer: DenseLayer, rows: int) -> bool:
