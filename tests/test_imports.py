@@ -138,3 +138,54 @@ def test_the_detectors_can_fail(tmp_path):
   assert ("pkg.sub.c", "pkg.sub.b", "_private_thing") in private
   assert not any(use[0] == "pkg.sub.b" for use in private)  # `as _f` binds, it does not reach in
   assert find_cycles({"x": {"y"}, "y": {"z"}}) == []
+
+
+# Modules of fedjax_dro.algorithms that are infrastructure, not algorithms: any algorithm may import
+# them. What two algorithms share lives in fedjax_dro.core or fedjax_dro.solvers.
+ALGORITHM_INFRASTRUCTURE = ("base", "wrappers")
+
+
+def algorithm_cross_imports(modules, package: str = PACKAGE) -> List[Tuple[str, str]]:
+  """``(algorithm module, imported module)`` for every import, at any depth of its source, of one
+  module of ``package.algorithms`` by another (the package itself, which imports every algorithm,
+  counts; :data:`ALGORITHM_INFRASTRUCTURE` does not)."""
+  prefix = f"{package}.algorithms"
+  allowed = {f"{prefix}.{name}" for name in ALGORITHM_INFRASTRUCTURE}
+  edges, _ = import_graph(modules, package)
+  found = []
+  for name in sorted(modules):
+    if not name.startswith(prefix + ".") or name in allowed:
+      continue
+    for target in sorted(edges.get(name, ())):
+      if (target == prefix or target.startswith(prefix + ".")) and target not in allowed:
+        found.append((name, target))
+  return found
+
+
+def test_no_algorithm_imports_another_algorithm():
+  found = algorithm_cross_imports(_modules(ROOT, PACKAGE))
+  assert found == [], "\n".join(f"{a} imports {b}" for a, b in found)
+
+
+def test_the_algorithm_import_detector_can_fail(tmp_path):
+  algs = tmp_path / "pkg" / "algorithms"
+  algs.mkdir(parents=True)
+  (tmp_path / "pkg" / "__init__.py").write_text("")
+  (tmp_path / "pkg" / "core.py").write_text("")
+  (algs / "__init__.py").write_text("from pkg.algorithms.a import a\n")
+  (algs / "base.py").write_text("")
+  (algs / "wrappers.py").write_text("from pkg.algorithms.base import x\n")
+  (algs / "a.py").write_text("from pkg.algorithms.base import x\nfrom pkg import core\n")
+  (algs / "b.py").write_text("def f():\n  from pkg.algorithms.a import a\n  return a\n")
+  (algs / "c.py").write_text("from . import a\n")
+  (algs / "d.py").write_text("import pkg.algorithms.b as b\n")
+  (algs / "e.py").write_text("from pkg.algorithms import a\n")
+  (algs / "f.py").write_text("from pkg import algorithms\n")
+  found = algorithm_cross_imports(_modules(tmp_path, "pkg"), "pkg")
+  assert found == [
+    ("pkg.algorithms.b", "pkg.algorithms.a"),
+    ("pkg.algorithms.c", "pkg.algorithms.a"),
+    ("pkg.algorithms.d", "pkg.algorithms.b"),
+    ("pkg.algorithms.e", "pkg.algorithms.a"),
+    ("pkg.algorithms.f", "pkg.algorithms"),
+  ]

@@ -14,7 +14,8 @@ computed at the current ``(w, lambda)``::
 For ``psi="chi2"`` with ``rho = 0`` (the default) the dual step is exactly AFL's projected ascent
 ``Proj_simplex(lambda + lr_lambda v)``; ``psi="cvar"`` projects onto the capped simplex (a convex
 subset of the simplex, covered by AFL's general Lambda); ``rho > 0`` and ``psi="qffl"`` are the
-proximal extension to the regularized problem of SCAFF-PD eq. (1.1) (``solvers.simplex.dual_prox``).
+proximal extension to the regularized problem of SCAFF-PD eq. (1.1) (the problem's ``prox``,
+:mod:`fedjax_dro.solvers.dro`).
 Gradients and losses come from one minibatch per client (``batch_size``; full batch by default).
 
 AFL's guarantee is for the *averaged* iterates; the state keeps the running average
@@ -38,14 +39,13 @@ from fedjax_dro.algorithms.base import (
   register,
   with_settings,
 )
-from fedjax_dro.algorithms.scaff_pd import check_psi, initial_lambda, psi_hparams, psi_params
 from fedjax_dro.core.aggregation import tree_add
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import dual_round_metrics, local_round
 from fedjax_dro.core.precision import params_float_dtype
 from fedjax_dro.core.privacy import inverse_rate, present_slots, release_losses, release_sum
 from fedjax_dro.core.settings import CommonSettings, participants, round_zero, state_init
-from fedjax_dro.solvers.simplex import dual_prox
+from fedjax_dro.solvers.dro import DROProblem, initial_lambda, resolve
 
 
 class AFLState(NamedTuple):
@@ -67,7 +67,11 @@ def initial_state(params, num_clients):
   fixed={"local_steps": 1, "weighting": "uniform"},
 )
 def afl(
-  model, settings: CommonSettings, *, psi: str = "chi2", return_average: bool = False
+  model,
+  settings: CommonSettings,
+  *,
+  psi: str | DROProblem = "chi2",
+  return_average: bool = False,
 ) -> Algorithm:
   """AFL (Mohri 2019): stochastic gradient descent on w, projected ascent on lambda.
 
@@ -76,8 +80,10 @@ def afl(
 
   Args:
     model: the :class:`~fedjax_dro.models.base.Model` of ``w``.
-    psi: the regulariser of ``lambda``: ``"chi2"`` (default), ``"cvar"`` (capped simplex) or
-      ``"qffl"`` (see :func:`fedjax_dro.solvers.simplex.dual_prox`).
+    psi: the regulariser of ``lambda``: a problem of :mod:`fedjax_dro.solvers.dro` with a prox
+      step (``chi2(rho)``, ``cvar(alpha)``, ``qffl(q)``: its parameter becomes the default of
+      the hyper-parameter) or its name, ``"chi2"`` (default, ``rho = 0``), ``"cvar"`` (capped
+      simplex) or ``"qffl"``.
     clients_per_round: the ``s`` clients drawn uniformly without replacement each round;
       ``None`` (default): all (then the gradient and loss estimates are exact up to minibatching).
     batch_size: examples of each client's gradient and loss; ``None`` (default): full batch.
@@ -91,13 +97,17 @@ def afl(
     or ``q`` (q-FFL exponent). A participant evaluates one gradient and uploads ``P + 1``
     floats (``P`` parameters): its gradient and its loss.
   """
-  check_psi(psi)
+  problem = resolve(psi, rho=0.0)  # a name: AFL's unregularized problem, rho = 0
+  if not problem.has_prox:
+    raise ValueError(
+      f"afl needs a psi with a dual prox step (chi2, cvar or qffl), got psi={problem.name!r}"
+    )
   if not isinstance(return_average, bool):
     raise TypeError(f"return_average must be a bool, got {return_average!r}")
   hparam_specs = {
     "lr_w": HParam(0.1, "primal gradient step size"),
     "lr_lambda": HParam(0.1, "dual (projected ascent) step size"),
-    **psi_hparams(psi, rho_default=0.0),
+    **problem.hparams(),
   }
 
   def round_fn(state, data, key, hparams):
@@ -114,7 +124,7 @@ def afl(
     params = tree_add(state.params, step, hparams["lr_w"])
     losses = release_losses(update.losses, key)
     v = jnp.zeros((n,), update.losses.dtype).at[update.idx].set(scale * losses)
-    lam = dual_prox(psi, state.lam, v, hparams["lr_lambda"], **psi_params(psi, hparams))
+    lam = problem.from_hparams(hparams).prox(state.lam, v, hparams["lr_lambda"])
     r = (state.round + 1).astype(update.losses.dtype)
     avg = jax.tree.map(lambda a, p: a + (p - a) / r, state.params_avg, params)
     metrics = dual_round_metrics(update.losses, lam)
@@ -129,6 +139,7 @@ def afl(
     hparam_specs,
     client_models=(lambda st: st.params_avg) if return_average else (lambda st: st.params),
     cost=local_training_costs(model, settings, scalars=1),  # g_i(w) and f_i(w; xi)
-    psi=psi,
+    psi=problem.name,
+    **problem.config(),
     return_average=return_average,
   )

@@ -34,7 +34,6 @@ from fedjax_dro.algorithms.base import (
   register,
   with_settings,
 )
-from fedjax_dro.algorithms.scaff_pd import initial_lambda
 from fedjax_dro.core.aggregation import tree_add, weighted_mean
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import dual_round_metrics, local_round_and_losses
@@ -42,6 +41,7 @@ from fedjax_dro.core.precision import params_float_dtype
 from fedjax_dro.core.privacy import inverse_rate, present_slots, release_losses, release_sum
 from fedjax_dro.core.server import check_optimizer, optimizer_config, server_step
 from fedjax_dro.core.settings import CommonSettings, round_zero, state_init
+from fedjax_dro.solvers.dro import initial_lambda
 
 
 class AgnosticFedAvgState(NamedTuple):

@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_dro.core.hparams import HParam
 from fedjax_dro.core.precision import model_precision, validate_precision, with_precision
 from fedjax_dro.core.settings import (
   DECLARED,
@@ -39,16 +40,6 @@ from fedjax_dro.core.settings import (
 )
 from fedjax_dro.data.federated import FederatedData
 from fedjax_dro.models.base import Model
-
-
-class HParam(NamedTuple):
-  """Specification of one hyper-parameter: default, valid range and a one-line doc."""
-
-  default: float
-  doc: str = ""
-  minimum: Optional[float] = 0.0
-  strict: bool = True  # value > minimum (True) or value >= minimum (False)
-  maximum: Optional[float] = None
 
 
 class Algorithm(NamedTuple):

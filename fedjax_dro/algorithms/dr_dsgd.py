@@ -29,6 +29,7 @@ from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, regis
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import stateful_local_round, stateful_round_metrics
 from fedjax_dro.core.settings import CommonSettings, round_zero, state_init
+from fedjax_dro.solvers.dro import kl
 
 
 class DrDsgdState(NamedTuple):
@@ -38,7 +39,8 @@ class DrDsgdState(NamedTuple):
 
 HPARAMS = {
   "client_lr": HParam(0.01, "local step size eta"),
-  "lam": HParam(2.0, "KL regularisation lambda (theory: lambda > 1)"),
+  # lam, the parameter of the KL problem (solvers.dro.kl) whose robust objective DR-DSGD minimizes
+  **kl(2.0).hparams("KL regularisation lambda (theory: lambda > 1)"),
 }
 
 

@@ -11,7 +11,7 @@ arXiv:2102.12660 (Algorithm 1, DRFA; Algorithm 2, DRFA-Prox for a regularized du
     U = m clients drawn uniformly without replacement; v_i = (n/m) f_i(w'; xi) on U, 0 elsewhere
     DRFA:       lambda <- Proj_Lambda(lambda + gamma tau (v - grad psi(lambda)))
     DRFA-Prox:  lambda <- argmax_{u in Lambda} tau gamma <v, u> - tau gamma psi(u) - ||u - lambda||^2 / 2
-                        = solvers.simplex.dual_prox(psi, lambda, v, sigma = gamma tau)
+                        = psi.prox(lambda, v, sigma = gamma tau)      (solvers.dro)
 
 Readings chosen where the paper leaves room:
 
@@ -69,7 +69,6 @@ from fedjax_dro.algorithms.base import (
   register,
   with_settings,
 )
-from fedjax_dro.algorithms.scaff_pd import check_psi, initial_lambda, psi_hparams, psi_params
 from fedjax_dro.core.aggregation import weighted_sum
 from fedjax_dro.core.checks import choice, flag
 from fedjax_dro.core.costs import Costs, RoundCost, local_training_cost, parameter_count
@@ -87,7 +86,7 @@ from fedjax_dro.core.privacy import (
 from fedjax_dro.core.sampling import sample_clients
 from fedjax_dro.core.settings import CommonSettings, backend_for, participants, round_zero
 from fedjax_dro.models.base import client_loss_and_grad
-from fedjax_dro.solvers.simplex import dual_prox
+from fedjax_dro.solvers.dro import DROProblem, initial_lambda, resolve
 
 SAMPLING = ("lambda", "full")
 
@@ -128,7 +127,7 @@ def drfa(
   model,
   settings: CommonSettings,
   *,
-  psi: str = "chi2",
+  psi: str | DROProblem = "chi2",
   prox: bool = False,
   sampling: str = "lambda",
 ) -> Algorithm:
@@ -139,8 +138,10 @@ def drfa(
 
   Args:
     model: the :class:`~fedjax_dro.models.base.Model` of ``w``.
-    psi: the regulariser of lambda: ``"chi2"`` (default) or ``"cvar"`` (capped simplex);
-      ``"qffl"`` is refused (lambda must stay in the simplex to sample with it).
+    psi: the regulariser of lambda: a problem of :mod:`fedjax_dro.solvers.dro` whose Lambda lies
+      in the simplex, ``chi2(rho)`` or ``cvar(alpha)`` (its parameter becomes the default of the
+      hyper-parameter), or its name, ``"chi2"`` (default, ``rho = 0``) or ``"cvar"`` (capped
+      simplex); ``qffl`` is refused (lambda must stay in the simplex to sample with it).
     prox: ``False`` (default): DRFA, a projected gradient step on lambda; ``True``: DRFA-Prox,
       a proximal step.
     sampling: ``"lambda"`` (default): the paper's ``m`` clients drawn i.i.d. with probabilities
@@ -161,18 +162,22 @@ def drfa(
     trained clients send ``2P`` floats each (``P`` parameters: final and snapshot models), the
     ``m`` clients of the dual estimate one loss each.
   """
-  check_psi(psi)
-  if psi == "qffl":
+  problem = resolve(psi, rho=0.0)  # a name: the paper's unregularized problem, rho = 0
+  if not problem.in_simplex:
     raise ValueError(
       "drfa samples clients with probabilities lambda, so psi must keep lambda in "
-      "the simplex: use psi='chi2' or psi='cvar', got psi='qffl'"
+      f"the simplex: use psi='chi2' or psi='cvar', got psi={problem.name!r}"
+    )
+  if not problem.has_prox:
+    raise ValueError(
+      f"drfa needs a psi with a dual prox step (chi2 or cvar), got psi={problem.name!r}"
     )
   flag(prox, "prox")
   choice(sampling, "sampling", SAMPLING)
   hparam_specs = {
     "client_lr": HParam(0.05, "local SGD step size eta"),
     "gamma": HParam(0.01, "dual step size gamma (the dual step is gamma * tau)"),
-    **psi_hparams(psi, rho_default=0.0),
+    **problem.hparams(),
   }
   tau = settings.local_steps
 
@@ -249,20 +254,19 @@ def drfa(
     )
     v = jnp.zeros((n,), dtype).at[uidx].set(scale * snap_loss.astype(dtype))
     step = hparams["gamma"] * tau
-    if prox or psi == "cvar":
-      lam = dual_prox(psi, state.lam, v, step, **psi_params(psi, hparams))
-    else:  # chi^2 through its gradient rho (n lambda - 1), then the simplex projection
-      grad_psi = hparams["rho"] * (n * state.lam - 1.0)
-      lam = dual_prox("chi2", state.lam, v - grad_psi, step, rho=jnp.zeros((), dtype))
+    round_problem = problem.from_hparams(hparams)
+    if prox:
+      lam = round_problem.prox(state.lam, v, step)
+    else:  # a smooth psi through its gradient (chi^2: rho (n lambda - 1)), then the projection
+      lam = round_problem.projected_ascent(state.lam, v, step)
     return DRFAState(params, lam, state.round + 1), dual_round_metrics(losses, lam)
 
   def dual_step(state, v, hparams):
-    n = state.lam.shape[0]
     step = hparams["gamma"] * tau
-    if prox or psi == "cvar":
-      return dual_prox(psi, state.lam, v, step, **psi_params(psi, hparams))
-    grad_psi = hparams["rho"] * (n * state.lam - 1.0)
-    return dual_prox("chi2", state.lam, v - grad_psi, step, rho=jnp.zeros((), state.lam.dtype))
+    round_problem = problem.from_hparams(hparams)
+    if prox:
+      return round_problem.prox(state.lam, v, step)
+    return round_problem.projected_ascent(state.lam, v, step)
 
   def private_round_fn(state, data, key, hparams):
     # the module docstring's private form: a uniform sample weighted by lambda / q
@@ -328,7 +332,8 @@ def drfa(
     round_fn,
     hparam_specs,
     cost=cost,
-    psi=psi,
+    psi=problem.name,
+    **problem.config(),
     prox=prox,
     sampling=sampling,
   )

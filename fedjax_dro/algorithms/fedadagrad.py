@@ -14,7 +14,7 @@ Round ``t``, with ``Delta_t`` the weighted mean of the participants' model diffe
 Algorithm 2 keeps the momentum ``m_t`` for all three methods, so ``beta1`` is a hyper-parameter
 here too (default 0.9, as for FedAdam and FedYogi); ``beta1 = 0`` is the momentum-free Adagrad
 step (``optax.adagrad``'s form, up to its initial accumulator and ``eps`` inside the root). The
-same machinery as :func:`~fedjax_dro.algorithms.fedadam.fedadam` (:mod:`fedjax_dro.core.server`);
+same machinery as :func:`~fedjax_dro.algorithms.fedadam.fedadam` (:mod:`fedjax_dro.core.fedopt`);
 ``fedavg(server_optimizer=reddi_optimizer("adagrad"))`` computes the same iterates (tested).
 ``initial_v = 0`` by default (Algorithm 2's analysis asks for ``v_{-1} >= tau^2``:
 ``initial_v=tau**2``).
@@ -22,8 +22,8 @@ same machinery as :func:`~fedjax_dro.algorithms.fedadam.fedadam` (:mod:`fedjax_d
 
 from __future__ import annotations
 
-from fedjax_dro.algorithms.base import Algorithm, HParam, register, with_settings
-from fedjax_dro.algorithms.fedadam import adaptive_fedopt
+from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register, with_settings
+from fedjax_dro.core.fedopt import adaptive_fedopt
 from fedjax_dro.core.settings import LOCAL_TRAINING, CommonSettings
 
 HPARAMS = {
@@ -51,12 +51,15 @@ def fedadagrad(model, settings: CommonSettings, *, initial_v: float = 0.0) -> Al
     An :class:`~fedjax_dro.algorithms.base.Algorithm`. Hyper-parameters: ``client_lr`` (default
     0.1), ``server_lr`` (eta, default 0.01), ``beta1`` (default 0.9) and ``tau`` (default 1e-3).
   """
-  return adaptive_fedopt(
+  parts = adaptive_fedopt("fedadagrad", "adagrad", model, settings, initial_v=initial_v)
+  return build_algorithm(
     "fedadagrad",
-    "adagrad",
     model,
     settings,
+    parts.init,
+    parts.round,
     HPARAMS,
-    initial_v=initial_v,
+    cost=parts.cost,
+    **parts.config,
     server_update="Reddi et al. Algorithm 2 (Adagrad): v += D^2; x += eta m / (sqrt(v) + tau)",
   )

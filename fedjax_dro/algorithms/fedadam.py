@@ -40,30 +40,16 @@ Readings:
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
-
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register, with_settings
-from fedjax_dro.core.aggregation import tree_zeros_like
-from fedjax_dro.core.costs import local_training_costs
-from fedjax_dro.core.local import local_round, round_metrics
-from fedjax_dro.core.server import adaptive_step
-from fedjax_dro.core.settings import LOCAL_TRAINING, CommonSettings, round_zero, state_init
+from fedjax_dro.core.fedopt import adaptive_fedopt
+from fedjax_dro.core.settings import LOCAL_TRAINING, CommonSettings
 
 SERVER_UPDATES = {
   False: "Reddi et al. Algorithm 2, no bias correction: x += eta m / (sqrt(v) + tau)",
   True: "bias-corrected (Adam): x += eta (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + tau)",
 }
-
-
-class FedAdamState(NamedTuple):
-  params: Any  # global model x_t
-  m: Any  # params-shaped first moment m_t of the pseudo-gradient Delta_t
-  v: Any  # params-shaped second moment v_t (elementwise Delta_t^2 average)
-  round: jnp.ndarray  # [] int32 rounds done (t of the next bias correction is round + 1)
 
 
 HPARAMS = {
@@ -73,12 +59,6 @@ HPARAMS = {
   "beta2": HParam(0.99, "second-moment decay beta2", strict=False, maximum=1.0),
   "tau": HParam(1e-3, "adaptivity tau of Reddi et al. (Adam epsilon)"),
 }
-
-
-def initial_state(params, num_clients, initial_v=0.0):
-  """``x_0 = params``, ``m_0 = 0``, ``v_0 = initial_v`` (default 0)."""
-  v = jax.tree.map(lambda a: jnp.full_like(a, initial_v), params)
-  return FedAdamState(params, tree_zeros_like(params), v, round_zero())
 
 
 @register("fedadam")
@@ -116,49 +96,17 @@ def fedadam(
       f"bias-corrected moments), got {bias_correction!r}"
     )
   bias_correction = bool(bias_correction)
-  return adaptive_fedopt(
-    "fedadam",
-    "adam",
-    model,
-    settings,
-    HPARAMS,
-    bias_correction=bias_correction,
-    initial_v=initial_v,
-    server_update=SERVER_UPDATES[bias_correction],
+  parts = adaptive_fedopt(
+    "fedadam", "adam", model, settings, bias_correction=bias_correction, initial_v=initial_v
   )
-
-
-def adaptive_fedopt(
-  name, kind, model, settings, hparams, *, bias_correction=False, initial_v=0.0, **config
-):
-  """The FedOpt algorithm ``name`` of Algorithm 2 with the second moment of ``kind``
-  (:func:`fedjax_dro.core.server.adaptive_step`): local SGD, the weighted mean difference, the
-  server's adaptive step. ``hparams`` holds ``client_lr``, ``server_lr``, ``beta1``, ``tau`` and
-  (Adam, Yogi) ``beta2``; ``config`` is recorded in ``Algorithm.config``."""
-  if isinstance(initial_v, bool) or not isinstance(initial_v, (int, float)) or initial_v < 0:
-    raise ValueError(f"{name}: initial_v must be a number >= 0 (v_-1), got {initial_v!r}")
-  initial_v = float(initial_v)
-
-  def round_fn(state, data, key, hparams):
-    update = local_round(
-      model, settings, state.params, data, key, hparams["client_lr"], mean_only=True
-    )
-    b1, tau, lr = hparams["beta1"], hparams["tau"], hparams["server_lr"]
-    b2 = hparams.get("beta2", 0.0)
-    t = (state.round + 1).astype(jnp.result_type(b1)) if bias_correction else None
-    m, v, step = adaptive_step(kind, state.m, state.v, update.deltas, b1=b1, b2=b2, tau=tau, t=t)
-    params = jax.tree.map(lambda x, s: (x + lr * s).astype(x.dtype), state.params, step)
-    return FedAdamState(params, m, v, state.round + 1), round_metrics(update)
-
   return build_algorithm(
-    name,
+    "fedadam",
     model,
     settings,
-    state_init(settings, lambda params, n: initial_state(params, n, initial_v)),
-    round_fn,
-    hparams,
-    cost=local_training_costs(model, settings),
-    bias_correction=bias_correction,
-    initial_v=initial_v,
-    **config,
+    parts.init,
+    parts.round,
+    HPARAMS,
+    cost=parts.cost,
+    **parts.config,
+    server_update=SERVER_UPDATES[bias_correction],
   )

@@ -15,51 +15,16 @@ update (FedJAX's convention; :mod:`fedjax_dro.core.server`): ``optax.sgd(1.0)`` 
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
-
-import jax.numpy as jnp
-
 from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register, with_settings
-from fedjax_dro.core.aggregation import tree_add
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import local_round, round_metrics
 from fedjax_dro.core.server import (
   check_optimizer,
+  global_model_init,
   optimizer_config,
-  server_step,
+  server_update,
 )
-from fedjax_dro.core.settings import LOCAL_TRAINING, CommonSettings, round_zero, state_init
-
-
-class FedAvgState(NamedTuple):
-  params: Any  # global model pytree
-  round: jnp.ndarray  # [] int32 rounds done
-
-
-class ServerOptState(NamedTuple):
-  params: Any  # global model pytree
-  opt_state: Any  # the server optimizer's state (an optax state pytree)
-  round: jnp.ndarray  # [] int32 rounds done
-
-
-def global_model_init(settings, server_optimizer=None):
-  """``init`` of the algorithms whose whole state is the global model and a round counter (and,
-  with a ``server_optimizer``, its state)."""
-  if server_optimizer is None:
-    return state_init(settings, lambda params, num_clients: FedAvgState(params, round_zero()))
-  return state_init(
-    settings, lambda params, n: ServerOptState(params, server_optimizer.init(params), round_zero())
-  )
-
-
-def server_update(server_optimizer, state, center, delta, server_lr):
-  """The next state of a FedAvg-type server: ``center + server_lr * delta`` (the plain step), or
-  ``server_optimizer``'s step on the pseudo-gradient ``-delta`` from ``center``."""
-  if server_optimizer is None:
-    return FedAvgState(tree_add(center, delta, server_lr), state.round + 1)
-  params, opt_state = server_step(server_optimizer, state.opt_state, center, delta, server_lr)
-  return ServerOptState(params, opt_state, state.round + 1)
-
+from fedjax_dro.core.settings import LOCAL_TRAINING, CommonSettings
 
 HPARAMS = {
   "client_lr": HParam(0.1, "local SGD step size"),
@@ -92,7 +57,8 @@ def fedavg(
 
   Returns:
     An :class:`~fedjax_dro.algorithms.base.Algorithm`. The state is the global model and a round
-    counter. Hyper-parameters (round arguments): ``client_lr`` (local SGD step size, default 0.1)
+    counter (:class:`~fedjax_dro.core.server.FedAvgState`; with a ``server_optimizer``,
+    :class:`~fedjax_dro.core.server.ServerOptState`). Hyper-parameters (round arguments): ``client_lr`` (local SGD step size, default 0.1)
     and ``server_lr`` (server step on the averaged model difference, default 1.0; 1 is plain
     averaging).
   """

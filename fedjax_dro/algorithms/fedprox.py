@@ -9,12 +9,13 @@ from __future__ import annotations
 import jax
 
 from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register, with_settings
-from fedjax_dro.algorithms.fedavg import global_model_init, server_update
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import local_round, round_metrics
 from fedjax_dro.core.server import (
   check_optimizer,
+  global_model_init,
   optimizer_config,
+  server_update,
 )
 from fedjax_dro.core.settings import LOCAL_TRAINING, CommonSettings
 

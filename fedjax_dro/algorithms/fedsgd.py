@@ -15,10 +15,10 @@ client, averaged (tested).
 from __future__ import annotations
 
 from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register, with_settings
-from fedjax_dro.algorithms.fedavg import FedAvgState, global_model_init
 from fedjax_dro.core.aggregation import tree_add
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import federated_gradient, round_metrics
+from fedjax_dro.core.server import FedAvgState, global_model_init
 from fedjax_dro.core.settings import CommonSettings
 
 HPARAMS = {"lr": HParam(0.1, "server gradient step size")}

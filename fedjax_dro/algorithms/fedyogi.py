@@ -14,7 +14,7 @@ Round ``t``, with ``Delta_t`` the weighted mean of the participants' model diffe
 FedAdam's update with Yogi's additive second moment: ``v`` moves towards ``Delta_t^2`` by
 ``(1 - beta2) Delta_t^2`` at most, so a large difference cannot shrink the step as fast as
 Adam's. The same machinery as :func:`~fedjax_dro.algorithms.fedadam.fedadam`
-(:mod:`fedjax_dro.core.server`); ``fedavg(server_optimizer=reddi_optimizer("yogi"))`` computes
+(:mod:`fedjax_dro.core.fedopt`); ``fedavg(server_optimizer=reddi_optimizer("yogi"))`` computes
 the same iterates (tested). Readings as FedAdam's: ``tau`` outside the root, no bias correction,
 weights ``p_i`` by ``weighting`` (the paper's plain mean is ``"uniform"``), defaults ``beta1 =
 0.9``, ``beta2 = 0.99``, ``tau = 1e-3`` (the paper's experiments' decays), ``initial_v = 0``
@@ -23,8 +23,8 @@ weights ``p_i`` by ``weighting`` (the paper's plain mean is ``"uniform"``), defa
 
 from __future__ import annotations
 
-from fedjax_dro.algorithms.base import Algorithm, HParam, register, with_settings
-from fedjax_dro.algorithms.fedadam import adaptive_fedopt
+from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register, with_settings
+from fedjax_dro.core.fedopt import adaptive_fedopt
 from fedjax_dro.core.settings import LOCAL_TRAINING, CommonSettings
 
 HPARAMS = {
@@ -56,13 +56,16 @@ def fedyogi(model, settings: CommonSettings, *, initial_v: float = 0.0) -> Algor
     0.1), ``server_lr`` (eta, default 0.01), ``beta1``, ``beta2`` (defaults 0.9, 0.99) and
     ``tau`` (default 1e-3).
   """
-  return adaptive_fedopt(
+  parts = adaptive_fedopt("fedyogi", "yogi", model, settings, initial_v=initial_v)
+  return build_algorithm(
     "fedyogi",
-    "yogi",
     model,
     settings,
+    parts.init,
+    parts.round,
     HPARAMS,
-    initial_v=initial_v,
+    cost=parts.cost,
+    **parts.config,
     server_update="Reddi et al. Algorithm 2 (Yogi): v -= (1 - beta2) D^2 sign(v - D^2); "
     "x += eta m / (sqrt(v) + tau)",
   )

@@ -42,9 +42,9 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register, with_settings
-from fedjax_dro.core.aggregation import scatter_rows
 from fedjax_dro.core.costs import local_training_costs
-from fedjax_dro.core.local import stateful_local_round, stateful_round_metrics
+from fedjax_dro.core.fgdro import estimator_round
+from fedjax_dro.core.local import stateful_round_metrics
 from fedjax_dro.core.privacy import active
 from fedjax_dro.core.settings import CommonSettings, round_zero, state_init
 
@@ -62,26 +62,6 @@ HPARAMS = {
   "beta1": HParam(0.1, "moving-average weight of the loss estimator u", maximum=1.0),
   "alpha": HParam(0.2, "CVaR level K/N: fraction of worst clients optimised", maximum=1.0),
 }
-
-
-def estimator_round(model, settings, loss_estimates, data, key, *, start, step, averaged):
-  """The local round of the FGDRO algorithms: ``(update, loss_estimates)``.
-
-  Each participant's row of ``loss_estimates`` (its ``u``, never communicated) is its client
-  state: ``start(u)`` builds the carry, ``step`` advances it and the ``averaged`` carries are
-  averaged over the participants; their final ``u`` (``carry["u"]``) is written back.
-  """
-  update = stateful_local_round(
-    model,
-    settings,
-    data,
-    key,
-    start=start,
-    step=step,
-    client_state=loss_estimates,
-    averaged=averaged,
-  )
-  return update, scatter_rows(loss_estimates, update.idx, update.carries["u"])
 
 
 def initial_state(params, num_clients):

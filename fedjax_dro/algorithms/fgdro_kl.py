@@ -44,19 +44,16 @@ least ``1e-6`` (post-processing). ``u`` stays on the client.
 
 from __future__ import annotations
 
-import math
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register, with_settings
-from fedjax_dro.algorithms.fgdro_cvar import estimator_round
-from fedjax_dro.core.aggregation import tree_zeros_like
 from fedjax_dro.core.costs import local_training_costs
-from fedjax_dro.core.local import stateful_round_metrics
-from fedjax_dro.core.privacy import active
+from fedjax_dro.core.fgdro import KL_ESTIMATOR_HPARAMS, kl_estimators, kl_initial, kl_round
 from fedjax_dro.core.settings import CommonSettings, round_zero, state_init
+from fedjax_dro.solvers.dro import kl
 
 
 class FgdroKlState(NamedTuple):
@@ -69,81 +66,10 @@ class FgdroKlState(NamedTuple):
 
 HPARAMS = {
   "client_lr": HParam(0.1, "local step size eta"),
-  "lam": HParam(1.0, "KL regularisation lambda (smaller = closer to the worst client)"),
-  "beta1": HParam(0.1, "moving-average weight of the loss estimator u", maximum=1.0),
-  "beta2": HParam(0.1, "moving-average weight of the estimator v of g(w)", maximum=1.0),
+  **kl(1.0).hparams(),  # lam, the parameter of the KL problem (5)
+  **KL_ESTIMATOR_HPARAMS,  # beta1, beta2
   "beta3": HParam(0.1, "moving-average weight of the gradient estimator m", maximum=1.0),
 }
-
-
-V_REL_FLOOR = 1e-6  # private rounds: the released mean of v_i / v_bar is raised to at least this
-
-
-def kl_estimators(carry, loss, grad, hparams):
-  """Lines 6-7 of Algorithms 2 and 3: ``(u, log v, h)`` after one local step.
-
-  ``h = exp(u / lambda - log v) grad``: the local term of the gradient (6) of problem (5).
-  """
-  lam, beta1, beta2 = hparams["lam"], hparams["beta1"], hparams["beta2"]
-  u = (1 - beta1) * carry["u"] + beta1 * loss
-  log_v = jnp.logaddexp(jnp.log1p(-beta2) + carry["log_v"], jnp.log(beta2) + u / lam)
-  weight = jnp.exp(u / lam - log_v)
-  h = jax.tree.map(lambda g: weight * g, grad)
-  return u, log_v, h
-
-
-def mean_log(log_values):
-  """``log mean exp(log_values)`` over the participants: the average of ``v`` in the log domain."""
-  return jax.nn.logsumexp(log_values) - jnp.log(log_values.shape[0])
-
-
-def kl_initial(params, num_clients):
-  """``(m_bar, log v_bar, u)`` initial values shared with FGDRO-KL-Adam: zeros."""
-  dtype = jnp.result_type(float)
-  return tree_zeros_like(params), jnp.zeros((), dtype), jnp.zeros((num_clients,), dtype)
-
-
-def kl_round(model, settings, state, data, key, *, start, step, averaged):
-  """The local round of FGDRO-KL and FGDRO-KL-Adam: ``(final carries, log v_bar, loss
-  estimates, metrics)``; ``v`` is averaged in the log domain and reported as ``log_v``.
-
-  In a private round (module docstring) each participant also carries ``v_rel = v_i / v_bar``
-  and releases ``v_rel - 1`` with its other deltas."""
-  if active() is None:
-    update, loss_estimates = estimator_round(
-      model, settings, state.loss_estimates, data, key, start=start, step=step, averaged=averaged
-    )
-    log_v = mean_log(update.carries["log_v"])
-  else:
-    real = jnp.result_type(float)
-
-    def rel_start(u):
-      return {**start(u), "v_rel": jnp.ones((), real)}
-
-    def rel_step(carry, loss, grad):
-      new = step({k: v for k, v in carry.items() if k != "v_rel"}, loss, grad)
-      # v_i / v_bar, its exponent capped where its square (in the clip's norm) stays finite
-      cap = 0.5 * math.log(float(jnp.finfo(real).max)) - 2.0
-      ratio = jnp.exp(jnp.minimum(new["log_v"] - state.log_v, cap)).astype(real)
-      return {**new, "v_rel": ratio}
-
-    update, loss_estimates = estimator_round(
-      model,
-      settings,
-      state.loss_estimates,
-      data,
-      key,
-      start=rel_start,
-      step=rel_step,
-      averaged=(*averaged, "v_rel"),
-    )
-    # the mean of v over the participants is v_bar times the released mean of v_rel, kept
-    # positive (noise can take it below 0): at least V_REL_FLOOR
-    rel = jnp.maximum(update.carries["v_rel"], V_REL_FLOOR)
-    log_v = (state.log_v + jnp.log(rel)).astype(state.log_v.dtype)
-  metrics = stateful_round_metrics(update)
-  metrics["log_v"] = log_v
-  return update.carries, log_v, loss_estimates, metrics
 
 
 @register("fgdro_kl", family="dro")

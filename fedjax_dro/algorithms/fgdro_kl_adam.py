@@ -24,15 +24,17 @@ from typing import Any, NamedTuple
 import jax.numpy as jnp
 
 from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register, with_settings
-from fedjax_dro.algorithms.fgdro_kl import (
-  HPARAMS as KL_HPARAMS,
+from fedjax_dro.core.costs import local_training_costs
+from fedjax_dro.core.fgdro import (
+  ADAM_HPARAMS,
+  KL_ESTIMATOR_HPARAMS,
+  adam_step,
   kl_estimators,
   kl_initial,
   kl_round,
 )
-from fedjax_dro.algorithms.local_adam import HPARAMS as ADAM_HPARAMS, adam_step
-from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.settings import CommonSettings, round_zero, state_init
+from fedjax_dro.solvers.dro import kl
 
 
 class FgdroKlAdamState(NamedTuple):
@@ -46,8 +48,9 @@ class FgdroKlAdamState(NamedTuple):
 
 HPARAMS = {
   "client_lr": HParam(0.001, "local Adam step size eta"),
-  **{k: KL_HPARAMS[k] for k in ("lam", "beta1", "beta2")},
-  **{k: ADAM_HPARAMS[k] for k in ("beta3", "beta4", "tau")},
+  **kl(1.0).hparams(),  # FGDRO-KL's lam, beta1 and beta2
+  **KL_ESTIMATOR_HPARAMS,
+  **ADAM_HPARAMS,  # LocalAdam's beta3, beta4 and tau
 }
 
 

@@ -23,12 +23,12 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-import jax
 import jax.numpy as jnp
 
 from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register, with_settings
 from fedjax_dro.core.aggregation import tree_zeros_like
 from fedjax_dro.core.costs import local_training_costs
+from fedjax_dro.core.fgdro import ADAM_HPARAMS, adam_step
 from fedjax_dro.core.local import stateful_local_round, stateful_round_metrics
 from fedjax_dro.core.settings import CommonSettings, round_zero, state_init
 
@@ -42,21 +42,8 @@ class LocalAdamState(NamedTuple):
 
 HPARAMS = {
   "client_lr": HParam(0.001, "local Adam step size eta"),
-  "beta3": HParam(0.1, "first-moment weight of the new gradient (1 - Adam beta1)", maximum=1.0),
-  "beta4": HParam(0.001, "second-moment weight of the new gradient (1 - Adam beta2)", maximum=1.0),
-  "tau": HParam(1e-8, "adaptivity tau added to sqrt(q)"),
+  **ADAM_HPARAMS,  # beta3, beta4, tau
 }
-
-
-def adam_step(carry, h, hparams):
-  """Lines 7-8 of Algorithm 4 (lines 8-9 of Algorithm 3): moments and the adaptive step."""
-  lr, beta3, beta4, tau = (hparams[k] for k in ("client_lr", "beta3", "beta4", "tau"))
-  m = jax.tree.map(lambda a, b: ((1 - beta3) * a + beta3 * b).astype(a.dtype), carry["m"], h)
-  q = jax.tree.map(lambda a, b: ((1 - beta4) * a + beta4 * b * b).astype(a.dtype), carry["q"], h)
-  w = jax.tree.map(
-    lambda p, a, b: (p - lr * a / (jnp.sqrt(b) + tau)).astype(p.dtype), carry["params"], m, q
-  )
-  return w, m, q
 
 
 def initial_state(params, num_clients):

@@ -15,15 +15,17 @@ One round ``r`` (full participation, as in the paper)::
                                                              with ``batch_size``, exact otherwise)
     s = (1 + theta_r) L^r - theta_r L^{r-1}                 (L^{-1} := L^0)
     lambda^{r+1} = argmin_{lambda in Lambda} psi(lambda) - <s, lambda> + ||lambda - lambda^r||^2/(2 sigma_r)
-                                                            (solvers.simplex.dual_prox)
+                                                            (psi.prox, solvers.dro)
     c = sum_i lambda^{r+1}_i c_i
     u_i <- u_i - eta_l (g_i(u_i) - c_i + c)                 (J = local_steps steps from u_i = x^r)
     du_i = (x^r - u_i^J) / (eta_l J)
     x^{r+1} = x^r - tau_r sum_i lambda^{r+1}_i du_i         (eq. (4.2) with D = ||.||^2 / 2)
 
-``psi`` (factory option): ``"chi2"`` (hparam ``rho``; Lambda = simplex; ``rho = 0`` is AFL),
-``"cvar"`` (hparam ``alpha``; capped simplex), ``"qffl"`` (hparam ``q``; Lambda = R^n, psi =
-sum |lambda_i|^(1+1/q), see ``solvers.simplex``). lambda^0 is uniform.
+``psi`` (factory option, a problem of :mod:`fedjax_dro.solvers.dro` or its name): ``"chi2"``
+(hparam ``rho``; Lambda = simplex; ``rho = 0`` is AFL), ``"cvar"`` (hparam ``alpha``; capped
+simplex), ``"qffl"`` (hparam ``q``; Lambda = R^n, psi = sum |lambda_i|^(1+1/q), see
+``solvers.simplex``). The round rebuilds the problem from its hyper-parameter
+(``psi.from_hparams(hparams)``), so a sweep vectorizes over it. lambda^0 is uniform.
 
 Parameter rules (factory option ``parameter_rule``):
 
@@ -91,7 +93,7 @@ from fedjax_dro.core.privacy import (
 )
 from fedjax_dro.core.settings import CommonSettings, backend_for, round_zero
 from fedjax_dro.models.base import client_loss_and_grad
-from fedjax_dro.solvers.simplex import PSI_NAMES, dual_prox
+from fedjax_dro.solvers.dro import Chi2, DROProblem, initial_lambda, resolve
 
 PARAMETER_RULES = ("user", "condition_5_1", "condition_5_2")
 SAMPLE_STREAM = 0x5A  # fold_in tag of a private round's Poisson draw (apart from the clients' keys)
@@ -106,49 +108,7 @@ class ScaffPDState(NamedTuple):
   round: jnp.ndarray  # [] int32 rounds done
 
 
-def psi_hparams(psi: str, rho_default: float = 0.1) -> dict:
-  """The hyper-parameter of each psi (shared by the DRO algorithms); ``rho_default`` is the
-  default chi^2 strength (AFL and DRFA use 0, their papers' unregularized problem)."""
-  if psi == "chi2":
-    return {
-      "rho": HParam(
-        rho_default, "chi^2 penalty strength rho (0 = AFL, large = ERM)", minimum=0.0, strict=False
-      )
-    }
-  if psi == "cvar":
-    return {
-      "alpha": HParam(
-        0.5,
-        "CVaR level alpha: Lambda = {simplex, lambda_i <= 1/(alpha n)}",
-        minimum=0.0,
-        strict=True,
-        maximum=1.0,
-      )
-    }
-  if psi == "qffl":
-    return {
-      "q": HParam(1.0, "q-FFL exponent: psi = sum |lambda_i|^(1+1/q)", minimum=0.0, strict=False)
-    }
-  raise ValueError(f"psi must be one of {PSI_NAMES}, got {psi!r}")
-
-
-def psi_params(psi: str, hparams) -> dict:
-  """Keyword arguments of ``solvers.simplex.dual_prox`` for ``psi`` taken from ``hparams``."""
-  key = {"chi2": "rho", "cvar": "alpha", "qffl": "q"}[psi]
-  return {key: hparams[key]}
-
-
-def check_psi(psi) -> None:
-  if psi not in PSI_NAMES:
-    raise ValueError(f"psi must be one of {PSI_NAMES}, got {psi!r}")
-
-
-def initial_lambda(num_clients: int, dtype=None) -> jnp.ndarray:
-  dtype = dtype or jnp.result_type(float)
-  return jnp.full((num_clients,), 1.0 / num_clients, dtype)
-
-
-def _hparams(psi: str, rule: str) -> dict:
+def _hparams(problem: DROProblem, rule: str) -> dict:
   hp = {"client_lr": HParam(0.05, "local step size eta_l")}
   if rule == "user":
     hp["tau"] = HParam(0.5, "primal step tau")
@@ -169,10 +129,13 @@ def _hparams(psi: str, rule: str) -> dict:
       1.0, "Lipschitz constant L_lambda_x of the loss vector", minimum=0.0, strict=False
     )
     hp["safety"] = HParam(1.0, "safety factor s: (1 - theta)/theta = 1/(s kappa)")
-  hp.update(psi_hparams(psi))
+  hp.update(problem.hparams())
   if rule == "condition_5_2":  # mu_lambda = rho n must be > 0
     hp["rho"] = HParam(
-      0.1, "chi^2 penalty strength rho > 0 (strong concavity rho n)", minimum=0.0, strict=True
+      hp["rho"].default,
+      "chi^2 penalty strength rho > 0 (strong concavity rho n)",
+      minimum=0.0,
+      strict=True,
     )
   return hp
 
@@ -208,7 +171,11 @@ def next_step_ratio(rule: str, hparams, step_ratio):
   fixed={"clients_per_round": None, "weighting": "uniform"},
 )
 def scaff_pd(
-  model, settings: CommonSettings, *, psi: str = "chi2", parameter_rule: str = "user"
+  model,
+  settings: CommonSettings,
+  *,
+  psi: str | DROProblem = "chi2",
+  parameter_rule: str = "user",
 ) -> Algorithm:
   """SCAFF-PD (Yu et al.): accelerated primal-dual DRO with SCAFFOLD-corrected local steps.
 
@@ -216,8 +183,10 @@ def scaff_pd(
 
   Args:
     model: the :class:`~fedjax_dro.models.base.Model` of the primal iterate ``x``.
-    psi: the dual regulariser, ``"chi2"`` (default), ``"cvar"`` or ``"qffl"`` (its parameter
-      rho / alpha / q is a hyper-parameter).
+    psi: the dual regulariser: a problem of :mod:`fedjax_dro.solvers.dro` with a prox step,
+      ``chi2(rho)``, ``cvar(alpha)`` or ``qffl(q)`` (its parameter is then the default of the
+      hyper-parameter ``rho`` / ``alpha`` / ``q``), or its name, ``"chi2"`` (default),
+      ``"cvar"`` or ``"qffl"`` (at the default parameter).
     parameter_rule: how the steps are set each round: ``"user"`` (default, constant),
       ``"condition_5_1"`` or ``"condition_5_2"`` (the paper's step-size conditions; see the
       module docstring).
@@ -243,15 +212,19 @@ def scaff_pd(
     ``P`` parameters; one gradient, one step on the critical path), then after its ``J`` local
     steps its direction ``du_i`` (``P`` floats).
   """
-  check_psi(psi)
+  problem = resolve(psi)
+  if not problem.has_prox:
+    raise ValueError(
+      f"scaff_pd needs a psi with a dual prox step (chi2, cvar or qffl), got psi={problem.name!r}"
+    )
   if parameter_rule not in PARAMETER_RULES:
     raise ValueError(f"parameter_rule must be one of {PARAMETER_RULES}, got {parameter_rule!r}")
-  if parameter_rule == "condition_5_2" and psi != "chi2":
+  if parameter_rule == "condition_5_2" and not isinstance(problem, Chi2):
     raise ValueError(
       "parameter_rule='condition_5_2' needs a strongly convex psi: use psi='chi2' "
-      f"(with rho > 0), got psi={psi!r}"
+      f"(with rho > 0), got psi={problem.name!r}"
     )
-  hparam_specs = _hparams(psi, parameter_rule)
+  hparam_specs = _hparams(problem, parameter_rule)
 
   def init(params, data, key):
     del key
@@ -291,7 +264,7 @@ def scaff_pd(
     )
     prev = jnp.where(state.round == 0, losses, state.prev_losses)
     s = (1.0 + theta) * losses - theta * prev
-    lam = dual_prox(psi, state.lam, s, sigma, **psi_params(psi, hparams))
+    lam = problem.from_hparams(hparams).prox(state.lam, s, sigma)
 
     # (3) bias-corrected local steps and lambda-weighted primal step
     c = weighted_sum(grads, lam)
@@ -373,9 +346,7 @@ def scaff_pd(
       parameter_rule, hparams, state.step_ratio, state.prev_step_ratio, n
     )
     prev = jnp.where(state.round == 0, v, state.prev_losses)
-    lam = dual_prox(
-      psi, state.lam, (1.0 + theta) * v - theta * prev, sigma, **psi_params(psi, hparams)
-    )
+    lam = problem.from_hparams(hparams).prox(state.lam, (1.0 + theta) * v - theta * prev, sigma)
 
     # (3) c from the clipped c_i, noised for the largest weight; corrected local steps with each
     # client's own c_i; the lambda-weighted sum of the clipped du_i, noised likewise
@@ -460,6 +431,7 @@ def scaff_pd(
     round_fn,
     hparam_specs,
     cost=cost,
-    psi=psi,
+    psi=problem.name,
+    **problem.config(),
     parameter_rule=parameter_rule,
   )

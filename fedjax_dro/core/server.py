@@ -32,6 +32,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from fedjax_dro.core.aggregation import tree_add
+from fedjax_dro.core.settings import round_zero, state_init
+
 KINDS = ("adagrad", "adam", "yogi")
 
 
@@ -183,6 +186,41 @@ def server_step(server_optimizer, opt_state, params, delta, server_lr):
     lambda x, u: (x + server_lr * u).astype(jnp.result_type(x)), params, updates
   )
   return params, opt_state
+
+
+class FedAvgState(NamedTuple):
+  """The state of a FedAvg-type algorithm (FedAvg, FedProx, FedSGD): the global model and a
+  round counter."""
+
+  params: Any  # global model pytree
+  round: jnp.ndarray  # [] int32 rounds done
+
+
+class ServerOptState(NamedTuple):
+  """:class:`FedAvgState` with a server optimizer's state (``server_optimizer=``)."""
+
+  params: Any  # global model pytree
+  opt_state: Any  # the server optimizer's state (an optax state pytree)
+  round: jnp.ndarray  # [] int32 rounds done
+
+
+def global_model_init(settings, server_optimizer=None):
+  """``init`` of the algorithms whose whole state is the global model and a round counter (and,
+  with a ``server_optimizer``, its state)."""
+  if server_optimizer is None:
+    return state_init(settings, lambda params, num_clients: FedAvgState(params, round_zero()))
+  return state_init(
+    settings, lambda params, n: ServerOptState(params, server_optimizer.init(params), round_zero())
+  )
+
+
+def server_update(server_optimizer, state, center, delta, server_lr):
+  """The next state of a FedAvg-type server: ``center + server_lr * delta`` (the plain step), or
+  ``server_optimizer``'s step on the pseudo-gradient ``-delta`` from ``center``."""
+  if server_optimizer is None:
+    return FedAvgState(tree_add(center, delta, server_lr), state.round + 1)
+  params, opt_state = server_step(server_optimizer, state.opt_state, center, delta, server_lr)
+  return ServerOptState(params, opt_state, state.round + 1)
 
 
 # The server optimizers the command line names (``--server-optimizer NAME``), with the arguments

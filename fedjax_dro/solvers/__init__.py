@@ -2,8 +2,12 @@
 
 * :mod:`fedjax_dro.solvers.pairwise`: Euclidean projection onto Karula's pairwise-ball set
   (dual, ADMM and Dykstra methods, feasibility restoration, KKT residuals).
+* :mod:`fedjax_dro.solvers.dro`: the DRO problems (the regularizer psi and its set Lambda) as
+  objects, ``chi2(rho)``, ``cvar(alpha)``, ``qffl(q)`` and ``kl(lam)``, with their value, best
+  response, robust objective and dual prox step; what the DRO algorithms and the saddle-point
+  solver take as ``psi``.
 * :mod:`fedjax_dro.solvers.simplex`: exact simplex / capped-simplex projections and the chi^2,
-  CVaR and q-FFL dual prox steps of SCAFF-PD.
+  CVaR and q-FFL dual prox steps of SCAFF-PD (the problems' ``prox``).
 * :mod:`fedjax_dro.solvers.saddle`: the centralized high-precision saddle-point solver of
   ``min_x max_lambda sum_i lambda_i f_i(x) - psi(lambda)`` (the oracle of the DRO tests).
 
@@ -11,7 +15,20 @@ The round mechanics every algorithm shares (sampling, local training, aggregatio
 live in :mod:`fedjax_dro.core`.
 """
 
-from fedjax_dro.solvers import pairwise, saddle, simplex
+from fedjax_dro.solvers import dro, pairwise, saddle, simplex
+from fedjax_dro.solvers.dro import (
+  KL,
+  PSI_NAMES,
+  QFFL,
+  Chi2,
+  CVaR,
+  DROProblem,
+  as_problem,
+  chi2,
+  cvar,
+  kl,
+  qffl,
+)
 from fedjax_dro.solvers.pairwise import (
   KKTResiduals,
   PairwiseProjectionOutput,
@@ -28,17 +45,15 @@ from fedjax_dro.solvers.saddle import (
   solve_saddle,
 )
 from fedjax_dro.solvers.simplex import (
-  PSI_NAMES,
-  dual_prox,
   project_capped_simplex,
   project_simplex,
   prox_chi2,
   prox_cvar,
   prox_qffl,
-  psi_value,
 )
 
 __all__ = [
+  "dro",
   "pairwise",
   "saddle",
   "simplex",
@@ -53,12 +68,20 @@ __all__ = [
   "distance_to_optimum",
   "robust_objective",
   "solve_saddle",
+  "DROProblem",
+  "Chi2",
+  "CVaR",
+  "QFFL",
+  "KL",
+  "chi2",
+  "cvar",
+  "qffl",
+  "kl",
+  "as_problem",
   "PSI_NAMES",
-  "dual_prox",
   "project_capped_simplex",
   "project_simplex",
   "prox_chi2",
   "prox_cvar",
   "prox_qffl",
-  "psi_value",
 ]

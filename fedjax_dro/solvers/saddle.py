@@ -1,20 +1,25 @@
 """Centralized high-precision solver for the DRO saddle-point problem of SCAFF-PD.
 
 Problem (Yu, Karimireddy, Ma, Jordan, "Scaff-PD: Communication Efficient Fair and Robust
-Federated Learning", eq. (1.1)):
+Federated Learning", arXiv:2307.13381, eq. (1.1)):
 
     min_x max_{lambda in Lambda}  F(x, lambda) = sum_i lambda_i f_i(x) - psi(lambda)
 
 for convex, twice differentiable client losses f_i (``client_losses_fn(x) -> [n]``) and the psi
 choices of the paper (Section 3): "chi2" (simplex, psi = rho/(2n) sum (n lambda_i - 1)^2; rho = 0
 is AFL / minimax), "cvar" (psi = 0, capped simplex lambda_i <= 1/(alpha n)), "qffl"
-(Lambda = R^n, psi = sum |lambda_i|^(1+1/q) by default; see ``fedjax_dro.solvers.simplex``).
-It is used once per synthetic task to get the saddle point x* against which federated
+(Lambda = R^n, psi = sum |lambda_i|^(1+1/q) by default; see ``fedjax_dro.solvers.simplex``), and
+"kl" (psi = lam KL(lambda || uniform) on the simplex, the KL-regularized group DRO problem of
+Guo and Yang, arXiv:2410.06369, eq. (5)). Each is a problem object of
+:mod:`fedjax_dro.solvers.dro` (``psi=cvar(0.3)``; a name and ``psi_params`` are converted to one
+on entry), and the solver reads the problem only through its methods (value, best response,
+robust objective, prox) and its structure (:meth:`~fedjax_dro.solvers.dro.DROProblem.quadratic_form`
+for the interior-point method). It is used once per synthetic task to get the saddle point x* against which federated
 algorithms report ||x^R - x*||^2 (paper Fig. 2). It is meant for small models: it forms dense
 d x d Hessians (jax.hessian) and solves dense linear systems.
 
-Methods (``method="auto"``: "ipm" for chi2 and cvar, "newton" for qffl, "erm" for CVaR with
-alpha = 1):
+Methods (``method="auto"``: "ipm" for chi2 and cvar, "newton" for qffl and kl, "erm" for CVaR
+with alpha = 1):
 
 * ``"ipm"`` (Lambda a (capped) simplex: chi2 with any rho >= 0 incl. AFL rho = 0, and cvar).
   The saddle point is the solution of the monotone KKT system
@@ -34,10 +39,10 @@ alpha = 1):
   This treats the non-smooth cases (AFL, CVaR) exactly instead of smoothing them, and it is
   also the default for chi2 with rho > 0 because it is robust for every rho (8-16 iterations
   from rho = 1e-9 to 1e8 in our tests).
-* ``"newton"`` (psi strongly concave in the inner max: chi2 with rho > 0, and qffl). The inner
-  maximum has a closed form: lambda*(f) = P_simplex(f / (rho n) + 1/n) for chi2 (the prox of
-  ``simplex.prox_chi2`` in the limit sigma -> infinity) and lambda*_i = sign(f_i) (|f_i|/p)^q for
-  qffl. Hence phi(x) = max_lambda F(x, lambda) is convex and C^1 with gradient
+* ``"newton"`` (psi strongly concave in the inner max: chi2 with rho > 0, qffl and kl). The
+  inner maximum has a closed form: lambda*(f) = P_simplex(f / (rho n) + 1/n) for chi2 (the prox
+  of ``simplex.prox_chi2`` in the limit sigma -> infinity), lambda*_i = sign(f_i) (|f_i|/p)^q for
+  qffl and softmax(f / lam) for kl. Hence phi(x) = max_lambda F(x, lambda) is convex and C^1 with gradient
   J(x)^T lambda*(f(x)) (Danskin); it is piecewise C^2 for chi2. We minimize phi by a
   (semismooth) Newton method: the generalized Hessian is the forward-mode Jacobian of that
   gradient (sum_i lambda*_i Hess f_i + J^T (d lambda*/d f) J, autodiff through the sort-based
@@ -50,8 +55,9 @@ alpha = 1):
 
 Certificates, computed identically whatever the method:
 
-* ``residual`` = max(||J(x*)^T lambda*||_inf, ||lambda* - dual_prox(lambda*, f(x*), sigma=1)||_inf):
-  the natural (fixed-point) residual of the saddle-point conditions (0 iff saddle point);
+* ``residual`` = max(||J(x*)^T lambda*||_inf, ||lambda* - prox(lambda*, f(x*), sigma=1)||_inf):
+  the natural (fixed-point) residual of the saddle-point conditions (0 iff saddle point), with the
+  problem's dual prox step (for kl, which has none, its best response ``softmax(f(x*) / lam)``);
 * ``gap`` = max_lambda F(x*, lambda) - min_x F(x, lambda*) >= 0 (duality gap; the max is in
   closed form, the min is approximated by 3 pure Newton steps from x* -- exact for quadratic
   losses, quadratically convergent otherwise since x* is near-stationary for lambda*).
@@ -85,6 +91,7 @@ import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
 from fedjax_dro.solvers import simplex as _sx
+from fedjax_dro.solvers.dro import DROProblem, as_problem
 
 __all__ = [
   "SaddleSolution",
@@ -121,79 +128,24 @@ class SaddleSolution(NamedTuple):
 # --------------------------------------------------------------------------------------------
 # closed-form inner maximization
 # --------------------------------------------------------------------------------------------
-def _validate_psi(psi, params):
-  if psi not in _sx.PSI_NAMES:
-    raise ValueError(f"`psi` must be one of {_sx.PSI_NAMES}, got {psi!r}")
-  required = {"chi2": {"rho"}, "cvar": {"alpha"}, "qffl": {"q"}}[psi]
-  optional = {"norm"} if psi == "qffl" else set()
-  _sx.check_params(psi, params, required, optional)
-  if psi == "chi2":
-    _sx.check_scalar(params["rho"], "rho", lambda c: c >= 0, ">= 0")
-  elif psi == "cvar":
-    _sx.check_alpha(params["alpha"])
-  else:
-    _sx.check_q(params["q"])
-    _sx.check_norm(params.get("norm", "lp"))
-
-
 def best_response(losses, psi="chi2", **params):
   """The dual best response lambda*(f) in argmax_{lambda in Lambda} <lambda, f> - psi(lambda).
 
-  chi2, rho > 0: P_simplex(f / (rho n) + 1/n) (unique). chi2, rho = 0: one-hot on the first
-  argmax of f. cvar: cap = 1/(alpha n) on the floor(1/cap) largest losses and the remainder on
-  the next one (ties broken by index). qffl: sign(f) (|f|/p)^q (lp) or
-  f/||f|| (||f||/p)^q (l2), p = 1 + 1/q; q = 0: sign(f) (lp) or f/||f|| (l2).
+  ``psi``: a problem of :mod:`fedjax_dro.solvers.dro` (``cvar(0.3)``) or its name with its
+  parameter in ``params`` (``best_response(f, "cvar", alpha=0.3)``); see
+  :meth:`~fedjax_dro.solvers.dro.DROProblem.best_response` of each. chi2, rho > 0:
+  P_simplex(f / (rho n) + 1/n) (unique). chi2, rho = 0: one-hot on the first argmax of f. cvar:
+  cap = 1/(alpha n) on the floor(1/cap) largest losses and the remainder on the next one (ties
+  broken by index). qffl: sign(f) (|f|/p)^q (lp) or f/||f|| (||f||/p)^q (l2), p = 1 + 1/q;
+  q = 0: sign(f) (lp) or f/||f|| (l2). kl: softmax(f / lam).
   """
-  _validate_psi(psi, params)
-  f = _sx.check_vector(losses, "losses")
-  n = f.shape[0]
-  dtype = f.dtype
-  if psi == "chi2":
-    rho = jnp.asarray(params["rho"], dtype)
-    pos = rho > 0
-    smooth = _sx.project_simplex_unchecked(
-      f / (jnp.where(pos, rho, 1.0) * n) + 1.0 / n, jnp.asarray(1.0, dtype)
-    )
-    onehot = jax.nn.one_hot(jnp.argmax(f), n, dtype=dtype)
-    return jnp.where(pos, smooth, onehot)
-  if psi == "cvar":
-    cap = 1.0 / (jnp.asarray(params["alpha"], dtype) * n)
-    order = jnp.argsort(-f, stable=True)
-    k = jnp.arange(n, dtype=dtype)
-    lam_sorted = jnp.clip(1.0 - k * cap, 0.0, cap)
-    return jnp.zeros_like(f).at[order].set(lam_sorted)
-  q = jnp.asarray(params["q"], dtype)
-  norm = params.get("norm", "lp")
-  q_pos = q > 0
-  q_safe = jnp.where(q_pos, q, 1.0)
-  p = 1.0 + 1.0 / q_safe
-  if norm == "lp":
-    return jnp.where(q_pos, jnp.sign(f) * (jnp.abs(f) / p) ** q_safe, jnp.sign(f))
-  nrm = jnp.linalg.norm(f)
-  unit = f / jnp.where(nrm > 0, nrm, 1.0)
-  return jnp.where(q_pos, unit * (nrm / p) ** q_safe, unit)
+  return as_problem(psi, **params).best_response(losses)
 
 
 def robust_objective(losses, psi="chi2", **params):
-  """phi = max_{lambda in Lambda} <lambda, losses> - psi(lambda), in closed form."""
-  lam = best_response(losses, psi, **params)
-  f = jnp.asarray(losses, lam.dtype)
-  if psi == "qffl":
-    # closed form avoids 0 * inf issues for q = 0
-    dtype = lam.dtype
-    q = jnp.asarray(params["q"], dtype)
-    q_pos = q > 0
-    q_safe = jnp.where(q_pos, q, 1.0)
-    p = 1.0 + 1.0 / q_safe
-    if params.get("norm", "lp") == "lp":
-      val = jnp.sum(jnp.abs(f) ** (q_safe + 1.0)) * p ** (-q_safe) / (q_safe + 1.0)
-      lim = jnp.sum(jnp.abs(f))
-    else:
-      nrm = jnp.linalg.norm(f)
-      val = nrm ** (q_safe + 1.0) * p ** (-q_safe) / (q_safe + 1.0)
-      lim = nrm
-    return jnp.where(q_pos, val, lim)
-  return jnp.dot(lam, f) - _sx.psi_value(psi, lam, **params)
+  """phi = max_{lambda in Lambda} <lambda, losses> - psi(lambda), in closed form (``psi`` as in
+  :func:`best_response`)."""
+  return as_problem(psi, **params).robust_objective(losses)
 
 
 def distance_to_optimum(x, x_star):
@@ -467,7 +419,7 @@ def solve_saddle(
   client_losses_fn: Callable[[Any], jax.Array],
   x0,
   *,
-  psi: str = "chi2",
+  psi: str | DROProblem = "chi2",
   psi_params: dict | None = None,
   tol: float = 1e-12,
   max_iterations: int = 200,
@@ -479,18 +431,19 @@ def solve_saddle(
     client_losses_fn: x -> [n] vector of client losses f_i(x); each f_i convex and twice
       differentiable (jax-traceable). x is any pytree of float arrays (use float64).
     x0: initial point (pytree); also fixes the structure of x_star.
-    psi: "chi2" (params rho >= 0; rho = 0 is AFL), "cvar" (params alpha in (0, 1]) or "qffl"
-      (params q >= 0, optional norm "lp" | "l2").
-    psi_params: dict of the parameters above (concrete scalars).
+    psi: a problem of :mod:`fedjax_dro.solvers.dro` (``chi2(0.1)``, ``cvar(0.3)``, ``qffl(2.0)``,
+      ``kl(0.5)``) or its name: "chi2" (params rho >= 0; rho = 0 is AFL), "cvar" (params alpha
+      in (0, 1]), "qffl" (params q >= 0, optional norm "lp" | "l2") or "kl" (params lam > 0).
+    psi_params: dict of the parameters above (concrete scalars) when ``psi`` is a name; none
+      for a problem.
     tol: stopping tolerance on the KKT residual, relative to max(1, |phi|).
     max_iterations: maximum number of Newton / interior-point iterations.
-    method: "auto" ("ipm" for chi2 / cvar, "newton" for qffl), "newton" (chi2 with rho > 0,
-      qffl) or "ipm" (chi2, cvar). CVaR with alpha = 1 always uses "erm".
+    method: "auto" ("ipm" for chi2 / cvar, "newton" for qffl / kl), "newton" (chi2 with
+      rho > 0, qffl, kl) or "ipm" (chi2, cvar). CVaR with alpha = 1 always uses "erm".
   Returns:
     SaddleSolution (see its docstring).
   """
-  psi_params = dict(psi_params or {})
-  _validate_psi(psi, psi_params)
+  problem = as_problem(psi, **dict(psi_params or {}))
   if method not in ("auto", "newton", "ipm"):
     raise ValueError(f"`method` must be 'auto', 'newton' or 'ipm', got {method!r}")
   _sx.check_scalar(tol, "tol", lambda c: c > 0, "> 0")
@@ -523,32 +476,29 @@ def solve_saddle(
   n = f0.shape[0]
   dtype = z0.dtype
 
-  strongly_concave = (psi == "qffl") or (psi == "chi2" and float(psi_params["rho"]) > 0)
-  cvar_erm = psi == "cvar" and 1.0 / (float(psi_params["alpha"]) * n) * n <= 1.0 + 1e-12
+  quadratic = problem.quadratic_form(n)  # (kappa, cap): Lambda a (capped) simplex
   if method == "auto":
-    method = "newton" if psi == "qffl" else "ipm"
-  if method == "newton" and not strongly_concave:
+    method = "newton" if quadratic is None else "ipm"
+  if method == "newton" and not problem.strongly_concave():
     raise ValueError(
       "method='newton' needs a strongly concave inner problem (chi2 with "
-      "rho > 0, or qffl); use method='ipm'"
+      "rho > 0, qffl or kl); use method='ipm'"
     )
-  if method == "ipm" and psi == "qffl":
+  if method == "ipm" and quadratic is None:
     raise ValueError("method='ipm' supports psi='chi2' and psi='cvar' only")
-  if cvar_erm:
+  if problem.uniform_only(n):  # CVaR with alpha = 1
     method = "erm"
 
   tol = float(tol)
   max_iterations = int(max_iterations)
 
   def lam_of(z):
-    return best_response(f_flat(z), psi, **psi_params)
+    return problem.best_response(f_flat(z))
 
-  if psi == "chi2":
-    kappa = float(psi_params["rho"]) * n
-    cap, has_cap = jnp.inf, False
-  elif psi == "cvar":
-    kappa = 0.0
-    cap, has_cap = 1.0 / (float(psi_params["alpha"]) * n), True
+  kappa, cap = quadratic if quadratic is not None else (0.0, None)
+  has_cap = cap is not None
+  if not has_cap:
+    cap = jnp.inf
 
   def run(z0):
     if method == "newton":
@@ -557,7 +507,7 @@ def solve_saddle(
         return jax.jacfwd(f_flat)(z).T @ lam_of(z)
 
       def value_fn(z):
-        return robust_objective(f_flat(z), psi, **psi_params)
+        return problem.robust_objective(f_flat(z))
 
       z, it, conv = _newton_minimize(value_fn, grad_fn, z0, tol, max_iterations)
       lam = lam_of(z)
@@ -579,12 +529,12 @@ def solve_saddle(
       z, lam = state[0], to_set(state[1])
       z_p, lam_p = _polish_active_set(f_flat, state, n, kappa, cap, has_cap)
       lam_p = to_set(lam_p)
-      r_ipm = _natural_residual(f_flat, z, lam, psi, psi_params)
-      r_pol = _natural_residual(f_flat, z_p, lam_p, psi, psi_params)
+      r_ipm = _natural_residual(f_flat, z, lam, problem)
+      r_pol = _natural_residual(f_flat, z_p, lam_p, problem)
       better = jnp.isfinite(r_pol) & (r_pol < r_ipm)
       z = jnp.where(better, z_p, z)
       lam = jnp.where(better, lam_p, lam)
-    objective, gap, residual = _certificates(f_flat, z, lam, psi, psi_params)
+    objective, gap, residual = _certificates(f_flat, z, lam, problem)
     return z, lam, it, conv, objective, gap, residual
 
   z, lam, it, conv, objective, gap, residual = _compile_small(run, z0)(z0)
@@ -617,19 +567,23 @@ def _compile_small(fn, *args):
   return lowered.compile()
 
 
-def _certificates(f_flat, z, lam, psi, psi_params):
+def _certificates(f_flat, z, lam, problem: DROProblem):
   """objective phi(z), duality gap and natural KKT residual of (z, lam)."""
   fz = f_flat(z)
-  objective = robust_objective(fz, psi, **psi_params)
+  objective = problem.robust_objective(fz)
   # min_x <lam, f(x)> - psi(lam): pure Newton steps from z (z is near-stationary for lam)
   inner = lambda y: jnp.dot(lam, f_flat(y))
   _, inner_min = _newton_polish(inner, jax.grad(inner), z)
-  gap = objective - (inner_min - _sx.psi_value(psi, lam, **psi_params))
-  return objective, gap, _natural_residual(f_flat, z, lam, psi, psi_params)
+  gap = objective - (inner_min - problem.value(lam))
+  return objective, gap, _natural_residual(f_flat, z, lam, problem)
 
 
-def _natural_residual(f_flat, z, lam, psi, psi_params):
-  """max(||J^T lam||_inf, ||lam - prox(lam, f(z), sigma=1)||_inf): zero iff saddle point."""
+def _natural_residual(f_flat, z, lam, problem: DROProblem):
+  """max(||J^T lam||_inf, ||lam - prox(lam, f(z), sigma=1)||_inf): zero iff saddle point. For a
+  problem without a prox (kl, strongly concave) ``lam - best_response(f(z))`` in its place."""
   r_x = jnp.max(jnp.abs(jax.jacfwd(f_flat)(z).T @ lam))
-  r_l = jnp.max(jnp.abs(lam - _sx.dual_prox(psi, lam, f_flat(z), 1.0, **psi_params)))
+  if problem.has_prox:
+    r_l = jnp.max(jnp.abs(lam - problem.prox(lam, f_flat(z), 1.0)))
+  else:
+    r_l = jnp.max(jnp.abs(lam - problem.best_response(f_flat(z))))
   return jnp.maximum(r_x, r_l)

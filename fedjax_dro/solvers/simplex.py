@@ -67,9 +67,9 @@ Dual prox steps (paper, Section 3 "Choosing psi and Lambda")
     the indicator of the unit l_inf ball (lp; q-FFL with q = 0 is ERM) or of the unit l2 ball
     (l2) and the prox is the projection onto that ball.
 
-``dual_prox(name, lambda_r, s, sigma, **params)`` dispatches on name in {"chi2", "cvar",
-"qffl"}; ``psi_value(name, lam, **params)`` evaluates psi (for "cvar" psi = 0 on Lambda; the set
-constraint itself is not part of psi_value).
+The problems themselves (psi, its value, best response and robust objective, with the prox steps
+above as their ``prox``) are the objects of :mod:`fedjax_dro.solvers.dro`: ``chi2(rho).prox(lam,
+s, sigma)`` is ``prox_chi2(lam, s, sigma, rho)``, and likewise for ``cvar`` and ``qffl``.
 """
 
 from __future__ import annotations
@@ -86,12 +86,7 @@ __all__ = [
   "prox_chi2",
   "prox_cvar",
   "prox_qffl",
-  "dual_prox",
-  "psi_value",
-  "PSI_NAMES",
 ]
-
-PSI_NAMES = ("chi2", "cvar", "qffl")
 
 _QFFL_BISECTION_STEPS = 96
 
@@ -364,76 +359,4 @@ def _prox_qffl(lambda_r, s, sigma, q, norm):
     unit = z / jnp.where(a > 0, a, 1.0)
     general = unit * t
     limit = unit * jnp.minimum(a, 1.0)
-  return jnp.where(q_pos, general, limit)
-
-
-def dual_prox(name, lambda_r, s, sigma, **params):
-  """Dispatch the SCAFF-PD dual prox step by psi name.
-
-  dual_prox("chi2", lambda_r, s, sigma, rho=...)
-  dual_prox("cvar", lambda_r, s, sigma, alpha=...)
-  dual_prox("qffl", lambda_r, s, sigma, q=..., norm="lp")
-  """
-  fns = {
-    "chi2": (prox_chi2, {"rho"}, set()),
-    "cvar": (prox_cvar, {"alpha"}, set()),
-    "qffl": (prox_qffl, {"q"}, {"norm"}),
-  }
-  if name not in fns:
-    raise ValueError(f"`name` must be one of {PSI_NAMES}, got {name!r}")
-  fn, required, optional = fns[name]
-  check_params(name, params, required, optional)
-  return fn(lambda_r, s, sigma, **params)
-
-
-def check_params(name, params, required, optional):
-  missing = required - set(params)
-  if missing:
-    raise ValueError(f"psi {name!r} requires parameter(s) {sorted(missing)}")
-  extra = set(params) - required - optional
-  if extra:
-    raise ValueError(
-      f"psi {name!r} got unexpected parameter(s) {sorted(extra)}; "
-      f"expected {sorted(required | optional)}"
-    )
-
-
-def psi_value(name, lam, **params):
-  """Evaluate the dual regularizer psi(lambda).
-
-  chi2: (rho / (2n)) sum_i (n lambda_i - 1)^2        (params: rho)
-  cvar: 0 (the capped-simplex constraint is not part of psi)   (params: alpha)
-  qffl: sum_i |lambda_i|^(1+1/q) (norm="lp") or ||lambda||_2^(1+1/q) (norm="l2"); for q = 0,
-        0 inside the unit ball of the chosen norm (l_inf for lp) and +inf outside.  (params: q)
-  """
-  if name not in PSI_NAMES:
-    raise ValueError(f"`name` must be one of {PSI_NAMES}, got {name!r}")
-  lam = check_vector(lam, "lam")
-  n = lam.shape[0]
-  dtype = lam.dtype
-  if name == "chi2":
-    check_params(name, params, {"rho"}, set())
-    check_scalar(params["rho"], "rho", lambda c: c >= 0, ">= 0")
-    rho = jnp.asarray(params["rho"], dtype)
-    return rho / (2.0 * n) * jnp.sum((n * lam - 1.0) ** 2)
-  if name == "cvar":
-    check_params(name, params, {"alpha"}, set())
-    check_alpha(params["alpha"])
-    return jnp.zeros((), dtype)
-  check_params(name, params, {"q"}, {"norm"})
-  q = params["q"]
-  norm = params.get("norm", "lp")
-  check_q(q)
-  check_norm(norm)
-  q = jnp.asarray(q, dtype)
-  q_pos = q > 0
-  p = 1.0 + 1.0 / jnp.where(q_pos, q, 1.0)
-  if norm == "lp":
-    general = jnp.sum(jnp.abs(lam) ** p)
-    inside = jnp.max(jnp.abs(lam)) <= 1.0
-  else:
-    nrm = jnp.linalg.norm(lam)
-    general = nrm**p
-    inside = nrm <= 1.0
-  limit = jnp.where(inside, 0.0, jnp.inf).astype(dtype)
   return jnp.where(q_pos, general, limit)

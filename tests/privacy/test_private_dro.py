@@ -29,7 +29,7 @@ from fedjax_dro.core.settings import CommonSettings
 from fedjax_dro.models.base import client_loss_and_grad
 from fedjax_dro.privacy import NOT_YET, RELEASES
 from fedjax_dro.privacy.wrapper import LOSS_RELEASES
-from fedjax_dro.solvers.simplex import dual_prox
+from fedjax_dro.solvers.simplex import prox_chi2
 from tests.helpers import dataset, linreg, regression_clients
 
 N = 12
@@ -326,7 +326,7 @@ def test_drfa_private_round_against_a_per_client_reference(task):
   assert 0 < np.sum(losses > bound) < m
   v = np.zeros(N)
   v[uidx] = N / m * np.clip(losses, 0, bound)
-  lam_want = dual_prox("chi2", jnp.asarray(LAM), jnp.asarray(v), 0.5 * tau, rho=jnp.float64(0.0))
+  lam_want = prox_chi2(jnp.asarray(LAM), jnp.asarray(v), 0.5 * tau, jnp.float64(0.0))
 
   palg = fd.private(alg, clip, 0.0, sampling="fixed", loss_bound=bound)
   _, state = _start(palg, ds, lam=LAM)

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from fedjax_dro.solvers.dro import as_problem, chi2, cvar, kl, qffl
 from fedjax_dro.solvers.saddle import (
   SaddleSolution,
   best_response,
@@ -24,7 +25,6 @@ from fedjax_dro.solvers.saddle import (
   robust_objective,
   solve_saddle,
 )
-from fedjax_dro.solvers.simplex import psi_value
 
 # CLARABEL on the second-order-cone reformulations of the min-max problems stalls around
 # 1e-10 in the objective and ~1e-6 in x (it reports "optimal_inaccurate" for tighter settings),
@@ -129,7 +129,7 @@ def check_saddle_conditions(sol, psi, **params):
   # lambda* maximizes <lambda, f(x*)> - psi(lambda)
   f = losses_np(x)
   lam_cvx, val_cvx = cvx_best_response(f, psi, **params)
-  val = f @ lam - float(psi_value(psi, jnp.asarray(lam), **params))
+  val = f @ lam - float(as_problem(psi, **params).value(jnp.asarray(lam)))
   assert abs(val - val_cvx) < 1e-9
   if psi == "chi2" and params["rho"] > 0:  # unique maximizer
     np.testing.assert_allclose(lam, lam_cvx, atol=1e-8)
@@ -374,7 +374,7 @@ def test_best_response_matches_cvxpy(psi, params):
   lam = np.asarray(best_response(jnp.asarray(f), psi, **params))
   lam_cvx, val_cvx = cvx_best_response(f, psi, **params)
   assert abs(float(robust_objective(jnp.asarray(f), psi, **params)) - val_cvx) < 1e-10
-  val = f @ lam - float(psi_value(psi, jnp.asarray(lam), **params))
+  val = f @ lam - float(as_problem(psi, **params).value(jnp.asarray(lam)))
   assert abs(val - val_cvx) < 1e-10
   if not (psi == "chi2" and params["rho"] == 0.0):
     np.testing.assert_allclose(lam, lam_cvx, atol=1e-8)
@@ -384,16 +384,67 @@ def test_robust_objective_qffl_closed_form():
   f = jnp.array([0.3, 1.2, 0.7, 1.1])
   q, p = 3.0, 1 + 1 / 3.0
   lam = best_response(f, "qffl", q=q)
-  want = float(jnp.dot(lam, f) - psi_value("qffl", lam, q=q))
+  want = float(jnp.dot(lam, f) - qffl(q).value(lam))
   np.testing.assert_allclose(robust_objective(f, "qffl", q=q), want, rtol=1e-14)
   np.testing.assert_allclose(want, p ** (-q) / (q + 1) * float(jnp.sum(f ** (q + 1))), rtol=1e-14)
   np.testing.assert_allclose(robust_objective(f, "qffl", q=0.0), float(jnp.sum(f)), rtol=0)
+
+
+# --------------------------------------------------------------------------------------------
+# problem objects: the same solutions as their names, and the KL problem
+# --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+  "psi,params,problem",
+  [
+    ("chi2", {"rho": 0.3}, chi2(0.3)),
+    ("chi2", {"rho": 0.0}, chi2(0.0)),
+    ("cvar", {"alpha": 0.5}, cvar(0.5)),
+    ("cvar", {"alpha": 1.0}, cvar(1.0)),
+    ("qffl", {"q": 2.0}, qffl(2.0)),
+  ],
+)
+def test_a_problem_object_solves_as_its_name(psi, params, problem):
+  by_name = solved(psi, **params)
+  by_object = solve_saddle(losses, jnp.zeros(D), psi=problem)
+  assert by_object.method == by_name.method and by_object.iterations == by_name.iterations
+  for field in ("x_star", "lambda_star", "objective", "gap", "residual"):
+    np.testing.assert_array_equal(getattr(by_object, field), getattr(by_name, field))
+  f = losses(jnp.asarray(by_name.x_star))
+  np.testing.assert_array_equal(best_response(f, psi, **params), best_response(f, problem))
+  np.testing.assert_array_equal(robust_objective(f, psi, **params), robust_objective(f, problem))
+
+
+@pytest.mark.parametrize("lam", [0.2, 1.0, 5.0])
+def test_kl_saddle_point(lam):
+  """The KL-regularized problem (FGDRO-KL's problem (5)): x* minimizes lam log mean exp(f / lam)
+  (its gradient, the softmax-weighted gradient, vanishes; CVXPY agrees), lambda* is the softmax."""
+  sol = solve_saddle(losses, jnp.zeros(D), psi=kl(lam))
+  assert sol.method == "newton"
+  check_certificates(sol)
+  x = np.asarray(sol.x_star)
+  f = losses_np(x)
+  w = np.exp((f - f.max()) / lam)
+  w /= w.sum()
+  np.testing.assert_allclose(sol.lambda_star, w, atol=1e-14)
+  assert np.max(np.abs(w @ grads_np(x))) < 1e-11
+  np.testing.assert_allclose(sol.objective, lam * np.log(np.mean(np.exp(f / lam))), rtol=1e-14)
+  xv = cp.Variable(D)
+  prob = solve_cvx(lam * cp.log_sum_exp(cvx_losses(xv) / lam) - lam * np.log(N))
+  np.testing.assert_allclose(x, xv.value, atol=X_ATOL_CVX)
+  np.testing.assert_allclose(float(sol.objective), prob.value, rtol=1e-8)
+  # between the ERM optimum (lam -> infinity) and AFL's minimax value (lam -> 0)
+  erm, afl = solved("cvar", alpha=1.0).objective, solved("chi2", rho=0.0).objective
+  assert erm - 1e-12 <= sol.objective <= afl + 1e-12
 
 
 @pytest.mark.parametrize(
   "kwargs,match",
   [
     (dict(psi="kl", psi_params={}), "psi"),
+    (dict(psi="tv", psi_params={}), "psi"),
+    (dict(psi=cvar(0.5), psi_params={"alpha": 0.5}), "psi"),
+    (dict(psi="kl", psi_params={"lam": 1.0}, method="ipm"), "ipm"),
+    (dict(psi=cvar(0.5), method="newton"), "newton"),
     (dict(psi="chi2", psi_params={}), "rho"),
     (dict(psi="chi2", psi_params={"rho": -1.0}), "rho"),
     (dict(psi="cvar", psi_params={"alpha": 0.0}), "alpha"),

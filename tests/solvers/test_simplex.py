@@ -16,14 +16,13 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from fedjax_dro.solvers.dro import chi2, cvar, qffl
 from fedjax_dro.solvers.simplex import (
-  dual_prox,
   project_capped_simplex,
   project_simplex,
   prox_chi2,
   prox_cvar,
   prox_qffl,
-  psi_value,
 )
 
 CLARABEL_OPTS = dict(
@@ -217,7 +216,7 @@ def test_prox_chi2_matches_cvxpy(n, sigma, rho):
   _solve(obj, [lam >= 0, cp.sum(lam) == 1])
   got = np.asarray(prox_chi2(jnp.asarray(lam_r), jnp.asarray(s), sigma, rho))
   np.testing.assert_allclose(got, lam.value, atol=ATOL)
-  np.testing.assert_allclose(got, dual_prox("chi2", lam_r, s, sigma, rho=rho), atol=0)
+  np.testing.assert_allclose(got, chi2(rho).prox(lam_r, s, sigma), atol=0)
 
 
 @pytest.mark.parametrize(
@@ -238,7 +237,7 @@ def test_prox_cvar_matches_cvxpy(n, sigma, alpha):
   _solve(obj, [lam >= 0, cp.sum(lam) == 1, lam <= 1.0 / (alpha * n)])
   got = np.asarray(prox_cvar(jnp.asarray(lam_r), jnp.asarray(s), sigma, alpha))
   np.testing.assert_allclose(got, lam.value, atol=ATOL)
-  np.testing.assert_allclose(got, dual_prox("cvar", lam_r, s, sigma, alpha=alpha), atol=0)
+  np.testing.assert_allclose(got, cvar(alpha).prox(lam_r, s, sigma), atol=0)
 
 
 LONG = np.longdouble
@@ -300,9 +299,7 @@ def test_prox_qffl_matches_cvxpy(q, norm):
   # extended-precision scalar oracle above is the 1e-13 check. Ours must not be worse.
   np.testing.assert_allclose(got, lam.value, atol=1e-5)
   val = lambda l: float(
-    psi_value("qffl", jnp.asarray(l), q=q, norm=norm)
-    - s @ l
-    + np.sum((l - lam_r) ** 2) / (2 * sigma)
+    qffl(q, norm).value(jnp.asarray(l)) - s @ l + np.sum((l - lam_r) ** 2) / (2 * sigma)
   )
   assert val(got) <= val(lam.value) + 1e-12
 
@@ -322,54 +319,6 @@ def test_prox_qffl_closed_forms():
   np.testing.assert_allclose(prox_qffl(z_r, s, sigma, 1e-3), jnp.clip(z, -1, 1), atol=1e-2)
   # zero input
   np.testing.assert_array_equal(prox_qffl(jnp.zeros(5), jnp.zeros(5), 1.0, 2.0), np.zeros(5))
-
-
-def test_psi_value():
-  lam = jnp.array([0.1, 0.2, 0.3, 0.4])
-  n = 4
-  np.testing.assert_allclose(
-    psi_value("chi2", lam, rho=0.5),
-    0.5 / (2 * n) * np.sum((n * np.asarray(lam) - 1) ** 2),
-    rtol=1e-15,
-  )
-  assert float(psi_value("chi2", jnp.full(n, 0.25), rho=3.0)) == 0.0
-  assert float(psi_value("cvar", lam, alpha=0.5)) == 0.0
-  np.testing.assert_allclose(
-    psi_value("qffl", lam, q=2.0), np.sum(np.asarray(lam) ** 1.5), rtol=1e-15
-  )
-  np.testing.assert_allclose(
-    psi_value("qffl", lam, q=2.0, norm="l2"), np.linalg.norm(lam) ** 1.5, rtol=1e-15
-  )
-  assert float(psi_value("qffl", lam, q=0.0)) == 0.0
-  assert float(psi_value("qffl", 2 * lam / 0.4, q=0.0)) == np.inf
-
-
-def test_prox_is_minimizer_of_its_objective():
-  """Each prox output beats random feasible perturbations of itself (sanity, all psi)."""
-  rng = np.random.default_rng(5)
-  n, sigma = 5, 0.8
-  lam_r, s = _prox_inputs(rng, n)
-  cases = [("chi2", dict(rho=0.3)), ("cvar", dict(alpha=0.4)), ("qffl", dict(q=1.5))]
-  for name, params in cases:
-    out = np.asarray(dual_prox(name, lam_r, s, sigma, **params))
-
-    def obj(l):
-      return float(
-        psi_value(name, jnp.asarray(l), **params) - s @ l + np.sum((l - lam_r) ** 2) / (2 * sigma)  # noqa: B023 (called within the iteration)
-      )
-
-    for _ in range(20):
-      d = rng.normal(size=n) * 1e-3
-      if name != "qffl":
-        d -= d.mean()
-        trial = out + d
-        if name == "cvar":
-          trial = np.asarray(project_capped_simplex(jnp.asarray(trial), 1 / (params["alpha"] * n)))
-        else:
-          trial = np.asarray(project_simplex(jnp.asarray(trial)))
-      else:
-        trial = out + d
-      assert obj(out) <= obj(trial) + 1e-13
 
 
 # --------------------------------------------------------------------------------------------
@@ -478,9 +427,9 @@ def test_jit_vmap_and_traced_parameters():
     np.testing.assert_allclose(
       out[i], prox_qffl(lam_r[i], V[i], 0.5, float(qs[i])), rtol=1e-14, atol=1e-15
     )
-  # dispatcher with traced alpha under jit + vmap
+  # the CVaR problem with a traced alpha under jit + vmap
   alphas = jnp.array([0.1, 0.3, 0.7, 1.0])
-  f = jax.jit(jax.vmap(lambda l, s, a: dual_prox("cvar", l, s, 1.0, alpha=a)))
+  f = jax.jit(jax.vmap(lambda l, s, a: cvar(a).prox(l, s, 1.0)))
   out = f(lam_r, V, alphas)
   np.testing.assert_allclose(out[1], prox_cvar(lam_r[1], V[1], 1.0, 0.3), atol=1e-15)
   np.testing.assert_allclose(out[3], np.full(5, 1 / 5), atol=1e-15)
@@ -521,11 +470,6 @@ S3 = jnp.ones(3)
     (lambda: prox_cvar(L3, S3, 1.0, -0.5), "alpha"),
     (lambda: prox_qffl(L3, S3, 1.0, -1.0), "q"),
     (lambda: prox_qffl(L3, S3, 1.0, 1.0, norm="l1"), "norm"),
-    (lambda: dual_prox("kl", L3, S3, 1.0), "name"),
-    (lambda: dual_prox("chi2", L3, S3, 1.0), "rho"),
-    (lambda: dual_prox("chi2", L3, S3, 1.0, rho=1.0, alpha=0.5), "alpha"),
-    (lambda: psi_value("chi2", L3, rho=-1.0), "rho"),
-    (lambda: psi_value("tv", L3), "name"),
   ],
 )
 def test_validation_errors(call, argname):

@@ -1,0 +1,72 @@
+"""The round of the adaptive FedOpt algorithms (FedAdagrad, FedAdam, FedYogi).
+
+Reddi, Charles, Zaheer, Garrett, Rush, Konecny, Kumar, McMahan, "Adaptive Federated
+Optimization", ICLR 2021 (arXiv:2003.00295), Algorithm 2: local SGD from the server model, the
+weighted mean of the participants' model differences ``Delta_t``, then the server's adaptive
+step with the second moment of ``kind`` (:func:`fedjax_dro.core.server.adaptive_step`). The three
+algorithms of :mod:`fedjax_dro.algorithms` differ only in ``kind``, their hyper-parameters and
+the words of their ``Algorithm.config``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from fedjax_dro.core.aggregation import tree_zeros_like
+from fedjax_dro.core.costs import local_training_costs
+from fedjax_dro.core.local import local_round, round_metrics
+from fedjax_dro.core.server import adaptive_step
+from fedjax_dro.core.settings import round_zero, state_init
+
+
+class FedAdamState(NamedTuple):
+  params: Any  # global model x_t
+  m: Any  # params-shaped first moment m_t of the pseudo-gradient Delta_t
+  v: Any  # params-shaped second moment v_t (elementwise Delta_t^2 average)
+  round: jnp.ndarray  # [] int32 rounds done (t of the next bias correction is round + 1)
+
+
+def initial_state(params, num_clients, initial_v=0.0):
+  """``x_0 = params``, ``m_0 = 0``, ``v_0 = initial_v`` (default 0)."""
+  v = jax.tree.map(lambda a: jnp.full_like(a, initial_v), params)
+  return FedAdamState(params, tree_zeros_like(params), v, round_zero())
+
+
+class AdaptiveFedOpt(NamedTuple):
+  """What :func:`adaptive_fedopt` builds for :func:`~fedjax_dro.algorithms.base.build_algorithm`,
+  with the ``Algorithm.config`` entries of the options."""
+
+  init: Callable
+  round: Callable
+  cost: Callable
+  config: dict
+
+
+def adaptive_fedopt(name, kind, model, settings, *, bias_correction=False, initial_v=0.0):
+  """The FedOpt algorithm ``name`` of Algorithm 2 with the second moment of ``kind``: local SGD,
+  the weighted mean difference, the server's adaptive step. The round reads ``client_lr``,
+  ``server_lr``, ``beta1``, ``tau`` and (Adam, Yogi) ``beta2`` from its hyper-parameters."""
+  if isinstance(initial_v, bool) or not isinstance(initial_v, (int, float)) or initial_v < 0:
+    raise ValueError(f"{name}: initial_v must be a number >= 0 (v_-1), got {initial_v!r}")
+  initial_v = float(initial_v)
+
+  def round_fn(state, data, key, hparams):
+    update = local_round(
+      model, settings, state.params, data, key, hparams["client_lr"], mean_only=True
+    )
+    b1, tau, lr = hparams["beta1"], hparams["tau"], hparams["server_lr"]
+    b2 = hparams.get("beta2", 0.0)
+    t = (state.round + 1).astype(jnp.result_type(b1)) if bias_correction else None
+    m, v, step = adaptive_step(kind, state.m, state.v, update.deltas, b1=b1, b2=b2, tau=tau, t=t)
+    params = jax.tree.map(lambda x, s: (x + lr * s).astype(x.dtype), state.params, step)
+    return FedAdamState(params, m, v, state.round + 1), round_metrics(update)
+
+  return AdaptiveFedOpt(
+    state_init(settings, lambda params, n: initial_state(params, n, initial_v)),
+    round_fn,
+    local_training_costs(model, settings),
+    {"bias_correction": bias_correction, "initial_v": initial_v},
+  )

@@ -1,0 +1,141 @@
+"""The local rounds and steps shared by the algorithms of the FGDRO paper.
+
+Guo and Yang, "Communication-Efficient Federated Group Distributionally Robust Optimization",
+NeurIPS 2024, arXiv:2410.06369:
+
+* :func:`estimator_round`: the local round of FGDRO-CVaR, FGDRO-KL and FGDRO-KL-Adam (Algorithms
+  1-3), whose per-client loss estimator ``u`` stays on the client;
+* :func:`kl_estimators`, :func:`mean_log`, :func:`kl_initial` and :func:`kl_round`: the KL
+  estimators ``u``, ``v`` (in the log domain) and ``h`` of FGDRO-KL and FGDRO-KL-Adam
+  (Algorithms 2 and 3; the readings are those of :mod:`fedjax_dro.algorithms.fgdro_kl`), with
+  :data:`KL_ESTIMATOR_HPARAMS`, their moving-average weights;
+* :func:`adam_step`: the Adam-type local step of FGDRO-KL-Adam and LocalAdam (Algorithms 3 and 4),
+  with :data:`ADAM_HPARAMS`.
+
+The KL regularization ``lambda`` of FGDRO-KL is the parameter of the KL problem of
+:mod:`fedjax_dro.solvers.dro` (:func:`~fedjax_dro.solvers.dro.kl`), whose robust objective
+``lambda log mean exp(l / lambda)`` is the paper's problem (5).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from fedjax_dro.core.aggregation import scatter_rows, tree_zeros_like
+from fedjax_dro.core.hparams import HParam
+from fedjax_dro.core.local import stateful_local_round, stateful_round_metrics
+from fedjax_dro.core.privacy import active
+
+KL_ESTIMATOR_HPARAMS = {
+  "beta1": HParam(0.1, "moving-average weight of the loss estimator u", maximum=1.0),
+  "beta2": HParam(0.1, "moving-average weight of the estimator v of g(w)", maximum=1.0),
+}
+
+ADAM_HPARAMS = {
+  "beta3": HParam(0.1, "first-moment weight of the new gradient (1 - Adam beta1)", maximum=1.0),
+  "beta4": HParam(0.001, "second-moment weight of the new gradient (1 - Adam beta2)", maximum=1.0),
+  "tau": HParam(1e-8, "adaptivity tau added to sqrt(q)"),
+}
+
+V_REL_FLOOR = 1e-6  # private rounds: the released mean of v_i / v_bar is raised to at least this
+
+
+def estimator_round(model, settings, loss_estimates, data, key, *, start, step, averaged):
+  """The local round of the FGDRO algorithms: ``(update, loss_estimates)``.
+
+  Each participant's row of ``loss_estimates`` (its ``u``, never communicated) is its client
+  state: ``start(u)`` builds the carry, ``step`` advances it and the ``averaged`` carries are
+  averaged over the participants; their final ``u`` (``carry["u"]``) is written back.
+  """
+  update = stateful_local_round(
+    model,
+    settings,
+    data,
+    key,
+    start=start,
+    step=step,
+    client_state=loss_estimates,
+    averaged=averaged,
+  )
+  return update, scatter_rows(loss_estimates, update.idx, update.carries["u"])
+
+
+def kl_estimators(carry, loss, grad, hparams):
+  """Lines 6-7 of Algorithms 2 and 3: ``(u, log v, h)`` after one local step.
+
+  ``h = exp(u / lambda - log v) grad``: the local term of the gradient (6) of problem (5).
+  """
+  lam, beta1, beta2 = hparams["lam"], hparams["beta1"], hparams["beta2"]
+  u = (1 - beta1) * carry["u"] + beta1 * loss
+  log_v = jnp.logaddexp(jnp.log1p(-beta2) + carry["log_v"], jnp.log(beta2) + u / lam)
+  weight = jnp.exp(u / lam - log_v)
+  h = jax.tree.map(lambda g: weight * g, grad)
+  return u, log_v, h
+
+
+def mean_log(log_values):
+  """``log mean exp(log_values)`` over the participants: the average of ``v`` in the log domain."""
+  return jax.nn.logsumexp(log_values) - jnp.log(log_values.shape[0])
+
+
+def kl_initial(params, num_clients):
+  """``(m_bar, log v_bar, u)`` initial values shared with FGDRO-KL-Adam: zeros."""
+  dtype = jnp.result_type(float)
+  return tree_zeros_like(params), jnp.zeros((), dtype), jnp.zeros((num_clients,), dtype)
+
+
+def kl_round(model, settings, state, data, key, *, start, step, averaged):
+  """The local round of FGDRO-KL and FGDRO-KL-Adam: ``(final carries, log v_bar, loss
+  estimates, metrics)``; ``v`` is averaged in the log domain and reported as ``log_v``.
+
+  In a private round (the private form of :mod:`fedjax_dro.algorithms.fgdro_kl`) each participant
+  also carries ``v_rel = v_i / v_bar`` and releases ``v_rel - 1`` with its other deltas."""
+  if active() is None:
+    update, loss_estimates = estimator_round(
+      model, settings, state.loss_estimates, data, key, start=start, step=step, averaged=averaged
+    )
+    log_v = mean_log(update.carries["log_v"])
+  else:
+    real = jnp.result_type(float)
+
+    def rel_start(u):
+      return {**start(u), "v_rel": jnp.ones((), real)}
+
+    def rel_step(carry, loss, grad):
+      new = step({k: v for k, v in carry.items() if k != "v_rel"}, loss, grad)
+      # v_i / v_bar, its exponent capped where its square (in the clip's norm) stays finite
+      cap = 0.5 * math.log(float(jnp.finfo(real).max)) - 2.0
+      ratio = jnp.exp(jnp.minimum(new["log_v"] - state.log_v, cap)).astype(real)
+      return {**new, "v_rel": ratio}
+
+    update, loss_estimates = estimator_round(
+      model,
+      settings,
+      state.loss_estimates,
+      data,
+      key,
+      start=rel_start,
+      step=rel_step,
+      averaged=(*averaged, "v_rel"),
+    )
+    # the mean of v over the participants is v_bar times the released mean of v_rel, kept
+    # positive (noise can take it below 0): at least V_REL_FLOOR
+    rel = jnp.maximum(update.carries["v_rel"], V_REL_FLOOR)
+    log_v = (state.log_v + jnp.log(rel)).astype(state.log_v.dtype)
+  metrics = stateful_round_metrics(update)
+  metrics["log_v"] = log_v
+  return update.carries, log_v, loss_estimates, metrics
+
+
+def adam_step(carry, h, hparams):
+  """Lines 7-8 of Algorithm 4 (lines 8-9 of Algorithm 3): moments and the adaptive step."""
+  lr, beta3, beta4, tau = (hparams[k] for k in ("client_lr", "beta3", "beta4", "tau"))
+  m = jax.tree.map(lambda a, b: ((1 - beta3) * a + beta3 * b).astype(a.dtype), carry["m"], h)
+  q = jax.tree.map(lambda a, b: ((1 - beta4) * a + beta4 * b * b).astype(a.dtype), carry["q"], h)
+  w = jax.tree.map(
+    lambda p, a, b: (p - lr * a / (jnp.sqrt(b) + tau)).astype(p.dtype), carry["params"], m, q
+  )
+  return w, m, q
