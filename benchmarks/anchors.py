@@ -281,7 +281,7 @@ def sweep_executed_steps(alg, sizes, kw, seeds, rounds, block, cohort, chunk=1):
   """Local client-steps executed per configuration and round of an ``fd.sweep`` over ``seeds``
   (every grid point of a seed samples the same participants) with the ``map`` (``chunk`` 1) or
   ``chunked`` backend: each configuration's participants in step-sorted order
-  (``core.ragged.sorted_participants``), groups of ``chunk`` consecutive ranks, the
+  (``core.participants.ClientPlan.arranged``), groups of ``chunk`` consecutive ranks, the
   configurations' ``j``-th groups side by side until the largest of them is done, in whole
   blocks of ``block`` steps; averaged over rounds ``0 .. rounds - 1``."""
   if "local_epochs" not in kw:

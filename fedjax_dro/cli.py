@@ -166,7 +166,8 @@ def _private(args, alg, num_clients: int):
   sampling = args.dp_sampling or "poisson"
   rate = args.dp_rate
   if sampling == "poisson" and rate is None:
-    rate = min(1.0, (alg.config.get("clients_per_round") or num_clients) / num_clients)
+    s = alg.settings.clients_per_round if alg.settings is not None else None
+    rate = min(1.0, (s or num_clients) / num_clients)
   kw = dict(sampling=sampling, rate=rate, accountant=args.dp_accountant or "rdp")
   if args.dp_delta is not None:
     kw["delta"] = args.dp_delta
@@ -713,7 +714,7 @@ def _sweep_locked(args) -> int:
   ]
   header = ["hparams", "training seed", f"{metric} mean", f"{metric} worst-20%", "diverged"]
   if res.privacy is not None:  # each row's epsilon after its rounds (its own noise multiplier)
-    header.append(f"epsilon (delta {alg.config['privacy']['delta']:.3g})")
+    header.append(f"epsilon (delta {alg.privacy.delta:.3g})")
     for row, record in zip(rows, res.privacy):
       row.append(f"{record['epsilon']:.4g}")
   print_table(rows, header)

@@ -77,11 +77,12 @@ def variants(factory):
   return out
 
 
-def fingerprints():
+def fingerprints(names=None):
+  """The fingerprint lines of every registered algorithm (or of ``names`` only)."""
   data = dataset(regression_clients(n=6, d=3, seed=0))
   model = linreg(3)
   lines = []
-  for name in sorted(A.list_algorithms()):
+  for name in sorted(names or A.list_algorithms()):
     factory = A.get_algorithm(name).factory
     for label, options in variants(factory).items():
       alg = factory(model, **{**OPTIONS.get(name, {}), **options})
@@ -144,6 +145,8 @@ def private_fingerprints(name, factory, data, model):
 
 
 if __name__ == "__main__":
-  with float64():
-    for line in fingerprints():
-      print(line)
+  import sys
+
+  with float64():  # python -m tests.fingerprints [NAME ...]
+    for line in fingerprints(sys.argv[1:] or None):
+      print(line, flush=True)

@@ -851,10 +851,13 @@ CASES = {
   ),
   "private: an algorithm whose releases are not declared (a user's)": (
     lambda: P.private(
-      A.fedavg(linreg(2), weighting="uniform")._replace(name="mine"), 1.0, 1.0, rate=0.5
+      A.fedavg(linreg(2), weighting="uniform")._replace(name="mine", releases=None),
+      1.0,
+      1.0,
+      rate=0.5,
     ),
     ValueError,
-    "'mine' has no private form yet",
+    "'mine' declares no releases: build it with",
   ),
   "private: AFL without a loss bound": (
     lambda: P.private(A.afl(linreg(2)), 1.0, 1.0, rate=0.5),

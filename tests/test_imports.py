@@ -189,3 +189,45 @@ def test_the_algorithm_import_detector_can_fail(tmp_path):
     ("pkg.algorithms.e", "pkg.algorithms.a"),
     ("pkg.algorithms.f", "pkg.algorithms"),
   ]
+
+
+def subpackage_graph(edges: Dict[str, Set[str]], package: str = PACKAGE) -> Dict[str, Set[str]]:
+  """The import graph collapsed to the top-level subpackages and modules of ``package``
+  (``fedjax_dro.core.local -> fedjax_dro.models.builtin`` counts as ``core -> models``)."""
+
+  def top(name):
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+  out: Dict[str, Set[str]] = {}
+  for source, targets in edges.items():
+    for target in targets:
+      if top(source) and top(target) and top(source) != top(target):
+        out.setdefault(top(source), set()).add(top(target))
+  return out
+
+
+def test_the_subpackages_import_one_way():
+  """No cycle between subpackages; ``common`` (the Model protocol, the dense-layer declaration,
+  the tuning value, argument checks) sits below everything and imports nothing of the package;
+  ``core`` and ``models`` meet only there."""
+  edges, _ = import_graph(_modules(ROOT, PACKAGE))
+  graph = subpackage_graph(edges)
+  assert find_cycles(graph) == []
+  assert graph.get("common", set()) == set()
+  assert "models" not in graph.get("core", set()) and "core" not in graph.get("models", set())
+
+
+def test_the_subpackage_detector_can_fail(tmp_path):
+  pkg = tmp_path / "pkg"
+  for sub in ("core", "models"):
+    (pkg / sub).mkdir(parents=True)
+    (pkg / sub / "__init__.py").write_text("")
+  (pkg / "__init__.py").write_text("")
+  (pkg / "core" / "local.py").write_text("from pkg.models.base import Model\n")
+  (pkg / "models" / "base.py").write_text("def f():\n  from pkg.core import checks\n")
+  (pkg / "core" / "checks.py").write_text("")
+  edges, _ = import_graph(_modules(tmp_path, "pkg"), "pkg")
+  graph = subpackage_graph(edges, "pkg")
+  assert graph == {"core": {"models"}, "models": {"core"}}
+  assert find_cycles(graph) == [["core", "models", "core"]]

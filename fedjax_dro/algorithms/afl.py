@@ -43,9 +43,17 @@ from fedjax_dro.core.aggregation import tree_add
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import dual_round_metrics, local_round
 from fedjax_dro.core.precision import params_float_dtype
-from fedjax_dro.core.privacy import inverse_rate, present_slots, release_losses, release_sum
+from fedjax_dro.core.release import PLAIN, Releases
 from fedjax_dro.core.settings import CommonSettings, participants, round_zero, state_init
 from fedjax_dro.solvers.dro import DROProblem, initial_lambda, resolve
+
+RELEASES = Releases(
+  "each participant's gradient (clipped; the server's lambda-weighted sum, scaled by 1 / q, "
+  "noised for the largest weight any client has) and its minibatch loss (clipped to [0, B] and "
+  "noised), which drives the lambda ascent (post-processing)",
+  losses="loss",
+)
+"""What a participant releases (:func:`fedjax_dro.privacy.private`)."""
 
 
 class AFLState(NamedTuple):
@@ -79,7 +87,7 @@ def afl(
   round, unweighted over the participants.
 
   Args:
-    model: the :class:`~fedjax_dro.models.base.Model` of ``w``.
+    model: the :class:`~fedjax_dro.common.model.Model` of ``w``.
     psi: the regulariser of ``lambda``: a problem of :mod:`fedjax_dro.solvers.dro` with a prox
       step (``chi2(rho)``, ``cvar(alpha)``, ``qffl(q)``: its parameter becomes the default of
       the hyper-parameter) or its name, ``"chi2"`` (default, ``rho = 0``), ``"cvar"`` (capped
@@ -110,24 +118,24 @@ def afl(
     **problem.hparams(),
   }
 
-  def round_fn(state, data, key, hparams):
+  def round_fn(state, data, key, hparams, release=PLAIN):
     n = data.num_clients
     check_data_matches(data, state.lam.shape[0])
     s = participants(settings, n)
     # one local step of size 1 from w returns delta = -g_i(w); losses = f_i(w; xi)
-    update = local_round(model, settings, state.params, data, key, 1.0)
-    scale = inverse_rate(n, s)  # n / s (1 / q in a private round with Poisson participation)
+    update = local_round(model, settings, state.params, data, key, 1.0, release=release)
+    scale = release.inverse_rate(n, s)  # n / s (1 / q in a private round, Poisson participation)
     lam_s = state.lam[jnp.minimum(update.idx, n - 1)]
     # sum_i scale lam_i (-g_i); private: clipped, noised for the largest weight any client has
-    present = present_slots(update.weights)
-    step = release_sum(update.deltas, scale * lam_s, present, scale * jnp.max(state.lam), key)
+    present = release.present(update.weights)
+    step = release.sum(update.deltas, scale * lam_s, present, scale * jnp.max(state.lam), key)
     params = tree_add(state.params, step, hparams["lr_w"])
-    losses = release_losses(update.losses, key)
+    losses = release.losses(update.losses, key)
     v = jnp.zeros((n,), update.losses.dtype).at[update.idx].set(scale * losses)
     lam = problem.from_hparams(hparams).prox(state.lam, v, hparams["lr_lambda"])
     r = (state.round + 1).astype(update.losses.dtype)
     avg = jax.tree.map(lambda a, p: a + (p - a) / r, state.params_avg, params)
-    metrics = dual_round_metrics(update.losses, lam)
+    metrics = {**dual_round_metrics(update.losses, lam), **update.metrics}
     return AFLState(params, avg, lam, state.round + 1), metrics
 
   return build_algorithm(
@@ -139,6 +147,7 @@ def afl(
     hparam_specs,
     client_models=(lambda st: st.params_avg) if return_average else (lambda st: st.params),
     cost=local_training_costs(model, settings, scalars=1),  # g_i(w) and f_i(w; xi)
+    releases=RELEASES,
     psi=problem.name,
     **problem.config(),
     return_average=return_average,

@@ -34,11 +34,11 @@ from fedjax_dro.algorithms.base import (
   register,
   with_settings,
 )
-from fedjax_dro.core.aggregation import tree_add, weighted_mean
+from fedjax_dro.core.aggregation import tree_add
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import dual_round_metrics, local_round_and_losses
 from fedjax_dro.core.precision import params_float_dtype
-from fedjax_dro.core.privacy import inverse_rate, present_slots, release_losses, release_sum
+from fedjax_dro.core.release import PLAIN, Releases
 from fedjax_dro.core.server import check_optimizer, optimizer_config, server_step
 from fedjax_dro.core.settings import CommonSettings, round_zero, state_init
 from fedjax_dro.solvers.dro import initial_lambda
@@ -58,6 +58,14 @@ class AgnosticFedAvgOptState(NamedTuple):
   opt_state: Any  # the server optimizer's state (an optax state pytree)
   round: jnp.ndarray  # [] int32
 
+
+RELEASES = Releases(
+  "each participant's model delta (clipped; the lambda-weighted sum over the expected weight "
+  "q of the participants, noised for the largest lambda) and its full-data loss (clipped to [0, "
+  "B] and noised), which drives lambda's exponentiated step (post-processing)",
+  losses="loss",
+)
+"""What a participant releases (:func:`fedjax_dro.privacy.private`)."""
 
 HPARAMS = {
   "client_lr": HParam(0.05, "local SGD step size"),
@@ -82,7 +90,7 @@ def agnostic_fedavg(model, settings: CommonSettings, *, server_optimizer=None) -
   Every client is one domain; the server averages the model differences with the weights lambda.
 
   Args:
-    model: the :class:`~fedjax_dro.models.base.Model` of the global model ``w``.
+    model: the :class:`~fedjax_dro.common.model.Model` of the global model ``w``.
     clients_per_round: the sampled clients ``S`` of a round (uniform, without replacement);
       ``None`` (default): all.
     local_steps: local SGD steps of each client in ``S`` per round (default 10).
@@ -100,18 +108,16 @@ def agnostic_fedavg(model, settings: CommonSettings, *, server_optimizer=None) -
     its model difference and its loss ``L_k``.
   """
 
-  def round_fn(state, data, key, hparams):
+  def round_fn(state, data, key, hparams, release=PLAIN):
+    n = data.num_clients
     check_data_matches(data, state.lam.shape[0])
     lr = hparams["client_lr"]
-    update, losses = local_round_and_losses(model, settings, state.params, data, key, lr)
-    present = present_slots(update.weights)
-    if present is None:
-      delta = weighted_mean(update.deltas, state.lam[update.idx])
-    else:  # private: a fixed denominator, E[sum_S lam] = q (or s / n), for the weighted mean
-      n, s = data.num_clients, update.idx.shape[0]
-      w = state.lam[jnp.minimum(update.idx, n - 1)] * inverse_rate(n, s)
-      delta = release_sum(update.deltas, w, present, jnp.max(state.lam) * inverse_rate(n, s), key)
-      losses = release_losses(losses, key)
+    update, losses = local_round_and_losses(model, settings, state.params, data, key, lr, release)
+    present = release.present(update.weights)
+    # the lambda-weighted mean difference (private: a fixed denominator, E[sum_S lam] = q)
+    lam_s = state.lam[jnp.minimum(update.idx, n - 1)]
+    delta = release.weighted_average(update.deltas, lam_s, present, jnp.max(state.lam), n, key)
+    losses = release.losses(losses, key)
     if server_optimizer is None:
       params = tree_add(state.params, delta, hparams["server_lr"])
     else:
@@ -122,7 +128,7 @@ def agnostic_fedavg(model, settings: CommonSettings, *, server_optimizer=None) -
     # exp(eta L_i) / sum; shifting by max(L) changes nothing after normalization but cannot overflow
     lam = state.lam * jnp.exp(hparams["domain_lr"] * (domain_loss - jnp.max(domain_loss)))
     lam = lam / jnp.sum(lam)
-    metrics = dual_round_metrics(losses, lam)
+    metrics = {**dual_round_metrics(losses, lam), **update.metrics}
     if server_optimizer is None:
       return AgnosticFedAvgState(params, lam, state.round + 1), metrics
     return AgnosticFedAvgOptState(params, lam, opt_state, state.round + 1), metrics
@@ -140,5 +146,13 @@ def agnostic_fedavg(model, settings: CommonSettings, *, server_optimizer=None) -
   cost = local_training_costs(model, settings, scalars=1)  # delta_k and L_k
   extra = optimizer_config(server_optimizer)
   return build_algorithm(
-    "agnostic_fedavg", model, settings, init, round_fn, HPARAMS, cost=cost, **extra
+    "agnostic_fedavg",
+    model,
+    settings,
+    init,
+    round_fn,
+    HPARAMS,
+    cost=cost,
+    releases=RELEASES,
+    **extra,
   )

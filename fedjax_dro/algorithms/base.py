@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_dro.common.model import Model
 from fedjax_dro.core.hparams import HParam
 from fedjax_dro.core.precision import model_precision, validate_precision, with_precision
 from fedjax_dro.core.settings import (
@@ -39,11 +40,33 @@ from fedjax_dro.core.settings import (
   same_count,
 )
 from fedjax_dro.data.federated import FederatedData
-from fedjax_dro.models.base import Model
 
 
 class Algorithm(NamedTuple):
-  """An algorithm as pure functions (see the module docstring)."""
+  """An algorithm as pure functions (see the module docstring).
+
+  Attributes:
+    name: the registered name (or the user's).
+    model: the :class:`~fedjax_dro.common.model.Model` trained.
+    init: ``init(params, data, key) -> state``.
+    round: ``round(state, data, key, hparams, release=PLAIN) -> (state, metrics)``: one
+      communication round; ``release`` is the release mechanism
+      (:mod:`fedjax_dro.core.release`), an algorithm that declares ``releases`` takes it.
+    client_models: ``client_models(state)``: the global model, or ``[n, ...]`` stacked.
+    hparams: the hyper-parameter specs (the round's ``hparams`` argument).
+    personalized: whether ``client_models`` is per client.
+    config: a JSON-able record of the settings (written with the results; nothing reads it
+      to decide what a run does).
+    cost: ``cost(data) -> Costs``: per-round and setup uploads, client gradient evaluations and
+      sequential local steps (see :func:`algorithm_cost`).
+    settings: the validated shared settings (:class:`~fedjax_dro.core.settings.CommonSettings`),
+      or None for an algorithm without them.
+    releases: what the participants release (:class:`~fedjax_dro.core.release.Releases`), why
+      it cannot be private (:class:`~fedjax_dro.core.release.Refused`), or None (undeclared:
+      :func:`fedjax_dro.privacy.private` refuses it).
+    privacy: the privacy of an algorithm made private (set by :func:`fedjax_dro.privacy.private`;
+      the accountant reads it), else None.
+  """
 
   name: str
   model: Model
@@ -53,9 +76,10 @@ class Algorithm(NamedTuple):
   hparams: Dict[str, HParam]
   personalized: bool = False
   config: Dict[str, Any] = {}
-  # cost(data) -> fedjax_dro.core.costs.Costs: per-round and setup uploads, client gradient
-  # evaluations and sequential local steps (see algorithm_cost)
   cost: Optional[Callable] = None
+  settings: Optional[CommonSettings] = None
+  releases: Any = None
+  privacy: Any = None
 
 
 def default_hparams(alg: Algorithm) -> Dict[str, float]:
@@ -155,10 +179,15 @@ def build_algorithm(
   client_models: Callable = global_params,
   personalized: bool = False,
   cost: Optional[Callable] = None,
+  releases=None,
   **config,
 ) -> Algorithm:
   """The :class:`Algorithm` a factory returns, its ``config`` the round ``settings`` (if any)
   followed by the factory's own options ``config``.
+
+  ``releases`` declares what the participants release each round
+  (:class:`~fedjax_dro.core.release.Releases`; the round function then takes ``release``), or
+  why the algorithm cannot be private (:class:`~fedjax_dro.core.release.Refused`).
 
   By default the algorithm evaluates one global model (``client_models`` is
   :func:`global_params`); a personalized one passes its ``client_models`` and
@@ -175,6 +204,8 @@ def build_algorithm(
     personalized=personalized,
     config={**(settings._asdict() if settings is not None else {}), **config},
     cost=cost,
+    settings=settings,
+    releases=releases,
   )
 
 

@@ -44,6 +44,7 @@ from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, regis
 from fedjax_dro.core.aggregation import tree_add, tree_stack
 from fedjax_dro.core.costs import Costs, local_training_cost, parameter_count
 from fedjax_dro.core.local import local_round, round_metrics
+from fedjax_dro.core.release import PLAIN, Releases
 from fedjax_dro.core.settings import LOCAL_TRAINING, CommonSettings, round_zero, state_init
 
 
@@ -52,6 +53,11 @@ class DittoState(NamedTuple):
   personal: Any  # [n, ...] v_i, each client's personal model
   round: jnp.ndarray  # [] int32 rounds done
 
+
+RELEASES = Releases(
+  "each participant's global-model delta; the personal models never leave the clients"
+)
+"""What a participant releases (:func:`fedjax_dro.privacy.private`)."""
 
 HPARAMS = {
   "client_lr": HParam(0.1, "local SGD step size of the global model"),
@@ -69,7 +75,7 @@ def ditto(model, settings: CommonSettings, *, personal_steps: Optional[int] = No
   ``personal_steps`` steps on its loss plus ``lam/2 ||v - w||^2``.
 
   Args:
-    model: the :class:`~fedjax_dro.models.base.Model` of ``w`` and of every ``v_i``.
+    model: the :class:`~fedjax_dro.common.model.Model` of ``w`` and of every ``v_i``.
     clients_per_round: the participants ``S_t`` (uniform, without replacement); ``None``
       (default): every client, every round.
     local_steps: SGD steps on the global model per participant and round (default 10).
@@ -97,10 +103,17 @@ def ditto(model, settings: CommonSettings, *, personal_steps: Optional[int] = No
 
   init = state_init(settings, lambda p, n: DittoState(p, tree_stack(p, n), round_zero()))
 
-  def round_fn(state, data, key, hparams):
+  def round_fn(state, data, key, hparams, release=PLAIN):
     lam = hparams["lam"]
     update = local_round(
-      model, settings, state.params, data, key, hparams["client_lr"], mean_only=True
+      model,
+      settings,
+      state.params,
+      data,
+      key,
+      hparams["client_lr"],
+      mean_only=True,
+      release=release,
     )
 
     def prox(v, g, row):
@@ -121,6 +134,7 @@ def ditto(model, settings: CommonSettings, *, personal_steps: Optional[int] = No
       client_state=state.personal,
       state_update=lambda v, d: jax.tree.map(jnp.add, v, d),
       mean_only=True,
+      release=release,  # the same draw; nothing of this pass leaves the clients
     )
     metrics = round_metrics(update)
     personal_metrics = round_metrics(personal)
@@ -159,4 +173,5 @@ def ditto(model, settings: CommonSettings, *, personal_steps: Optional[int] = No
     personal_steps=steps if steps is not None else settings.local_steps,
     client_models=lambda s: s.personal,
     personalized=True,
+    releases=RELEASES,
   )

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register, with_settings
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import stateful_local_round, stateful_round_metrics
+from fedjax_dro.core.release import PLAIN, Releases
 from fedjax_dro.core.settings import CommonSettings, round_zero, state_init
 from fedjax_dro.solvers.dro import kl
 
@@ -36,6 +37,12 @@ class DrDsgdState(NamedTuple):
   params: Any  # w_bar, the global model
   round: jnp.ndarray  # [] int32
 
+
+RELEASES = Releases(
+  "each participant's model delta (its local steps weight each gradient by exp(loss / "
+  "lambda) on the client); the server reads the noised sum of the clipped updates over the expected participants"
+)
+"""What a participant releases (:func:`fedjax_dro.privacy.private`)."""
 
 HPARAMS = {
   "client_lr": HParam(0.01, "local step size eta"),
@@ -52,7 +59,7 @@ def dr_dsgd(model, settings: CommonSettings) -> Algorithm:
   DR-DSGD with server averaging every ``local_steps`` steps (uniform averages).
 
   Args:
-    model: the :class:`~fedjax_dro.models.base.Model` of the averaged model ``w_bar``.
+    model: the :class:`~fedjax_dro.common.model.Model` of the averaged model ``w_bar``.
     clients_per_round: clients averaged each round (drawn without replacement); ``None``
       (default): all, the complete graph of the original.
     local_steps: the mixing interval ``I``: local steps between two averages (default 32).
@@ -65,7 +72,7 @@ def dr_dsgd(model, settings: CommonSettings) -> Algorithm:
   """
   init = state_init(settings, lambda params, n: DrDsgdState(params, round_zero()))
 
-  def round_fn(state, data, key, hparams):
+  def round_fn(state, data, key, hparams, release=PLAIN):
     lr, lam = hparams["client_lr"], hparams["lam"]
 
     def step(carry, loss, grad):
@@ -75,10 +82,12 @@ def dr_dsgd(model, settings: CommonSettings) -> Algorithm:
 
     start = lambda row: {"params": state.params}
     update = stateful_local_round(
-      model, settings, data, key, start=start, step=step, averaged=("params",)
+      model, settings, data, key, start=start, step=step, averaged=("params",), release=release
     )
     new_state = DrDsgdState(update.carries["params"], state.round + 1)
     return new_state, stateful_round_metrics(update)
 
   cost = local_training_costs(model, settings)
-  return build_algorithm("dr_dsgd", model, settings, init, round_fn, HPARAMS, cost=cost)
+  return build_algorithm(
+    "dr_dsgd", model, settings, init, round_fn, HPARAMS, cost=cost, releases=RELEASES
+  )

@@ -69,26 +69,33 @@ from fedjax_dro.algorithms.base import (
   register,
   with_settings,
 )
-from fedjax_dro.core.aggregation import weighted_sum
-from fedjax_dro.core.checks import choice, flag
+from fedjax_dro.common.checks import choice, flag
+from fedjax_dro.common.model import client_loss_and_grad
 from fedjax_dro.core.costs import Costs, RoundCost, local_training_cost, parameter_count
-from fedjax_dro.core.local import dual_round_metrics, map_client_data
+from fedjax_dro.core.local import map_client_data
 from fedjax_dro.core.precision import params_float_dtype
-from fedjax_dro.core.privacy import (
-  active as privacy_active,
-  clip_each,
-  inverse_rate,
-  present_loss_metrics,
-  release_losses,
-  release_sum,
-  uniform_participants,
-)
-from fedjax_dro.core.sampling import sample_clients
+from fedjax_dro.core.release import PLAIN, Draw, Refused, Releases, loss_metrics
 from fedjax_dro.core.settings import CommonSettings, backend_for, participants, round_zero
-from fedjax_dro.models.base import client_loss_and_grad
 from fedjax_dro.solvers.dro import DROProblem, initial_lambda, resolve
 
 SAMPLING = ("lambda", "full")
+
+RELEASES = Releases(
+  "each participant of a uniform sample (Poisson at q, or s of n: q = s / n; not lambda-sampled) "
+  "sends its final and snapshot model deltas, clipped together to C (one vector); the server's "
+  "lambda_i / q weighted sums are noised for the largest weight (std z C max(lambda) / q); the "
+  "clients of a second, independent uniform sample send their losses at the snapshot model "
+  "(clipped to [0, B] and noised, std z_l B), which drive the lambda ascent (post-processing)",
+  losses="loss at the snapshot model (a second, independent sample's)",
+  separate_loss_sample=True,
+)
+"""What a participant releases (:func:`fedjax_dro.privacy.private`), with ``sampling="lambda"``."""
+
+FULL_SAMPLING = Refused(
+  "with sampling='full' it averages every client with weights lambda each round; its private "
+  "form draws a uniform sample (Poisson or fixed) and weights it by lambda / q: build drfa with "
+  "sampling='lambda'"
+)
 
 
 class DRFAState(NamedTuple):
@@ -137,7 +144,7 @@ def drfa(
   the server averages without weights.
 
   Args:
-    model: the :class:`~fedjax_dro.models.base.Model` of ``w``.
+    model: the :class:`~fedjax_dro.common.model.Model` of ``w``.
     psi: the regulariser of lambda: a problem of :mod:`fedjax_dro.solvers.dro` whose Lambda lies
       in the simplex, ``chi2(rho)`` or ``cvar(alpha)`` (its parameter becomes the default of the
       hyper-parameter), or its name, ``"chi2"`` (default, ``rho = 0``) or ``"cvar"`` (capped
@@ -208,115 +215,75 @@ def drfa(
       snapshot_step=snapshot_step,
     )
 
-  def round_fn(state, data, key, hparams):
+  def round_fn(state, data, key, hparams, release=PLAIN):
     n = data.num_clients
     check_data_matches(data, state.lam.shape[0])
-    if privacy_active() is not None:
-      return private_round_fn(state, data, key, hparams)
     m = participants(settings, n)
     backend = backend_for(settings, state.params)
     k_sample, k_snap, k_local, k_usample, k_eval = jax.random.split(key, 5)
     dtype = state.lam.dtype
     if sampling == "lambda":
-      idx = sample_clients(k_sample, n, m, state.lam, replace=True)
-      agg = jnp.full((m,), 1.0 / m, dtype)
-    else:
-      idx = jnp.arange(n)
-      agg = state.lam
+      # m clients drawn with probabilities lambda, each weighted 1 / m (private: a uniform draw
+      # weighted lambda / q, which no client's data decides)
+      draw, agg = release.importance_draw(k_sample, n, m, state.lam)
+      bound = release.inverse_rate(n, m) * jnp.max(state.lam)  # the largest weight of a client
+    else:  # "full": every client, weighted lambda (plain only: refused by fd.private)
+      every = jnp.arange(n)
+      draw, agg, bound = Draw(every, every, None, {}), state.lam, None
     snapshot_step = jax.random.randint(k_snap, (), 0, tau)
-    clients = data.take_clients(idx)
     lr = hparams["client_lr"]
 
     client_update = snapshot_sgd(state.params, lr, snapshot_step)
 
-    local_keys = jax.random.split(k_local, m)
+    local_keys = jax.random.split(k_local, draw.idx.shape[0])
     finals, snaps, losses = map_client_data(
-      client_update, clients, local_keys, backend=backend, chunk_size=settings.chunk_size
+      client_update,
+      data.take_clients(draw.rows),
+      local_keys,
+      backend=backend,
+      chunk_size=settings.chunk_size,
     )
-    params = weighted_sum(finals, agg)
-    snapshot = weighted_sum(snaps, agg)
+    # the weighted averages of the final and snapshot models (private: their changes from w,
+    # clipped together, noised)
+    (params, snapshot), averaged = release.model_average(
+      (finals, snaps), state.params, agg, draw.present, bound, key
+    )
 
-    # dual: losses of a uniform client sample at the snapshot model
+    # dual: the losses at the snapshot model of a second, independent uniform sample
     if sampling == "lambda":
-      uidx = sample_clients(k_usample, n, m)
-      scale = n / m
+      udraw = release.uniform_draw(k_usample, n, m, "dp_loss")
+      scale = release.inverse_rate(n, m)
     else:
-      uidx, scale = jnp.arange(n), 1.0
-    evald = data.take_clients(uidx)
+      udraw, scale = Draw(every, every, None, {}), 1.0
     snap_loss = map_client_data(
       lambda xd, yd, nex, k: client_loss_and_grad(
         model, snapshot, xd, yd, nex, k, settings.batch_size
       )[0],
-      evald,
-      jax.random.split(k_eval, uidx.shape[0]),
+      data.take_clients(udraw.rows),
+      jax.random.split(k_eval, udraw.idx.shape[0]),
       backend=backend,
       chunk_size=settings.chunk_size,
     )
-    v = jnp.zeros((n,), dtype).at[uidx].set(scale * snap_loss.astype(dtype))
-    step = hparams["gamma"] * tau
-    round_problem = problem.from_hparams(hparams)
-    if prox:
-      lam = round_problem.prox(state.lam, v, step)
-    else:  # a smooth psi through its gradient (chi^2: rho (n lambda - 1)), then the projection
-      lam = round_problem.projected_ascent(state.lam, v, step)
-    return DRFAState(params, lam, state.round + 1), dual_round_metrics(losses, lam)
+    released = release.losses(snap_loss.astype(dtype), key)
+    v = jnp.zeros((n,), dtype).at[udraw.idx].set(scale * released, mode="drop")
+    lam = dual_step(state, v, hparams)
+    metrics = {
+      **loss_metrics(losses, draw.present),
+      "lambda_max": jnp.max(lam),
+      "lambda_min": jnp.min(lam),
+      **draw.metrics,
+      **udraw.metrics,
+      **averaged,
+    }
+    return DRFAState(params, lam, state.round + 1), metrics
 
   def dual_step(state, v, hparams):
     step = hparams["gamma"] * tau
     round_problem = problem.from_hparams(hparams)
     if prox:
       return round_problem.prox(state.lam, v, step)
+    # a smooth psi through its gradient (chi^2: rho (n lambda - 1)), then the projection
     return round_problem.projected_ascent(state.lam, v, step)
-
-  def private_round_fn(state, data, key, hparams):
-    # the module docstring's private form: a uniform sample weighted by lambda / q
-    n = data.num_clients
-    m = participants(settings, n)
-    backend = backend_for(settings, state.params)
-    k_sample, k_snap, k_local, k_usample, k_eval = jax.random.split(key, 5)
-    dtype = state.lam.dtype
-    idx, rows, present = uniform_participants(k_sample, n, m)
-    snapshot_step = jax.random.randint(k_snap, (), 0, tau)
-    lr = hparams["client_lr"]
-
-    run_local = snapshot_sgd(state.params, lr, snapshot_step)
-
-    def client_update(xd, yd, nex, k):
-      final, snap, loss = run_local(xd, yd, nex, k)
-      delta = lambda w: jax.tree.map(jnp.subtract, w, state.params)
-      return (delta(final), delta(snap)), loss
-
-    pairs, losses = map_client_data(
-      client_update,
-      data.take_clients(rows),
-      jax.random.split(k_local, idx.shape[0]),
-      backend=backend,
-      chunk_size=settings.chunk_size,
-    )
-    scale = inverse_rate(n, m)  # 1 / q (Poisson) or n / m (fixed)
-    weights = scale * state.lam[rows]
-    bound = scale * jnp.max(state.lam)  # the largest weight any client can have
-    moved, snap_moved = release_sum(clip_each(pairs, present), weights, present, bound, key)
-    params = jax.tree.map(jnp.add, state.params, moved)
-    snapshot = jax.tree.map(jnp.add, state.params, snap_moved)
-
-    # dual: the losses at the snapshot of a second, independent uniform sample
-    uidx, urows, _ = uniform_participants(k_usample, n, m, "dp_loss")
-    snap_loss = map_client_data(
-      lambda xd, yd, nex, k: client_loss_and_grad(
-        model, snapshot, xd, yd, nex, k, settings.batch_size
-      )[0],
-      data.take_clients(urows),
-      jax.random.split(k_eval, uidx.shape[0]),
-      backend=backend,
-      chunk_size=settings.chunk_size,
-    )
-    released = release_losses(snap_loss.astype(dtype), key)
-    v = jnp.zeros((n,), dtype).at[uidx].set(scale * released, mode="drop")
-    lam = dual_step(state, v, hparams)
-    metrics = {**present_loss_metrics(losses, present), "lambda_max": jnp.max(lam)}
-    metrics["lambda_min"] = jnp.min(lam)
-    return DRFAState(params, lam, state.round + 1), metrics
 
   def cost(data):
     # m trained clients upload their final and snapshot models; m others one snapshot loss each
@@ -336,4 +303,5 @@ def drfa(
     **problem.config(),
     prox=prox,
     sampling=sampling,
+    releases=RELEASES if sampling == "lambda" else FULL_SAMPLING,
   )

@@ -24,7 +24,11 @@ from __future__ import annotations
 
 from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register, with_settings
 from fedjax_dro.core.fedopt import adaptive_fedopt
+from fedjax_dro.core.release import Releases
 from fedjax_dro.core.settings import LOCAL_TRAINING, CommonSettings
+
+RELEASES = Releases("as fedadam (Adagrad's accumulator, on the server)")
+"""What a participant releases (:func:`fedjax_dro.privacy.private`)."""
 
 HPARAMS = {
   "client_lr": HParam(0.1, "local SGD step size"),
@@ -40,7 +44,7 @@ def fedadagrad(model, settings: CommonSettings, *, initial_v: float = 0.0) -> Al
   """FedAdagrad (Reddi 2021, Alg. 2): Adagrad-type server step on the averaged update.
 
   Args:
-    model: the :class:`~fedjax_dro.models.base.Model` of the server model ``x``.
+    model: the :class:`~fedjax_dro.common.model.Model` of the server model ``x``.
     clients_per_round: the sampled set ``S_t`` of a round; ``None`` (default): all clients.
     local_steps: ``K``, the local SGD steps of a client per round (default 10).
     batch_size: examples in each local SGD step; ``None`` (default): full client data.
@@ -60,6 +64,7 @@ def fedadagrad(model, settings: CommonSettings, *, initial_v: float = 0.0) -> Al
     parts.round,
     HPARAMS,
     cost=parts.cost,
+    releases=RELEASES,
     **parts.config,
     server_update="Reddi et al. Algorithm 2 (Adagrad): v += D^2; x += eta m / (sqrt(v) + tau)",
   )

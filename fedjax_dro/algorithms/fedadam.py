@@ -44,6 +44,7 @@ import numpy as np
 
 from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register, with_settings
 from fedjax_dro.core.fedopt import adaptive_fedopt
+from fedjax_dro.core.release import Releases
 from fedjax_dro.core.settings import LOCAL_TRAINING, CommonSettings
 
 SERVER_UPDATES = {
@@ -51,6 +52,12 @@ SERVER_UPDATES = {
   True: "bias-corrected (Adam): x += eta (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + tau)",
 }
 
+
+RELEASES = Releases(
+  "each participant's model delta; Adam's moments are computed on the server from "
+  "the noised sum of the clipped updates over the expected participants (post-processing)"
+)
+"""What a participant releases (:func:`fedjax_dro.privacy.private`)."""
 
 HPARAMS = {
   "client_lr": HParam(0.1, "local SGD step size"),
@@ -72,7 +79,7 @@ def fedadam(
   both update forms).
 
   Args:
-    model: the :class:`~fedjax_dro.models.base.Model` of the server model ``x``.
+    model: the :class:`~fedjax_dro.common.model.Model` of the server model ``x``.
     clients_per_round: the sampled set ``S_t`` of a round (uniform, without replacement);
       ``None`` (default): all clients.
     local_steps: ``K``, the local SGD steps of a client per round (default 10).
@@ -107,6 +114,7 @@ def fedadam(
     parts.round,
     HPARAMS,
     cost=parts.cost,
+    releases=RELEASES,
     **parts.config,
     server_update=SERVER_UPDATES[bias_correction],
   )

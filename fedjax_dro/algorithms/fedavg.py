@@ -18,6 +18,7 @@ from __future__ import annotations
 from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register, with_settings
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import local_round, round_metrics
+from fedjax_dro.core.release import PLAIN, Releases
 from fedjax_dro.core.server import (
   check_optimizer,
   global_model_init,
@@ -25,6 +26,11 @@ from fedjax_dro.core.server import (
   server_update,
 )
 from fedjax_dro.core.settings import LOCAL_TRAINING, CommonSettings
+
+RELEASES = Releases(
+  "each participant's model delta; the server reads the noised sum of the clipped updates over the expected participants"
+)
+"""What a participant releases (:func:`fedjax_dro.privacy.private`)."""
 
 HPARAMS = {
   "client_lr": HParam(0.1, "local SGD step size"),
@@ -43,7 +49,7 @@ def fedavg(
   weighted mean model difference.
 
   Args:
-    model: the :class:`~fedjax_dro.models.base.Model` whose global parameters are trained.
+    model: the :class:`~fedjax_dro.common.model.Model` whose global parameters are trained.
     clients_per_round: clients drawn uniformly without replacement each round; ``None``
       (default): every client.
     local_steps: local SGD steps ``E`` each participant takes per round (default 10).
@@ -63,7 +69,7 @@ def fedavg(
     averaging).
   """
 
-  def round_fn(state, data, key, hparams):
+  def round_fn(state, data, key, hparams, release=PLAIN):
     update = local_round(
       model,
       settings,
@@ -73,6 +79,7 @@ def fedavg(
       hparams["client_lr"],
       mean_only=True,
       client_optimizer=client_optimizer,
+      release=release,
     )
     new = server_update(server_optimizer, state, state.params, update.deltas, hparams["server_lr"])
     return new, round_metrics(update)
@@ -82,4 +89,6 @@ def fedavg(
   init = global_model_init(settings, server_optimizer)
   cost = local_training_costs(model, settings)
   extra = optimizer_config(server_optimizer, client_optimizer)
-  return build_algorithm("fedavg", model, settings, init, round_fn, HPARAMS, cost=cost, **extra)
+  return build_algorithm(
+    "fedavg", model, settings, init, round_fn, HPARAMS, cost=cost, releases=RELEASES, **extra
+  )

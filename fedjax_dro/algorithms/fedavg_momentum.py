@@ -32,6 +32,7 @@ from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, regis
 from fedjax_dro.core.aggregation import tree_zeros_like
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import stateful_local_round, stateful_round_metrics
+from fedjax_dro.core.release import PLAIN, Releases
 from fedjax_dro.core.settings import CommonSettings, round_zero, state_init
 
 
@@ -40,6 +41,12 @@ class FedAvgMomentumState(NamedTuple):
   momentum: Any  # m_bar, params-shaped moving average of the gradient
   round: jnp.ndarray  # [] int32
 
+
+RELEASES = Releases(
+  "each participant's model and momentum deltas, clipped together to C (one vector); the server "
+  "reads their noised sums over the expected participants"
+)
+"""What a participant releases (:func:`fedjax_dro.privacy.private`)."""
 
 HPARAMS = {
   "client_lr": HParam(0.1, "local step size eta"),
@@ -62,7 +69,7 @@ def fedavg_momentum(model, settings: CommonSettings) -> Algorithm:
   Alg. 2) with every client weight set to 1.
 
   Args:
-    model: the :class:`~fedjax_dro.models.base.Model` of ``w_bar``.
+    model: the :class:`~fedjax_dro.common.model.Model` of ``w_bar``.
     clients_per_round: participants of a round (uniform, without replacement); ``None``
       (default): all, as in FGDRO's experiments.
     local_steps: the communication interval ``I``: momentum steps per round (default 32).
@@ -76,7 +83,7 @@ def fedavg_momentum(model, settings: CommonSettings) -> Algorithm:
   """
   init = state_init(settings, initial_state)
 
-  def round_fn(state, data, key, hparams):
+  def round_fn(state, data, key, hparams, release=PLAIN):
     lr, beta3 = hparams["client_lr"], hparams["beta3"]
 
     def start(row):
@@ -90,11 +97,13 @@ def fedavg_momentum(model, settings: CommonSettings) -> Algorithm:
       return {"params": w, "m": m}
 
     update = stateful_local_round(
-      model, settings, data, key, start=start, step=step, averaged=("params", "m")
+      model, settings, data, key, start=start, step=step, averaged=("params", "m"), release=release
     )
     final = update.carries
     new_state = FedAvgMomentumState(final["params"], final["m"], state.round + 1)
     return new_state, stateful_round_metrics(update)
 
   cost = local_training_costs(model, settings, models=2)  # w_i and m_i
-  return build_algorithm("fedavg_momentum", model, settings, init, round_fn, HPARAMS, cost=cost)
+  return build_algorithm(
+    "fedavg_momentum", model, settings, init, round_fn, HPARAMS, cost=cost, releases=RELEASES
+  )

@@ -11,6 +11,7 @@ import jax
 from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register, with_settings
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import local_round, round_metrics
+from fedjax_dro.core.release import PLAIN, Releases
 from fedjax_dro.core.server import (
   check_optimizer,
   global_model_init,
@@ -18,6 +19,12 @@ from fedjax_dro.core.server import (
   server_update,
 )
 from fedjax_dro.core.settings import LOCAL_TRAINING, CommonSettings
+
+RELEASES = Releases(
+  "each participant's model delta (proximal local steps); the server reads "
+  "the noised sum of the clipped updates over the expected participants"
+)
+"""What a participant releases (:func:`fedjax_dro.privacy.private`)."""
 
 HPARAMS = {
   "client_lr": HParam(0.1, "local SGD step size"),
@@ -36,7 +43,7 @@ def fedprox(
   FedProx (Li et al. 2020): local problems solved inexactly by SGD.
 
   Args:
-    model: the :class:`~fedjax_dro.models.base.Model` of the global model.
+    model: the :class:`~fedjax_dro.common.model.Model` of the global model.
     clients_per_round: participants per round, drawn uniformly without replacement; ``None``
       (default): all clients.
     local_steps: SGD steps on each participant's proximal objective per round (default 10): the
@@ -55,7 +62,7 @@ def fedprox(
     step, default 1.0) and ``mu`` (proximal coefficient ``mu >= 0``, default 0.01; 0 is FedAvg).
   """
 
-  def round_fn(state, data, key, hparams):
+  def round_fn(state, data, key, hparams, release=PLAIN):
     center = state.params
     prox = lambda w, g, _: jax.tree.map(
       lambda gi, wi, ci: gi + hparams["mu"] * (wi - ci), g, w, center
@@ -70,6 +77,7 @@ def fedprox(
       grad_transform=prox,
       mean_only=True,
       client_optimizer=client_optimizer,
+      release=release,
     )
     new = server_update(server_optimizer, state, center, update.deltas, hparams["server_lr"])
     return new, round_metrics(update)
@@ -79,4 +87,6 @@ def fedprox(
   init = global_model_init(settings, server_optimizer)
   cost = local_training_costs(model, settings)
   extra = optimizer_config(server_optimizer, client_optimizer)
-  return build_algorithm("fedprox", model, settings, init, round_fn, HPARAMS, cost=cost, **extra)
+  return build_algorithm(
+    "fedprox", model, settings, init, round_fn, HPARAMS, cost=cost, releases=RELEASES, **extra
+  )

@@ -18,8 +18,16 @@ from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, regis
 from fedjax_dro.core.aggregation import tree_add
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import federated_gradient, round_metrics
+from fedjax_dro.core.release import PLAIN, Releases
 from fedjax_dro.core.server import FedAvgState, global_model_init
 from fedjax_dro.core.settings import CommonSettings
+
+RELEASES = Releases(
+  "each participant's minibatch gradient at the global model (clipped on its own: the "
+  "private round takes the per-client path, not FedSGD's folded backward pass); the server "
+  "reads the noised sum of the clipped updates over the expected participants"
+)
+"""What a participant releases (:func:`fedjax_dro.privacy.private`)."""
 
 HPARAMS = {"lr": HParam(0.1, "server gradient step size")}
 
@@ -35,7 +43,7 @@ def fedsgd(model, settings: CommonSettings) -> Algorithm:
   FedSGD: every round one gradient step of the global model.
 
   Args:
-    model: the :class:`~fedjax_dro.models.base.Model` trained.
+    model: the :class:`~fedjax_dro.common.model.Model` trained.
     clients_per_round: clients whose gradients are averaged each round (drawn without
       replacement); ``None`` (default): all of them.
     batch_size: examples in each participant's gradient; ``None`` (default): its full data.
@@ -47,12 +55,14 @@ def fedsgd(model, settings: CommonSettings) -> Algorithm:
     counter. Its one hyper-parameter is ``lr``, the server's gradient step size (default 0.1).
   """
 
-  def round_fn(state, data, key, hparams):
+  def round_fn(state, data, key, hparams, release=PLAIN):
     # delta = -(weighted mean of the participants' gradients); the server applies lr * delta.
-    update = federated_gradient(model, settings, state.params, data, key)
+    update = federated_gradient(model, settings, state.params, data, key, release)
     params = tree_add(state.params, update.deltas, hparams["lr"])
     return FedAvgState(params, state.round + 1), round_metrics(update)
 
   init = global_model_init(settings)
   cost = local_training_costs(model, settings)  # one gradient each: local_steps=1
-  return build_algorithm("fedsgd", model, settings, init, round_fn, HPARAMS, cost=cost)
+  return build_algorithm(
+    "fedsgd", model, settings, init, round_fn, HPARAMS, cost=cost, releases=RELEASES
+  )

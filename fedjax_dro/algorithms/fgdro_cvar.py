@@ -45,7 +45,7 @@ from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, regis
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.fgdro import estimator_round
 from fedjax_dro.core.local import stateful_round_metrics
-from fedjax_dro.core.privacy import active
+from fedjax_dro.core.release import PLAIN, Releases
 from fedjax_dro.core.settings import CommonSettings, round_zero, state_init
 
 
@@ -55,6 +55,13 @@ class FgdroCvarState(NamedTuple):
   loss_estimates: jnp.ndarray  # [n] u_i, each client's moving-average loss (never communicated)
   round: jnp.ndarray  # [] int32
 
+
+RELEASES = Releases(
+  "each participant's model delta and threshold delta s_i - s_bar, clipped together to C; the "
+  "server adds their noised sums over the expected participants to w_bar and s_bar; the loss "
+  "estimator u stays on the client"
+)
+"""What a participant releases (:func:`fedjax_dro.privacy.private`)."""
 
 HPARAMS = {
   "client_lr": HParam(0.1, "model step size eta1"),
@@ -81,7 +88,7 @@ def fgdro_cvar(model, settings: CommonSettings) -> Algorithm:
   averaged uniformly.
 
   Args:
-    model: the :class:`~fedjax_dro.models.base.Model` of ``w_bar``.
+    model: the :class:`~fedjax_dro.common.model.Model` of ``w_bar``.
     clients_per_round: participants of a round, drawn without replacement; ``None`` (default):
       all clients, as in the paper.
     local_steps: the communication interval ``I`` of the paper: local steps per round (default
@@ -97,7 +104,7 @@ def fgdro_cvar(model, settings: CommonSettings) -> Algorithm:
   """
   init = state_init(settings, initial_state)
 
-  def round_fn(state, data, key, hparams):
+  def round_fn(state, data, key, hparams, release=PLAIN):
     lr, s_lr, beta1, alpha = (hparams[k] for k in ("client_lr", "threshold_lr", "beta1", "alpha"))
 
     def start(u):
@@ -110,17 +117,27 @@ def fgdro_cvar(model, settings: CommonSettings) -> Algorithm:
       w = jax.tree.map(lambda p, g: (p - lr * active * g).astype(p.dtype), carry["params"], grad)
       return {"params": w, "s": s, "u": u}
 
-    # private (fd.private): the threshold's delta is released with the model's, clipped together
-    private = active() is not None
-    averaged = ("params", "s") if private else ("params",)
+    # the server averages the thresholds s_i (private: their deltas released with the model's,
+    # clipped together)
     update, loss_estimates = estimator_round(
-      model, settings, state.loss_estimates, data, key, start=start, step=step, averaged=averaged
+      model,
+      settings,
+      state.loss_estimates,
+      data,
+      key,
+      start=start,
+      step=step,
+      averaged=("params",),
+      means=("s",),
+      release=release,
     )
-    threshold = update.carries["s"] if private else jnp.mean(update.carries["s"])
+    threshold = update.carries["s"]
     metrics = stateful_round_metrics(update)
     metrics["threshold"] = threshold
     params = update.carries["params"]
     return FgdroCvarState(params, threshold, loss_estimates, state.round + 1), metrics
 
   cost = local_training_costs(model, settings, scalars=1)  # w_i and s_i
-  return build_algorithm("fgdro_cvar", model, settings, init, round_fn, HPARAMS, cost=cost)
+  return build_algorithm(
+    "fgdro_cvar", model, settings, init, round_fn, HPARAMS, cost=cost, releases=RELEASES
+  )

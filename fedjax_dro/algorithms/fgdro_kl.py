@@ -52,6 +52,7 @@ import jax.numpy as jnp
 from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register, with_settings
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.fgdro import KL_ESTIMATOR_HPARAMS, kl_estimators, kl_initial, kl_round
+from fedjax_dro.core.release import PLAIN, Releases
 from fedjax_dro.core.settings import CommonSettings, round_zero, state_init
 from fedjax_dro.solvers.dro import kl
 
@@ -63,6 +64,13 @@ class FgdroKlState(NamedTuple):
   loss_estimates: jnp.ndarray  # [n] u_i, each client's moving-average loss (never communicated)
   round: jnp.ndarray  # [] int32
 
+
+RELEASES = Releases(
+  "each participant's model and m deltas and the relative change v_i / v_bar - 1 of its v, "
+  "clipped together to C; the server adds the noised sums over the expected participants to "
+  "w_bar and m_bar and scales v_bar by one plus the third (at least 1e-6); u stays on the client"
+)
+"""What a participant releases (:func:`fedjax_dro.privacy.private`)."""
 
 HPARAMS = {
   "client_lr": HParam(0.1, "local step size eta"),
@@ -81,7 +89,7 @@ def fgdro_kl(model, settings: CommonSettings) -> Algorithm:
   averaged uniformly.
 
   Args:
-    model: the :class:`~fedjax_dro.models.base.Model` of ``w_bar``.
+    model: the :class:`~fedjax_dro.common.model.Model` of ``w_bar``.
     clients_per_round: clients of a round, drawn without replacement; ``None`` (default): all,
       as in the paper.
     local_steps: the paper's communication interval ``I``, in local steps (default 32).
@@ -96,7 +104,7 @@ def fgdro_kl(model, settings: CommonSettings) -> Algorithm:
   """
   init = state_init(settings, lambda p, n: FgdroKlState(p, *kl_initial(p, n), round_zero()))
 
-  def round_fn(state, data, key, hparams):
+  def round_fn(state, data, key, hparams, release=PLAIN):
     lr, beta3 = hparams["client_lr"], hparams["beta3"]
 
     def start(u):
@@ -109,9 +117,19 @@ def fgdro_kl(model, settings: CommonSettings) -> Algorithm:
       return {"params": w, "m": m, "log_v": log_v, "u": u}
 
     final, log_v, u, metrics = kl_round(
-      model, settings, state, data, key, start=start, step=step, averaged=("params", "m")
+      model,
+      settings,
+      state,
+      data,
+      key,
+      start=start,
+      step=step,
+      averaged=("params", "m"),
+      release=release,
     )
     return FgdroKlState(final["params"], final["m"], log_v, u, state.round + 1), metrics
 
   cost = local_training_costs(model, settings, models=2, scalars=1)  # w_i, m_i and v_i
-  return build_algorithm("fgdro_kl", model, settings, init, round_fn, HPARAMS, cost=cost)
+  return build_algorithm(
+    "fgdro_kl", model, settings, init, round_fn, HPARAMS, cost=cost, releases=RELEASES
+  )

@@ -33,6 +33,7 @@ from fedjax_dro.core.fgdro import (
   kl_initial,
   kl_round,
 )
+from fedjax_dro.core.release import PLAIN, Releases
 from fedjax_dro.core.settings import CommonSettings, round_zero, state_init
 from fedjax_dro.solvers.dro import kl
 
@@ -45,6 +46,11 @@ class FgdroKlAdamState(NamedTuple):
   loss_estimates: jnp.ndarray  # [n] u_i, each client's moving-average loss (never communicated)
   round: jnp.ndarray  # [] int32
 
+
+RELEASES = Releases(
+  "as fgdro_kl, with the second moment's delta q_i - q_bar clipped together with the others"
+)
+"""What a participant releases (:func:`fedjax_dro.privacy.private`)."""
 
 HPARAMS = {
   "client_lr": HParam(0.001, "local Adam step size eta"),
@@ -69,7 +75,7 @@ def fgdro_kl_adam(model, settings: CommonSettings) -> Algorithm:
   uniformly, ``u`` stays on the client.
 
   Args:
-    model: the :class:`~fedjax_dro.models.base.Model` of the averaged model ``w_bar``.
+    model: the :class:`~fedjax_dro.common.model.Model` of the averaged model ``w_bar``.
     clients_per_round: how many clients take part in a round (drawn without replacement);
       ``None`` (default): every client, as in the paper.
     local_steps: ``I``, the number of local Adam steps between communications (default 32).
@@ -84,7 +90,7 @@ def fgdro_kl_adam(model, settings: CommonSettings) -> Algorithm:
   """
   init = state_init(settings, initial_state)
 
-  def round_fn(state, data, key, hparams):
+  def round_fn(state, data, key, hparams, release=PLAIN):
     def start(u):
       m, q = state.momentum, state.second_moment
       return {"params": state.params, "m": m, "q": q, "log_v": state.log_v, "u": u}
@@ -95,10 +101,20 @@ def fgdro_kl_adam(model, settings: CommonSettings) -> Algorithm:
       return {"params": w, "m": m, "q": q, "log_v": log_v, "u": u}
 
     final, log_v, u, metrics = kl_round(
-      model, settings, state, data, key, start=start, step=step, averaged=("params", "m", "q")
+      model,
+      settings,
+      state,
+      data,
+      key,
+      start=start,
+      step=step,
+      averaged=("params", "m", "q"),
+      release=release,
     )
     params, m, q = final["params"], final["m"], final["q"]
     return FgdroKlAdamState(params, m, q, log_v, u, state.round + 1), metrics
 
   cost = local_training_costs(model, settings, models=3, scalars=1)  # w_i, m_i, q_i and v_i
-  return build_algorithm("fgdro_kl_adam", model, settings, init, round_fn, HPARAMS, cost=cost)
+  return build_algorithm(
+    "fgdro_kl_adam", model, settings, init, round_fn, HPARAMS, cost=cost, releases=RELEASES
+  )

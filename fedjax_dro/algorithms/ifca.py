@@ -66,12 +66,12 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register, with_settings
-from fedjax_dro.core.aggregation import weighted_sum
-from fedjax_dro.core.checks import integer, number
+from fedjax_dro.common.checks import integer, number
+from fedjax_dro.common.model import client_loss
 from fedjax_dro.core.clients import map_clients
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import stateful_local_round, stateful_round_metrics
-from fedjax_dro.core.privacy import active, release_group_sums
+from fedjax_dro.core.release import PLAIN, Releases
 from fedjax_dro.core.settings import (
   LOCAL_TRAINING,
   CommonSettings,
@@ -80,7 +80,6 @@ from fedjax_dro.core.settings import (
   participants,
   round_zero,
 )
-from fedjax_dro.models.base import client_loss
 
 
 class IfcaState(NamedTuple):
@@ -90,6 +89,15 @@ class IfcaState(NamedTuple):
 
 
 HPARAMS = {"client_lr": HParam(0.1, "local SGD step size gamma")}
+
+RELEASES = Releases(
+  "each participant's model delta (clipped to C) into the sum of the cluster it chose on the "
+  "client, and a 1 into that cluster's count: k sums noised with std z C each, k counts with "
+  "std z_c each; cluster j moves by its noised sum over max(noised count, 1) where the count "
+  "is at least 1/2",
+  counts=True,
+)
+"""What a participant releases (:func:`fedjax_dro.privacy.private`)."""
 
 
 def _gaussian_like(key, tree):
@@ -120,7 +128,7 @@ def ifca(model, settings: CommonSettings, *, num_clusters=2, init_scale=0.1) -> 
   IFCA, option II (model averaging within each cluster).
 
   Args:
-    model: the :class:`~fedjax_dro.models.base.Model` of every cluster model ``theta_j``.
+    model: the :class:`~fedjax_dro.common.model.Model` of every cluster model ``theta_j``.
     num_clusters: ``k``, the number of cluster models (default 2).
     init_scale: standard deviation of the seeded Gaussian perturbation of the initial cluster
       models, applied only when ``model.init`` is deterministic (default 0.1; see the module
@@ -183,7 +191,7 @@ def ifca(model, settings: CommonSettings, *, num_clusters=2, init_scale=0.1) -> 
     clusters = jax.tree.map(lambda *rows: jnp.stack(rows), *draws)
     return IfcaState(clusters, assign(clusters, data), round_zero())
 
-  def round_fn(state, data, key, hparams):
+  def round_fn(state, data, key, hparams, release=PLAIN):
     lr = hparams["client_lr"]
 
     def start(j):
@@ -194,30 +202,6 @@ def ifca(model, settings: CommonSettings, *, num_clusters=2, init_scale=0.1) -> 
       params = jax.tree.map(lambda p, g: (p - lr * g).astype(p.dtype), carry["params"], grad)
       return {"params": params}
 
-    if active() is not None:
-      update, clusters = private_clusters(state, data, key, start, step)
-      return finish(state, data, update, clusters)
-    update = stateful_local_round(
-      model, settings, data, key, start=start, step=step, client_state=state.assignment
-    )
-    # [s, k] aggregation weights: participant i's weight in its own cluster j_i, zero elsewhere
-    chosen = jax.nn.one_hot(state.assignment[update.idx], k, dtype=jnp.result_type(float))
-    weights = chosen * aggregation_weights(settings, update.num_examples)[:, None]
-    totals = jnp.sum(weights, axis=0)  # [k]
-    picked = totals > 0
-    normalised = weights / jnp.where(picked, totals, 1.0)  # columns sum to 1 (or are all zero)
-    averages = jax.vmap(lambda w: weighted_sum(update.carries["params"], w))(normalised.T)
-    clusters = jax.tree.map(
-      lambda avg, old: jnp.where(picked.reshape((k,) + (1,) * (old.ndim - 1)), avg, old).astype(
-        old.dtype
-      ),
-      averages,
-      state.clusters,
-    )
-    return finish(state, data, update, clusters)
-
-  def private_clusters(state, data, key, start, step):
-    """The private round (module docstring): ``(update, new cluster models)``."""
     update = stateful_local_round(
       model,
       settings,
@@ -227,27 +211,27 @@ def ifca(model, settings: CommonSettings, *, num_clusters=2, init_scale=0.1) -> 
       step=step,
       client_state=state.assignment,
       released=("params",),
-    )  # the participants' clipped theta~_i - theta_{j_i}, stacked
+      release=release,
+    )  # the participants' theta~_i stacked (private: their clipped theta~_i - theta_{j_i})
+    # [s, k] the cluster each participant chose
     chosen = jax.nn.one_hot(
       state.assignment[jnp.minimum(update.idx, data.num_clients - 1)],
       k,
       dtype=jnp.result_type(float),
     )
-    sums, counts = release_group_sums(update.carries["params"], chosen, update.present, key)
-    picked = counts >= 0.5  # with no noise: somebody picked it (counts are whole numbers)
-    steps = jax.vmap(lambda t, c: jax.tree.map(lambda a: a / jnp.maximum(c, 1.0), t))(sums, counts)
-    clusters = jax.tree.map(
-      lambda old, d: jnp.where(
-        picked.reshape((k,) + (1,) * (old.ndim - 1)), old + d.astype(old.dtype), old
-      ),
+    clusters, metrics = release.group_means(
+      update.carries["params"],
       state.clusters,
-      steps,
+      chosen,
+      aggregation_weights(settings, update.num_examples),
+      update.present,
+      key,
     )
-    return update, clusters
+    return finish(state, data, update, clusters, metrics)
 
-  def finish(state, data, update, clusters):
+  def finish(state, data, update, clusters, released):
     assignment = assign(clusters, data)
-    metrics = stateful_round_metrics(update)
+    metrics = {**stateful_round_metrics(update), **released}
     metrics["clusters_used"] = jnp.sum(
       jnp.any(assignment[:, None] == jnp.arange(k)[None, :], axis=0)
     ).astype(jnp.result_type(float))
@@ -264,6 +248,7 @@ def ifca(model, settings: CommonSettings, *, num_clusters=2, init_scale=0.1) -> 
     round_fn,
     HPARAMS,
     cost=local_training_costs(model, settings, scalars=1),  # theta~_i and j_i
+    releases=RELEASES,
     client_models=client_models,
     personalized=True,
     num_clusters=num_clusters,

@@ -112,12 +112,13 @@ from fedjax_dro.algorithms.base import (
   check_data_matches,
   register,
 )
+from fedjax_dro.common.checks import choice, flag, integer, number
+from fedjax_dro.common.model import Model, client_loss_and_grad, num_parameters
 from fedjax_dro.core.aggregation import scatter_rows, tree_stack
-from fedjax_dro.core.checks import choice, flag, integer, number
 from fedjax_dro.core.clients import map_clients, resolve_backend, validate_backend
 from fedjax_dro.core.costs import Costs, one_gradient_each, parameter_count
+from fedjax_dro.core.release import Refused
 from fedjax_dro.core.sampling import sample_clients
-from fedjax_dro.models.base import Model, client_loss_and_grad, num_parameters
 from fedjax_dro.solvers import pairwise
 
 DISSIMILARITY_CHOICES = ("ot", "ones")
@@ -138,6 +139,12 @@ class GradientEstimate(NamedTuple):
   idx: jnp.ndarray  # [s] participating clients
   losses: jnp.ndarray  # [s] (minibatch) loss f_i(theta_i) of the participants
 
+
+JOINT_PROJECTION = Refused(
+  "its server step projects all the clients' personalized models jointly onto the "
+  "pairwise-distance constraints: it reads every client's model, so no clipped, noised sum of "
+  "updates can stand in for it"
+)
 
 HPARAMS = {
   "eta": HParam(
@@ -429,7 +436,7 @@ def karula(
   ``t`` are solved in a few steps).
 
   Args:
-    model: the client model (:class:`~fedjax_dro.models.base.Model`).
+    model: the client model (:class:`~fedjax_dro.common.model.Model`).
     dissimilarity: ``"ot"`` (default: :func:`fedjax_dro.ot.dissimilarity_matrix` of the training
       data, computed once at ``init``, outside jit, with ``ot_options``), ``"ones"``
       (``D_ij = 1`` for ``i != j``) or a precomputed ``[n, n]`` matrix (symmetric, nonnegative,
@@ -633,5 +640,6 @@ def karula(
     client_models=lambda s: s.params,
     personalized=True,
     cost=cost,
+    releases=JOINT_PROJECTION,
     **config,
   )

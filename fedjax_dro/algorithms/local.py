@@ -18,6 +18,7 @@ from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, regis
 from fedjax_dro.core.aggregation import tree_stack
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import local_round, round_metrics
+from fedjax_dro.core.release import Refused
 from fedjax_dro.core.settings import CommonSettings, round_zero, state_init
 
 
@@ -28,6 +29,8 @@ class LocalState(NamedTuple):
 
 HPARAMS = {"client_lr": HParam(0.1, "local SGD step size")}
 
+NO_SERVER = Refused("it has no server: nothing leaves a client, so there is nothing to privatize")
+
 
 @register("local", family="personalized")
 @with_settings(defaults={"local_steps": 1})
@@ -37,7 +40,7 @@ def local(model, settings: CommonSettings) -> Algorithm:
   Local training, the personalized lower baseline.
 
   Args:
-    model: the :class:`~fedjax_dro.models.base.Model` each client trains a copy of.
+    model: the :class:`~fedjax_dro.common.model.Model` each client trains a copy of.
     clients_per_round: clients that train in a round (drawn without replacement); ``None``
       (default): all.
     local_steps: SGD steps per training client and round (default 1).
@@ -77,4 +80,5 @@ def local(model, settings: CommonSettings) -> Algorithm:
     cost=local_training_costs(model, settings, models=0),  # nothing is uploaded
     client_models=lambda s: s.client_params,
     personalized=True,
+    releases=NO_SERVER,
   )

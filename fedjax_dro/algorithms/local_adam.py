@@ -30,6 +30,7 @@ from fedjax_dro.core.aggregation import tree_zeros_like
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.fgdro import ADAM_HPARAMS, adam_step
 from fedjax_dro.core.local import stateful_local_round, stateful_round_metrics
+from fedjax_dro.core.release import PLAIN, Releases
 from fedjax_dro.core.settings import CommonSettings, round_zero, state_init
 
 
@@ -39,6 +40,13 @@ class LocalAdamState(NamedTuple):
   second_moment: Any  # q_bar, params-shaped second moment
   round: jnp.ndarray  # [] int32
 
+
+RELEASES = Releases(
+  "each participant's model, first- and second-moment deltas, clipped together to C (one "
+  "vector); the server adds their noised sums over the expected participants to w_bar, m_bar "
+  "and q_bar"
+)
+"""What a participant releases (:func:`fedjax_dro.privacy.private`)."""
 
 HPARAMS = {
   "client_lr": HParam(0.001, "local Adam step size eta"),
@@ -60,7 +68,7 @@ def local_adam(model, settings: CommonSettings) -> Algorithm:
   LocalAdam; model and moments are averaged uniformly every ``local_steps`` steps.
 
   Args:
-    model: the :class:`~fedjax_dro.models.base.Model` of ``w_bar``.
+    model: the :class:`~fedjax_dro.common.model.Model` of ``w_bar``.
     clients_per_round: participants of a round (uniform, without replacement); ``None``
       (default): all, as in the paper.
     local_steps: the communication interval ``I`` of the paper: Adam steps per round (default
@@ -76,7 +84,7 @@ def local_adam(model, settings: CommonSettings) -> Algorithm:
   """
   init = state_init(settings, initial_state)
 
-  def round_fn(state, data, key, hparams):
+  def round_fn(state, data, key, hparams, release=PLAIN):
     def start(row):
       del row
       return {"params": state.params, "m": state.momentum, "q": state.second_moment}
@@ -87,11 +95,20 @@ def local_adam(model, settings: CommonSettings) -> Algorithm:
       return {"params": w, "m": m, "q": q}
 
     update = stateful_local_round(
-      model, settings, data, key, start=start, step=step, averaged=("params", "m", "q")
+      model,
+      settings,
+      data,
+      key,
+      start=start,
+      step=step,
+      averaged=("params", "m", "q"),
+      release=release,
     )
     final = update.carries
     new_state = LocalAdamState(final["params"], final["m"], final["q"], state.round + 1)
     return new_state, stateful_round_metrics(update)
 
   cost = local_training_costs(model, settings, models=3)  # w_i, m_i and q_i
-  return build_algorithm("local_adam", model, settings, init, round_fn, HPARAMS, cost=cost)
+  return build_algorithm(
+    "local_adam", model, settings, init, round_fn, HPARAMS, cost=cost, releases=RELEASES
+  )

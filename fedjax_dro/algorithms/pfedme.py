@@ -81,19 +81,17 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register, with_settings
+from fedjax_dro.common.checks import integer
 from fedjax_dro.core.aggregation import (
   gather_rows,
   scatter_rows,
   tree_add,
   tree_stack,
   tree_sub,
-  weighted_mean,
 )
-from fedjax_dro.core.checks import integer
 from fedjax_dro.core.costs import Costs, local_training_cost, parameter_count
 from fedjax_dro.core.local import StatefulRound, stateful_local_round, stateful_round_metrics
-from fedjax_dro.core.privacy import active, poisson_draw, release_mean, suspended
-from fedjax_dro.core.sampling import sample_clients
+from fedjax_dro.core.release import PLAIN, Releases
 from fedjax_dro.core.settings import (
   LOCAL_TRAINING,
   CommonSettings,
@@ -104,6 +102,14 @@ from fedjax_dro.core.settings import (
 )
 
 PERSONAL_UPDATES = ("all", "participants")
+
+RELEASES = Releases(
+  "each drawn participant's global-model delta w_{i,R} - w^t; the server reads the noised sum "
+  "of the clipped updates over the expected participants and takes its beta step from it; the "
+  "personalized models theta_i never leave the clients (under personal_updates='all' every "
+  "client still updates its own every round)"
+)
+"""What a participant releases (:func:`fedjax_dro.privacy.private`)."""
 
 
 class PFedMeState(NamedTuple):
@@ -147,7 +153,7 @@ def pfedme(
   pFedMe (Algorithm 1); the defaults R = 20, K = 5, ``|D| = 20`` are the paper's.
 
   Args:
-    model: the :class:`~fedjax_dro.models.base.Model` of ``w`` and of every ``theta_i``.
+    model: the :class:`~fedjax_dro.common.model.Model` of ``w`` and of every ``theta_i``.
     clients_per_round: the sampled clients ``S`` aggregated each round (uniform, without
       replacement); ``None`` (default): all.
     local_steps: ``R``, the local steps on ``w_i`` per round (default 20).
@@ -175,30 +181,7 @@ def pfedme(
 
   init = state_init(settings, lambda p, n: PFedMeState(p, tree_stack(p, n), round_zero()))
 
-  def private_aggregate(state, data, key, start, batch_step):
-    """The private round (module docstring): ``(sent, average, personal)``."""
-    n = data.num_clients
-    if personal_updates == "participants":
-      update = stateful_local_round(
-        model, settings, data, key, start=start, batch_step=batch_step, averaged=("params",)
-      )  # the drawn clients train and release their clipped w_{i,R} - w^t
-      personal = scatter_rows(state.personal, update.idx, update.carries["theta"])
-      return update, update.carries["params"], personal
-    with suspended():  # "all": every client trains on the client, as in the plain round
-      update = stateful_local_round(model, trained, data, key, start=start, batch_step=batch_step)
-    sample_key = jax.random.split(key)[0]
-    drawn = poisson_draw(sample_key, n)
-    if drawn is None:  # fixed-size sampling: the plain round's S
-      idx = rows = sample_clients(sample_key, n, participants(settings, n))
-      present = None
-    else:
-      idx, rows, present = drawn
-    deltas = jax.tree.map(lambda a, w: a[rows] - w, update.carries["params"], state.params)
-    average = tree_add(state.params, release_mean(deltas, present, n, key))
-    sent = StatefulRound(idx, {}, update.losses[rows], update.num_examples[rows], present)
-    return sent, average, update.carries["theta"]
-
-  def round_fn(state, data, key, hparams):
+  def round_fn(state, data, key, hparams, release=PLAIN):
     lam, eta, plr = hparams["lam"], hparams["client_lr"], hparams["personal_lr"]
     n = data.num_clients
     s = participants(settings, n)
@@ -222,32 +205,35 @@ def pfedme(
       # losses[0] at step 0 is f_i(w^t; D_{i,0}): theta starts the round at the received model
       return {"params": w, "theta": theta}, losses[0]
 
-    if active() is not None:
-      sent, average, personal = private_aggregate(state, data, key, start, batch_step)
-      params = tree_add(state.params, tree_sub(average, state.params), hparams["beta"])
-      return PFedMeState(params, personal, state.round + 1), stateful_round_metrics(sent)
-    update = stateful_local_round(model, trained, data, key, start=start, batch_step=batch_step)
-    theta = update.carries["theta"]
-    if personal_updates == "participants" or s == n:
-      # the trained clients are the participants: "participants", or full participation
-      sent = update
-      personal = theta if s == n else scatter_rows(state.personal, update.idx, theta)
-    else:
-      # "all", partial participation: every client trained (rows in client order); the server
-      # aggregates the clients S drawn with the round's sample key (that of local_round)
-      idx = sample_clients(jax.random.split(key)[0], n, s)
-      sent = StatefulRound(
-        idx,
-        {"params": gather_rows(update.carries["params"], idx)},
-        update.losses[idx],
-        update.num_examples[idx],
+    if personal_updates == "participants":
+      # the participants (the round's draw) train and send their w_{i,R}
+      update = stateful_local_round(
+        model, settings, data, key, start=start, batch_step=batch_step, release=release
       )
-      personal = theta
+      theta = update.carries["theta"]
+      personal = theta if s == n else scatter_rows(state.personal, update.idx, theta)
+      sent, models = update, update.carries["params"]
+    else:
+      # "all": every client trains on the client (nothing of it leaves), and the server
+      # aggregates the clients S drawn with the round's sample key (that of local_round)
+      update = stateful_local_round(
+        model, trained, data, key, start=start, batch_step=batch_step, release=release.plain
+      )
+      draw = release.draw(jax.random.split(key)[0], n, s)
+      personal = update.carries["theta"]
+      if s == n and draw.present is None:  # every client, in order: nothing to gather
+        sent = update._replace(metrics=draw.metrics)
+        models = update.carries["params"]
+      else:
+        rows = draw.rows
+        nex = update.num_examples[rows]
+        sent = StatefulRound(draw.idx, {}, update.losses[rows], nex, draw.present, draw.metrics)
+        models = gather_rows(update.carries["params"], rows)
     weights = aggregation_weights(settings, sent.num_examples)
-    average = weighted_mean(sent.carries["params"], weights)
+    average, released = release.model_mean(models, state.params, weights, sent.present, n, key)
     params = tree_add(state.params, tree_sub(average, state.params), hparams["beta"])
     new_state = PFedMeState(params, personal, state.round + 1)
-    return new_state, stateful_round_metrics(sent)
+    return new_state, {**stateful_round_metrics(sent), **released}
 
   def cost(data):
     # the trained clients (all n under "all") take K gradients, in sequence, per local step;
@@ -274,4 +260,5 @@ def pfedme(
     personalized=True,
     personal_steps=personal_steps,
     personal_updates=personal_updates,
+    releases=RELEASES,
   )

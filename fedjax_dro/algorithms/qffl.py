@@ -50,18 +50,11 @@ from fedjax_dro.algorithms.base import (
   register,
   with_settings,
 )
-from fedjax_dro.core.aggregation import tree_add, tree_sq_norm, weighted_sum
+from fedjax_dro.core.aggregation import tree_add, tree_sq_norm
 from fedjax_dro.core.costs import local_training_costs
-from fedjax_dro.core.local import dual_round_metrics, local_round_and_losses
+from fedjax_dro.core.local import local_round_and_losses
 from fedjax_dro.core.precision import params_float_dtype
-from fedjax_dro.core.privacy import (
-  active as privacy_active,
-  clip_each,
-  present_loss_metrics,
-  release_bounded_sum,
-  release_sum,
-  unclipped_updates,
-)
+from fedjax_dro.core.release import PLAIN, Releases, loss_metrics
 from fedjax_dro.core.settings import CommonSettings, round_zero, state_init
 
 LOSS_EPS = 1e-10  # F_k + LOSS_EPS in the powers (reference implementation)
@@ -72,6 +65,16 @@ class QFFLState(NamedTuple):
   lam: jnp.ndarray  # [n] F_k^q / sum F^q of the last round's participants (0 elsewhere)
   round: jnp.ndarray  # [] int32
 
+
+RELEASES = Releases(
+  "each participant's F_k^q Delta_k (clipped to C; the server's sum noised with std z C) and its "
+  "h_k = q F_k^(q-1) ||Delta_k||^2 + L F_k^q (clipped to [0, B]; the sum noised with std z_l B); "
+  "the server steps by the first sum over the second floored at z_l B (post-processing)",
+  losses="h_k = q F_k^(q-1) ||Delta_k||^2 + L F_k^q",
+  mechanism="DP-FedAvg (clipped updates, Gaussian noise on the sum, the step a ratio of two "
+  "noised sums)",
+)
+"""What a participant releases (:func:`fedjax_dro.privacy.private`)."""
 
 HPARAMS = {
   "client_lr": HParam(0.05, "local SGD step size"),
@@ -93,7 +96,7 @@ def qffl(model, settings: CommonSettings) -> Algorithm:
   q-FedAvg (Algorithm 2 of the paper).
 
   Args:
-    model: the :class:`~fedjax_dro.models.base.Model` of ``w``.
+    model: the :class:`~fedjax_dro.common.model.Model` of ``w``.
     clients_per_round: the clients ``S`` of a round (uniform, without replacement); ``None``
       (default): every client.
     local_steps: SGD steps a client in ``S`` takes from ``w`` to its ``w_k`` (default 10).
@@ -108,52 +111,33 @@ def qffl(model, settings: CommonSettings) -> Algorithm:
     update ``Delta_k`` and its loss ``F_k`` (a loss without gradient, not counted as one).
   """
 
-  def round_fn(state, data, key, hparams):
+  def round_fn(state, data, key, hparams, release=PLAIN):
     check_data_matches(data, state.lam.shape[0])
-    if privacy_active() is not None:
-      return private_round_fn(state, data, key, hparams)
-    lr = hparams["client_lr"]
-    update, losses = local_round_and_losses(model, settings, state.params, data, key, lr)
+    # private: the participants clip what they release, F_k^q Delta_k, not their delta_k
+    update, losses = local_round_and_losses(
+      model, settings, state.params, data, key, hparams["client_lr"], release.unclipped()
+    )
+    present = release.present(update.weights)
     q, L = hparams["q"], hparams["L"]
     f = losses + LOSS_EPS
     fq = f**q
     # Delta_k = L (w - w_k) = -L delta_k
     sq = jax.vmap(tree_sq_norm)(update.deltas) * L**2
     h = q * f ** (q - 1.0) * sq + L * fq
-    step = weighted_sum(update.deltas, -L * fq)  # sum_k F_k^q Delta_k
-    params = tree_add(state.params, step, -1.0 / jnp.sum(h))
-    lam = jnp.zeros((data.num_clients,), state.lam.dtype).at[update.idx].set(fq / jnp.sum(fq))
-    metrics = dual_round_metrics(losses, lam, lambda_min=False)
-    return QFFLState(params, lam, state.round + 1), metrics
-
-  def private_round_fn(state, data, key, hparams):
-    # the module docstring's private form: u_k clipped to C, h_k to [0, B], both sums noised
-    with unclipped_updates():  # the participants clip F_k^q Delta_k themselves, not delta_k
-      update, losses = local_round_and_losses(
-        model, settings, state.params, data, key, hparams["client_lr"]
-      )
-    present = update.weights > 0
-    q, L = hparams["q"], hparams["L"]
-    f = losses + LOSS_EPS
-    fq = f**q
-    sq = jax.vmap(tree_sq_norm)(update.deltas) * L**2
-    h = q * f ** (q - 1.0) * sq + L * fq
-    coef = -L * fq  # F_k^q Delta_k = -L F_k^q delta_k
-    scaled = jax.tree.map(
-      lambda d: d * coef.reshape((-1,) + (1,) * (d.ndim - 1)).astype(d.dtype), update.deltas
-    )
-    step = release_sum(clip_each(scaled, present), jnp.ones_like(fq), present, 1.0, key)
-    act = privacy_active()
-    tiny = jnp.finfo(fq.dtype).tiny
-    floor = jnp.maximum(act.loss_noise * act.loss_bound, tiny)
-    total_h = jnp.maximum(release_bounded_sum(h, present, key), floor)
-    params = tree_add(state.params, step, -1.0 / total_h)
-    fq = jnp.where(present, fq, 0.0)
-    share = fq / jnp.maximum(jnp.sum(fq), tiny)
+    # sum_k F_k^q Delta_k over sum_k h_k (private: each clipped, both sums noised)
+    step, clipped = release.scaled_sum(update.deltas, -L * fq, present, key)
+    params = tree_add(state.params, step, -1.0 / release.ratio_denominator(h, present, key))
+    if present is not None:
+      fq = jnp.where(present, fq, 0.0)
+    share = fq / jnp.maximum(jnp.sum(fq), jnp.finfo(fq.dtype).tiny)
     lam = jnp.zeros((data.num_clients,), state.lam.dtype).at[update.idx].set(share, mode="drop")
-    metrics = {**present_loss_metrics(losses, present), "lambda_max": jnp.max(lam)}
+    metrics = {**loss_metrics(losses, present), "lambda_max": jnp.max(lam)}
+    # the draw's metrics, and the clip flags of what is released
+    metrics.update({k: v for k, v in update.metrics.items() if k != "dp_unclipped"}, **clipped)
     return QFFLState(params, lam, state.round + 1), metrics
 
   init = state_init(settings, initial_state)
   cost = local_training_costs(model, settings, scalars=1)  # Delta_k and F_k
-  return build_algorithm("qffl", model, settings, init, round_fn, HPARAMS, cost=cost)
+  return build_algorithm(
+    "qffl", model, settings, init, round_fn, HPARAMS, cost=cost, releases=RELEASES
+  )

@@ -5,7 +5,7 @@ Learning", arXiv:2307.13381 (Algorithms 1 and 2, Conditions 5.1 and 5.2). Proble
 
     min_x max_{lambda in Lambda}  sum_i lambda_i f_i(x) - psi(lambda)
 
-with ``f_i`` the client objective of the simulator (``models.base.client_loss``: masked mean loss
+with ``f_i`` the client objective of the simulator (``common.model.client_loss``: masked mean loss
 plus ``l2/2 ||x||^2``; no sample-count weighting, so with ``psi="chi2"`` and ``rho -> infinity``
 the solution is the *uniform*-weight ERM minimizer ``argmin (1/n) sum_i f_i``).
 
@@ -76,27 +76,35 @@ from fedjax_dro.algorithms.base import (
   register,
   with_settings,
 )
-from fedjax_dro.core.aggregation import tree_add, weighted_sum
+from fedjax_dro.common.model import client_loss_and_grad
+from fedjax_dro.core.aggregation import tree_add
 from fedjax_dro.core.clients import map_clients_weighted_sum
 from fedjax_dro.core.costs import Costs, local_training_cost, one_gradient_each, parameter_count
-from fedjax_dro.core.local import local_sgd, local_step_counts, map_client_data
+from fedjax_dro.core.local import local_sgd, map_client_data
 from fedjax_dro.core.precision import params_float_dtype
-from fedjax_dro.core.privacy import (
-  active as privacy_active,
-  clip_part,
-  inverse_rate,
-  poisson_draw,
-  private_round,
-  release_losses,
-  release_sum,
-  release_total,
-)
+from fedjax_dro.core.release import PLAIN, Releases, loss_metrics
+from fedjax_dro.core.schedule import local_step_counts
 from fedjax_dro.core.settings import CommonSettings, backend_for, round_zero
-from fedjax_dro.models.base import client_loss_and_grad
 from fedjax_dro.solvers.dro import Chi2, DROProblem, initial_lambda, resolve
 
 PARAMETER_RULES = ("user", "condition_5_1", "condition_5_2")
 SAMPLE_STREAM = 0x5A  # fold_in tag of a private round's Poisson draw (apart from the clients' keys)
+
+RELEASES = Releases(
+  "each participant, in two messages a round: first its loss L_i = f_i(x) (clipped to [0, B] and "
+  "noised, z_l B; the dual step reads L_i / q for a participant and 0 for the others, AFL's "
+  "unbiased estimate) and its gradient c_i = g_i(x) at the global model (clipped to C / sqrt(2); "
+  "the server reads the lambda-weighted sum scaled by 1 / q, noised for the largest weight, z C "
+  "max(lambda) / q), which give lambda and the correction c (post-processing); then, after its "
+  "local steps corrected by its own unclipped c_i and the released c, its direction du_i = (x - "
+  "u_i) / (lr J_i) (clipped to C / sqrt(2); its lambda-weighted sum likewise noised, z C "
+  "max(lambda) / q), which moves x (post-processing). With sampling='fixed' every client takes "
+  "part each round and 1 / q is 1. The two vectors together stay within C (one Gaussian "
+  "mechanism of multiplier z, adaptively composed), and with the losses one of multiplier "
+  "(z^-2 + z_l^-2)^(-1/2); each client's c_i and local iterates stay on the client",
+  losses="loss at the global model",
+)
+"""What a participant releases (:func:`fedjax_dro.privacy.private`)."""
 
 
 class ScaffPDState(NamedTuple):
@@ -182,7 +190,7 @@ def scaff_pd(
   SCAFF-PD (full participation, every client every round).
 
   Args:
-    model: the :class:`~fedjax_dro.models.base.Model` of the primal iterate ``x``.
+    model: the :class:`~fedjax_dro.common.model.Model` of the primal iterate ``x``.
     psi: the dual regulariser: a problem of :mod:`fedjax_dro.solvers.dro` with a prox step,
       ``chi2(rho)``, ``cvar(alpha)`` or ``qffl(q)`` (its parameter is then the default of the
       hyper-parameter ``rho`` / ``alpha`` / ``q``), or its name, ``"chi2"`` (default),
@@ -193,7 +201,7 @@ def scaff_pd(
     local_steps: ``J``, the bias-corrected local steps per round (default 10).
     local_epochs: instead of ``local_steps``, passes over each client's own rows per round,
       without replacement, in consecutive batches of ``batch_size`` of a fresh random order each
-      pass (see :func:`fedjax_dro.core.local.local_schedule`). Client ``i`` then takes ``J_i =
+      pass (see :func:`fedjax_dro.core.schedule.local_schedule`). Client ``i`` then takes ``J_i =
       local_epochs * ceil(N_i / batch_size)`` steps and its direction is ``du_i = (x^r -
       u_i^{J_i}) / (eta_l J_i)``, the step-count normalization SCAFFOLD uses for uneven local
       work, so that ``du_i`` stays an average corrected gradient. ``None`` (default):
@@ -240,127 +248,64 @@ def scaff_pd(
       round_zero(),
     )
 
-  def round_fn(state, data, key, hparams):
+  def round_fn(state, data, key, hparams, release=PLAIN):
     n = data.num_clients
     check_data_matches(data, state.lam.shape[0])
-    if privacy_active() is not None:
-      return private_round_fn(state, data, key, hparams)
-    backend = backend_for(settings, state.params)
-    x = state.params
-    eval_key, local_key = jax.random.split(key)
-
-    # (1) every client reports L_i = f_i(x) and c_i = g_i(x)
-    def loss_grad(xd, yd, nex, k):
-      return client_loss_and_grad(model, x, xd, yd, nex, k, settings.batch_size)
-
-    eval_keys = jax.random.split(eval_key, n)
-    losses, grads = map_client_data(
-      loss_grad, data, eval_keys, backend=backend, chunk_size=settings.chunk_size
-    )
-
-    # (2) extrapolated dual prox step
-    tau, sigma, theta = parameter_schedule(
-      parameter_rule, hparams, state.step_ratio, state.prev_step_ratio, n
-    )
-    prev = jnp.where(state.round == 0, losses, state.prev_losses)
-    s = (1.0 + theta) * losses - theta * prev
-    lam = problem.from_hparams(hparams).prox(state.lam, s, sigma)
-
-    # (3) bias-corrected local steps and lambda-weighted primal step
-    c = weighted_sum(grads, lam)
-    lr = hparams["client_lr"]
-
-    def local_update(xd, yd, nex, k, c_i):
-      return direction(x, xd, yd, nex, k, c_i, c, lr), ()
-
-    # sum_i lam_i du_i accumulated chunk by chunk: the clients' du are never stacked
-    lam_du, _ = map_clients_weighted_sum(
-      local_update,
-      lam,
-      data.x,
-      data.y,
-      data.num_examples,
-      jax.random.split(local_key, n),
-      grads,
-      backend=backend,
-      chunk_size=settings.chunk_size,
-    )
-    params = tree_add(x, lam_du, -tau)
-
-    new_state = ScaffPDState(
-      params,
-      lam,
-      losses,
-      next_step_ratio(parameter_rule, hparams, state.step_ratio),
-      state.step_ratio,
-      state.round + 1,
-    )
-    dtype = losses.dtype
-    metrics = {
-      "train_loss": jnp.mean(losses),
-      "train_loss_max": jnp.max(losses),
-      "weighted_loss": jnp.dot(lam, losses),
-      "lambda_max": jnp.max(lam),
-      "lambda_min": jnp.min(lam),
-      "tau": jnp.asarray(tau, dtype),
-      "sigma": jnp.asarray(sigma, dtype),
-      "theta": jnp.asarray(theta, dtype),
-    }
-    return new_state, metrics
-
-  def private_round_fn(state, data, key, hparams):
-    # the round of round_fn with its two messages privatized (wrapper.RELEASES["scaff_pd"]): the
-    # same per-client keys; Poisson participants, or every client under fixed sampling
-    n = data.num_clients
     backend = backend_for(settings, state.params)
     x = state.params
     eval_key, local_key = jax.random.split(key)
     eval_keys, local_keys = jax.random.split(eval_key, n), jax.random.split(local_key, n)
-    drawn = poisson_draw(jax.random.fold_in(key, SAMPLE_STREAM), n)
-    if drawn is None:  # fixed sampling: clients_per_round is None, every client takes part
-      idx, clients, present = jnp.arange(n), data, None
-    else:
-      idx, rows, present = drawn
-      clients = data.take_clients(rows)
-      eval_keys, local_keys = eval_keys[rows], local_keys[rows]
-    s = idx.shape[0]
-    dp = private_round(True, present, s, n)  # weights 1 (participant) or 0 (empty slot)
-    present = dp.weights > 0
-    scale = inverse_rate(n, s)  # 1 / q (Poisson) or n / s = 1
+    # every client (a private round: Poisson participants, or every client with fixed sampling)
+    draw = release.draw(jax.random.fold_in(key, SAMPLE_STREAM), n, n)
+    clients = data
+    if draw.present is not None:  # the drawn clients' slots, with their own keys
+      clients = data.take_clients(draw.rows)
+      eval_keys, local_keys = eval_keys[draw.rows], local_keys[draw.rows]
+    s = draw.idx.shape[0]
+    agg = release.aggregation(None, draw.present, s, n)
+    present = release.present(agg.weights)  # private: the filled slots
+    scale = release.inverse_rate(n, s)  # 1 (private, Poisson: 1 / q, unbiased for all clients)
 
-    # (1) each participant: L_i = f_i(x), and c_i = g_i(x) clipped to C / sqrt(2) for the server
+    # (1) each participant reports L_i = f_i(x) and c_i = g_i(x) (private: c_i clipped to
+    # C / sqrt(2) for the server, its own c_i kept for its local steps)
     def report(xd, yd, nex, k):
       loss, grad = client_loss_and_grad(model, x, xd, yd, nex, k, settings.batch_size)
-      sent, within = clip_part(grad, 2)
+      sent, within = release.clip_part(grad, 2)
       return loss, grad, sent, within
 
     losses, grads, sent, within = map_client_data(
       report, clients, eval_keys, backend=backend, chunk_size=settings.chunk_size
     )
-    released = release_losses(losses, key)  # clipped to [0, B], noised
-    # the loss vector's estimate: L_i / q for a participant, 0 for the others (n / s = 1: L)
-    v = jnp.zeros((n,), losses.dtype).at[idx].set(scale * released, mode="drop")
+    released = release.losses(losses, key)  # private: clipped to [0, B], noised
+    # the loss vector: every client's in order, or (Poisson participants) L_i / q for a
+    # participant and 0 for the others
+    v = released
+    if draw.present is not None:
+      v = jnp.zeros((n,), losses.dtype).at[draw.idx].set(scale * released, mode="drop")
 
-    # (2) extrapolated dual prox step on the released losses (post-processing)
+    # (2) extrapolated dual prox step
     tau, sigma, theta = parameter_schedule(
       parameter_rule, hparams, state.step_ratio, state.prev_step_ratio, n
     )
     prev = jnp.where(state.round == 0, v, state.prev_losses)
-    lam = problem.from_hparams(hparams).prox(state.lam, (1.0 + theta) * v - theta * prev, sigma)
+    s_dual = (1.0 + theta) * v - theta * prev
+    lam = problem.from_hparams(hparams).prox(state.lam, s_dual, sigma)
 
-    # (3) c from the clipped c_i, noised for the largest weight; corrected local steps with each
-    # client's own c_i; the lambda-weighted sum of the clipped du_i, noised likewise
-    w = scale * lam[jnp.minimum(idx, n - 1)]
+    # (3) c = sum_i lam_i c_i (private: noised for the largest weight), corrected local steps
+    # with each client's own c_i, and the lambda-weighted primal step
+    w = scale * lam[jnp.minimum(draw.idx, n - 1)]
     bound = scale * jnp.max(lam)
-    c = release_sum(sent, w, present, bound, key)
+    c = release.sum(sent, w, present, bound, key)
     lr = hparams["client_lr"]
 
     def local_update(xd, yd, nex, k, c_i):
-      return clip_part(direction(x, xd, yd, nex, k, c_i, c, lr), 2)
+      return release.clip_part(direction(x, xd, yd, nex, k, c_i, c, lr), 2)
 
+    weights = w if draw.present is None else w * agg.weights
+    # sum_i lam_i du_i accumulated chunk by chunk: the clients' du are never stacked
     lam_du, within_du = map_clients_weighted_sum(
       local_update,
-      w * dp.weights,
+      weights,
       clients.x,
       clients.y,
       clients.num_examples,
@@ -369,8 +314,8 @@ def scaff_pd(
       backend=backend,
       chunk_size=settings.chunk_size,
     )
-    lam_du = release_total(lam_du, bound, key)
-    dp.received((None, jnp.logical_and(within, within_du)), dp.weights)  # dp_unclipped
+    lam_du = release.total(lam_du, bound, key)
+    _, unclipped = agg.received((None, jnp.logical_and(within, within_du)), agg.weights)
     params = tree_add(x, lam_du, -tau)
 
     new_state = ScaffPDState(
@@ -382,17 +327,16 @@ def scaff_pd(
       state.round + 1,
     )
     dtype = losses.dtype
-    count = jnp.sum(dp.weights).astype(dtype)
-    top = jnp.max(jnp.where(present, released, -jnp.inf))
     metrics = {  # of the released losses, over the participants
-      "train_loss": jnp.sum(dp.weights.astype(dtype) * released) / jnp.maximum(count, 1),
-      "train_loss_max": jnp.where(count > 0, top, 0).astype(dtype),
+      **loss_metrics(released, present),
       "weighted_loss": jnp.dot(lam, v),
       "lambda_max": jnp.max(lam),
       "lambda_min": jnp.min(lam),
       "tau": jnp.asarray(tau, dtype),
       "sigma": jnp.asarray(sigma, dtype),
       "theta": jnp.asarray(theta, dtype),
+      **draw.metrics,
+      **unclipped,
     }
     return new_state, metrics
 
@@ -431,6 +375,7 @@ def scaff_pd(
     round_fn,
     hparam_specs,
     cost=cost,
+    releases=RELEASES,
     psi=problem.name,
     **problem.config(),
     parameter_rule=parameter_rule,

@@ -19,8 +19,7 @@ the paper's). Persistent per-client state: ``client_controls`` ``[n, ...]``.
 With ``local_epochs`` client ``i`` takes ``K_i = local_epochs * ceil(n_i / batch_size)`` steps
 and ``J`` above is its own ``K_i`` (``c_i+`` is still the mean corrected gradient of its steps).
 
-Client-level differential privacy (:func:`fedjax_dro.privacy.private`, ``RELEASES["scaffold"]``
-of :mod:`fedjax_dro.privacy.wrapper`): with ``local_steps`` a participant releases only its model
+Client-level differential privacy (:func:`fedjax_dro.privacy.private`, :data:`RELEASES`): with ``local_steps`` a participant releases only its model
 delta and ``c`` moves by post-processing the private mean; with ``local_epochs`` it releases its
 model delta and ``u_i = c_i+ - c_i + c = -delta_i / (K_i eta_l)`` clipped together to ``C`` (the
 server adds the public ``-c`` itself), and computes its own ``c_i+`` from its unclipped delta.
@@ -34,17 +33,11 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register, with_settings
-from fedjax_dro.core.aggregation import scatter_rows, tree_add, tree_stack, tree_zeros_like
+from fedjax_dro.core.aggregation import tree_add, tree_stack, tree_zeros_like
 from fedjax_dro.core.costs import local_training_costs
-from fedjax_dro.core.local import local_round, local_step_counts, round_metrics
-from fedjax_dro.core.privacy import (
-  active as privacy_active,
-  clip_each,
-  inverse_rate,
-  participation_share,
-  present_slots,
-  release_sum,
-)
+from fedjax_dro.core.local import local_round, round_metrics
+from fedjax_dro.core.release import PLAIN, Releases
+from fedjax_dro.core.schedule import local_step_counts
 from fedjax_dro.core.server import check_optimizer, optimizer_config, server_step
 from fedjax_dro.core.settings import (
   LOCAL_TRAINING,
@@ -73,6 +66,17 @@ class ScaffoldOptState(NamedTuple):
   round: jnp.ndarray  # [] int32
 
 
+RELEASES = Releases(
+  "each participant's model delta; with local_steps (J steps each) the server control variate "
+  "moves by q (-c - mean delta / (J lr)) from the same private mean (post-processing); with "
+  "local_epochs (K_i steps for client i) each participant releases its model delta delta_i and "
+  "its control-variate delta less the public c, c_i+ - c_i + c = -delta_i / (K_i lr), clipped "
+  "together to C (one vector); the server reads their noised sums over the expected "
+  "participants (noise z C on each) and c moves by q (-c + the mean of the second); each "
+  "client's own control variate c_i+ (from its unclipped delta) stays on the client"
+)
+"""What a participant releases (:func:`fedjax_dro.privacy.private`)."""
+
 HPARAMS = {
   "client_lr": HParam(0.1, "local SGD step size eta_l"),
   "server_lr": HParam(1.0, "global step size eta_g"),
@@ -93,7 +97,7 @@ def scaffold(model, settings: CommonSettings, *, server_optimizer=None) -> Algor
   SCAFFOLD with control-variate option II; unweighted averages by default, as in the paper.
 
   Args:
-    model: the :class:`~fedjax_dro.models.base.Model` of the server model ``x``.
+    model: the :class:`~fedjax_dro.common.model.Model` of the server model ``x``.
     clients_per_round: the sampled set ``S`` of each round (uniform, without replacement);
       ``None`` (default): every client.
     local_steps: ``K``, the corrected local SGD steps per round (default 10).
@@ -113,15 +117,13 @@ def scaffold(model, settings: CommonSettings, *, server_optimizer=None) -> Algor
     A participant uploads ``2P`` floats (``P`` parameters): its model and control-variate deltas.
   """
 
-  def round_fn(state, data, key, hparams):
+  def round_fn(state, data, key, hparams, release=PLAIN):
     n = data.num_clients
     s = participants(settings, n)
     lr = hparams["client_lr"]
     correct = lambda w, g, c_i: jax.tree.map(lambda gi, ci, c: gi - ci + c, g, c_i, state.control)
-    if settings.local_epochs is not None and privacy_active() is not None:
-      return private_epochs_round(state, data, key, hparams, correct)
     if settings.local_epochs is not None:
-      return epochs_round(state, data, key, hparams, correct)
+      return epochs_round(state, data, key, hparams, correct, release)
     # c_i+ = c_i - c + (x - y_i) / (J eta_l) = c_i - c - delta_i / (J eta_l), computed inside each
     # participant's update; only the mean delta leaves the round (no stacked deltas)
     new_control = lambda c_i, d: jax.tree.map(
@@ -138,55 +140,20 @@ def scaffold(model, settings: CommonSettings, *, server_optimizer=None) -> Algor
       grad_transform=correct,
       state_update=new_control,
       mean_only=True,
+      release=release,
     )
     mean_delta = update.deltas  # the participants' p-weighted mean delta
     params, opt_state = move(state, mean_delta, hparams["server_lr"])
     # weighted mean of c_i+ - c_i = -c - delta_i / (J eta_l) over the participants: from the
-    # weighted mean delta
+    # weighted mean delta (a private round: post-processing of the released mean)
     dc = jax.tree.map(lambda c, d: -c - d / (settings.local_steps * lr), state.control, mean_delta)
-    control = tree_add(state.control, dc, share(update, data, s / n))
+    control = tree_add(state.control, dc, share(update, data, s / n, release))
     new_state = pack(state, params, control, update.client_state, opt_state)
     return new_state, round_metrics(update)
 
-  def epochs_round(state, data, key, hparams, correct):
-    # K_i differs between participants: c_i+ from each stacked delta, c from their mean
-    n, lr = data.num_clients, hparams["client_lr"]
-    update = local_round(
-      model,
-      settings,
-      state.params,
-      data,
-      key,
-      lr,
-      client_state=state.client_controls,
-      grad_transform=correct,
-    )
-    s = update.idx.shape[0]
-    steps = jnp.maximum(local_step_counts(settings, update.num_examples), 1)
-    old = jax.tree.map(lambda a: a[update.idx], state.client_controls)
-    new = jax.tree.map(
-      lambda ci, c, d: ci - c - d / (steps.reshape((-1,) + (1,) * c.ndim) * lr).astype(d.dtype),
-      old,
-      state.control,
-      update.deltas,
-    )
-    p = update.weights / jnp.sum(update.weights)  # the participants' p_i, normalized over S
-    mean = lambda tree: jax.tree.map(
-      lambda a: jnp.tensordot(p.astype(a.dtype), a, axes=1).astype(a.dtype), tree
-    )
-    if settings.weighting == "uniform":  # the plain mean, as the paper writes it
-      mean = lambda tree: jax.tree.map(lambda a: jnp.mean(a, axis=0).astype(a.dtype), tree)
-    params, opt_state = move(state, mean(update.deltas), hparams["server_lr"])
-    dc = mean(jax.tree.map(jnp.subtract, new, old))
-    control = tree_add(state.control, dc, share(update, data, s / n))
-    controls = scatter_rows(state.client_controls, update.idx, new)
-    return pack(state, params, control, controls, opt_state), round_metrics(update)
-
-  def private_epochs_round(state, data, key, hparams, correct):
-    # private, local_epochs: K_i differs between participants, so the mean control-variate delta
-    # is no function of the mean model delta: each participant releases its model delta delta_i
-    # and u_i = c_i+ - c_i + c = -delta_i / (K_i lr) (its control-variate delta less the public
-    # c), clipped together to C; c_i+ is computed on the client from its unclipped delta
+  def epochs_round(state, data, key, hparams, correct, release):
+    # K_i differs between participants: each computes its own c_i+ from its own (unclipped)
+    # delta, and the server reads their deltas (and the control-variate changes) stacked
     n, lr = data.num_clients, hparams["client_lr"]
 
     def new_control(row, d):  # row: (c_i, n_i); c_i+ with the client's own K_i
@@ -207,23 +174,42 @@ def scaffold(model, settings: CommonSettings, *, server_optimizer=None) -> Algor
       client_state=(state.client_controls, data.num_examples),
       grad_transform=lambda w, g, row: correct(w, g, row[0]),
       state_update=new_control,
+      release=release,
     )
     s = update.idx.shape[0]
-    steps = jnp.maximum(local_step_counts(settings, update.num_examples), 1)
-    # the deltas arrive clipped to C (PrivateRound.send); u_i from them is the same multiple of
-    # the clipped delta, so clip_each's joint clip of (delta_i, u_i) is one clip of the pair
-    u = jax.tree.map(
-      lambda d: -d / (steps.reshape((-1,) + (1,) * (d.ndim - 1)) * lr).astype(d.dtype),
-      update.deltas,
-    )
-    present = present_slots(update.weights)
-    sent = clip_each((update.deltas, u), present)
-    m_inv = inverse_rate(n, s) / n  # 1 / m, m the expected participants (q n, or s)
-    mean_delta, mean_u = release_sum(sent, update.weights * m_inv, present, m_inv, key)
+    controls = update.client_state[0]
+    if release.per_participant:
+      # each participant's release processed on its own (private: clipped): it sends delta_i
+      # and u_i = c_i+ - c_i + c = -delta_i / (K_i lr) from its released delta (so that a clip of
+      # the pair is one clip of delta_i), and the server reads their sums over the expected
+      # participants; c moves by -c + the mean of u (post-processing)
+      steps = jnp.maximum(local_step_counts(settings, update.num_examples), 1)
+      u = jax.tree.map(
+        lambda d: -d / (steps.reshape((-1,) + (1,) * (d.ndim - 1)) * lr).astype(d.dtype),
+        update.deltas,
+      )
+      present = release.present(update.weights)
+      sent, clipped = release.clip_each((update.deltas, u), present)
+      m_inv = release.inverse_rate(n, s) / n  # 1 / m, m the expected participants (q n, or s)
+      mean_delta, mean_u = release.sum(sent, update.weights * m_inv, present, m_inv, key)
+      dc = jax.tree.map(lambda c, a: a - c, state.control, mean_u)
+      metrics = {**round_metrics(update), **clipped}
+    else:
+      # the paper's: the mean of the deltas and of the control-variate changes c_i+ - c_i
+      p = update.weights / jnp.sum(update.weights)  # the participants' p_i, normalized over S
+      mean = lambda tree: jax.tree.map(
+        lambda a: jnp.tensordot(p.astype(a.dtype), a, axes=1).astype(a.dtype), tree
+      )
+      if settings.weighting == "uniform":  # the plain mean, as the paper writes it
+        mean = lambda tree: jax.tree.map(lambda a: jnp.mean(a, axis=0).astype(a.dtype), tree)
+      old = jax.tree.map(lambda a: a[update.idx], state.client_controls)
+      new = jax.tree.map(lambda a: a[update.idx], controls)
+      mean_delta = mean(update.deltas)
+      dc = mean(jax.tree.map(jnp.subtract, new, old))
+      metrics = round_metrics(update)
     params, opt_state = move(state, mean_delta, hparams["server_lr"])
-    dc = jax.tree.map(lambda c, a: a - c, state.control, mean_u)  # -c + mean u (post-processing)
-    control = tree_add(state.control, dc, share(update, data, s / n))
-    return pack(state, params, control, update.client_state[0], opt_state), round_metrics(update)
+    control = tree_add(state.control, dc, share(update, data, s / n, release))
+    return pack(state, params, control, controls, opt_state), metrics
 
   def move(state, mean_delta, server_lr):
     """``(x+, optimizer state+)``: the global step, or the server optimizer's."""
@@ -236,11 +222,11 @@ def scaffold(model, settings: CommonSettings, *, server_optimizer=None) -> Algor
       return ScaffoldState(params, control, controls, state.round + 1)
     return ScaffoldOptState(params, control, controls, opt_state, state.round + 1)
 
-  def share(update, data, uniform_share):
+  def share(update, data, uniform_share, release):
     """``sum_{i in S} p_i``, the participants' share of the objective's weights (``s / n``
     uniformly): the step of ``c`` along the participants' weighted mean ``c_i+ - c_i``."""
     if settings.weighting == "uniform":  # q in a private round with Poisson participation
-      return participation_share(uniform_share)
+      return release.participation_share(uniform_share)
     total = jnp.sum(aggregation_weights(settings, data.num_examples))
     return jnp.sum(update.weights) / total
 
@@ -256,4 +242,6 @@ def scaffold(model, settings: CommonSettings, *, server_optimizer=None) -> Algor
     )
   cost = local_training_costs(model, settings, models=2)  # delta_i and c_i+ - c_i
   extra = optimizer_config(server_optimizer)
-  return build_algorithm("scaffold", model, settings, init, round_fn, HPARAMS, cost=cost, **extra)
+  return build_algorithm(
+    "scaffold", model, settings, init, round_fn, HPARAMS, cost=cost, releases=RELEASES, **extra
+  )

@@ -1,8 +1,131 @@
-"""Declarations a model makes about itself, shared by the models and the round mechanics."""
+"""The Model protocol and the masked per-client objective every algorithm uses.
+
+A client's objective is the masked mean of the per-example loss over its valid rows plus an
+optional ridge penalty: ``f_i(w) = (1/N_i) sum_{k valid} loss(apply(w, x_k), y_k) + l2/2 ||w||^2``.
+"""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, Callable, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+
+Array = Any
+Params = Any
+
+
+class Model(NamedTuple):
+  """A model as pure functions.
+
+  Attributes:
+    init: ``key -> params``.
+    apply: ``(params, x[m, *feature_shape]) -> outputs[m, ...]``.
+    loss: ``(outputs, y) -> per-example loss [m]``.
+    metrics: ``(outputs, y) -> dict of per-example metrics [m]`` (averaged with the mask).
+    task: ``"regression"`` or ``"classification"``.
+    l2: ridge penalty ``l2/2 ||w||^2`` added to every client objective.
+    name: short description.
+    identity: the builder and all its settings (what a resumed checkpoint must match; see
+      :func:`model_identity`); empty: the name, task and l2 say it all.
+    input_size: the number of features of one example (the product of its feature shape) the
+      model is built for, checked against the data before anything is traced (a product that
+      broadcasts a size-1 axis would otherwise train on data of the wrong shape); None: not
+      declared (checked by applying the model abstractly only).
+    dense_layers: the model's dense layers ``h = x W + b`` (each a
+      :class:`~fedjax_dro.common.model.DenseLayer`: the kernel's path in the parameters and its
+      shape) that local SGD may keep in factored form (:mod:`fedjax_dro.experimental.factored`); each is
+      applied once per call, to a batch of vectors ``x [m, d_in]``.
+    factored_apply: ``(params, x, corrections) -> outputs``: ``apply`` in which the output of
+      each layer of ``dense_layers`` whose path is a key of ``corrections`` gains
+      ``corrections[path](x_in)`` (``x_in`` the layer's input); None: no factored form.
+  """
+
+  init: Callable[[Array], Params]
+  apply: Callable[[Params, Array], Array]
+  loss: Callable[[Array, Array], Array]
+  metrics: Callable[[Array, Array], dict]
+  task: str = "classification"
+  l2: float = 0.0
+  name: str = "model"
+  identity: str = ""
+  input_size: Optional[int] = None
+  dense_layers: tuple = ()
+  factored_apply: Optional[Callable] = None
+
+
+def model_identity(model: Model) -> str:
+  """The model's builder and settings (``linear_regression(10, ...); task=regression; l2=1.0``):
+  two models of the same parameter shapes but other settings have different identities."""
+  return f"{model.identity or model.name}; task={model.task}; l2={model.l2!r}"
+
+
+def num_parameters(params) -> int:
+  return int(sum(jnp.size(leaf) for leaf in jax.tree.leaves(params)))
+
+
+def _sq_norm(tree) -> Array:
+  return sum(jnp.vdot(leaf, leaf).real for leaf in jax.tree.leaves(tree))
+
+
+def masked_mean(model: Model, outputs: Array, y: Array, mask: Array) -> Array:
+  """The mean of ``model.loss`` over the rows where ``mask`` is True (0 where none is)."""
+  per_example = model.loss(outputs, y)
+  w = mask.astype(per_example.dtype)
+  return jnp.sum(per_example * w) / jnp.maximum(jnp.sum(w), 1.0)
+
+
+def client_loss(model: Model, params: Params, x: Array, y: Array, mask: Array) -> Array:
+  """Masked mean loss of one client plus the ridge penalty (padded rows contribute nothing)."""
+  loss = masked_mean(model, model.apply(params, x), y, mask)
+  if model.l2:
+    loss = loss + 0.5 * model.l2 * _sq_norm(params)
+  return loss
+
+
+def sample_batch(key: Array, x: Array, y: Array, num_examples: Array, batch_size: Optional[int]):
+  """A minibatch of one client: ``batch_size`` valid rows drawn uniformly with replacement.
+
+  With ``batch_size=None`` the full (masked) client data is used. Only valid rows can be drawn:
+  the data layout puts them first, so a draw in ``[0, num_examples)`` suffices, and the result does
+  not depend on how much padding follows.
+  """
+  if batch_size is None:
+    return x, y, jnp.arange(x.shape[0]) < num_examples
+  rows = jax.random.randint(key, (batch_size,), 0, jnp.maximum(num_examples, 1))
+  return x[rows], y[rows], jnp.ones((batch_size,), bool)
+
+
+def client_loss_and_grad(
+  model: Model,
+  params: Params,
+  x: Array,
+  y: Array,
+  num_examples: Array,
+  key: Array,
+  batch_size: Optional[int],
+):
+  """``(loss, grad)`` of one client's objective on a sampled minibatch (or the full data)."""
+  bx, by, bmask = sample_batch(key, x, y, num_examples, batch_size)
+  return jax.value_and_grad(lambda p: client_loss(model, p, bx, by, bmask))(params)
+
+
+def per_client_eval(model: Model, params: Params, x: Array, y: Array, mask: Array) -> dict:
+  """Masked evaluation metrics of one client: loss, the model's metrics, and R^2 for regression."""
+  out = model.apply(params, x)
+  w = mask.astype(jnp.result_type(float))
+  count = jnp.maximum(jnp.sum(w), 1.0)
+  result = {"loss": jnp.sum(model.loss(out, y) * w) / count}
+  for name, values in model.metrics(out, y).items():
+    result[name] = jnp.sum(values * w) / count
+  if model.task == "regression":
+    yy = y.reshape(y.shape[0], -1).astype(w.dtype)
+    pred = out.reshape(out.shape[0], -1).astype(w.dtype)
+    mean_y = jnp.sum(yy * w[:, None], 0) / count
+    sse = jnp.sum(((pred - yy) ** 2) * w[:, None])
+    sst = jnp.sum(((yy - mean_y) ** 2) * w[:, None])
+    result["r2"] = 1.0 - sse / jnp.maximum(sst, 1e-30)
+  return result
 
 
 class DenseLayer(NamedTuple):

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_dro.algorithms.base import Algorithm, algorithm_cost
+from fedjax_dro.common.model import Model
 from fedjax_dro.compare.protocol import Budget, Experiment, Strategy
 from fedjax_dro.compare.report import ComparisonResult, summarize_rows
 from fedjax_dro.core.costs import Costs, RoundCost
@@ -25,7 +26,6 @@ from fedjax_dro.model_selection import (
   kfold_split,
   widen_at_edges,
 )
-from fedjax_dro.models.base import Model
 
 
 class SelectionFailed(FloatingPointError):

@@ -18,7 +18,7 @@ from typing import Callable, Optional
 
 import jax
 
-from fedjax_dro.models.base import Model, client_loss
+from fedjax_dro.common.model import Model, client_loss
 
 
 def optimizer_step(model: Model, optimizer, lr, grad_transform: Optional[Callable] = None):

@@ -79,7 +79,7 @@ def local_steps_per_client(settings: Any, num_examples) -> np.ndarray:
   (:class:`~fedjax_dro.core.settings.CommonSettings`): ``local_steps`` for every client, or
   ``local_epochs * ceil(N_i / batch_size)`` (``local_epochs`` full-batch steps with
   ``batch_size=None``; none for a client without rows), as
-  :func:`fedjax_dro.core.local.local_schedule` runs them."""
+  :func:`fedjax_dro.core.schedule.local_schedule` runs them."""
   nex = np.asarray(num_examples, np.int64)
   if settings.local_epochs is None:
     return np.full(nex.shape, int(settings.local_steps), np.int64)

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from fedjax_dro.core.aggregation import tree_zeros_like
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import local_round, round_metrics
+from fedjax_dro.core.release import PLAIN
 from fedjax_dro.core.server import adaptive_step
 from fedjax_dro.core.settings import round_zero, state_init
 
@@ -53,9 +54,16 @@ def adaptive_fedopt(name, kind, model, settings, *, bias_correction=False, initi
     raise ValueError(f"{name}: initial_v must be a number >= 0 (v_-1), got {initial_v!r}")
   initial_v = float(initial_v)
 
-  def round_fn(state, data, key, hparams):
+  def round_fn(state, data, key, hparams, release=PLAIN):
     update = local_round(
-      model, settings, state.params, data, key, hparams["client_lr"], mean_only=True
+      model,
+      settings,
+      state.params,
+      data,
+      key,
+      hparams["client_lr"],
+      mean_only=True,
+      release=release,
     )
     b1, tau, lr = hparams["beta1"], hparams["tau"], hparams["server_lr"]
     b2 = hparams.get("beta2", 0.0)

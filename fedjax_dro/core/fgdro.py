@@ -5,7 +5,7 @@ NeurIPS 2024, arXiv:2410.06369:
 
 * :func:`estimator_round`: the local round of FGDRO-CVaR, FGDRO-KL and FGDRO-KL-Adam (Algorithms
   1-3), whose per-client loss estimator ``u`` stays on the client;
-* :func:`kl_estimators`, :func:`mean_log`, :func:`kl_initial` and :func:`kl_round`: the KL
+* :func:`kl_estimators`, :func:`kl_initial` and :func:`kl_round`: the KL
   estimators ``u``, ``v`` (in the log domain) and ``h`` of FGDRO-KL and FGDRO-KL-Adam
   (Algorithms 2 and 3; the readings are those of :mod:`fedjax_dro.algorithms.fgdro_kl`), with
   :data:`KL_ESTIMATOR_HPARAMS`, their moving-average weights;
@@ -19,15 +19,12 @@ The KL regularization ``lambda`` of FGDRO-KL is the parameter of the KL problem 
 
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 
-from fedjax_dro.core.aggregation import scatter_rows, tree_zeros_like
+from fedjax_dro.core.aggregation import tree_zeros_like
 from fedjax_dro.core.hparams import HParam
 from fedjax_dro.core.local import stateful_local_round, stateful_round_metrics
-from fedjax_dro.core.privacy import active
 
 KL_ESTIMATOR_HPARAMS = {
   "beta1": HParam(0.1, "moving-average weight of the loss estimator u", maximum=1.0),
@@ -40,15 +37,17 @@ ADAM_HPARAMS = {
   "tau": HParam(1e-8, "adaptivity tau added to sqrt(q)"),
 }
 
-V_REL_FLOOR = 1e-6  # private rounds: the released mean of v_i / v_bar is raised to at least this
 
-
-def estimator_round(model, settings, loss_estimates, data, key, *, start, step, averaged):
+def estimator_round(
+  model, settings, loss_estimates, data, key, *, start, step, averaged, release, **means
+):
   """The local round of the FGDRO algorithms: ``(update, loss_estimates)``.
 
   Each participant's row of ``loss_estimates`` (its ``u``, never communicated) is its client
   state: ``start(u)`` builds the carry, ``step`` advances it and the ``averaged`` carries are
-  averaged over the participants; their final ``u`` (``carry["u"]``) is written back.
+  averaged over the participants (``means``: the ``means`` / ``log_means`` carries of
+  :func:`~fedjax_dro.core.local.stateful_local_round`); their final ``u`` (``carry["u"]``) is
+  written back (a private round's empty slots dropped).
   """
   update = stateful_local_round(
     model,
@@ -59,8 +58,11 @@ def estimator_round(model, settings, loss_estimates, data, key, *, start, step, 
     step=step,
     client_state=loss_estimates,
     averaged=averaged,
+    release=release,
+    **means,
   )
-  return update, scatter_rows(loss_estimates, update.idx, update.carries["u"])
+  u = loss_estimates.at[update.idx].set(update.carries["u"], mode="drop")
+  return update, u
 
 
 def kl_estimators(carry, loss, grad, hparams):
@@ -76,55 +78,32 @@ def kl_estimators(carry, loss, grad, hparams):
   return u, log_v, h
 
 
-def mean_log(log_values):
-  """``log mean exp(log_values)`` over the participants: the average of ``v`` in the log domain."""
-  return jax.nn.logsumexp(log_values) - jnp.log(log_values.shape[0])
-
-
 def kl_initial(params, num_clients):
   """``(m_bar, log v_bar, u)`` initial values shared with FGDRO-KL-Adam: zeros."""
   dtype = jnp.result_type(float)
   return tree_zeros_like(params), jnp.zeros((), dtype), jnp.zeros((num_clients,), dtype)
 
 
-def kl_round(model, settings, state, data, key, *, start, step, averaged):
+def kl_round(model, settings, state, data, key, *, start, step, averaged, release):
   """The local round of FGDRO-KL and FGDRO-KL-Adam: ``(final carries, log v_bar, loss
-  estimates, metrics)``; ``v`` is averaged in the log domain and reported as ``log_v``.
+  estimates, metrics)``; ``v`` is averaged in the log domain (a ``log_means`` carry of
+  :func:`~fedjax_dro.core.local.stateful_local_round`) and reported as ``log_v``.
 
   In a private round (the private form of :mod:`fedjax_dro.algorithms.fgdro_kl`) each participant
-  also carries ``v_rel = v_i / v_bar`` and releases ``v_rel - 1`` with its other deltas."""
-  if active() is None:
-    update, loss_estimates = estimator_round(
-      model, settings, state.loss_estimates, data, key, start=start, step=step, averaged=averaged
-    )
-    log_v = mean_log(update.carries["log_v"])
-  else:
-    real = jnp.result_type(float)
-
-    def rel_start(u):
-      return {**start(u), "v_rel": jnp.ones((), real)}
-
-    def rel_step(carry, loss, grad):
-      new = step({k: v for k, v in carry.items() if k != "v_rel"}, loss, grad)
-      # v_i / v_bar, its exponent capped where its square (in the clip's norm) stays finite
-      cap = 0.5 * math.log(float(jnp.finfo(real).max)) - 2.0
-      ratio = jnp.exp(jnp.minimum(new["log_v"] - state.log_v, cap)).astype(real)
-      return {**new, "v_rel": ratio}
-
-    update, loss_estimates = estimator_round(
-      model,
-      settings,
-      state.loss_estimates,
-      data,
-      key,
-      start=rel_start,
-      step=rel_step,
-      averaged=(*averaged, "v_rel"),
-    )
-    # the mean of v over the participants is v_bar times the released mean of v_rel, kept
-    # positive (noise can take it below 0): at least V_REL_FLOOR
-    rel = jnp.maximum(update.carries["v_rel"], V_REL_FLOOR)
-    log_v = (state.log_v + jnp.log(rel)).astype(state.log_v.dtype)
+  releases ``v_rel - 1``, ``v_rel = v_i / v_bar``, with its other deltas."""
+  update, loss_estimates = estimator_round(
+    model,
+    settings,
+    state.loss_estimates,
+    data,
+    key,
+    start=start,
+    step=step,
+    averaged=averaged,
+    release=release,
+    log_means=(("log_v", "v_rel", state.log_v),),
+  )
+  log_v = update.carries["log_v"]
   metrics = stateful_round_metrics(update)
   metrics["log_v"] = log_v
   return update.carries, log_v, loss_estimates, metrics

@@ -1,10 +1,7 @@
-"""Local training: ``lax.scan`` over local steps for one client, and the per-round driver that
-runs it for the participating clients with a chosen backend.
-
-About 680 lines, over the house's 600 lines: the local step's forms, the participant draw (plain or
-private, :mod:`fedjax_dro.core.privacy`) and the round drivers (plain, stateful, private
-stateful) share one key schedule and are read together; splitting them would scatter that
-schedule over modules."""
+"""Local training: ``lax.scan`` over local steps for one client, and the per-round drivers that
+run it for the participating clients (:mod:`fedjax_dro.core.participants`' client plan) and
+aggregate what they send through the round's release mechanism (:mod:`fedjax_dro.core.release`:
+plain, or private)."""
 
 from __future__ import annotations
 
@@ -13,23 +10,19 @@ from typing import Any, Callable, NamedTuple, Optional, Tuple
 import jax
 import jax.numpy as jnp
 
-from fedjax_dro.core.aggregation import scatter_rows
+from fedjax_dro.common.model import Model, client_loss, masked_mean
 from fedjax_dro.core.client_opt import optimizer_step
 from fedjax_dro.core.clients import map_clients, map_clients_weighted_sum
-from fedjax_dro.core.privacy import (
-  active as privacy_active,
-  poisson_draw,
-  present_loss_metrics,
-  private_round,
-)
-from fedjax_dro.core.ragged import epoch_chunk, epoch_loop, shared_exit, sorted_participants
-from fedjax_dro.core.sampling import (
-  epoch_permutations,
-  epoch_step_rows,
-  epoch_steps,
-  pad_permutations,
-  sample_clients,
-  step_rows,
+from fedjax_dro.core.participants import client_plan
+from fedjax_dro.core.ragged import epoch_chunk, epoch_loop, shared_exit
+from fedjax_dro.core.release import PLAIN, loss_metrics
+from fedjax_dro.core.sampling import step_rows
+from fedjax_dro.core.schedule import (
+  local_schedule,
+  local_step_counts,
+  scan_schedule,
+  schedule_batch,
+  settings_schedule,
 )
 from fedjax_dro.core.settings import aggregation_weights, backend_for, participants
 from fedjax_dro.experimental.factored import (
@@ -39,137 +32,6 @@ from fedjax_dro.experimental.factored import (
   factored_start,
   factored_step,
 )
-from fedjax_dro.models.base import Model, client_loss, masked_mean
-
-
-class LocalSchedule(NamedTuple):
-  """The minibatches of one client's local steps (what the loop over them reads).
-
-  Attributes:
-    num_steps: the static number of steps ``T`` (``local_epochs``: the largest count any client
-      of the federation can take, the length of the losses a loop returns).
-    step_keys: ``local_steps`` with a ``batch_size``: the ``[T]`` step keys, each step drawing its
-      rows ``[0, bound)`` inside the scan (the rows of :func:`~fedjax_dro.core.sampling.step_rows`,
-      drawn where they are used: drawn all before the scan, the softmax round measured ~2.8x
-      slower on the 2-core CPU).
-    bound: the number of rows the step keys draw from (``max(num_examples, 1)``).
-    batch_size: the rows of each minibatch (None: full-batch steps).
-    steps: ``local_epochs``: the traced number of steps this client takes (``num_epochs *
-      ceil(num_examples / batch_size)``); the loop stops there, so a round's local work lasts as
-      long as its largest *participating* client needs (under ``vmap`` the loop runs until every
-      client of the batch is done, the finished ones keeping their carry). None: all ``T``.
-    perm: ``local_epochs`` with a ``batch_size``: ``[num_epochs, T']`` each epoch's order of the
-      client's rows (:func:`~fedjax_dro.core.sampling.epoch_permutations`, padded to whole
-      batches), cut into steps by :func:`~fedjax_dro.core.sampling.epoch_step_rows`.
-  """
-
-  num_steps: int
-  step_keys: Any = None
-  bound: Any = None
-  batch_size: Optional[int] = None
-  steps: Any = None
-  perm: Any = None
-
-
-def local_schedule(
-  key,
-  num_examples,
-  max_examples: int,
-  *,
-  batch_size: Optional[int],
-  num_steps: Optional[int] = None,
-  num_epochs: Optional[int] = None,
-) -> LocalSchedule:
-  """One client's local minibatches: ``num_steps`` or ``num_epochs`` (exactly one).
-
-  * ``num_steps`` (``local_steps``): ``num_steps`` minibatches of ``batch_size`` rows drawn with
-    replacement (:func:`~fedjax_dro.core.sampling.step_rows`); with ``batch_size=None`` every
-    step is a full-batch step.
-  * ``num_epochs`` (``local_epochs``): ``num_epochs`` passes over the client's own
-    ``num_examples`` rows without replacement, each in a fresh random order cut into consecutive
-    batches of ``batch_size`` (:func:`~fedjax_dro.core.sampling.epoch_step_rows`). The last batch
-    of an epoch holds the ``num_examples mod batch_size`` remaining rows when that is not zero (no
-    row is dropped): its loss is the mean over those rows. A client takes ``num_epochs *
-    ceil(num_examples / batch_size)`` steps and the loop over them stops there. With
-    ``batch_size=None`` an epoch is one full-batch step (none for a client without rows).
-  """
-  if (num_steps is None) == (num_epochs is None):
-    raise ValueError(
-      f"give exactly one of num_steps and num_epochs, got {num_steps!r} and {num_epochs!r}"
-    )
-  if num_epochs is None:
-    if batch_size is None:
-      return LocalSchedule(num_steps)
-    keys = jax.random.split(key, num_steps)
-    bound = jnp.maximum(num_examples, 1)
-    return LocalSchedule(num_steps, step_keys=keys, bound=bound, batch_size=batch_size)
-  if batch_size is None:
-    steps = jnp.where(num_examples > 0, num_epochs, 0).astype(jnp.int32)
-    return LocalSchedule(num_epochs, steps=steps)
-  perm = pad_permutations(
-    epoch_permutations(key, num_examples, max_examples, num_epochs), batch_size
-  )
-  total = num_epochs * -(-max_examples // batch_size)
-  steps = epoch_steps(num_examples, batch_size, num_epochs)
-  return LocalSchedule(total, batch_size=batch_size, steps=steps, perm=perm)
-
-
-def settings_schedule(settings, key, num_examples, max_examples: int, num_steps=None):
-  """:func:`local_schedule` of the settings' ``local_steps`` / ``local_epochs`` and
-  ``batch_size`` (``num_steps``, if given, overrides both with that many steps)."""
-  epochs = None if num_steps is not None else settings.local_epochs
-  steps = None if epochs is not None else (num_steps or settings.local_steps)
-  return local_schedule(
-    key,
-    num_examples,
-    max_examples,
-    batch_size=settings.batch_size,
-    num_steps=steps,
-    num_epochs=epochs,
-  )
-
-
-def schedule_batch(schedule: LocalSchedule, j, x, y, num_examples, step_key=None):
-  """``(bx, by, bmask)``: the minibatch of step ``j`` of ``schedule`` (``step_key``: that step's
-  key under ``local_steps``)."""
-  if step_key is not None:  # step_rows' draw of this step
-    rows = jax.random.randint(step_key, (schedule.batch_size,), 0, schedule.bound)
-    return x[rows], y[rows], jnp.ones(rows.shape, bool)
-  if schedule.perm is not None:
-    rows, bmask = epoch_step_rows(schedule.perm, j, num_examples, schedule.batch_size)
-    return x[rows], y[rows], bmask
-  return x, y, jnp.arange(x.shape[0]) < num_examples
-
-
-def scan_schedule(
-  step: Callable, carry, schedule: LocalSchedule, x, y, num_examples, masked_step=None
-):
-  """The loop of ``step(carry, bx, by, bmask) -> (carry, loss)`` over the minibatches of
-  ``schedule``. Returns ``(final carry, losses[T])``: ``losses[j]`` is step ``j``'s minibatch
-  loss, 0 for the steps a client does not take.
-
-  ``local_steps``: a ``lax.scan`` of ``T`` steps. ``local_epochs``: a ``lax.while_loop`` that
-  stops after the client's own ``schedule.steps``, so a round costs what its largest
-  participating client (of a ``vmap`` batch or chunk) needs, not the federation's largest. The
-  loop tests its exit condition every :func:`~fedjax_dro.core.ragged.step_block` steps (a
-  fixed-length scan of that many steps per iteration, those past the client's count masked:
-  carry kept, loss 0); the result is the same for every block.
-
-  ``masked_step(j, active, carry, bx, by, bmask) -> (carry, loss)``, optional: step ``j``,
-  keeping the carry itself where ``active`` is False (see :func:`~fedjax_dro.core.ragged.
-  epoch_loop`).
-  """
-  if schedule.steps is None:
-
-    def body(c, step_key):
-      return step(c, *schedule_batch(schedule, None, x, y, num_examples, step_key))
-
-    return jax.lax.scan(body, carry, schedule.step_keys, length=schedule.num_steps)
-
-  def batch(j):
-    return schedule_batch(schedule, j, x, y, num_examples)
-
-  return epoch_loop(step, batch, schedule.steps, schedule.num_steps, carry, masked_step)
 
 
 def local_sgd(
@@ -265,47 +127,21 @@ def _factored_sgd(model, layers, params, lr, schedule, x, y, num_examples, rows:
   return factored_end(carry, layers, params), losses
 
 
-def local_step_counts(settings, num_examples, num_steps: Optional[int] = None):
-  """``[s]`` int32: the local steps each client with ``num_examples`` rows takes in a round
-  (``local_steps``, or ``local_epochs * ceil(num_examples / batch_size)``)."""
-  nex = jnp.asarray(num_examples, jnp.int32)
-  if num_steps is not None or settings.local_epochs is None:
-    return jnp.full(nex.shape, num_steps or settings.local_steps, jnp.int32)
-  if settings.batch_size is None:
-    return jnp.where(nex > 0, settings.local_epochs, 0).astype(jnp.int32)
-  return epoch_steps(nex, settings.batch_size, settings.local_epochs)
-
-
-def run_clients(fn: Callable, clients, keys, *extra, backend: str, chunk_size: Optional[int]):
-  """Runs ``fn(x, y, num_examples, key, *extra_i)`` for every participating client.
-
-  ``clients`` is the gathered :class:`FederatedData` of the participants (``mask`` is implied by
-  ``num_examples``); ``extra`` are per-client stacked pytrees (persistent state rows).
-  """
-  return map_clients(
-    lambda x, y, nex, k, *e: fn(x, y, nex, k, *e),
-    clients.x,
-    clients.y,
-    clients.num_examples,
-    keys,
-    *extra,
-    backend=backend,
-    chunk_size=chunk_size,
-  )
-
-
 class LocalRound(NamedTuple):
   """What the participants of a FedAvg-style round send back.
 
   Attributes:
     idx: ``[s]`` participating client indices.
     deltas: ``[s, ...]`` model differences ``w_i^J - w_i^0`` (their weighted mean with
-      ``mean_only=True``).
-    weights: ``[s]`` aggregation weights (sample counts or ones).
+      ``mean_only=True``); in a private round clipped (and their mean noised).
+    weights: ``[s]`` aggregation weights (sample counts or ones; a private round's 1 for a
+      participant and 0 for an empty slot).
     losses: ``[s]`` loss at the received model (first local minibatch).
     num_examples: ``[s]`` sample counts of the participants.
     client_state: with ``local_round(..., state_update=...)``, the ``[n, ...]`` per-client state
       with the participants' rows replaced by their updated rows; else None.
+    metrics: the round's privacy metrics (participants drawn and dropped, updates within the
+      clip); empty when plain.
   """
 
   idx: Any
@@ -314,31 +150,7 @@ class LocalRound(NamedTuple):
   losses: Any
   num_examples: Any
   client_state: Any = None
-
-
-def _draw_participants(settings, data, key, sampling_weights=None):
-  """``(idx, clients, take, put, local_key, present)``: the round's participants (the key
-  schedule every FedAvg-style round shares), their gathered data, functions gathering their rows
-  of a per-client pytree and writing them back, the key their local work derives from, and
-  ``[s]`` which slots hold a participant (None: all; a private round's Poisson draw,
-  :func:`fedjax_dro.core.privacy.poisson_draw`)."""
-  n = data.num_clients
-  sample_key, local_key = jax.random.split(key)
-  drawn = poisson_draw(sample_key, n, sampling_weights)
-  if drawn is not None:
-    idx, rows, present = drawn
-    take = lambda tree: jax.tree.map(lambda a: a[rows], tree)
-    put = lambda tree, new: jax.tree.map(lambda a, r: a.at[idx].set(r, mode="drop"), tree, new)
-    return idx, data.take_clients(rows), take, put, local_key, present
-  s = participants(settings, n)
-  idx = sample_clients(sample_key, n, s, sampling_weights)
-  # full participation: idx = arange(n), no gather or scatter (host-resident data is always
-  # gathered; its per-client state is on the device like any other)
-  full = s == n and sampling_weights is None
-  clients = data if full and not getattr(data, "host_resident", False) else data.take_clients(idx)
-  take = (lambda tree: tree) if full else (lambda tree: jax.tree.map(lambda a: a[idx], tree))
-  put = (lambda tree, rows: rows) if full else (lambda tree, rows: scatter_rows(tree, idx, rows))
-  return idx, clients, take, put, local_key, None
+  metrics: dict = {}
 
 
 def local_round(
@@ -357,11 +169,12 @@ def local_round(
   mean_only: bool = False,
   state_update: Optional[Callable] = None,
   client_optimizer=None,
+  release=PLAIN,
 ) -> LocalRound:
   """Samples participants and runs local SGD on each of them (the FedAvg skeleton, steps 1-3).
 
   Args:
-    model: the :class:`~fedjax_dro.models.base.Model` trained.
+    model: the :class:`~fedjax_dro.common.model.Model` trained.
     settings: the validated :class:`~fedjax_dro.core.settings.CommonSettings`.
     params: the global model every participant starts from (ignored if ``client_params``).
     client_params: optional ``[n, ...]`` per-client starting models (personalized algorithms).
@@ -379,18 +192,23 @@ def local_round(
       control variate), and returned as ``LocalRound.client_state`` (all ``n`` rows, the others
       unchanged). With ``mean_only`` no participant's delta is ever stacked.
     client_optimizer: an optax step in place of local SGD (:mod:`fedjax_dro.core.client_opt`).
+    release: the round's release mechanism (:mod:`fedjax_dro.core.release`): :data:`PLAIN`, or
+      a private one, whose participants are its draw, whose deltas are clipped (``mean_only``:
+      summed over the expected participants and noised) and whose metrics are returned.
   """
   if state_update is not None and client_state is None:
     raise ValueError("state_update needs the client_state it updates")
-  idx, clients, take, put, local_key, present = _draw_participants(
-    settings, data, key, sampling_weights
-  )
-  s = idx.shape[0]
-  dp = private_round(mean_only, present, s, data.num_clients)
-  starts = None if client_params is None else take(client_params)
-  rows = None if client_state is None else take(client_state)
   reference = params if client_params is None else jax.tree.map(lambda a: a[0], client_params)
-  backend = backend_for(settings, reference)
+  s = participants(settings, data.num_clients)
+  plan = client_plan(
+    settings, data, key, release, s, backend_for(settings, reference), sampling_weights
+  )
+  clients, s = plan.clients, plan.size
+  agg = release.aggregation(
+    aggregation_weights(settings, clients.num_examples), plan.present, s, data.num_clients
+  )
+  starts = None if client_params is None else plan.take(client_params)
+  rows = None if client_state is None else plan.take(client_state)
 
   def client_update(x, y, nex, k, start, row):
     w0 = params if start is None else start
@@ -403,53 +221,48 @@ def local_round(
     )
     delta = jax.tree.map(jnp.subtract, w, w0)
     out = losses[0] if state_update is None else (losses[0], state_update(row, delta))
-    return (delta, out) if dp is None else dp.send(delta, out)  # private: clipped, flagged
+    return agg.send(delta, out)  # private: clipped, flagged
 
-  keys = jax.random.split(local_key, s)
-  weights = aggregation_weights(settings, clients.num_examples) if dp is None else dp.weights
-  # local_epochs, sampled participants: sorted by step count into chunks (core.ragged)
+  weights = agg.weights
+  # local_epochs, sampled participants: sorted by step count into chunks (Tuning.epoch_groups)
   epochs = settings.local_epochs is not None and num_steps is None
   sampled = epochs and clients is not data
   chunk = epoch_chunk(participants=s) if sampled else None
   counts = local_step_counts(settings, clients.num_examples) if sampled else None
   stacked = (lambda out: out[1]) if mean_only else None
-  inputs = (clients, keys, starts, rows, weights)
-  ran, backend, chunk_size, inverse = sorted_participants(
-    chunk, counts, client_update, inputs, backend, settings.chunk_size, stacked
-  )
+  inputs = (clients, plan.keys(), starts, rows, weights)
+  ran, backend, chunk_size, inverse = plan.arranged(client_update, inputs, counts, chunk, stacked)
   r_clients, r_keys, r_starts, r_rows, r_weights = ran
+  args = (r_clients.x, r_clients.y, r_clients.num_examples, r_keys, r_starts, r_rows)
   if mean_only:
     deltas, losses = map_clients_weighted_sum(
       client_update,
-      r_weights / jnp.sum(r_weights) if dp is None else r_weights / dp.expected,
-      r_clients.x,
-      r_clients.y,
-      r_clients.num_examples,
-      r_keys,
-      r_starts,
-      r_rows,
+      agg.normalized(r_weights),
+      *args,
       backend=backend,
       chunk_size=chunk_size,
     )
   else:
-    deltas, losses = run_clients(
-      client_update, r_clients, r_keys, r_starts, r_rows, backend=backend, chunk_size=chunk_size
-    )
-  if dp is not None:  # the participants' clip flags counted (in the order they ran)
-    losses = dp.received(losses, r_weights)
-  if inverse is not None:  # back to the order of idx
+    deltas, losses = map_clients(client_update, *args, backend=backend, chunk_size=chunk_size)
+  # a private round's clip flags counted (in the order the participants ran)
+  losses, metrics = agg.received(losses, r_weights)
+  if inverse is not None:  # back to the order of the draw
     losses = jax.tree.map(lambda a: a[inverse], losses)
     if not mean_only:
       deltas = jax.tree.map(lambda a: a[inverse], deltas)
-  if dp is not None and mean_only:  # the noise on the sum, once, on the server
-    deltas = dp.noised(deltas, key)
+  if mean_only:  # a private round's noise on the sum, once, on the server
+    deltas = agg.noised(deltas, key)
+  metrics = {**plan.metrics, **metrics}
+  nex = clients.num_examples
   if state_update is None:
-    return LocalRound(idx, deltas, weights, losses, clients.num_examples)
+    return LocalRound(plan.idx, deltas, weights, losses, nex, metrics=metrics)
   losses, new_rows = losses
-  return LocalRound(idx, deltas, weights, losses, clients.num_examples, put(client_state, new_rows))
+  return LocalRound(
+    plan.idx, deltas, weights, losses, nex, plan.put(client_state, new_rows), metrics
+  )
 
 
-def federated_gradient(model: Model, settings, params, data, key) -> LocalRound:
+def federated_gradient(model: Model, settings, params, data, key, release=PLAIN) -> LocalRound:
   """FedSGD's round: every participant's minibatch gradient at the shared ``params``, averaged.
 
   Returns the :class:`LocalRound` of ``local_round(..., lr=1.0, num_steps=1, mean_only=True)``
@@ -462,14 +275,17 @@ def federated_gradient(model: Model, settings, params, data, key) -> LocalRound:
   update's memory like every ``map_clients`` call. Equal to the per-client path up to the order
   of floating-point sums (tested).
 
-  In a private round every participant's gradient must be clipped on its own, so the round is
-  that per-client path (:func:`local_round`, whose private form clips each delta ``-g_k``).
+  A ``release`` that processes each participant's update on its own (a private one clips each
+  gradient) takes the per-client path instead (:func:`local_round`, whose private form clips
+  each delta ``-g_k``).
   """
-  if privacy_active() is not None:
-    return local_round(model, settings, params, data, key, 1.0, num_steps=1, mean_only=True)
-  idx, clients, _, _, local_key, _ = _draw_participants(settings, data, key)
-  s = idx.shape[0]
-  keys = jax.random.split(local_key, s)
+  if release.per_participant:  # each gradient on its own: no folded backward pass
+    return local_round(
+      model, settings, params, data, key, 1.0, num_steps=1, mean_only=True, release=release
+    )
+  s = participants(settings, data.num_clients)
+  plan = client_plan(settings, data, key, release, s, backend_for(settings, params))
+  clients = plan.clients
   weights = aggregation_weights(settings, clients.num_examples)
 
   def client_loss_at(p, x, y, nex, k):
@@ -493,18 +309,8 @@ def federated_gradient(model: Model, settings, params, data, key) -> LocalRound:
     g, losses = jax.grad(weighted_loss, has_aux=True)(params)
     return jax.tree.map(lambda a: (-a).astype(a.dtype), g), losses
 
-  deltas, losses = map_clients_weighted_sum(
-    client_update,
-    weights / jnp.sum(weights),
-    clients.x,
-    clients.y,
-    clients.num_examples,
-    keys,
-    backend=backend_for(settings, params),
-    chunk_size=settings.chunk_size,
-    folded=folded,
-  )
-  return LocalRound(idx, deltas, weights, losses, clients.num_examples)
+  deltas, losses = plan.weighted_sum(client_update, weights / jnp.sum(weights), folded=folded)
+  return LocalRound(plan.idx, deltas, weights, losses, clients.num_examples)
 
 
 class StatefulRound(NamedTuple):
@@ -515,13 +321,16 @@ class StatefulRound(NamedTuple):
     carries: ``[s, ...]`` the participants' final local carries (model and estimators).
     losses: ``[s]`` minibatch loss of the first local step (at the received model).
     num_examples: ``[s]`` sample counts of the participants.
+    present: ``[s]`` bool: a private round's filled slots (None: all).
+    metrics: the round's privacy metrics (empty when plain).
   """
 
   idx: Any
   carries: Any
   losses: Any
   num_examples: Any
-  present: Any = None  # [s] bool: a private round's filled slots (None: all)
+  present: Any = None
+  metrics: dict = {}
 
 
 def stateful_local_round(
@@ -537,6 +346,9 @@ def stateful_local_round(
   num_steps: Optional[int] = None,
   averaged: Tuple[str, ...] = (),
   released: Tuple[str, ...] = (),
+  means: Tuple[str, ...] = (),
+  log_means=(),
+  release=PLAIN,
 ) -> StatefulRound:
   """Samples participants and runs local steps that carry more than the model.
 
@@ -562,67 +374,51 @@ def stateful_local_round(
       ``local_round(mean_only=True)``, so a round never holds every participant's copy of a
       model-sized carry (with the MLP 784-200-200-62 and 100 clients, three such carries
       stacked are 250 MB written and read back per round). The other keys stay stacked.
-
-  In a private round (:func:`fedjax_dro.core.privacy.privatizing`) the participants are the
-  private draw, and what they send is their carries' change from their start: the ``averaged``
-  carries' deltas and the ``released`` carries' deltas, clipped together to the clip norm. The
-  ``averaged`` carries (which must start the same for every client) come back as the start plus
-  the noised sum of the clipped deltas over the expected participants; the ``released`` ones as
-  the ``[s, ...]`` clipped deltas, for the algorithm to release (IFCA's per-cluster sums); the
-  other keys (state kept on the clients) stacked, unchanged.
+    released: keys of the carry the algorithm releases itself, stacked (IFCA's per-cluster
+      models): their values when plain, their clipped changes from the start when private.
+    means: keys of small carries whose uniform mean over the participants the server reads
+      (FGDRO-CVaR's threshold): the mean of their stacked values when plain, released with the
+      ``averaged`` ones when private.
+    log_means: ``(key, ratio key, reference)`` of positive carries held in the log domain whose
+      mean the server reads in the log domain (FGDRO-KL's ``v``): ``log mean exp`` of their
+      stacked values when plain; when private each participant releases its ratio to the
+      public ``reference`` (``exp`` of the difference, under the ``ratio key``) less 1 with the
+      ``averaged`` deltas, and the key becomes ``reference + log(max(mean ratio, 1e-6))``.
+    release: the round's release mechanism (:mod:`fedjax_dro.core.release`). A private one
+      draws the participants, and what they send is their carries' change from their start:
+      the ``averaged`` and ``released`` carries' deltas, clipped together to the clip norm. The
+      ``averaged`` carries (which must start the same for every client) come back as the start
+      plus the noised sum of the clipped deltas over the expected participants; the
+      ``released`` ones as the ``[s, ...]`` clipped deltas; the other keys (state kept on the
+      clients) stacked, unchanged.
   """
   if (step is None) == (batch_step is None):
     raise ValueError("give exactly one of step and batch_step")
   n = data.num_clients
   s = participants(settings, n)
-  dp = None
-  if privacy_active() is not None:  # private: the shared draw (Poisson or fixed), clipped deltas
-    idx, clients, take, _, local_key, present = _draw_participants(settings, data, key)
-    s = idx.shape[0]
-    dp = private_round(bool(averaged), present, s, n)
-    if not averaged and not released:
-      raise ValueError("a private stateful round must name the carries it releases")
-    rows = None if client_state is None else take(client_state)
-    update = _stateful_update(model, settings, start, step, batch_step, num_steps)
-    return _private_stateful(
-      dp, settings, clients, local_key, idx, rows, start, update, averaged, released
-    )
-  sample_key, local_key = jax.random.split(key)
-  idx = sample_clients(sample_key, n, s)
-  full = s == n and not getattr(data, "host_resident", False)
-  clients = data if full else data.take_clients(idx)
-  rows = None
-  if client_state is not None:
-    rows = client_state if full else jax.tree.map(lambda a: a[idx], client_state)
-
   client_update = _stateful_update(model, settings, start, step, batch_step, num_steps)
+  # the backend is chosen for the model the participants start from (their first row's)
+  probe = None if client_state is None else jax.tree.map(lambda a: a[0], client_state)
+  backend = backend_for(settings, start(probe)["params"])
+  plan = client_plan(settings, data, key, release, s, backend)
+  s = plan.size
+  rows = None if client_state is None else plan.take(client_state)
+  agg = release.stateful(s, n, start, averaged, released, plan.present, means, log_means)
+  if agg.stacked:  # nothing averaged: every carry stacked
+    carries, losses = plan.map(client_update, rows)
+    nex = plan.clients.num_examples
+    return StatefulRound(plan.idx, agg.finish(carries), losses, nex, plan.present, plan.metrics)
 
-  reference = start(None if rows is None else jax.tree.map(lambda a: a[0], rows))["params"]
-  backend = backend_for(settings, reference)
-  keys = jax.random.split(local_key, s)
-  if not averaged:
-    carries, losses = run_clients(
-      client_update, clients, keys, rows, backend=backend, chunk_size=settings.chunk_size
-    )
-    return StatefulRound(idx, carries, losses, clients.num_examples)
-
-  def split_update(x, y, nex, k, row):
+  def one(x, y, nex, k, row):
     carry, loss = client_update(x, y, nex, k, row)
-    kept = {name: value for name, value in carry.items() if name not in averaged}
-    return {name: carry[name] for name in averaged}, (kept, loss)
+    return agg.client(carry, row, loss)
 
-  means, (kept, losses) = map_clients_weighted_sum(
-    split_update,
-    jnp.full((s,), 1.0 / s),
-    clients.x,
-    clients.y,
-    clients.num_examples,
-    keys,
-    rows,
-    backend=backend,
-    chunk_size=settings.chunk_size,
-  )
-  return StatefulRound(idx, {**kept, **means}, losses, clients.num_examples)
+  mean, out = plan.weighted_sum(one, agg.weights, rows)
+  reference = start(None if rows is None else jax.tree.map(lambda a: a[0], rows))
+  noise_key = jax.random.fold_in(plan.local_key, 0)
+  carries, losses, metrics = agg.received(mean, out, reference, noise_key)
+  metrics = {**plan.metrics, **metrics}
+  return StatefulRound(plan.idx, carries, losses, plan.clients.num_examples, agg.present, metrics)
 
 
 def _stateful_update(model, settings, start, step, batch_step, num_steps):
@@ -643,51 +439,10 @@ def _stateful_update(model, settings, start, step, batch_step, num_steps):
   return client_update
 
 
-def _private_stateful(
-  dp, settings, clients, local_key, idx, rows, start, update, averaged, released
-):
-  """A private :func:`stateful_local_round` (its docstring): each participant's deltas of the
-  ``averaged`` and ``released`` carries from its start, clipped together
-  (:class:`~fedjax_dro.core.privacy.PrivateRound`); the ``averaged`` ones summed over the expected
-  participants and noised, the ``released`` ones returned clipped and stacked."""
-  sent = tuple(averaged) + tuple(released)
-
-  def one(x, y, nex, k, row):
-    carry, loss = update(x, y, nex, k, row)
-    base = start(row)
-    deltas = {name: jax.tree.map(jnp.subtract, carry[name], base[name]) for name in sent}
-    kept = {name: value for name, value in carry.items() if name not in sent}
-    clipped, (aux, within) = dp.send(deltas, (kept, loss))
-    rel = {name: clipped[name] for name in released}
-    return {name: clipped[name] for name in averaged}, ((aux, rel), within)
-
-  s = idx.shape[0]
-  reference = start(None if rows is None else jax.tree.map(lambda a: a[0], rows))
-  mean, out = map_clients_weighted_sum(
-    one,
-    dp.weights / dp.expected,
-    clients.x,
-    clients.y,
-    clients.num_examples,
-    jax.random.split(local_key, s),
-    rows,
-    backend=backend_for(settings, reference["params"]),
-    chunk_size=settings.chunk_size,
-  )
-  (kept, losses), rel = dp.received(out, dp.weights)
-  carries = {**kept, **rel}
-  if averaged:
-    mean = dp.noised(mean, jax.random.fold_in(local_key, 0))
-    carries.update({name: jax.tree.map(jnp.add, reference[name], mean[name]) for name in averaged})
-  return StatefulRound(idx, carries, losses, clients.num_examples, dp.weights > 0)
-
-
 def stateful_round_metrics(update: StatefulRound) -> dict:
   """Uniform mean and max of the participants' first-step losses (scan-able; a private round's
-  empty slots left out, 0 when none is filled)."""
-  if update.present is None:
-    return {"train_loss": jnp.mean(update.losses), "train_loss_max": jnp.max(update.losses)}
-  return present_loss_metrics(update.losses, update.present)
+  empty slots left out, 0 when none is filled), and the round's privacy metrics."""
+  return {**loss_metrics(update.losses, update.present), **update.metrics}
 
 
 def map_client_data(fn: Callable, data, keys, *, backend: str, chunk_size: Optional[int]):
@@ -728,18 +483,23 @@ def participant_losses(model: Model, settings, params, data, idx):
   )
 
 
-def local_round_and_losses(model: Model, settings, params, data, key, lr):
+def local_round_and_losses(model: Model, settings, params, data, key, lr, release=PLAIN):
   """``(update, losses)``: :func:`local_round` from the global ``params`` (its ``[s, ...]``
   deltas, no mean) and the participants' full-data losses at ``params``
   (:func:`participant_losses`), the first pass of q-FFL and AgnosticFedAvg."""
-  update = local_round(model, settings, params, data, key, lr)
+  update = local_round(model, settings, params, data, key, lr, release=release)
   return update, participant_losses(model, settings, params, data, update.idx)
 
 
 def round_metrics(update: LocalRound) -> dict:
   """Scan-able training metrics of a round: weighted mean and max of the participants' losses
-  (slots of weight 0 left out: a private round's empty slots; 0 when no slot is filled)."""
+  (slots of weight 0 left out: a private round's empty slots; 0 when no slot is filled), and
+  the round's privacy metrics."""
   total = jnp.sum(update.weights)
   w = update.weights / jnp.where(total > 0, total, 1)
   top = jnp.max(jnp.where(update.weights > 0, update.losses, -jnp.inf))
-  return {"train_loss": jnp.sum(w * update.losses), "train_loss_max": jnp.where(total > 0, top, 0)}
+  return {
+    "train_loss": jnp.sum(w * update.losses),
+    "train_loss_max": jnp.where(total > 0, top, 0),
+    **update.metrics,
+  }

@@ -21,8 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_dro.common.model import Model, per_client_eval
 from fedjax_dro.core.clients import map_clients
-from fedjax_dro.models.base import Model, per_client_eval
 
 HIGHER_IS_BETTER = {
   "accuracy": True,

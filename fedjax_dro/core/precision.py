@@ -38,7 +38,7 @@ from typing import Iterator, Optional
 import jax
 import jax.numpy as jnp
 
-from fedjax_dro.models.base import Model
+from fedjax_dro.common.model import Model
 
 PRECISIONS = ("float32", "tf32", "bf16")
 # jax.default_matmul_precision value of each policy (None: the context's / JAX's default).

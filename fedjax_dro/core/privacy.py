@@ -10,10 +10,11 @@ independently with probability ``q``, the sampled Gaussian mechanism's assumptio
 fixed-size uniform sample without replacement, each with its own accounting
 (:mod:`fedjax_dro.privacy.accounting`).
 
-The algorithms' rounds call the shared mechanics of :mod:`fedjax_dro.core.local`;
-:func:`privatizing` makes a round traced inside it private: :func:`fedjax_dro.privacy.private`
-wraps an algorithm's round in it. The clip norm and the noise multiplier are traced values (the
-wrapper's hyper-parameters ``dp_clip`` and ``dp_noise``), so a sweep over them is one program.
+:class:`GaussianRelease` is the mechanism a private round is given (the argument ``release`` of
+every round function; :mod:`fedjax_dro.core.release`), built each round by
+:func:`fedjax_dro.privacy.private` from the hyper-parameters ``dp_clip`` and ``dp_noise`` (traced
+values: a sweep over them is one program); this module also holds its arithmetic (the Poisson
+draw in fixed shapes, clipping, noise, the noise streams).
 
 Poisson participation in fixed shapes: the round draws a Bernoulli(``q``) mask over the ``n``
 clients and trains the first ``capacity`` of the drawn clients in slots of one fixed size (slots
@@ -26,12 +27,15 @@ guarantee then holds with ``delta`` increased by at most ``rounds * overflow_pro
 
 from __future__ import annotations
 
-import contextlib
 import math
 from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
+
+from fedjax_dro.core.aggregation import tree_add, weighted_sum
+from fedjax_dro.core.release import LOG_MEAN_FLOOR, PLAIN, Draw, PlainStatefulAggregation
+from fedjax_dro.core.sampling import sample_clients
 
 OVERFLOW_PROBABILITY = 1e-12  # per round, the chance that Poisson draws more than the capacity
 NOISE_STREAM = 0x0D5  # fold_in tag of the round key's noise stream (apart from sampling, local)
@@ -52,56 +56,6 @@ class Privacy(NamedTuple):
   sampling: str
   rate: Optional[float]
   delta: float
-
-
-class Active(NamedTuple):
-  """The privacy of the round being traced: its settings, its traced clip norm and noise (and,
-  for the algorithms that release their participants' losses, the losses' clip bound and noise),
-  and the round's privacy metrics as its first private draw records them."""
-
-  privacy: Privacy
-  clip_norm: Any  # [] float
-  noise_multiplier: Any  # [] float
-  metrics: dict  # "dp_participants", "dp_dropped", "dp_unclipped": [] traced values
-  loss_bound: Any = None  # [] float: losses clipped to [0, B]
-  loss_noise: Any = None  # [] float: noise std z_l B on each released loss
-  count_noise: Any = None  # [] float: noise std on each released participant count (IFCA)
-
-
-_ACTIVE: list = []  # the rounds being traced under privatizing(), innermost last
-
-
-@contextlib.contextmanager
-def privatizing(
-  privacy: Privacy, clip_norm, noise_multiplier, loss_bound=None, loss_noise=None, count_noise=None
-):
-  """Within the block, the shared round mechanics traced (participant draws, local rounds, the
-  releases of :func:`release_sum`, :func:`release_losses`, :func:`release_mean` and
-  :func:`release_group_sums`) are private: Poisson or fixed participation, clipped updates,
-  noised sums, fixed denominators. Yields the dict the round's privacy metrics are recorded in."""
-  act = Active(privacy, clip_norm, noise_multiplier, {}, loss_bound, loss_noise, count_noise)
-  _ACTIVE.append(act)
-  try:
-    yield act.metrics
-  finally:
-    _ACTIVE.pop()
-
-
-@contextlib.contextmanager
-def suspended():
-  """Within the block nothing is private: the work a protocol keeps on its clients (pFedMe's
-  personal updates of the clients not drawn) runs as in a plain round."""
-  _ACTIVE.append(None)
-  try:
-    yield
-  finally:
-    _ACTIVE.pop()
-
-
-def active() -> Optional[Active]:
-  """The privacy of the round being traced, or None outside :func:`privatizing` (and inside
-  :func:`suspended`)."""
-  return _ACTIVE[-1] if _ACTIVE else None
 
 
 def poisson_capacity(num_clients: int, rate: float) -> int:
@@ -140,128 +94,6 @@ def poisson_participants(key, num_clients: int, rate: float):
   valid = idx < num_clients
   dropped = jnp.sum(drawn) - jnp.sum(valid)
   return idx.astype(jnp.int32), valid, dropped
-
-
-def poisson_draw(sample_key, num_clients: int, sampling_weights=None):
-  """A private round's Poisson participants, ``(idx, rows, present)``: ``idx`` as
-  :func:`poisson_participants` (``num_clients`` in empty slots, dropped by scatters), ``rows``
-  the same clamped into range (for gathers), ``present`` whether each slot holds a participant.
-  None outside a private round or with fixed-size sampling (the usual draw then applies)."""
-  act = active()
-  if act is None or act.privacy.sampling != "poisson":
-    return None
-  if sampling_weights is not None:
-    raise ValueError("a private round draws its participants uniformly (no sampling weights)")
-  idx, present, dropped = poisson_participants(sample_key, num_clients, act.privacy.rate)
-  act.metrics.setdefault("dp_participants", jnp.sum(present).astype(jnp.float32))
-  act.metrics.setdefault("dp_dropped", dropped.astype(jnp.float32))
-  return idx, jnp.minimum(idx, num_clients - 1), present
-
-
-class PrivateRound(NamedTuple):
-  """The private aggregation of one local round (:func:`private_round`)."""
-
-  clip_norm: Any  # [] float
-  noise_multiplier: Any  # [] float
-  expected: Any  # [] float: the fixed denominator
-  weights: Any  # [s] float: 1 for a participant, 0 for an empty slot
-
-  def clip(self, tree):
-    """A participant's update clipped to L2 norm ``clip_norm``."""
-    return clip_tree(tree, self.clip_norm)[0]
-
-  def send(self, delta, aux):
-    """What a participant sends: its update clipped, and with its other outputs ``aux`` the flag
-    of an update within the clip (norm <= C: adaptive clipping's report)."""
-    clipped, norm = clip_tree(delta, self.clip_norm)
-    return clipped, (aux, norm <= self.clip_norm)
-
-  def received(self, outputs, weights):
-    """The participants' other outputs, their flags counted over the filled slots (``weights``
-    1 or 0, in the order the outputs ran) into the round's ``dp_unclipped`` metric."""
-    aux, within = outputs
-    act = active()
-    count = jnp.sum(jnp.where(weights > 0, within, False)).astype(jnp.float32)
-    act.metrics.setdefault("dp_unclipped", count)
-    return aux
-
-  def noised(self, mean, round_key):
-    """The sum of the clipped updates over the expected count (``mean``) plus the noise on the
-    sum, ``N(0, (z C)^2)`` per entry, over the same count."""
-    std = self.noise_multiplier * self.clip_norm / self.expected
-    return add_noise(mean, noise_key(round_key), std)
-
-
-def private_round(mean_only: bool, present, s: int, num_clients: int) -> Optional[PrivateRound]:
-  """The private aggregation of a local round with ``s`` slots (None outside a private round):
-  each participant counts once (weight 1), the sum is divided by the expected count. Without
-  ``mean_only`` the round returns the clipped updates stacked, and the algorithm releases their
-  weighted sum with :func:`release_sum`."""
-  act = active()
-  if act is None:
-    return None
-  real = jnp.result_type(float)  # float64 where JAX runs in 64 bits: exact weights 1 / m
-  weights = jnp.ones((s,), real) if present is None else present.astype(real)
-  if act.privacy.sampling == "fixed":
-    act.metrics.setdefault("dp_participants", jnp.float32(s))
-    act.metrics.setdefault("dp_dropped", jnp.float32(0))
-  expected = jnp.asarray(expected_participants(act.privacy, num_clients, s), real)
-  return PrivateRound(act.clip_norm, act.noise_multiplier, expected, weights)
-
-
-def inverse_rate(num_clients: int, s: int):
-  """``1 / q`` in a private round with Poisson participation, else ``n / s``: the factor that
-  makes a sum over the round's participants an unbiased estimate of the sum over all clients."""
-  act = active()
-  if act is not None and act.privacy.sampling == "poisson":
-    return 1.0 / act.privacy.rate
-  return num_clients / s
-
-
-def present_slots(weights):
-  """Which slots of a local round hold a participant: None outside a private round (all do),
-  else where the round's ``weights`` (1 for a participant, 0 for an empty slot) are positive."""
-  return None if active() is None else weights > 0
-
-
-def release_sum(deltas, weights, present, bound, round_key):
-  """``sum_i weights_i deltas_i`` over the ``[s, ...]`` stacked ``deltas`` (slots with ``present``
-  False left out); in a private round the deltas are the clipped ones and the sum gets Gaussian
-  noise of standard deviation ``z C bound``, ``bound`` the largest weight any client could have
-  (server state, public): adding or removing one client moves the sum by at most ``C bound``."""
-  from fedjax_dro.core.aggregation import weighted_sum
-
-  if present is not None:
-    weights = weights * present.astype(weights.dtype)
-  total = weighted_sum(deltas, weights)
-  act = active()
-  if act is None:
-    return total
-  std = act.noise_multiplier * act.clip_norm * bound
-  return add_noise(total, noise_key(round_key), std)
-
-
-def release_losses(losses, round_key):
-  """The participants' ``[s]`` reported losses: in a private round clipped to ``[0, B]`` and
-  each noised with standard deviation ``z_l B`` (a client's loss is its own coordinate: adding
-  or removing it moves the vector by at most ``B``); unchanged outside one."""
-  act = active()
-  if act is None:
-    return losses
-  if act.loss_bound is None:
-    raise ValueError("this private round releases losses but has no loss bound")
-  clipped = jnp.clip(losses, 0.0, act.loss_bound)
-  std = act.loss_noise * act.loss_bound
-  return add_noise(clipped, jax.random.fold_in(noise_key(round_key), 1), std)
-
-
-def participation_share(default):
-  """The participants' expected share of the clients in a private round (``q`` with Poisson
-  sampling), else ``default`` (the algorithm's own ``s / n``)."""
-  act = active()
-  if act is not None and act.privacy.sampling == "poisson":
-    return act.privacy.rate
-  return default
 
 
 def global_norm(tree):
@@ -311,164 +143,362 @@ def check_rate(rate, name: str = "rate") -> float:
   return float(rate)
 
 
-def release_mean(deltas, present, num_clients: int, round_key):
-  """The DP-FedAvg release of ``[s, ...]`` stacked updates already computed (pFedMe's drawn
-  clients under ``personal_updates="all"``): each clipped, summed over the slots ``present``
-  (None: all), divided by the expected participants, noised with ``z C`` on the sum; the clip
-  flags counted into ``dp_unclipped``. Must be called in a private round."""
-  from fedjax_dro.core.aggregation import weighted_sum
+# ----------------------------------------------------------------------------------------------
+# The aggregation of a private local round
+# ----------------------------------------------------------------------------------------------
+class PrivateAggregation(NamedTuple):
+  """How a private local round aggregates (DP-FedAvg): every participant counts once (weight 1,
+  0 for an empty slot), its update clipped to ``clip_norm``, the sum over the expected number of
+  participants, noised once on the server."""
 
-  s = jax.tree.leaves(deltas)[0].shape[0]
-  dp = private_round(False, present, s, num_clients)
-  clipped, norms = jax.vmap(lambda d: clip_tree(d, dp.clip_norm))(deltas)
-  dp.received((None, norms <= dp.clip_norm), dp.weights)
-  return dp.noised(weighted_sum(clipped, dp.weights / dp.expected), round_key)
+  clip_norm: Any  # [] float
+  noise_multiplier: Any  # [] float
+  expected: Any  # [] float: the fixed denominator
+  weights: Any  # [s] float: 1 for a participant, 0 for an empty slot
+
+  def clip(self, tree):
+    """A participant's update clipped to L2 norm ``clip_norm``."""
+    return clip_tree(tree, self.clip_norm)[0]
+
+  def send(self, delta, aux):
+    """What a participant sends: its update clipped, and with its other outputs ``aux`` the flag
+    of an update within the clip (norm <= C: adaptive clipping's report)."""
+    clipped, norm = clip_tree(delta, self.clip_norm)
+    return clipped, (aux, norm <= self.clip_norm)
+
+  def received(self, outputs, weights):
+    """``(the participants' other outputs, metrics)``: their flags counted over the filled slots
+    (``weights`` 1 or 0, in the order the outputs ran) into ``dp_unclipped``."""
+    aux, within = outputs
+    count = jnp.sum(jnp.where(weights > 0, within, False)).astype(jnp.float32)
+    return aux, {"dp_unclipped": count}
+
+  def normalized(self, weights):
+    """The weights of the mean: ``weights`` over the expected count."""
+    return weights / self.expected
+
+  def noised(self, mean, round_key):
+    """The sum of the clipped updates over the expected count (``mean``) plus the noise on the
+    sum, ``N(0, (z C)^2)`` per entry, over the same count."""
+    std = self.noise_multiplier * self.clip_norm / self.expected
+    return add_noise(mean, noise_key(round_key), std)
 
 
-def release_group_sums(clipped, groups, present, round_key):
-  """Per-group sums of clipped updates and per-group participant counts, both noised (IFCA's
-  clusters): ``clipped`` ``[s, ...]`` updates already clipped to ``C``, ``groups`` ``[s, k]``
-  one-hot group of each slot, ``present`` ``[s]`` filled slots (None: all). Returns the ``[k, ...]``
-  sums, each with Gaussian noise of standard deviation ``z C`` (a client adds to one group's sum
-  only, so the ``k`` sums together move by at most ``C``), and the ``[k]`` counts, each with noise
-  of standard deviation ``z_c`` (the active ``count_noise``: one client moves the count vector by
-  1). Outside a private round: the exact sums and counts."""
-  from fedjax_dro.core.aggregation import weighted_sum
+# ----------------------------------------------------------------------------------------------
+# Client-level differential privacy
+# ----------------------------------------------------------------------------------------------
+class GaussianRelease(NamedTuple):
+  """Client-level differential privacy (DP-FedAvg; module docstring) for one round.
 
-  if present is not None:
-    groups = groups * present[:, None].astype(groups.dtype)
-  sums = jax.vmap(lambda w: weighted_sum(clipped, w))(groups.T)
-  counts = jnp.sum(groups, axis=0)
-  act = active()
-  if act is None:
+  Poisson participation in fixed shapes: the round draws a Bernoulli(``q``) mask over the ``n``
+  clients and trains the first ``capacity`` of the drawn clients in slots of one fixed size
+  (:func:`~fedjax_dro.core.privacy.poisson_capacity`; a round that draws more keeps the first
+  ``capacity``, counted in ``dp_dropped``). With fixed-size sampling the participants are the
+  algorithm's own uniform draw.
+
+  Attributes:
+    privacy: the static settings (sampling, rate, delta).
+    clip_norm: ``C``, the L2 bound of what a participant releases (traced).
+    noise_multiplier: ``z``: noise of standard deviation ``z C`` on each released sum (traced).
+    loss_bound: ``B``: reported losses (and other scalar reports) clipped to ``[0, B]``.
+    loss_noise: ``z_l``: noise of standard deviation ``z_l B`` on each reported loss.
+    count_noise: ``z_c``: noise of standard deviation ``z_c`` on each released count (IFCA).
+  """
+
+  privacy: Privacy
+  clip_norm: Any
+  noise_multiplier: Any
+  loss_bound: Any = None
+  loss_noise: Any = None
+  count_noise: Any = None
+
+  private = True
+  per_participant = True  # each participant's release is clipped on its own
+
+  def draw(self, key, num_clients: int, s: int, sampling_weights=None) -> Draw:
+    """Poisson participants (capacity slots, the empty ones not present), or the fixed-size
+    uniform draw of ``s`` clients; with the draw's ``dp_participants`` and ``dp_dropped``."""
+    if self.privacy.sampling != "poisson":
+      idx = sample_clients(key, num_clients, s, sampling_weights)
+      return Draw(idx, idx, None, {"dp_participants": jnp.float32(s), "dp_dropped": jnp.float32(0)})
+    if sampling_weights is not None:
+      raise ValueError("a private round draws its participants uniformly (no sampling weights)")
+    idx, present, dropped = poisson_participants(key, num_clients, self.privacy.rate)
+    metrics = {
+      "dp_participants": jnp.sum(present).astype(jnp.float32),
+      "dp_dropped": dropped.astype(jnp.float32),
+    }
+    return Draw(idx, jnp.minimum(idx, num_clients - 1), present, metrics)
+
+  def uniform_draw(self, key, num_clients: int, s: int, metric: str = "dp") -> Draw:
+    """A uniform draw an algorithm makes itself (possibly twice a round, as DRFA's second
+    sample): Poisson at ``q``, or ``s`` clients without replacement (every slot present); its
+    size and overflow recorded as ``{metric}_participants`` and ``{metric}_dropped``."""
+    if self.privacy.sampling == "poisson":
+      idx, present, dropped = poisson_participants(key, num_clients, self.privacy.rate)
+    else:
+      idx = sample_clients(key, num_clients, s).astype(jnp.int32)
+      present, dropped = jnp.ones(idx.shape, bool), jnp.zeros((), jnp.int32)
+    metrics = {
+      f"{metric}_participants": jnp.sum(present).astype(jnp.float32),
+      f"{metric}_dropped": dropped.astype(jnp.float32),
+    }
+    return Draw(idx, jnp.minimum(idx, num_clients - 1), present, metrics)
+
+  def importance_draw(self, key, num_clients: int, s: int, lam):
+    """``(draw, weights)``: a uniform draw (Poisson at ``q``, or ``s`` of ``n``) whose
+    participants are weighted ``lam_i / q`` (``q = s / n`` with fixed sampling): unbiased for
+    the ``lam``-weighted sum, and a sample that does not depend on anyone's data."""
+    draw = self.uniform_draw(key, num_clients, s)
+    return draw, self.inverse_rate(num_clients, s) * lam[draw.rows]
+
+  def aggregation(self, weights, present, s: int, num_clients: int) -> PrivateAggregation:
+    """How a local round of ``s`` slots aggregates: each participant once (weight 1), the sum
+    over the expected participants (the participants' own ``weights`` are not used)."""
+    del weights
+    real = jnp.result_type(float)  # float64 where JAX runs in 64 bits: exact weights 1 / m
+    w = jnp.ones((s,), real) if present is None else present.astype(real)
+    expected = jnp.asarray(expected_participants(self.privacy, num_clients, s), real)
+    return PrivateAggregation(self.clip_norm, self.noise_multiplier, expected, w)
+
+  def present(self, weights):
+    """Which slots of a local round hold a participant: where its weights are positive."""
+    return weights > 0
+
+  def inverse_rate(self, num_clients: int, s: int):
+    """``1 / q`` with Poisson participation, else ``n / s``."""
+    if self.privacy.sampling == "poisson":
+      return 1.0 / self.privacy.rate
+    return num_clients / s
+
+  def participation_share(self, default):
+    """``q`` with Poisson participation, else ``default`` (the algorithm's ``s / n``)."""
+    if self.privacy.sampling == "poisson":
+      return self.privacy.rate
+    return default
+
+  def sum(self, deltas, weights, present, bound, round_key):
+    """``sum_i weights_i deltas_i`` over the clipped ``[s, ...]`` ``deltas`` (slots with
+    ``present`` False left out), plus Gaussian noise of standard deviation ``z C bound``,
+    ``bound`` the largest weight any client could have (server state, public): adding or
+    removing one client moves the sum by at most ``C bound``."""
+    if present is not None:
+      weights = weights * present.astype(weights.dtype)
+    total = weighted_sum(deltas, weights)
+    std = self.noise_multiplier * self.clip_norm * bound
+    return add_noise(total, noise_key(round_key), std)
+
+  def total(self, total, bound, round_key, stream: int = 3):
+    """:meth:`sum` for a weighted sum already accumulated (never stacked): ``total`` plus noise
+    ``z C bound`` from the round's noise stream ``stream`` (3 onward: apart from :meth:`sum`'s,
+    the losses' (1) and adaptive clipping's count (2))."""
+    std = self.noise_multiplier * self.clip_norm * bound
+    return add_noise(total, jax.random.fold_in(noise_key(round_key), stream), std)
+
+  def losses(self, losses, round_key):
+    """The participants' ``[s]`` reported losses clipped to ``[0, B]`` and each noised with
+    standard deviation ``z_l B`` (a client's loss is its own coordinate)."""
+    if self.loss_bound is None:
+      raise ValueError("this private round releases losses but has no loss bound")
+    clipped = jnp.clip(losses, 0.0, self.loss_bound)
+    std = self.loss_noise * self.loss_bound
+    return add_noise(clipped, jax.random.fold_in(noise_key(round_key), 1), std)
+
+  def clip_part(self, tree, parts: int):
+    """``(tree clipped to C / sqrt(parts), whether it was within)``: one of the ``parts``
+    model-sized vectors a participant releases in a round at different times (a later one
+    depends on what the server made of an earlier one, so they cannot be clipped together);
+    together they stay within ``C``, so their noised sums (each with noise ``z C`` times its
+    weight bound) are one Gaussian mechanism of multiplier ``z``."""
+    bound = self.clip_norm / math.sqrt(parts)
+    clipped, norm = clip_tree(tree, bound)
+    return clipped, norm <= bound
+
+  def clip_each(self, stacked, present):
+    """``(clipped, metrics)``: each of the ``[s, ...]`` stacked per-participant pytrees (all its
+    leaves together: one message) clipped to ``C``; ``dp_unclipped`` counts the filled slots
+    (``present``; None: all) whose whole row was within ``C``. Rows already clipped in part are
+    clipped again as a whole: when the rest of a row is a fixed multiple of the clipped part, as
+    SCAFFOLD's ``-delta_i / (K_i lr)``, the two clips are one clip of the whole row."""
+    clipped, norms = jax.vmap(lambda t: clip_tree(t, self.clip_norm))(stacked)
+    within = norms <= self.clip_norm
+    if present is not None:
+      within = jnp.logical_and(within, present)
+    return clipped, {"dp_unclipped": jnp.sum(within).astype(jnp.float32)}
+
+  def scaled_sum(self, deltas, coefficients, present, round_key):
+    """``(sum, metrics)``: each participant releases ``coefficients_i deltas_i`` (q-FFL's
+    ``F_k^q Delta_k``) clipped to ``C``; the sum is noised with ``z C``."""
+    scaled = jax.tree.map(
+      lambda d: d * coefficients.reshape((-1,) + (1,) * (d.ndim - 1)).astype(d.dtype), deltas
+    )
+    clipped, metrics = self.clip_each(scaled, present)
+    return self.sum(clipped, jnp.ones_like(coefficients), present, 1.0, round_key), metrics
+
+  def ratio_denominator(self, values, present, round_key):
+    """The denominator of a ratio of two noised sums (q-FFL's step): ``sum_i values_i`` with
+    each value clipped to ``[0, B]`` and noise ``z_l B`` on the sum, floored at the noise's
+    standard deviation (so that noise cannot make it small or negative)."""
+    if present is not None:
+      values = jnp.where(present, values, 0)
+    if self.loss_bound is None:
+      raise ValueError("this private round releases a bounded sum but has no loss bound")
+    total = jnp.sum(jnp.clip(values, 0.0, self.loss_bound))
+    std = self.loss_noise * self.loss_bound
+    total = add_noise(total, jax.random.fold_in(noise_key(round_key), 3), std)
+    tiny = jnp.finfo(jnp.result_type(total)).tiny
+    return jnp.maximum(total, jnp.maximum(std, tiny))
+
+  def model_average(self, models, base, weights, present, bound, round_key):
+    """``(averages, metrics)``: each participant's models' changes from ``base`` (a tuple of
+    model trees released together, DRFA's final and snapshot models) clipped together to ``C``,
+    their ``weights``-weighted sums noised for the largest weight ``bound``, added to ``base``."""
+    deltas = tuple(jax.tree.map(lambda a, b: a - b, m, base) for m in models)
+    clipped, metrics = self.clip_each(deltas, present)
+    moved = self.sum(clipped, weights, present, bound, round_key)
+    return tuple(jax.tree.map(jnp.add, base, m) for m in moved), metrics
+
+  def group_sums(self, deltas, groups, present, round_key):
+    """``(sums, counts)``: per group (``groups`` ``[s, k]`` one-hot) the sum of its members'
+    clipped ``deltas`` with noise ``z C`` on each (a client adds to one group only, so the
+    ``k`` sums together move by at most ``C``), and its member count with noise ``z_c`` (its
+    own stream: one client moves the count vector by 1); empty slots (``present`` False) left
+    out."""
+    if present is not None:
+      groups = groups * present[:, None].astype(groups.dtype)
+    sums = jax.vmap(lambda w: weighted_sum(deltas, w))(groups.T)
+    counts = jnp.sum(groups, axis=0)
+    key = noise_key(round_key)
+    sums = add_noise(sums, key, self.noise_multiplier * self.clip_norm)
+    counts = add_noise(counts, jax.random.fold_in(key, 16), self.count_noise)
     return sums, counts
-  key = noise_key(round_key)
-  sums = add_noise(sums, key, act.noise_multiplier * act.clip_norm)
-  counts = add_noise(counts, jax.random.fold_in(key, 16), act.count_noise)  # its own stream
-  return sums, counts
+
+  def group_means(self, deltas, old, groups, weights, present, round_key):
+    """IFCA's clusters from the participants' clipped changes ``deltas`` (``[s, ...]``, from
+    their group's model; :meth:`group_sums`): group ``j`` moves by its noised sum over
+    ``max(noised count, 1)`` where the noised count is at least 1/2. ``(groups, {})``."""
+    del weights
+    k = groups.shape[1]
+    sums, counts = self.group_sums(deltas, groups, present, round_key)
+    picked = counts >= 0.5  # with no noise: somebody picked it (counts are whole numbers)
+    steps = jax.vmap(lambda t, c: jax.tree.map(lambda a: a / jnp.maximum(c, 1.0), t))(sums, counts)
+    return jax.tree.map(
+      lambda o, d: jnp.where(picked.reshape((k,) + (1,) * (o.ndim - 1)), o + d.astype(o.dtype), o),
+      old,
+      steps,
+    ), {}
+
+  def unclipped(self):
+    """The release whose local rounds return their participants' updates unclipped (q-FFL's
+    participants release ``F_k^q Delta_k``, clipped with :meth:`scaled_sum`): this one with an
+    infinite clip norm. Only local rounds that return their stacked updates may use it."""
+    return self._replace(clip_norm=math.inf)
+
+  @property
+  def plain(self):
+    """The release of the work a protocol keeps on its clients (pFedMe's personal updates of
+    the clients not drawn): :data:`PLAIN`."""
+    return PLAIN
+
+  def mean(self, deltas, present, num_clients: int, round_key):
+    """``(mean, metrics)``: the DP-FedAvg release of ``[s, ...]`` stacked updates already
+    computed (pFedMe's drawn clients): each clipped, summed over the slots ``present``, divided
+    by the expected participants, noised with ``z C`` on the sum; ``dp_unclipped`` counted."""
+    s = jax.tree.leaves(deltas)[0].shape[0]
+    agg = self.aggregation(None, present, s, num_clients)
+    clipped, norms = jax.vmap(lambda d: clip_tree(d, agg.clip_norm))(deltas)
+    _, metrics = agg.received((None, norms <= agg.clip_norm), agg.weights)
+    return agg.noised(weighted_sum(clipped, agg.weights / agg.expected), round_key), metrics
+
+  def weighted_average(self, deltas, weights, present, bound, num_clients: int, round_key):
+    """The weighted mean of the clipped ``deltas`` (``weights`` the participants' shares of a
+    distribution over all clients, the largest of which any client has is ``bound``) with a
+    fixed denominator: the weights' expected sum over the participants, ``q`` (``s / n`` with
+    fixed sampling), so one client moves the mean by at most ``C bound / q``, and the noise is
+    ``z C bound / q``."""
+    s = jax.tree.leaves(deltas)[0].shape[0]
+    rate = self.inverse_rate(num_clients, s)
+    return self.sum(deltas, weights * rate, present, bound * rate, round_key)
+
+  def model_mean(self, models, base, weights, present, num_clients: int, round_key):
+    """``(base + the DP-FedAvg release of the models' changes from base, metrics)``: each
+    participant's ``models_i - base`` clipped, their sum over the filled slots divided by the
+    expected participants and noised (:meth:`mean`; the ``weights`` are not used: each
+    participant counts once)."""
+    del weights
+    deltas = jax.tree.map(lambda a, b: a - b, models, base)
+    mean, metrics = self.mean(deltas, present, num_clients, round_key)
+    return tree_add(base, mean), metrics
+
+  def stateful(
+    self, s: int, num_clients: int, start, averaged, released, present, means=(), log_means=()
+  ):
+    """How a private stateful local round aggregates: each participant's changes of the
+    ``averaged``, ``means`` and ``released`` carries from its ``start`` (and of each
+    ``log_means`` carry its ratio to the public reference, less 1), clipped together; the
+    averaged ones summed over the expected participants, noised and added to the start (a
+    ``log_means`` carry: the reference times the mean ratio, in the log domain), the
+    ``released`` ones returned clipped and stacked, the other carries (state kept on the
+    clients) stacked. With none of them, every carry comes back stacked and unclipped, for the
+    algorithm to release itself (:meth:`model_mean`)."""
+    averaged = tuple(averaged) + tuple(means)
+    if not averaged and not released and not log_means:
+      return PlainStatefulAggregation((), s)
+    agg = self.aggregation(None, present, s, num_clients)
+    return PrivateStatefulAggregation(agg, start, averaged, tuple(released), tuple(log_means))
 
 
-# -- releases of more than one model-sized vector per participant (SCAFFOLD with local_epochs,
-# SCAFF-PD) --
+class PrivateStatefulAggregation(NamedTuple):
+  """A private stateful round's aggregation (:meth:`GaussianRelease.stateful`)."""
 
+  agg: PrivateAggregation
+  start: Any
+  averaged: tuple
+  released: tuple
+  log_means: tuple = ()  # (carry name, ratio name, reference) each
 
-def clip_part(tree, parts: int):
-  """``(tree clipped to C / sqrt(parts), whether it was within)``: one of the ``parts``
-  model-sized vectors a participant releases in a round at different times (a later one depends
-  on what the server made of an earlier one, so they cannot be clipped together); together they
-  stay within ``C``, so their noised sums (each with noise ``z C`` times its weight bound) are one
-  Gaussian mechanism of multiplier ``z``, as one vector clipped to ``C`` would be. ``(tree,
-  True)`` outside a private round."""
-  act = active()
-  if act is None:
-    return tree, jnp.bool_(True)
-  bound = act.clip_norm / math.sqrt(parts)
-  clipped, norm = clip_tree(tree, bound)
-  return clipped, norm <= bound
+  stacked = False  # what is released goes through the clipped weighted sum
 
+  @property
+  def weights(self):
+    return self.agg.weights / self.agg.expected
 
-def release_total(total, bound, round_key, stream: int = 3):
-  """:func:`release_sum` for a weighted sum already accumulated (chunk by chunk, never stacked):
-  in a private round ``total`` plus Gaussian noise of standard deviation ``z C bound`` drawn from
-  the round's noise stream ``stream`` (3 onward: apart from :func:`release_sum`'s, the losses'
-  (1) and adaptive clipping's count (2)); unchanged outside one."""
-  act = active()
-  if act is None:
-    return total
-  std = act.noise_multiplier * act.clip_norm * bound
-  return add_noise(total, jax.random.fold_in(noise_key(round_key), stream), std)
+  @property
+  def present(self):
+    """Which slots hold a participant (every slot's flag, also under fixed-size sampling)."""
+    return self.agg.weights > 0
 
+  def client(self, carry, row, loss):
+    """``(clipped averaged deltas, ((kept, released deltas), within))`` of one participant."""
+    sent = self.averaged + self.released
+    base = self.start(row)
+    deltas = {name: jax.tree.map(jnp.subtract, carry[name], base[name]) for name in sent}
+    real = jnp.result_type(float)
+    # v_i / v_bar, its exponent capped where its square (in the clip's norm) stays finite
+    cap = 0.5 * math.log(float(jnp.finfo(real).max)) - 2.0
+    for name, ratio, reference in self.log_means:
+      r = jnp.exp(jnp.minimum(carry[name] - reference, cap)).astype(real)
+      deltas[ratio] = jnp.subtract(r, jnp.ones((), real))
+    kept = {name: value for name, value in carry.items() if name not in sent}
+    clipped, (aux, within) = self.agg.send(deltas, (kept, loss))
+    rel = {name: clipped[name] for name in self.released}
+    ratios = tuple(ratio for _, ratio, _ in self.log_means)
+    return {name: clipped[name] for name in self.averaged + ratios}, ((aux, rel), within)
 
-@contextlib.contextmanager
-def unclipped_updates():
-  """Within a private round, the local rounds traced in the block return their participants'
-  updates unclipped: for an algorithm whose participants release something computed from their
-  update (q-FFL's ``F_k^q Delta_k``), which it clips itself with :func:`clip_each` before
-  releasing it. The block's participant draw is recorded in the round's metrics as usual
-  (``dp_participants``, ``dp_dropped``); its clip flags are not (:func:`clip_each` records those
-  of what is released). Only local rounds that return their stacked updates may run in the
-  block (a ``mean_only`` round noises its sum with the clip norm, infinite here). Outside a
-  private round, nothing changes."""
-  act = active()
-  if act is None:
-    yield
-    return
-  inner = act._replace(clip_norm=math.inf, metrics={})
-  _ACTIVE.append(inner)
-  try:
-    yield
-  finally:
-    _ACTIVE.pop()
-    for name in ("dp_participants", "dp_dropped"):
-      if name in inner.metrics:
-        act.metrics.setdefault(name, inner.metrics[name])
-
-
-def clip_each(stacked, present):
-  """The ``[s, ...]`` stacked per-participant pytrees, each (all its leaves together: what a
-  participant releases in one message, e.g. a model delta and a control-variate delta) clipped to
-  L2 norm ``C`` in a private round, whose ``dp_unclipped`` metric then counts the filled slots
-  (``present``; None: all) whose whole row was within ``C`` (replacing any count of a part of the
-  row); unchanged outside one. Rows already clipped in part (:meth:`PrivateRound.send` clipped
-  their model delta) are clipped again as a whole: when the rest of a row is a fixed multiple of
-  the clipped part, as SCAFFOLD's ``-delta_i / (K_i lr)``, the two clips are one clip of the whole
-  row, and a row is within ``C`` exactly when the participant's whole unclipped row was."""
-  act = active()
-  if act is None:
-    return stacked
-  clipped, norms = jax.vmap(lambda t: clip_tree(t, act.clip_norm))(stacked)
-  within = norms <= act.clip_norm
-  if present is not None:
-    within = jnp.logical_and(within, present)
-  act.metrics["dp_unclipped"] = jnp.sum(within).astype(jnp.float32)  # the whole row's flag
-  return clipped
-
-
-def release_bounded_sum(values, present, round_key):
-  """``sum_i values_i`` over the ``[s]`` participants' scalar reports (slots with ``present``
-  False left out). In a private round each report is clipped to ``[0, B]`` (the loss bound) and
-  the sum gets Gaussian noise of standard deviation ``z_l B`` (adding or removing one client moves
-  it by at most ``B``), on a noise stream of its own; the plain sum outside one."""
-  if present is not None:
-    values = jnp.where(present, values, 0)
-  act = active()
-  if act is None:
-    return jnp.sum(values)
-  if act.loss_bound is None:
-    raise ValueError("this private round releases a bounded sum but has no loss bound")
-  total = jnp.sum(jnp.clip(values, 0.0, act.loss_bound))
-  std = act.loss_noise * act.loss_bound
-  return add_noise(total, jax.random.fold_in(noise_key(round_key), 3), std)
-
-
-def uniform_participants(key, num_clients: int, fixed_count: int, metric: str = "dp"):
-  """A private round's uniform participants, ``(idx, rows, present)`` as :func:`poisson_draw`:
-  a Poisson draw at the rate ``q``, or (fixed-size sampling) ``fixed_count`` clients uniformly
-  without replacement (every slot present). For an algorithm that draws its participants itself
-  (and possibly twice a round, as DRFA's second sample): the draw's size and overflow are recorded
-  as the round's ``{metric}_participants`` and ``{metric}_dropped`` metrics."""
-  from fedjax_dro.core.sampling import sample_clients
-
-  act = active()
-  if act is None:
-    raise ValueError("uniform_participants draws the participants of a private round only")
-  if act.privacy.sampling == "poisson":
-    idx, present, dropped = poisson_participants(key, num_clients, act.privacy.rate)
-  else:
-    idx = sample_clients(key, num_clients, fixed_count).astype(jnp.int32)
-    present, dropped = jnp.ones(idx.shape, bool), jnp.zeros((), jnp.int32)
-  act.metrics.setdefault(f"{metric}_participants", jnp.sum(present).astype(jnp.float32))
-  act.metrics.setdefault(f"{metric}_dropped", dropped.astype(jnp.float32))
-  return idx, jnp.minimum(idx, num_clients - 1), present
-
-
-def present_loss_metrics(losses, present) -> dict:
-  """``train_loss`` and ``train_loss_max``: the unweighted mean and the max of the ``[s]``
-  participants' losses over the filled slots (``present``; 0 when none is)."""
-  w = present.astype(losses.dtype)
-  count = jnp.sum(w)
-  top = jnp.max(jnp.where(present, losses, -jnp.inf))
-  return {
-    "train_loss": jnp.sum(w * losses) / jnp.maximum(count, 1),
-    "train_loss_max": jnp.where(count > 0, top, 0),
-  }
+  def received(self, mean, outputs, reference, round_key):
+    """``(carries, losses, metrics)``: the averaged carries are the start plus the noised mean
+    of the clipped deltas; the released ones the stacked clipped deltas."""
+    ((kept, losses), rel), metrics = self.agg.received(outputs, self.agg.weights)
+    carries = {**kept, **rel}
+    if self.averaged or self.log_means:
+      mean = self.agg.noised(mean, round_key)
+      carries.update(
+        {name: jax.tree.map(jnp.add, reference[name], mean[name]) for name in self.averaged}
+      )
+    real = jnp.result_type(float)
+    for name, ratio, ref in self.log_means:
+      # the mean of v over the participants is v_bar times the released mean ratio, kept
+      # positive (noise can take it below 0): at least LOG_MEAN_FLOOR
+      rel = jnp.maximum(jnp.add(jnp.ones((), real), mean[ratio]), LOG_MEAN_FLOOR)
+      carries[name] = (ref + jnp.log(rel)).astype(jnp.result_type(ref))
+    return carries, losses, metrics

@@ -2,7 +2,7 @@
 run between two tests of the loop's exit condition (``Tuning.step_block``), in how many
 step-sorted chunks the sampled participants run (``Tuning.epoch_groups`` / ``epoch_chunk``) and
 how a done participant's step is masked (``Tuning.folded_step``). None changes a result, only the
-speed; :func:`fedjax_dro.core.local.scan_schedule` and :func:`fedjax_dro.core.local.local_round`
+speed; :func:`fedjax_dro.core.schedule.scan_schedule` and :func:`fedjax_dro.core.local.local_round`
 read them from the traced program's :class:`~fedjax_dro.common.tuning.Tuning`."""
 
 from __future__ import annotations
@@ -78,53 +78,6 @@ def epoch_chunk(participants: Optional[int] = None):
 def folded_step() -> bool:
   """Whether local SGD folds its masked step (the traced program's tuning)."""
   return current().folded_step
-
-
-def step_sorted_order(counts, chunk: int):
-  """``[s]`` positions: the participants sorted by ``counts`` (their local steps) and laid out so
-  that each chunk of :func:`~fedjax_dro.core.clients.map_clients` with ``chunk_size=chunk``
-  holds consecutive ranks. When ``chunk`` divides ``s`` into several chunks the chunks are
-  strided (chunk ``j`` holds positions ``j, j + s / chunk, ...``), else contiguous."""
-  s = counts.shape[0]
-  ranked = jnp.argsort(counts, stable=True)
-  full, rest = divmod(s, chunk)
-  if rest == 0 and full > 1:
-    return ranked.reshape(full, chunk).T.reshape(-1)
-  return ranked
-
-
-def sorted_participants(chunk, counts, client_update, inputs, backend, chunk_size, stacked=None):
-  """``(inputs, backend, chunk_size, inverse)``: how :func:`~fedjax_dro.core.local.local_round`
-  runs its participants. With a ``chunk`` smaller than their number and the ``auto`` backend,
-  ``inputs`` (``(clients, keys, starts, rows, weights)``, each stacked over the participants)
-  are put in :func:`step_sorted_order` of their step ``counts`` and run in chunks of ``chunk``
-  (never larger than the memory plan of ``auto`` allows: :func:`~fedjax_dro.core.clients.
-  plan_clients` of ``client_update``, ``stacked`` its kept outputs); ``inverse`` puts the
-  per-participant outputs back in order. With the ``map`` or ``chunked`` backend and step
-  ``counts`` (sampled participants of a ``local_epochs`` round), the participants run in
-  :func:`step_sorted_order` of their counts in the backend's own chunks: one participant, or
-  ``chunk_size``, at a time. A single run gains what a chunk of equal counts gains; a vmapped
-  sweep (``fd.sweep``) gains more, since each configuration's ``i``-th participant runs beside
-  the others' ``i``-th, and sorted, those have similar counts (on the FEMNIST-sized workload,
-  64 configurations: 169 client-steps executed per configuration and round instead of 252, of
-  116 their own). Otherwise ``inputs``, ``backend`` and ``chunk_size`` as they are, and
-  ``inverse`` None."""
-  from fedjax_dro.core.clients import DEFAULT_CHUNK_SIZE, plan_clients
-
-  clients, keys, starts, rows, _ = inputs
-  if counts is not None and backend in ("map", "chunked"):
-    size = 1 if backend == "map" else min(chunk_size or DEFAULT_CHUNK_SIZE, keys.shape[0])
-    order = step_sorted_order(counts, size)
-    return jax.tree.map(lambda a: a[order], inputs), backend, chunk_size, jnp.argsort(order)
-  if chunk is None or chunk >= keys.shape[0] or backend != "auto":
-    return inputs, backend, chunk_size, None
-  args = (clients.x, clients.y, clients.num_examples, keys, starts, rows)
-  planned, planned_size = plan_clients(client_update, args, stacked=stacked)
-  chunk = chunk if planned == "vmap" else min(chunk, planned_size or 1)
-  order = step_sorted_order(counts, chunk)
-  ran = jax.tree.map(lambda a: a[order], inputs)
-  backend, size = ("map", None) if chunk == 1 else ("chunked", chunk)
-  return ran, backend, size, jnp.argsort(order)
 
 
 def loop_body(one, steps, block: int):

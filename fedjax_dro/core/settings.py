@@ -16,10 +16,10 @@ from typing import Any, Callable, Dict, NamedTuple, Optional
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_dro.core.checks import choice, integer
+from fedjax_dro.common.checks import choice, integer
+from fedjax_dro.common.model import num_parameters
 from fedjax_dro.core.clients import resolve_backend, validate_backend
 from fedjax_dro.core.sampling import validate_clients_per_round
-from fedjax_dro.models.base import num_parameters
 
 
 class CommonSettings(NamedTuple):
@@ -27,7 +27,7 @@ class CommonSettings(NamedTuple):
 
   A client's local work per round is either ``local_steps`` minibatches drawn with replacement
   or ``local_epochs`` passes without replacement over its own rows (exactly one is set, the other
-  is None; see :func:`fedjax_dro.core.local.local_schedule`).
+  is None; see :func:`fedjax_dro.core.schedule.local_schedule`).
   """
 
   clients_per_round: Optional[int]
@@ -103,7 +103,7 @@ DECLARED: Dict[str, Declared] = {
     None,
     "instead of ``local_steps``, passes over each participant's own rows per round, without "
     "replacement, in consecutive batches of ``batch_size`` of a fresh random order each pass (a "
-    "client with more rows takes more steps; see :func:`fedjax_dro.core.local.local_schedule`); "
+    "client with more rows takes more steps; see :func:`fedjax_dro.core.schedule.local_schedule`); "
     "``None`` (default): ``local_steps``. Given with ``local_steps`` left at its default, "
     "``local_epochs`` wins; with any other ``local_steps`` it is refused.",
   ),

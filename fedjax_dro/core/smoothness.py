@@ -22,7 +22,7 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-from fedjax_dro.core.checks import choice, flag, integer, number
+from fedjax_dro.common.checks import choice, flag, integer, number
 
 LOSS_CURVATURE = {"squared": 1.0, "softmax": 0.5}
 

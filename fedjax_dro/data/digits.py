@@ -23,7 +23,7 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from fedjax_dro.core.checks import choice
+from fedjax_dro.common.checks import choice
 from fedjax_dro.data.federated import FederatedDataset, from_client_arrays
 from fedjax_dro.data.partition import (
   climb_dirichlet_partition,

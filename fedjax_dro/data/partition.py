@@ -6,7 +6,7 @@ from typing import List
 
 import numpy as np
 
-from fedjax_dro.core.checks import integer, number
+from fedjax_dro.common.checks import integer, number
 
 
 def dirichlet_partition(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedjax_dro.core.checks import number
+from fedjax_dro.common.checks import number
 from fedjax_dro.data.user_files import FeatureSet
 
 # The defaults of gaussian_mixture_features. SEPARATION = 3 gives a Bayes (nearest true mean)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedjax_dro.core.checks import integer
+from fedjax_dro.common.checks import integer
 from fedjax_dro.data.federated import FederatedDataset, from_client_arrays
 from fedjax_dro.data.partition import dirichlet_partition
 

@@ -175,7 +175,7 @@ def evaluate_host(alg: Algorithm, state, data, true_params, *, batched: bool = F
 def predicted_participants(alg: Algorithm, num_clients: int, run_key, rounds) -> np.ndarray:
   """``[len(rounds), s]`` clients that the uniform sampler of ``core.local.local_round`` draws in
   ``rounds`` (a prefetch hint for host-resident data; exact for the FedAvg family)."""
-  s = alg.config.get("clients_per_round") if isinstance(alg.config, dict) else None
+  s = alg.settings.clients_per_round if alg.settings is not None else None
   s = num_clients if s is None else int(s)
 
   @jax.jit

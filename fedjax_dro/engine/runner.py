@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_dro.algorithms.base import Algorithm
+from fedjax_dro.common.model import model_identity
 from fedjax_dro.common.tuning import Tuning, resolve, scope
 from fedjax_dro.data.federated import FederatedData, FederatedDataset
 from fedjax_dro.engine.errors import is_out_of_memory, memory_error, nonfinite_error
@@ -64,7 +65,6 @@ from fedjax_dro.engine.sharding import (
   real_clients,
   sharding_key,
 )
-from fedjax_dro.models.base import model_identity
 from fedjax_dro.privacy.accounting import run_epsilon
 from fedjax_dro.records.checkpoint import (
   CheckpointLock,
@@ -397,9 +397,9 @@ def run_chunks(plan: RunPlan, state, status, history: History, loggers=()) -> Hi
         "per_client": per_client,
         "summary": summarize_per_client(per_client, plan.eval_num_examples),
       }
-      if "privacy" in alg.config:  # epsilon after the rounds done (dp-accounting)
+      if alg.privacy is not None:  # epsilon after the rounds done (dp-accounting)
         noises = {k: float(np.asarray(v)) for k, v in hp.items() if k.startswith("dp_")}
-        evaluation["privacy"] = run_epsilon(alg.config, done, noises, train.num_clients)
+        evaluation["privacy"] = run_epsilon(alg.privacy, done, noises, train.num_clients)
       history.evaluations.append(evaluation)
       history.final_state = state
       if jsonl_path is not None:  # appended and flushed to disk as it happens

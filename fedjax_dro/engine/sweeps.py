@@ -339,13 +339,13 @@ def sweep(
     compile_time,
     jax.tree.map(lambda a: a[:num], state),
   )
-  if "privacy" in alg.config:  # each row's epsilon from its own noise multipliers
+  if alg.privacy is not None:  # each row's epsilon from its own noise multipliers
     from fedjax_dro.privacy.accounting import run_epsilon
 
     dp = {k: np.asarray(fetch(v)) for k, v in hp.items() if k.startswith("dp_")}
     result.privacy = [
       run_epsilon(
-        alg.config,
+        alg.privacy,
         int(status[1][i]) if diverged[i] else rounds,
         {k: v.reshape(-1)[i] if v.ndim else v for k, v in dp.items()},
         num_clients,

@@ -69,7 +69,7 @@ def worth_factoring(layer: DenseLayer, rows: int) -> bool:
 
 def chosen_layers(model, rows: int) -> tuple:
   """The layers of ``model`` local SGD factors over ``rows`` stacked rows: its declared
-  :attr:`~fedjax_dro.models.base.Model.dense_layers` where :func:`worth_factoring`; none where
+  :attr:`~fedjax_dro.common.model.Model.dense_layers` where :func:`worth_factoring`; none where
   the model has a ridge penalty or no factored form."""
   if model.factored_apply is None or model.l2:
     return ()

@@ -1,8 +1,7 @@
 """Models: the :class:`Model` protocol, built-in models and adapters of Flax (linen, NNX) and
 Equinox modules."""
 
-from fedjax_dro.models.adapters import from_equinox, from_nnx
-from fedjax_dro.models.base import (
+from fedjax_dro.common.model import (
   Model,
   client_loss,
   client_loss_and_grad,
@@ -10,6 +9,7 @@ from fedjax_dro.models.base import (
   num_parameters,
   per_client_eval,
 )
+from fedjax_dro.models.adapters import from_equinox, from_nnx
 from fedjax_dro.models.builtin import (
   cnn,
   conv_form,

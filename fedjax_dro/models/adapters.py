@@ -1,4 +1,4 @@
-"""Models written in Flax NNX or in Equinox, as a :class:`~fedjax_dro.models.base.Model`.
+"""Models written in Flax NNX or in Equinox, as a :class:`~fedjax_dro.common.model.Model`.
 
 A :class:`Model`'s parameters are a plain pytree that the simulator stacks over clients (one row
 per client, vmapped); the module's structure and its non-array attributes stay outside it. Only
@@ -25,7 +25,7 @@ from typing import Callable, Optional, Union
 
 import jax
 
-from fedjax_dro.models.base import Model
+from fedjax_dro.common.model import Model
 from fedjax_dro.models.builtin import check_l2, loss_and_task
 
 
@@ -55,7 +55,7 @@ def from_nnx(
   l2: float = 0.0,
   name: Optional[str] = None,
 ) -> Model:
-  """Adapts a Flax NNX module to a :class:`~fedjax_dro.models.base.Model`.
+  """Adapts a Flax NNX module to a :class:`~fedjax_dro.common.model.Model`.
 
   Args:
     module: a ``flax.nnx.Module`` whose ``__call__(x)`` maps a batch ``[m, ...]`` to outputs, or
@@ -70,7 +70,7 @@ def from_nnx(
     name: the model's name in results (default: the module's class name).
 
   Returns:
-    A :class:`~fedjax_dro.models.base.Model` whose parameters are the module's ``nnx.Param``
+    A :class:`~fedjax_dro.common.model.Model` whose parameters are the module's ``nnx.Param``
     values as a nested dict.
   """
   from flax import nnx
@@ -144,7 +144,7 @@ def from_equinox(
   l2: float = 0.0,
   name: Optional[str] = None,
 ) -> Model:
-  """Adapts an Equinox module to a :class:`~fedjax_dro.models.base.Model`.
+  """Adapts an Equinox module to a :class:`~fedjax_dro.common.model.Model`.
 
   Args:
     module: an ``equinox.Module``, or a constructor ``key -> Module`` (``Model.init(key)`` then
@@ -161,7 +161,7 @@ def from_equinox(
     name: the model's name in results (default: the module's class name).
 
   Returns:
-    A :class:`~fedjax_dro.models.base.Model` whose parameters are the module's floating-point
+    A :class:`~fedjax_dro.common.model.Model` whose parameters are the module's floating-point
     arrays (the module's other leaves held as static).
   """
   try:

@@ -13,9 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from fedjax_dro.common.checks import integer
+from fedjax_dro.common.model import Model
 from fedjax_dro.common.tuning import current, platform_defaults
-from fedjax_dro.core.checks import integer
-from fedjax_dro.models.base import Model
 from fedjax_dro.models.dense_layers import dense_layers, factored_apply
 
 
@@ -78,7 +78,7 @@ def linear_regression(
     init_scale: standard deviation of the normal initial weights (default 0: zeros).
 
   Returns:
-    A regression :class:`~fedjax_dro.models.base.Model` (per-example metric ``mse``).
+    A regression :class:`~fedjax_dro.common.model.Model` (per-example metric ``mse``).
   """
   integer(num_features, "num_features")
   check_l2(l2)
@@ -134,7 +134,7 @@ def logistic_regression(num_features: int, *, l2: float = 0.0) -> Model:
     l2: coefficient of ``l2/2 ||params||^2`` added to every client objective (default 0).
 
   Returns:
-    A classification :class:`~fedjax_dro.models.base.Model` (one logit, sigmoid cross-entropy).
+    A classification :class:`~fedjax_dro.common.model.Model` (one logit, sigmoid cross-entropy).
   """
   integer(num_features, "num_features")
   check_l2(l2)
@@ -207,7 +207,7 @@ def softmax_regression(
       faster on the platform for ``k`` classes, chosen when the model is traced.
 
   Returns:
-    A classification :class:`~fedjax_dro.models.base.Model` (softmax cross-entropy).
+    A classification :class:`~fedjax_dro.common.model.Model` (softmax cross-entropy).
   """
   integer(num_features, "num_features")
   integer(num_classes, "num_classes")
@@ -382,7 +382,7 @@ def from_flax(
     name: the model's name in results (default: the module's class name).
 
   Returns:
-    A :class:`~fedjax_dro.models.base.Model` whose parameters are the module's.
+    A :class:`~fedjax_dro.common.model.Model` whose parameters are the module's.
   """
   if not isinstance(module, nn.Module):
     raise TypeError(f"module must be a flax.linen.Module, got {type(module).__name__}")
@@ -448,7 +448,7 @@ def mlp(
     l2: coefficient of ``l2/2 ||params||^2`` added to every client objective (default 0).
 
   Returns:
-    A classification :class:`~fedjax_dro.models.base.Model` (softmax cross-entropy).
+    A classification :class:`~fedjax_dro.common.model.Model` (softmax cross-entropy).
   """
   integer(num_classes, "num_classes")
   input_shape = _check_shape(input_shape, "input_shape")
@@ -492,7 +492,7 @@ def cnn(
     conv: ``"auto"`` (default), ``"lax"`` or ``"patches"``, as above.
 
   Returns:
-    A classification :class:`~fedjax_dro.models.base.Model` (softmax cross-entropy).
+    A classification :class:`~fedjax_dro.common.model.Model` (softmax cross-entropy).
   """
   integer(num_classes, "num_classes")
   input_shape = _check_shape(input_shape, "input_shape", ndims=(2, 3))

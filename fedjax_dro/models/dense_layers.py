@@ -1,7 +1,7 @@
 """The plain ``flax.linen.Dense`` layers of a flax model, and its factored form: what
 :func:`~fedjax_dro.models.from_flax` declares in
-:attr:`~fedjax_dro.models.base.Model.dense_layers` and
-:attr:`~fedjax_dro.models.base.Model.factored_apply` for local SGD's factored dense layers
+:attr:`~fedjax_dro.common.model.Model.dense_layers` and
+:attr:`~fedjax_dro.common.model.Model.factored_apply` for local SGD's factored dense layers
 (:mod:`fedjax_dro.experimental.factored`)."""
 
 from __future__ import annotations

@@ -1,21 +1,24 @@
-"""Client-level differential privacy: :func:`private` (DP-FedAvg for the algorithms that can
-have it) and its accounting (:func:`privacy_budget`, :func:`epsilon`, from ``dp-accounting``).
+"""Client-level differential privacy: :func:`private` (DP-FedAvg for the algorithms that declare
+what their participants release) and its accounting (:func:`privacy_budget`, :func:`epsilon`,
+from ``dp-accounting``).
 
-* :mod:`fedjax_dro.privacy.wrapper`: :func:`private`, :data:`RELEASES` (what each algorithm
-  releases and how it is privatized), :data:`REFUSED`, :data:`NOT_YET`;
-* :mod:`fedjax_dro.privacy.accounting`: the sampled Gaussian mechanism's events and epsilon;
-* the round mechanics (Poisson participation, clipping, noise): :mod:`fedjax_dro.core.privacy`.
+* :mod:`fedjax_dro.privacy.wrapper`: :func:`private`, :func:`releases_table` (what each
+  registered algorithm releases and how it is privatized, or why it cannot be);
+* what an algorithm declares: :class:`Releases` or :class:`Refused`
+  (:mod:`fedjax_dro.core.release`, with the release mechanisms a round is given);
+* :mod:`fedjax_dro.privacy.accounting`: the sampled Gaussian mechanism's events and epsilon.
 """
 
+from fedjax_dro.core.release import Refused, Releases
 from fedjax_dro.privacy.accounting import epsilon, privacy_budget
-from fedjax_dro.privacy.wrapper import NOT_YET, REFUSED, RELEASES, AdaptiveClipState, private
+from fedjax_dro.privacy.wrapper import AdaptiveClipState, private, releases_table
 
 __all__ = [
   "private",
   "privacy_budget",
   "epsilon",
-  "RELEASES",
-  "REFUSED",
-  "NOT_YET",
+  "Releases",
+  "Refused",
+  "releases_table",
   "AdaptiveClipState",
 ]

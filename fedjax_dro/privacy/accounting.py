@@ -121,38 +121,37 @@ def combined_noise(noise_multiplier: float, loss_noise_multiplier: Optional[floa
   return (z**-2 + zl**-2) ** -0.5
 
 
-def run_epsilon(
-  config: Dict[str, Any], rounds: int, hparams: Dict[str, Any], num_clients: int
-) -> Dict[str, Any]:
-  """The privacy record of a private run after ``rounds`` rounds, from the algorithm's
-  ``config["privacy"]`` and the run's hyper-parameters ``dp_noise`` (and ``dp_loss_noise``,
-  ``dp_count_noise``, ``dp_cluster_noise`` where the run releases losses, adapts its clip or
-  releases cluster counts):
+def run_epsilon(privacy, rounds: int, hparams: Dict[str, Any], num_clients: int) -> Dict[str, Any]:
+  """The privacy record of a private run after ``rounds`` rounds, from the private algorithm's
+  :attr:`~fedjax_dro.algorithms.base.Algorithm.privacy` (a
+  :class:`~fedjax_dro.privacy.wrapper.PrivateSettings`) and the run's hyper-parameters
+  ``dp_noise`` (and ``dp_loss_noise``, ``dp_count_noise``, ``dp_cluster_noise`` where the run
+  releases losses, adapts its clip or releases cluster counts):
   ``{"epsilon", "delta", "delta_overflow", "rounds", "noise_multiplier"}``, the last the
   combined multiplier the accountant used (:func:`combined_noise`).
 
-  With ``config["privacy"]["separate_loss_sample"]`` (DRFA: its losses come from a second
+  Where the declaration's ``separate_loss_sample`` (DRFA: its losses come from a second
   participant sample drawn independently of the first) a round is two sampled Gaussian
   mechanisms, the updates' (``noise_multiplier``) and the losses' (``loss_noise_multiplier``,
   also in the record), composed by :func:`composed_epsilon`; ``delta_overflow`` then counts two
   Poisson draws a round."""
   from fedjax_dro.core.privacy import overflow_probability
 
-  priv = config["privacy"]
-  sampling = priv["sampling"]
+  sampling = privacy.sampling
   if sampling == "poisson":
-    rate, size = priv["rate"], None
+    rate, size = privacy.rate, None
     over = rounds * overflow_probability(num_clients, rate)
   else:
-    size = config.get("clients_per_round") or num_clients
+    size = privacy.clients_per_round or num_clients
     rate, over = None, 0.0
-  loss_noise = hparams.get("dp_loss_noise") if priv.get("releases_losses") else None
-  separate = bool(priv.get("separate_loss_sample"))  # the losses' own, independent sample
+  releases = privacy.releases
+  loss_noise = hparams.get("dp_loss_noise") if releases.losses is not None else None
+  separate = bool(releases.separate_loss_sample)  # the losses' own, independent sample
   together = None if loss_noise is None or separate else float(loss_noise)
   z = combined_noise(float(hparams["dp_noise"]), together)
-  if priv.get("releases_counts"):  # IFCA's cluster counts: noise std z_c, sensitivity 1
+  if releases.counts:  # IFCA's cluster counts: noise std z_c, sensitivity 1
     z = combined_noise(z, float(hparams["dp_cluster_noise"]))
-  if priv.get("adaptive_clipping"):  # the clip count: noise std r m on a sum of sensitivity 1/2
+  if privacy.adaptive_clipping:  # the clip count: noise std r m on a sum of sensitivity 1/2
     m = rate * num_clients if sampling == "poisson" else size
     z = combined_noise(z, 2.0 * float(hparams["dp_count_noise"]) * m)
   kw = dict(
@@ -160,16 +159,16 @@ def run_epsilon(
     num_clients=num_clients,
     rate=rate,
     sample_size=size,
-    accountant=priv.get("accountant", "rdp"),
+    accountant=privacy.accountant,
   )
   if separate:
-    eps = composed_epsilon(rounds, (z, float(loss_noise)), priv["delta"], **kw)
+    eps = composed_epsilon(rounds, (z, float(loss_noise)), privacy.delta, **kw)
     over *= 2  # two Poisson draws a round, each truncated to the capacity
   else:
-    eps = epsilon(rounds, z, priv["delta"], **kw)
+    eps = epsilon(rounds, z, privacy.delta, **kw)
   record = {
     "epsilon": eps,
-    "delta": priv["delta"],
+    "delta": privacy.delta,
     "delta_overflow": over,
     "rounds": int(rounds),
     "noise_multiplier": z,
@@ -201,7 +200,7 @@ def privacy_budget(
     ValueError: for a target or noise that is not a positive number, ``delta`` outside (0, 1),
       both or neither of ``rate`` and ``clients_per_round``, or a count out of range.
   """
-  from fedjax_dro.core.checks import integer
+  from fedjax_dro.common.checks import integer
 
   for name, v in (("target_epsilon", target_epsilon), ("noise_multiplier", noise_multiplier)):
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf:

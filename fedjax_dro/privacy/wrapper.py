@@ -6,29 +6,33 @@ updates are summed, Gaussian noise of standard deviation ``z C`` is added to the
 server, and the sum is divided by the expected number of participants. The mechanics live in
 :mod:`fedjax_dro.core.privacy`; the accounting in :mod:`fedjax_dro.privacy.accounting`.
 
-What each algorithm releases every round and how it is privatized is :data:`RELEASES` (every
-registered algorithm with a server); an algorithm not in it is refused with the reason: it cannot
-be private (:data:`REFUSED`), or it is not declared (an algorithm a user registered;
-:data:`NOT_YET`, empty for the registered ones).
+What an algorithm releases every round, and how it is privatized, is declared on the algorithm
+(:attr:`~fedjax_dro.algorithms.base.Algorithm.releases`, a
+:class:`~fedjax_dro.core.release.Releases`); :func:`private` reads the declaration and passes the
+round a :class:`~fedjax_dro.core.privacy.GaussianRelease`, the way an optax wrapper composes. An
+algorithm that declares why it cannot be private (:class:`~fedjax_dro.core.release.Refused`), or
+declares nothing (an algorithm a user wrote without a declaration), is refused with the reason;
+:func:`releases_table` lists every registered algorithm's declaration.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, NamedTuple
+from typing import Any, Dict, NamedTuple, Optional, Union
 
 import jax
 import jax.numpy as jnp
 
-from fedjax_dro.algorithms.base import Algorithm, HParam
+from fedjax_dro.algorithms.base import Algorithm, HParam, list_algorithms
 from fedjax_dro.core.privacy import (
   SAMPLING,
+  GaussianRelease,
   Privacy,
   check_rate,
   count_key,
   expected_participants,
-  privatizing,
 )
+from fedjax_dro.core.release import Refused, Releases
 from fedjax_dro.privacy.accounting import ACCOUNTANTS, check_delta
 
 DP_HPARAMS = (
@@ -50,114 +54,53 @@ class AdaptiveClipState(NamedTuple):
   clip_scale: Any  # [] float: this round's clip norm over the initial one (dp_clip)
 
 
-_SUM = "the noised sum of the clipped updates over the expected participants"
-RELEASES: Dict[str, str] = {
-  "fedavg": f"each participant's model delta; the server reads {_SUM}",
-  "fedprox": f"each participant's model delta (proximal local steps); the server reads {_SUM}",
-  "fedadam": f"each participant's model delta; Adam's moments are computed on the server from "
-  f"{_SUM} (post-processing)",
-  "fedyogi": "as fedadam (Yogi's moments, on the server)",
-  "fedadagrad": "as fedadam (Adagrad's accumulator, on the server)",
-  "scaffold": "each participant's model delta; with local_steps (J steps each) the server control "
-  "variate moves by q (-c - mean delta / (J lr)) from the same private mean (post-processing); "
-  "with local_epochs (K_i steps for client i) each participant releases its model delta delta_i "
-  "and its control-variate delta less the public c, c_i+ - c_i + c = -delta_i / (K_i lr), clipped "
-  "together to C (one vector); the server reads their noised sums over the expected participants "
-  "(noise z C on each) and c moves by q (-c + the mean of the second); each client's own control "
-  "variate c_i+ (from its unclipped delta) stays on the client",
-  "ditto": "each participant's global-model delta; the personal models never leave the clients",
-  "afl": "each participant's gradient (clipped; the server's lambda-weighted sum, scaled by 1 / q, "
-  "noised for the largest weight any client has) and its minibatch loss (clipped to [0, B] and "
-  "noised), which drives the lambda ascent (post-processing)",
-  "agnostic_fedavg": "each participant's model delta (clipped; the lambda-weighted sum over the "
-  "expected weight q of the participants, noised for the largest lambda) and its full-data loss "
-  "(clipped to [0, B] and noised), which drives lambda's exponentiated step (post-processing)",
-}
-RELEASES["dr_dsgd"] = (
-  "each participant's model delta (its local steps weight each gradient by exp(loss / lambda) on "
-  f"the client); the server reads {_SUM}"
-)
-RELEASES["fedavg_momentum"] = (
-  "each participant's model and momentum deltas, clipped together to C (one vector); the server "
-  "reads their noised sums over the expected participants"
-)
-RELEASES["fedsgd"] = (
-  "each participant's minibatch gradient at the global model (clipped on its own: the private "
-  f"round takes the per-client path, not FedSGD's folded backward pass); the server reads {_SUM}"
-)
-RELEASES["fgdro_cvar"] = (
-  "each participant's model delta and threshold delta s_i - s_bar, clipped together to C; the "
-  "server adds their noised sums over the expected participants to w_bar and s_bar; the loss "
-  "estimator u stays on the client"
-)
-RELEASES["fgdro_kl"] = (
-  "each participant's model and m deltas and the relative change v_i / v_bar - 1 of its v, "
-  "clipped together to C; the server adds the noised sums over the expected participants to "
-  "w_bar and m_bar and scales v_bar by one plus the third (at least 1e-6); u stays on the client"
-)
-RELEASES["fgdro_kl_adam"] = (
-  "as fgdro_kl, with the second moment's delta q_i - q_bar clipped together with the others"
-)
-RELEASES["pfedme"] = (
-  "each drawn participant's global-model delta w_{i,R} - w^t; the server reads "
-  f"{_SUM} and takes its beta step from it; the personalized models theta_i never leave the "
-  "clients (under personal_updates='all' every client still updates its own every round)"
-)
-RELEASES["ifca"] = (
-  "each participant's model delta (clipped to C) into the sum of the cluster it chose on the "
-  "client, and a 1 into that cluster's count: k sums noised with std z C each, k counts with "
-  "std z_c each; cluster j moves by its noised sum over max(noised count, 1) where the count "
-  "is at least 1/2"
-)
-RELEASES["scaff_pd"] = (
-  "each participant, in two messages a round: first its loss L_i = f_i(x) (clipped to [0, B] and "
-  "noised, z_l B; the dual step reads L_i / q for a participant and 0 for the others, AFL's "
-  "unbiased estimate) and its gradient c_i = g_i(x) at the global model (clipped to C / sqrt(2); "
-  "the server reads the lambda-weighted sum scaled by 1 / q, noised for the largest weight, z C "
-  "max(lambda) / q), which give lambda and the correction c (post-processing); then, after its "
-  "local steps corrected by its own unclipped c_i and the released c, its direction du_i = (x - "
-  "u_i) / (lr J_i) (clipped to C / sqrt(2); its lambda-weighted sum likewise noised, z C "
-  "max(lambda) / q), which moves x (post-processing). With sampling='fixed' every client takes "
-  "part each round and 1 / q is 1. The two vectors together stay within C (one Gaussian "
-  "mechanism of multiplier z, adaptively composed), and with the losses one of multiplier "
-  "(z^-2 + z_l^-2)^(-1/2); each client's c_i and local iterates stay on the client"
-)
-RELEASES["qffl"] = (
-  "each participant's F_k^q Delta_k (clipped to C; the server's sum noised with std z C) and its "
-  "h_k = q F_k^(q-1) ||Delta_k||^2 + L F_k^q (clipped to [0, B]; the sum noised with std z_l B); "
-  "the server steps by the first sum over the second floored at z_l B (post-processing)"
-)
-RELEASES["drfa"] = (
-  "each participant of a uniform sample (Poisson at q, or s of n: q = s / n; not lambda-sampled) "
-  "sends its final and snapshot model deltas, clipped together to C (one vector); the server's "
-  "lambda_i / q weighted sums are noised for the largest weight (std z C max(lambda) / q); the "
-  "clients of a second, independent uniform sample send their losses at the snapshot model "
-  "(clipped to [0, B] and noised, std z_l B), which drive the lambda ascent (post-processing)"
-)
-# the algorithms that release a scalar report of each participant besides its update, clipped to
-# [0, loss_bound] and noised with dp_loss_noise: what the report is
-LOSS_REPORTS: Dict[str, str] = {
-  "afl": "loss",
-  "agnostic_fedavg": "loss",
-  "scaff_pd": "loss at the global model",
-  "qffl": "h_k = q F_k^(q-1) ||Delta_k||^2 + L F_k^q",
-  "drfa": "loss at the snapshot model (a second, independent sample's)",
-}
-LOSS_RELEASES = tuple(LOSS_REPORTS)  # the algorithms that release their losses (or h_k) too
-# those whose scalar reports come from a second participant sample drawn independently of the
-# first: the accountant composes two sampled Gaussian mechanisms a round
-SEPARATE_LOSS_SAMPLE = ("drfa",)
-COUNT_RELEASES = ("ifca",)  # the algorithms that release per-group participant counts
-# the registered algorithms whose releases are not privatized yet, with the reason (none today;
-# an algorithm registered by a user is refused until it has a RELEASES entry)
-NOT_YET: Dict[str, str] = {}
-REFUSED: Dict[str, str] = {
-  "local": "it has no server: nothing leaves a client, so there is nothing to privatize",
-  "local_adam": "it has no server: nothing leaves a client, so there is nothing to privatize",
-  "karula": "its server step projects all the clients' personalized models jointly onto the "
-  "pairwise-distance constraints: it reads every client's model, so no clipped, noised sum of "
-  "updates can stand in for it",
-}
+class PrivateSettings(NamedTuple):
+  """The privacy of an algorithm made private (:attr:`Algorithm.privacy`): what the accountant
+  reads.
+
+  Attributes:
+    sampling: ``"poisson"`` or ``"fixed"``.
+    rate: the Poisson rate ``q`` (None with fixed sampling).
+    delta: the delta at which epsilon is reported.
+    accountant: ``"rdp"`` or ``"pld"``.
+    releases: the algorithm's declaration (:class:`~fedjax_dro.core.release.Releases`).
+    adaptive_clipping: whether the clip adapts (a second release: the clip count).
+    clients_per_round: the fixed sample's size (None: every client).
+  """
+
+  sampling: str
+  rate: Optional[float]
+  delta: float
+  accountant: str
+  releases: Releases
+  adaptive_clipping: bool
+  clients_per_round: Optional[int]
+
+  def record(self) -> Dict[str, Any]:
+    """The JSON-able record written with the results (``Algorithm.config["privacy"]``)."""
+    record = {
+      "mechanism": self.releases.mechanism,
+      "sampling": self.sampling,
+      "rate": self.rate,
+      "delta": self.delta,
+      "accountant": self.accountant,
+      "releases_losses": self.releases.losses is not None,
+      "releases_counts": self.releases.counts,
+      "adaptive_clipping": self.adaptive_clipping,
+    }
+    if self.releases.separate_loss_sample:  # two sampled mechanisms a round
+      record["separate_loss_sample"] = True
+    return record
+
+
+def releases_table() -> Dict[str, Union[Releases, Refused, None]]:
+  """Every registered algorithm's declaration (built with its default settings): what its
+  participants release (:class:`~fedjax_dro.core.release.Releases`) or why it cannot be private
+  (:class:`~fedjax_dro.core.release.Refused`)."""
+  from fedjax_dro.models import linear_regression
+
+  model = linear_regression(1)
+  return {name: entry.factory(model).releases for name, entry in list_algorithms().items()}
 
 
 def _positive(value, name, *, zero_ok=False) -> float:
@@ -200,7 +143,8 @@ def private(
   :mod:`fedjax_dro.core.privacy`).
 
   Args:
-    alg: an algorithm of :data:`RELEASES` (others are refused with the reason).
+    alg: an algorithm that declares its releases (:attr:`Algorithm.releases`; others are
+      refused with the reason).
     clip_norm: the L2 bound ``C`` of each participant's update (> 0).
     noise_multiplier: ``z`` (>= 0; 0 adds no noise and reports epsilon = inf).
     sampling: ``"poisson"`` (default: each client takes part with probability ``rate``,
@@ -210,16 +154,16 @@ def private(
     delta: the delta at which epsilon is reported, in (0, 1).
     accountant: ``"rdp"`` (default) or ``"pld"`` (Poisson only;
       :mod:`fedjax_dro.privacy.accounting`).
-    loss_bound: for the algorithms that also release a scalar report of each participant (afl,
-      agnostic_fedavg, scaff_pd, drfa: its loss; qffl: its ``h_k``; :data:`LOSS_RELEASES`): each report is
-      clipped to ``[0, loss_bound]`` (required there, refused elsewhere). Hyper-parameter
+    loss_bound: for the algorithms that also release a scalar report of each participant (those
+      whose declaration names one: afl, agnostic_fedavg, scaff_pd, drfa: its loss; qffl: its
+      ``h_k``): each report is clipped to ``[0, loss_bound]`` (required there, refused elsewhere). Hyper-parameter
       ``dp_loss_bound``.
     loss_noise_multiplier: ``z_l``: each reported loss (qffl: the sum of the ``h_k``) gets noise
       of standard deviation ``z_l * loss_bound`` (default: ``noise_multiplier``).
       Hyper-parameter ``dp_loss_noise``. A round then releases two Gaussian mechanisms on the
       same participants, which compose exactly into one of noise multiplier
       ``(z^-2 + z_l^-2)^(-1/2)``: the accountant's. drfa's losses come from a second sample,
-      drawn independently of the first (:data:`SEPARATE_LOSS_SAMPLE`): the accountant composes
+      drawn independently of the first (``Releases.separate_loss_sample``): the accountant composes
       the two sampled mechanisms (:func:`fedjax_dro.privacy.accounting.run_epsilon`).
     adaptive_quantile: ``gamma`` in (0, 1) for adaptive clipping (Andrew, Thakkar, McMahan,
       Ramaswamy, "Differentially Private Learning with Adaptive Clipping", NeurIPS 2021,
@@ -236,8 +180,8 @@ def private(
       hyper-parameter ``dp_count_noise``. The centred count is a second Gaussian release: the
       accountant composes ``z`` with ``2 sigma_b`` (0: the count is released exactly and
       epsilon is infinite).
-    cluster_count_noise: for the algorithms that release per-group participant counts (ifca;
-      :data:`COUNT_RELEASES`): ``z_c``, the standard deviation of the noise on each cluster's
+    cluster_count_noise: for the algorithms that release per-group participant counts (whose
+      declaration says so: ifca): ``z_c``, the standard deviation of the noise on each cluster's
       count (sensitivity 1; default: ``noise_multiplier``; refused elsewhere). The accountant
       composes it with the update's release into one Gaussian of multiplier
       ``(z^-2 + z_c^-2)^(-1/2)``. Hyper-parameter ``dp_cluster_noise``.
@@ -250,28 +194,25 @@ def private(
   """
   if not isinstance(alg, Algorithm):
     raise TypeError(f"alg must be an Algorithm, got {type(alg).__name__}")
-  if "privacy" in alg.config:
+  if alg.privacy is not None:
     raise ValueError(f"{alg.name!r} is already private")
-  if alg.name in REFUSED:
+  declared = alg.releases
+  if isinstance(declared, Refused):
     raise ValueError(
-      f"private: {alg.name!r} cannot be made client-level private: {REFUSED[alg.name]}"
+      f"private: {alg.name!r} cannot be made client-level private: {declared.reason}"
     )
-  if alg.name not in RELEASES:
-    why = NOT_YET.get(alg.name, "its releases are not declared in RELEASES")
+  if not isinstance(declared, Releases):
     raise ValueError(
-      f"private: {alg.name!r} has no private form yet: {why}; supported: {sorted(RELEASES)}"
+      f"private: {alg.name!r} declares no releases: build it with build_algorithm(..., "
+      "releases=Releases(...)) saying what its participants release each round, and give its "
+      "round function a release argument through which everything leaving the clients goes "
+      "(fedjax_dro.core.release)"
     )
-  if alg.config.get("weighting", "uniform") != "uniform":
+  weighting = None if alg.settings is None else alg.settings.weighting
+  if weighting not in (None, "uniform"):
     raise ValueError(
       f"private: build {alg.name!r} with weighting='uniform': every participant counts once, so "
-      f"that the clip bounds each client's share of the sum (got weighting="
-      f"{alg.config['weighting']!r})"
-    )
-  if alg.name == "drfa" and alg.config.get("sampling", "lambda") != "lambda":
-    raise ValueError(
-      "private: drfa with sampling='full' averages every client with weights lambda each round; "
-      "its private form draws a uniform sample (Poisson or fixed) and weights it by lambda / q: "
-      "build drfa with sampling='lambda'"
+      f"that the clip bounds each client's share of the sum (got weighting={weighting!r})"
     )
   clip_norm = _positive(clip_norm, "clip_norm")
   noise_multiplier = _positive(noise_multiplier, "noise_multiplier", zero_ok=True)
@@ -288,11 +229,11 @@ def private(
     raise ValueError(f"rate is Poisson sampling's; got rate={rate!r} with sampling='fixed'")
   elif accountant == "pld":
     raise ValueError("accountant='pld' accounts Poisson sampling only; use 'rdp' with 'fixed'")
-  losses = alg.name in LOSS_RELEASES
+  losses = declared.losses is not None
   if losses:
     if loss_bound is None:
       raise ValueError(
-        f"loss_bound: {alg.name!r} releases each participant's {LOSS_REPORTS[alg.name]}, which "
+        f"loss_bound: {alg.name!r} releases each participant's {declared.losses}, which "
         "is clipped to [0, loss_bound]; give the bound"
       )
     loss_bound = _positive(loss_bound, "loss_bound")
@@ -301,16 +242,16 @@ def private(
   elif loss_bound is not None or loss_noise_multiplier is not None:
     raise ValueError(
       f"loss_bound / loss_noise_multiplier: {alg.name!r} releases no losses (the algorithms "
-      f"that do: {list(LOSS_RELEASES)})"
+      f"that do: {_declaring('losses')})"
     )
-  counts = alg.name in COUNT_RELEASES
+  counts = declared.counts
   if counts:
     cluster = noise_multiplier if cluster_count_noise is None else cluster_count_noise
     cluster_count_noise = _positive(cluster, "cluster_count_noise", zero_ok=True)
   elif cluster_count_noise is not None:
     raise ValueError(
       f"cluster_count_noise: {alg.name!r} releases no participant counts (the algorithms that "
-      f"do: {list(COUNT_RELEASES)})"
+      f"do: {_declaring('counts')})"
     )
   adaptive = adaptive_quantile is not None
   if adaptive:
@@ -321,21 +262,27 @@ def private(
     count_noise = _positive(count_noise, "count_noise", zero_ok=True)
   settings = Privacy(sampling, rate, delta)
 
-  def private_round(state, data, key, hparams, clip):
+  fixed_count = None if alg.settings is None else alg.settings.clients_per_round
+
+  def with_release(state, data, key, hparams, clip):
     inner = {k: v for k, v in hparams.items() if k not in DP_HPARAMS}
-    loss_args = (hparams["dp_loss_bound"], hparams["dp_loss_noise"]) if losses else (None, None)
-    count_args = (hparams["dp_cluster_noise"],) if counts else ()
-    with privatizing(settings, clip, hparams["dp_noise"], *loss_args, *count_args) as recorded:
-      state, metrics = alg.round(state, data, key, inner)
-    return state, {**metrics, **recorded}
+    release = GaussianRelease(
+      settings,
+      clip,
+      hparams["dp_noise"],
+      loss_bound=hparams["dp_loss_bound"] if losses else None,
+      loss_noise=hparams["dp_loss_noise"] if losses else None,
+      count_noise=hparams["dp_cluster_noise"] if counts else None,
+    )
+    return alg.round(state, data, key, inner, release=release)
 
   def round_fn(state, data, key, hparams):
     if not adaptive:
-      return private_round(state, data, key, hparams, hparams["dp_clip"])
+      return with_release(state, data, key, hparams, hparams["dp_clip"])
     clip = hparams["dp_clip"] * state.clip_scale
-    inner, metrics = private_round(state.inner, data, key, hparams, clip)
+    inner, metrics = with_release(state.inner, data, key, hparams, clip)
     n = data.num_clients
-    m = expected_participants(settings, n, alg.config.get("clients_per_round") or n)
+    m = expected_participants(settings, n, fixed_count or n)
     sigma = hparams["dp_count_noise"] * m
     # released: sum_i (b_i - 1/2) + N(0, sigma^2), sensitivity 1/2; b~ = released / m + 1/2
     centred = metrics["dp_unclipped"] - metrics["dp_participants"] / 2
@@ -368,24 +315,10 @@ def private(
     hparams["dp_cluster_noise"] = HParam(
       cluster_count_noise, "noise std z_c on each cluster's participant count", strict=False
     )
-  config = {
-    **alg.config,
-    "privacy": {
-      "mechanism": "DP-FedAvg (clipped updates, Gaussian noise on the sum, "
-      + ("the step a ratio of two noised sums)" if alg.name == "qffl" else "fixed denominator)"),
-      "sampling": sampling,
-      "rate": rate,
-      "delta": delta,
-      "accountant": accountant,
-      "releases_losses": losses,
-      "releases_counts": counts,
-      "adaptive_clipping": adaptive,
-    },
-  }
-  if alg.name in SEPARATE_LOSS_SAMPLE:  # two sampled mechanisms a round (accounting.run_epsilon)
-    config["privacy"]["separate_loss_sample"] = True
+  spec = PrivateSettings(sampling, rate, delta, accountant, declared, adaptive, fixed_count)
+  config = {**alg.config, "privacy": spec.record()}
   if not adaptive:
-    return alg._replace(round=round_fn, hparams=hparams, config=config)
+    return alg._replace(round=round_fn, hparams=hparams, config=config, privacy=spec)
   real = jnp.result_type(float)
   return alg._replace(
     init=lambda params, data, key: AdaptiveClipState(
@@ -395,4 +328,14 @@ def private(
     client_models=lambda state: alg.client_models(state.inner),
     hparams=hparams,
     config=config,
+    privacy=spec,
+  )
+
+
+def _declaring(what: str) -> list:
+  """The registered algorithms whose declaration releases ``what`` (``losses`` or ``counts``)."""
+  return sorted(
+    name
+    for name, d in releases_table().items()
+    if isinstance(d, Releases) and getattr(d, what) not in (None, False)
   )

@@ -55,7 +55,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_dro import compare as C
-from fedjax_dro.core.checks import integer
+from fedjax_dro.common.checks import integer
 from fedjax_dro.reproduce.common import run_tables
 
 STRATEGIES = ("Local", "FedSGD", "FedAvg", "pFedMe", "IFCA", "Karula")

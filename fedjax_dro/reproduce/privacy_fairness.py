@@ -220,7 +220,7 @@ def matched_epsilon(z: float, rate: float, rounds: int, num_clients: int, model)
   eps = {}
   for st in strategies(z, rate, rounds, num_clients):
     alg = st.make(model)
-    eps[st.label] = run_epsilon(alg.config, rounds, default_hparams(alg), num_clients)["epsilon"]
+    eps[st.label] = run_epsilon(alg.privacy, rounds, default_hparams(alg), num_clients)["epsilon"]
   values = list(eps.values())
   if any(not math.isclose(v, values[0], rel_tol=1e-9) for v in values):
     raise AssertionError(f"the strategies' epsilons differ: {eps}")

@@ -15,7 +15,7 @@ We report rho on the paper's scale and run every algorithm and the centralized s
 not give its value): a small ridge term that makes every f_i strongly convex whatever the data.
 
 x* comes from ``solvers.saddle.solve_saddle`` applied to the very function the simulator optimizes:
-the vector of ``models.base.client_loss`` over the training clients (float64, KKT residual
+the vector of ``common.model.client_loss`` over the training clients (float64, KKT residual
 ~1e-14). The distance is computed inside every round (``with_distances`` adds one jitted metric
 per rho), so a whole grid x rho sweep is one vmapped program per algorithm
 (``simulate.sweep``); for each rho the configuration with the smallest mean log10 distance over
@@ -55,8 +55,8 @@ TARGET = 1e-10
 def shift_problem(seed: int = 0, l2: float = L2):
   """(dataset, model, client_losses_fn) of the Fig. 2 task; client_losses_fn(params) -> [n]."""
   from fedjax_dro import models
+  from fedjax_dro.common.model import client_loss
   from fedjax_dro.data.synthetic import synthetic_shift
-  from fedjax_dro.models.base import client_loss
 
   ds = synthetic_shift(seed, num_clients=NUM_CLIENTS, dim=DIM, num_examples=NUM_EXAMPLES)
   model = models.linear_regression(DIM, l2=l2, fit_intercept=False)

@@ -334,8 +334,8 @@ def scaffpd_table1(
   Returns:
     the JSON-able result dict.
   """
+  from fedjax_dro.common.checks import integer
   from fedjax_dro.compare import compare
-  from fedjax_dro.core.checks import integer
 
   q = QUICK if quick else {"num_seeds": NUM_SEEDS, "cap": CAP, "every": EVERY, "patience": PATIENCE}
   cap = integer(q["cap"] if rounds is None else rounds, "rounds")

@@ -10,8 +10,8 @@ import pytest
 from fedjax_dro import algorithms as A, models, run, sweep
 from fedjax_dro.algorithms.scaff_pd import next_step_ratio, parameter_schedule
 from fedjax_dro.algorithms.wrappers import with_distances
+from fedjax_dro.common.model import client_loss
 from fedjax_dro.data.synthetic import synthetic_shift
-from fedjax_dro.models.base import client_loss
 from fedjax_dro.solvers.saddle import solve_saddle
 from tests.helpers import (
   dataset,

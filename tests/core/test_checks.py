@@ -1,11 +1,11 @@
-"""``core.checks``: one message form per mistake, naming the argument and the value."""
+"""``common.checks``: one message form per mistake, naming the argument and the value."""
 
 import math
 
 import numpy as np
 import pytest
 
-from fedjax_dro.core.checks import choice, flag, integer, number
+from fedjax_dro.common.checks import choice, flag, integer, number
 
 
 def test_integer_accepts_integer_types_and_returns_int():

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from fedjax_dro import algorithms as A, cli, run
-from fedjax_dro.core.local import local_schedule, local_step_counts
 from fedjax_dro.core.sampling import epoch_permutations, epoch_step_rows, sample_clients, step_rows
+from fedjax_dro.core.schedule import local_schedule, local_step_counts
 from fedjax_dro.core.settings import common_settings
 from tests.helpers import dataset, linreg, numpy_linreg_grad, regression_clients, run_float32
 
@@ -140,8 +140,8 @@ def _counting_epoch_loop(block):
   """``(calls, w, losses)``: three clients of 5, 9 and 2 rows (batch 4, two epochs) side by side
   under ``vmap``, each step summing its minibatch's rows; ``calls`` counts the executions of the
   step's body (a host callback), the loop's exit tested every ``block`` steps."""
-  from fedjax_dro.core.local import scan_schedule
   from fedjax_dro.core.ragged import local_step_block
+  from fedjax_dro.core.schedule import scan_schedule
 
   calls = []
 
@@ -254,7 +254,8 @@ def test_step_sorted_round_returns_rows_in_the_order_of_idx(mean_only):
   """``local_round`` under step-sorted chunks returns every per-participant output (deltas,
   losses, the updated client state) in the order of ``idx``, as the unsorted round does, and
   the chunks really are sorted: the participants' step counts differ."""
-  from fedjax_dro.core.ragged import local_epoch_chunk, step_sorted_order
+  from fedjax_dro.core.participants import step_sorted_order
+  from fedjax_dro.core.ragged import local_epoch_chunk
   from fedjax_dro.core.settings import common_settings
 
   settings = common_settings(clients_per_round=6, local_epochs=1, batch_size=4)
@@ -279,7 +280,7 @@ def test_step_sorted_round_returns_rows_in_the_order_of_idx(mean_only):
 
 
 def test_epoch_chunk_by_platform_and_bad_chunk():
-  from fedjax_dro.common.tuning import platform_defaults, scope, resolve
+  from fedjax_dro.common.tuning import platform_defaults, resolve, scope
   from fedjax_dro.core.ragged import epoch_chunk, local_epoch_chunk
 
   assert platform_defaults("cpu").epoch_groups == 1  # the backend's plan: one group
@@ -406,8 +407,13 @@ def test_map_and_chunked_backends_run_participants_step_sorted(mean_only):
   participants in step-sorted order (so a vmapped sweep's configurations run their ``i``-th
   participants, of similar step counts, side by side) and returns every per-participant output
   in the order of ``idx``: the same round as ``vmap`` to rounding."""
-  from fedjax_dro.core.ragged import sorted_participants
+  from fedjax_dro.core.participants import ClientPlan
   from fedjax_dro.core.settings import common_settings
+
+  def sorted_participants(counts, inputs, backend, chunk_size):
+    idx = jnp.arange(6)
+    plan = ClientPlan(idx, idx, None, {}, None, None, False, backend, chunk_size)
+    return plan.arranged(None, inputs, counts)
 
   def one(backend, chunk_size=None):
     settings = common_settings(
@@ -427,12 +433,12 @@ def test_map_and_chunked_backends_run_participants_step_sorted(mean_only):
   # the order they run in: ascending step counts (map), consecutive ranks per chunk (chunked)
   c = jnp.asarray([5, 1, 4, 2, 6, 3])
   inputs = (None, c, c, c, c)
-  ran, backend, size, inverse = sorted_participants(None, c, None, inputs, "map", None)
+  ran, backend, size, inverse = sorted_participants(c, inputs, "map", None)
   assert (backend, size) == ("map", None)
   assert np.asarray(ran[1]).tolist() == [1, 2, 3, 4, 5, 6]
   assert np.asarray(ran[1])[np.asarray(inverse)].tolist() == [5, 1, 4, 2, 6, 3]
-  ran, backend, size, _ = sorted_participants(None, c, None, inputs, "chunked", 2)
+  ran, backend, size, _ = sorted_participants(c, inputs, "chunked", 2)
   assert [sorted(np.asarray(ran[1])[j::3].tolist()) for j in range(3)] == [[1, 2], [3, 4], [5, 6]]
   # without step counts (fixed local_steps, or every client taking part): as they are
-  ran, _, _, inverse = sorted_participants(None, None, None, inputs, "map", None)
+  ran, _, _, inverse = sorted_participants(None, inputs, "map", None)
   assert ran is inputs and inverse is None

@@ -10,8 +10,8 @@ import pytest
 from flax import nnx
 
 from fedjax_dro import algorithms as A, models, run, sweep
+from fedjax_dro.common.model import client_loss
 from fedjax_dro.data import from_client_arrays
-from fedjax_dro.models.base import client_loss
 from tests.helpers import dataset
 
 eqx = pytest.importorskip("equinox")

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from fedjax_dro import algorithms as A, models, run
+from fedjax_dro.common.model import per_client_eval, sample_batch
 from fedjax_dro.data import FederatedDataset, from_client_arrays
-from fedjax_dro.models.base import per_client_eval, sample_batch
 
 
 def test_per_client_eval_r2_and_accuracy_oracles():

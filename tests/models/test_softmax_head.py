@@ -9,8 +9,8 @@ import pytest
 
 import fedjax_dro as fd
 from fedjax_dro import models
+from fedjax_dro.common.model import client_loss
 from fedjax_dro.common.tuning import platform_defaults
-from fedjax_dro.models.base import client_loss
 from fedjax_dro.models.builtin import head_form
 from tests.helpers import load_benchmark
 

@@ -26,14 +26,12 @@ from fedjax_dro.algorithms import (
 )
 from fedjax_dro.algorithms.base import make_hparams
 from fedjax_dro.core.local import local_round
-from fedjax_dro.core.privacy import (
-  Privacy,
-  poisson_capacity,
-  privatizing,
-  release_losses,
-  release_sum,
-)
-from fedjax_dro.privacy.wrapper import LOSS_RELEASES
+from fedjax_dro.core.privacy import GaussianRelease, Privacy, poisson_capacity
+from fedjax_dro.privacy import Releases, releases_table
+
+LOSS_RELEASES = {
+  n for n, d in releases_table().items() if isinstance(d, Releases) and d.losses is not None
+}
 from tests.helpers import dataset, linreg, regression_clients
 
 N = 12
@@ -278,8 +276,12 @@ def test_refusals_and_bad_inputs(task):
   ds, model = task
   with pytest.raises(ValueError, match="'karula' cannot be made client-level private: its server"):
     fd.private(get_algorithm("karula").factory(model), 1.0, 1.0, rate=0.5)
-  mine = _fedavg(model)._replace(name="my_fedavg")  # a user's algorithm, its releases undeclared
-  with pytest.raises(ValueError, match="'my_fedavg' has no private form yet: its releases are not"):
+  # the declaration decides, not the name: a renamed FedAvg keeps its private form, an
+  # algorithm without a declaration is refused whatever its name
+  renamed = fd.private(_fedavg(model)._replace(name="my_fedavg"), 1.0, 1.0, rate=0.5)
+  assert renamed.privacy.releases == _fedavg(model).releases
+  mine = _fedavg(model)._replace(releases=None)
+  with pytest.raises(ValueError, match="'fedavg' declares no releases: build it with"):
     fd.private(mine, 1.0, 1.0, rate=0.5)
   with pytest.raises(ValueError, match="loss_bound: 'afl' releases each participant's loss"):
     fd.private(get_algorithm("afl").factory(model), 1.0, 1.0, rate=0.5)
@@ -316,18 +318,19 @@ def test_released_sums_and_losses_carry_their_noise_and_clip():
   keys = jax.random.split(jax.random.PRNGKey(0), 4000)
   zeros = {"w": jnp.zeros((5, 3))}
 
+  release = GaussianRelease(Privacy("fixed", None, 1e-5), clip, z, b, zl)
+
   def draw(k):
-    with privatizing(Privacy("fixed", None, 1e-5), clip, z, b, zl):
-      total = release_sum(zeros, jnp.ones(5), None, bound, k)
-      return total["w"], release_losses(jnp.array([-1.0, 0.5, 9.0]), k)
+    total = release.sum(zeros, jnp.ones(5), None, bound, k)
+    return total["w"], release.losses(jnp.array([-1.0, 0.5, 9.0]), k)
 
   sums, losses = jax.vmap(draw)(keys)
   assert abs(float(jnp.std(sums)) / (z * clip * bound) - 1) < 5 / np.sqrt(2 * sums.size)
   noise = np.asarray(losses) - np.array([0.0, 0.5, b])  # the clipped losses, then the noise
   assert abs(noise.mean()) < 4 * zl * b / np.sqrt(noise.size)
   assert abs(noise.std() / (zl * b) - 1) < 5 / np.sqrt(2 * noise.size)
-  with privatizing(Privacy("fixed", None, 1e-5), clip, 0.0, b, 0.0):
-    np.testing.assert_array_equal(release_losses(jnp.array([-1.0, 0.5, 9.0]), keys[0]), [0, 0.5, b])
+  exact = GaussianRelease(Privacy("fixed", None, 1e-5), clip, 0.0, b, 0.0)
+  np.testing.assert_array_equal(exact.losses(jnp.array([-1.0, 0.5, 9.0]), keys[0]), [0, 0.5, b])
 
 
 def test_epsilon_of_an_algorithm_releasing_losses_composes_both_gaussians(task):
@@ -402,15 +405,17 @@ def test_adaptive_clipping_moves_the_clip_toward_the_quantile(task):
 
 
 def test_every_algorithm_has_its_row_in_the_release_table():
-  """RELEASES, REFUSED and NOT_YET split the registry; docs/privacy.md has a row for each."""
+  """Every registered algorithm declares what it releases or why it cannot be private;
+  docs/privacy.md has a row for each."""
   import pathlib
 
   from fedjax_dro.algorithms import list_algorithms
-  from fedjax_dro.privacy import NOT_YET, REFUSED, RELEASES
+  from fedjax_dro.privacy import Refused
 
   names = set(list_algorithms())
-  groups = [set(RELEASES), set(REFUSED), set(NOT_YET)]
-  assert set.union(*groups) == names and sum(map(len, groups)) == len(names)
+  table = releases_table()
+  assert set(table) == names
+  assert all(isinstance(d, (Releases, Refused)) for d in table.values()), table
   page = (pathlib.Path(__file__).parents[2] / "docs" / "privacy.md").read_text()
   table = [line.split("|")[1] for line in page.splitlines() if line.startswith("| ")]
   listed = {n.strip() for cell in table for n in cell.split(",")}

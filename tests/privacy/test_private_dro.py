@@ -17,18 +17,13 @@ import fedjax_dro as fd
 from fedjax_dro.algorithms import drfa, qffl
 from fedjax_dro.algorithms.base import make_hparams
 from fedjax_dro.algorithms.drfa import local_sgd_with_snapshot
+from fedjax_dro.common.model import client_loss_and_grad
 from fedjax_dro.core.local import local_round, participant_losses
-from fedjax_dro.core.privacy import (
-  Privacy,
-  poisson_capacity,
-  privatizing,
-  release_bounded_sum,
-)
+from fedjax_dro.core.privacy import GaussianRelease, Privacy, poisson_capacity
+from fedjax_dro.core.release import PLAIN
 from fedjax_dro.core.sampling import sample_clients
 from fedjax_dro.core.settings import CommonSettings
-from fedjax_dro.models.base import client_loss_and_grad
-from fedjax_dro.privacy import NOT_YET, RELEASES
-from fedjax_dro.privacy.wrapper import LOSS_RELEASES
+from fedjax_dro.privacy import Releases, releases_table
 from fedjax_dro.solvers.simplex import prox_chi2
 from tests.helpers import dataset, linreg, regression_clients
 
@@ -200,24 +195,23 @@ def test_qffl_numerator_noise_std_is_z_c(task):
   assert abs(noise.std() / want - 1) < 5 / np.sqrt(2 * noise.size)
 
 
-def test_release_bounded_sum_clips_and_noises():
-  """Each report clipped to [0, B], absent slots left out, the sum's noise std z_l B."""
-  b, zl = 3.0, 0.7
+def test_ratio_denominator_clips_noises_and_floors():
+  """q-FFL's denominator: each report clipped to [0, B], absent slots left out, the sum's noise
+  std z_l B, floored at that standard deviation; the plain sum when plain."""
+  b, zl = 3.0, 0.1
   values = jnp.array([-1.0, 0.5, 9.0, 100.0])
   present = jnp.array([True, True, True, False])
   keys = jax.random.split(jax.random.PRNGKey(0), 20_000)
-
-  def draw(k):
-    with privatizing(Privacy("fixed", None, 1e-5), 1.0, 0.0, b, zl):
-      return release_bounded_sum(values, present, k)
-
-  sums = np.asarray(jax.vmap(draw)(keys))
-  noise = sums - (0.0 + 0.5 + b)
+  release = GaussianRelease(Privacy("fixed", None, 1e-5), 1.0, 0.0, b, zl)
+  sums = np.asarray(jax.vmap(lambda k: release.ratio_denominator(values, present, k))(keys))
+  noise = sums - (0.0 + 0.5 + b)  # the floor (0.3) is 10 standard deviations below: never met
   assert abs(noise.mean()) < 4 * zl * b / np.sqrt(noise.size)
   assert abs(noise.std() / (zl * b) - 1) < 5 / np.sqrt(2 * noise.size)
-  assert (
-    float(release_bounded_sum(values, present, keys[0])) == 8.5
-  )  # outside: the plain sum, absent left out
+  # the floor: a sum of zeros with noise is at least the noise's standard deviation
+  loud = GaussianRelease(Privacy("fixed", None, 1e-5), 1.0, 0.0, b, 0.7)
+  zero = jax.vmap(lambda k: loud.ratio_denominator(jnp.zeros(4), None, k))(keys[:2000])
+  assert float(jnp.min(zero)) == pytest.approx(0.7 * b) and float(jnp.mean(zero == 0.7 * b)) > 0.4
+  assert float(PLAIN.ratio_denominator(values, present, keys[0])) == 8.5  # absent left out
 
 
 # ------------------------------------------------------------------------------------------ DRFA
@@ -461,13 +455,15 @@ def test_a_poisson_run_is_finite_and_reports_its_participants(task, name):
 
 def test_bad_inputs_and_the_release_table(task):
   ds, model = task
-  assert {"qffl", "drfa"} <= set(RELEASES) and not {"qffl", "drfa"} & set(NOT_YET)
-  assert {"qffl", "drfa"} <= set(LOSS_RELEASES)
+  table = releases_table()
+  assert all(isinstance(table[n], Releases) and table[n].losses for n in ("qffl", "drfa"))
   with pytest.raises(ValueError, match=r"loss_bound: 'qffl' releases each participant's h_k"):
     fd.private(qffl(model), 1.0, 1.0, rate=0.5)
   with pytest.raises(ValueError, match="loss_bound: 'drfa' releases each participant's loss"):
     fd.private(drfa(model), 1.0, 1.0, sampling="fixed")
-  with pytest.raises(ValueError, match="drfa with sampling='full'"):
+  with pytest.raises(
+    ValueError, match="'drfa' cannot be made client-level private: with sampling='full'"
+  ):
     fd.private(drfa(model, sampling="full"), 1.0, 1.0, rate=0.5, loss_bound=1.0)
   with pytest.raises(ValueError, match="loss_bound must be a positive"):
     fd.private(qffl(model), 1.0, 1.0, rate=0.5, loss_bound=0.0)

@@ -17,10 +17,11 @@ from jax.flatten_util import ravel_pytree
 import fedjax_dro as fd
 from fedjax_dro.algorithms import scaff_pd, scaffold
 from fedjax_dro.algorithms.base import make_hparams
-from fedjax_dro.core.local import local_round, local_sgd, local_step_counts
+from fedjax_dro.common.model import client_loss_and_grad
+from fedjax_dro.core.local import local_round, local_sgd
 from fedjax_dro.core.privacy import poisson_capacity
+from fedjax_dro.core.schedule import local_step_counts
 from fedjax_dro.core.settings import CommonSettings
-from fedjax_dro.models.base import client_loss_and_grad
 from tests.helpers import dataset, linreg, regression_clients
 
 N = 12

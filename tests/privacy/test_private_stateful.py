@@ -17,7 +17,7 @@ from dp_accounting import rdp
 import fedjax_dro as fd
 from fedjax_dro.algorithms import get_algorithm
 from fedjax_dro.algorithms.base import make_hparams
-from fedjax_dro.core.privacy import Privacy, poisson_capacity, privatizing, release_group_sums
+from fedjax_dro.core.privacy import GaussianRelease, Privacy, poisson_capacity
 from tests.helpers import dataset, linreg, regression_clients
 
 N = 12
@@ -182,20 +182,21 @@ def test_pfedme_all_trains_every_client_and_releases_the_drawn():
 
 
 def test_ifca_cluster_sums_and_counts_carry_their_noise():
-  """release_group_sums: the sums of the clipped updates by group with noise std z C each, the
+  """group_sums: the sums of the clipped updates by group with noise std z C each, the
   counts with noise std z_c each; exact with no noise (empty slots left out)."""
   z, clip, zc = 0.6, 2.0, 1.7
   deltas = {"w": jnp.arange(12.0).reshape(4, 3)}
   groups = jax.nn.one_hot(jnp.array([0, 2, 0, 1]), 3)
   present = jnp.array([True, True, False, True])
-  with privatizing(Privacy("fixed", None, 1e-5), clip, 0.0, count_noise=0.0):
-    sums, counts = release_group_sums(deltas, groups, present, jax.random.PRNGKey(0))
+  exact = GaussianRelease(Privacy("fixed", None, 1e-5), clip, 0.0, count_noise=0.0)
+  sums, counts = exact.group_sums(deltas, groups, present, jax.random.PRNGKey(0))
   np.testing.assert_array_equal(sums["w"], [[0, 1, 2], [9, 10, 11], [3, 4, 5]])
   np.testing.assert_array_equal(counts, [1, 1, 1])
 
+  noisy = GaussianRelease(Privacy("fixed", None, 1e-5), clip, z, count_noise=zc)
+
   def draw(k):
-    with privatizing(Privacy("fixed", None, 1e-5), clip, z, count_noise=zc):
-      return release_group_sums(deltas, groups, present, k)
+    return noisy.group_sums(deltas, groups, present, k)
 
   sums_n, counts_n = jax.vmap(draw)(jax.random.split(jax.random.PRNGKey(1), 4000))
   noise = np.asarray(sums_n["w"]) - np.asarray(sums["w"])[None]

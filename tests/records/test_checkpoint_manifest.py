@@ -26,8 +26,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from fedjax_dro import algorithms as A, run
+from fedjax_dro.common.model import model_identity
 from fedjax_dro.models import from_flax
-from fedjax_dro.models.base import model_identity
 from fedjax_dro.records import checkpoint
 from fedjax_dro.records.checkpoint import CheckpointError, CheckpointManifestError
 from tests.helpers import dataset, linreg, regression_clients

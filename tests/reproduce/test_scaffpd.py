@@ -13,7 +13,7 @@ import pytest
 
 from fedjax_dro import algorithms as A, cli, reproduce
 from fedjax_dro.algorithms.wrappers import with_distances
-from fedjax_dro.models.base import client_loss_and_grad
+from fedjax_dro.common.model import client_loss_and_grad
 from tests.helpers import linreg
 
 
