@@ -27,8 +27,8 @@ def with_round_metrics(alg, metrics_fn: Callable[[Any], Dict[str, Any]]):
   the round (``alg.client_models(state)``: the global model, or the stacked client models of a
   personalized algorithm); a name already in the round's metrics is replaced."""
 
-  def round_fn(state, data, key, hparams):
-    state, metrics = alg.round(state, data, key, hparams)
+  def round_fn(state, data, key, hparams, **release):  # the release passed on (fd.private)
+    state, metrics = alg.round(state, data, key, hparams, **release)
     return state, {**metrics, **metrics_fn(alg.client_models(state))}
 
   return alg._replace(round=round_fn)
@@ -73,11 +73,11 @@ def with_tied_hparams(alg, **ties):
       raise ValueError(f"tie {name!r}: factor must be > 0, got {factor!r}")
     spec[name] = (source, float(factor), float(power))
 
-  def round_fn(state, data, key, hparams):
+  def round_fn(state, data, key, hparams, **release):  # the release passed on (fd.private)
     full = dict(hparams)
     for name, (source, factor, power) in spec.items():
       full[name] = factor * hparams[source] ** power
-    return alg.round(state, data, key, full)
+    return alg.round(state, data, key, full, **release)
 
   free = {k: v for k, v in alg.hparams.items() if k not in spec}
   config = {**alg.config, "tied_hparams": {k: list(v) for k, v in spec.items()}}
