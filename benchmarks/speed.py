@@ -73,7 +73,8 @@ import sys
 import jax
 
 from fedjax_dro.core.precision import PRECISIONS, default_precision
-from fedjax_dro.engine import local_cpu_cores, request_cpu_devices
+from fedjax_dro.engine import request_cpu_devices
+from fedjax_dro.engine.sharding import local_cpu_cores
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:  # benchmarks/speedlib/ beside this file, however it is loaded

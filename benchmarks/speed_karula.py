@@ -50,7 +50,7 @@ import fedjax_dro as fd  # noqa: E402
 from fedjax_dro import models  # noqa: E402
 from fedjax_dro.algorithms import fedavg, karula  # noqa: E402
 from fedjax_dro.algorithms.karula import flatten_clients  # noqa: E402
-from fedjax_dro.data import digits_by_writer  # noqa: E402
+from fedjax_dro.data.femnist_digits import digits_by_writer
 from fedjax_dro.ot import dissimilarity_matrix  # noqa: E402
 from fedjax_dro.reproduce.karula_femnist import IMAGE_OT_OPTIONS, standardize_pixels  # noqa: E402
 from fedjax_dro.solvers.pairwise import project_pairwise  # noqa: E402

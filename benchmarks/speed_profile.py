@@ -169,7 +169,7 @@ def products_alone(model, params, data, chunk, repeats):
   """Seconds per round of the local steps' matrix products alone: the ``dot_general``s of one
   vmapped step over ``chunk`` clients (traced from the model, operands random), ``LOCAL_STEPS``
   times per chunk of the round, in one program of their own."""
-  from fedjax_dro.models import client_loss_and_grad
+  from fedjax_dro.common.model import client_loss_and_grad
 
   x0, y0 = data.x[0], data.y[0]
   nex = x0.shape[0]

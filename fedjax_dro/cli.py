@@ -70,7 +70,7 @@ def _compile_cache(args) -> None:
   if path is None:
     return
   from fedjax_dro.engine.compile_cache import enable_compile_cache
-  from fedjax_dro.records import check_writable_dir
+  from fedjax_dro.records.files import check_writable_dir
 
   check_writable_dir(path, "--compile-cache")  # the error names the option
   enable_compile_cache(path)
@@ -161,7 +161,7 @@ def _private(args, alg, num_clients: int):
     return alg
   if args.dp_clip is None:
     raise ValueError("--dp-clip C is needed for a private run (--dp-noise alone clips nothing)")
-  from fedjax_dro.privacy import private
+  from fedjax_dro.privacy.wrapper import private
 
   sampling = args.dp_sampling or "poisson"
   rate = args.dp_rate
@@ -425,7 +425,8 @@ def _distributed(args) -> None:
 def _cpu_devices(args) -> None:
   """``--devices N|auto`` on a CPU: split the cores into JAX devices before JAX starts (one per
   core for auto; no effect on accelerators, nor once JAX has started, e.g. in a notebook)."""
-  from fedjax_dro.engine import local_cpu_cores, request_cpu_devices
+  from fedjax_dro.engine import request_cpu_devices
+  from fedjax_dro.engine.sharding import local_cpu_cores
 
   if args.devices is None or getattr(args, "coordinator", None) is not None:
     return
@@ -436,7 +437,7 @@ def _cpu_devices(args) -> None:
 
 def _scale(args, ds, num_configs=None):
   """``(dataset, mesh)`` from the scale-out flags (host-resident data, device mesh)."""
-  from fedjax_dro.engine import parse_mesh
+  from fedjax_dro.engine.sharding import parse_mesh
 
   if args.host_data and args.devices == "auto" and args.mesh is None:
     mesh = None  # host-resident data runs on one device: nothing for auto to shard
@@ -470,7 +471,7 @@ def _device_line(mesh, alg=None) -> str:
 
 def _check_paths(args) -> None:
   """Output paths are checked before any data loads or compiles, and errors name the flag."""
-  from fedjax_dro.records import check_writable_dir
+  from fedjax_dro.records.files import check_writable_dir
 
   if getattr(args, "out", None) is not None:
     check_writable_dir(args.out, "--out")
@@ -501,7 +502,9 @@ def _parse_seeds(text: str) -> List[int]:
 
 
 def cmd_run(args) -> int:
-  from fedjax_dro.engine import NonFiniteError, is_writer, run
+  from fedjax_dro.engine.errors import NonFiniteError
+  from fedjax_dro.engine.runner import run
+  from fedjax_dro.engine.sharding import is_writer
 
   _distributed(args)
   _cpu_devices(args)
@@ -581,7 +584,7 @@ def cmd_run(args) -> int:
     f"compile {hist.compile_time:.2f}s, run {hist.wall_time:.2f}s "
     f"({args.rounds / max(hist.wall_time, 1e-9):.1f} rounds/s)"
   )
-  from fedjax_dro.engine import is_writer
+  from fedjax_dro.engine.sharding import is_writer
 
   if args.out and is_writer():  # run() wrote them (no second rewrite of finished results)
     print(f"wrote metrics.jsonl, summary.json, metrics.csv and clients.csv in {args.out}")
@@ -618,7 +621,7 @@ def _finished_elsewhere(args, alg, ds, hparams, cv: bool) -> bool:
   (True: nothing to run). A run with a checkpoint directory resumes or finishes on its own."""
   from fedjax_dro.algorithms.base import make_hparams
   from fedjax_dro.engine.runner import shortest_floats
-  from fedjax_dro.records import json_text
+  from fedjax_dro.records.history import json_text
 
   path = os.path.join(args.out, "summary.json")
   if args.overwrite or not os.path.isfile(path):
@@ -658,7 +661,7 @@ def _finished_elsewhere(args, alg, ds, hparams, cv: bool) -> bool:
 
 
 def cmd_sweep(args) -> int:
-  from fedjax_dro.engine import is_writer
+  from fedjax_dro.engine.sharding import is_writer
 
   _distributed(args)
   _cpu_devices(args)
@@ -679,7 +682,8 @@ def _out_lock(args, writer: bool = True):
 
 
 def _sweep_locked(args) -> int:
-  from fedjax_dro.engine import is_writer, sweep
+  from fedjax_dro.engine.sharding import is_writer
+  from fedjax_dro.engine.sweeps import sweep
 
   _check_counts(args)
   trackers, log_dir = tracking_flags(args.log_to, args.log_dir, args.out)

@@ -306,7 +306,7 @@ def cross_validate(
   ] or [{}]
   index = {_key(p, names): i for i, p in enumerate(points)}
   scores = np.full((len(points), folds), np.nan)
-  from fedjax_dro.engine import sweep
+  from fedjax_dro.engine.sweeps import sweep
 
   for opt_combo in opt_combos:
     options = dict(zip(opt_names, opt_combo))
@@ -422,7 +422,8 @@ def select_hparams(
   if out_dir is not None:
     import os
 
-    from fedjax_dro.records import atomic_write, json_text
+    from fedjax_dro.records.files import atomic_write
+    from fedjax_dro.records.history import json_text
 
     os.makedirs(out_dir, exist_ok=True)
     atomic_write(os.path.join(out_dir, "cv.json"), json_text(cv.to_json(), indent=2))
@@ -509,3 +510,6 @@ def widen_at_edges(
     grid[name] = sorted(grid[name] + [value])
     widened.append((name, value))
   return results, grid, widened
+
+
+__all__ = ["cross_validate", "select_hparams", "kfold_split", "holdout_split", "widen_at_edges"]

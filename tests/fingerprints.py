@@ -21,8 +21,9 @@ import numpy as np
 
 from fedjax_dro import algorithms as A
 from fedjax_dro.core.precision import float64
-from fedjax_dro.engine import run, sweep
-from fedjax_dro.privacy import private
+from fedjax_dro.engine.runner import run
+from fedjax_dro.engine.sweeps import sweep
+from fedjax_dro.privacy.wrapper import private
 from tests.helpers import dataset, linreg, regression_clients
 
 OPTIONS = {"karula": {"dissimilarity": "ones"}}

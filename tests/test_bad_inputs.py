@@ -27,10 +27,9 @@ from fedjax_dro.data import (
   load_tiny_imagenet,
   train_test_split,
   validate_data,
-  write_cifar10_bin,
-  write_cifar100_bin,
   write_features,
 )
+from fedjax_dro.data.user_cifar import write_cifar10_bin, write_cifar100_bin
 from tests.helpers import dataset, linreg, regression_clients
 from tests.records.test_checkpoint_manifest import CHECKPOINT_CASES, resume_line_behaviour
 from tests.records.test_io_errors import disk_full_behaviour

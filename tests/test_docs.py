@@ -22,11 +22,16 @@ MKDOCS_YML = (ROOT / "mkdocs.yml").read_text()
 
 
 def _public_packages():
-  """``fedjax_dro`` and every subpackage (found by walking the package, at any depth)."""
+  """``fedjax_dro``, every subpackage (found by walking the package, at any depth) and the
+  public modules ``fedjax_dro.__all__`` names (``model_selection``)."""
   packages = [fedjax_dro]
   for info in pkgutil.walk_packages(fedjax_dro.__path__, "fedjax_dro."):
     if info.ispkg and not any(part.startswith("_") for part in info.name.split(".")):
       packages.append(importlib.import_module(info.name))
+  for name in fedjax_dro.__all__:
+    value = getattr(fedjax_dro, name)
+    if isinstance(value, types.ModuleType) and value not in packages:
+      packages.append(value)
   return packages
 
 
@@ -85,6 +90,45 @@ def test_every_public_name_is_in_the_api_reference():
   assert {"fedjax_dro", "fedjax_dro.algorithms", "fedjax_dro.data", "fedjax_dro.models"} <= packages
   assert len(public) >= 150, len(public)
   assert _missing(public, _api_references()) == []
+
+
+MAX_PUBLIC_NAMES = 180
+
+
+def _exact_mismatch(public, refs, resolve=_resolve):
+  """``(undocumented, documented but not public, listed twice)``: the API pages must document
+  exactly the public names, each at its public path (``package.name``), each once; a public
+  name that is a module is documented by its page's header (``::: package``)."""
+  paths = [f"{package}.{name}" for package, name in public]
+  twice = sorted({p for p in paths if paths.count(p) > 1})
+  wanted = set(paths)
+  modules = {p for p in wanted if isinstance(resolve(p), types.ModuleType)}
+  headers = {r for r in refs if isinstance(resolve(r), types.ModuleType)}
+  documented = set(refs) - headers
+  undocumented = sorted((wanted - modules - documented) | (modules - headers))
+  extra = sorted(documented - wanted)
+  return undocumented, extra, twice
+
+
+def test_the_api_pages_document_exactly_the_public_names():
+  public = _public_names()
+  assert len(public) <= MAX_PUBLIC_NAMES, len(public)
+  assert _exact_mismatch(public, _api_references()) == ([], [], [])
+
+
+def test_the_exactness_check_can_fail():
+  values = {"fedjax_dro.pkg": types, "fedjax_dro.pkg.f": len, "fedjax_dro.pkg.g": abs}
+  public = [("fedjax_dro", "pkg"), ("fedjax_dro.pkg", "f"), ("fedjax_dro.pkg", "g")]
+  refs = ["fedjax_dro.pkg", "fedjax_dro.pkg.f", "fedjax_dro.pkg.h"]
+  values["fedjax_dro.pkg.h"] = max
+  assert _exact_mismatch(public, refs, values.__getitem__) == (
+    ["fedjax_dro.pkg.g"],
+    ["fedjax_dro.pkg.h"],
+    [],
+  )
+  twice = public + [("fedjax_dro.other", "f")]
+  values["fedjax_dro.other.f"] = len
+  assert _exact_mismatch(twice[:3], refs[:2], values.__getitem__)[0] == ["fedjax_dro.pkg.g"]
 
 
 def test_every_api_reference_names_an_existing_object():

@@ -15,8 +15,8 @@ import jax.extend as jex
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_dro.common.model import client_loss_and_grad
 from fedjax_dro.core.precision import default_precision, with_precision
-from fedjax_dro.models import client_loss_and_grad
 from speedlib.workloads import (
   BATCH,
   LOCAL_STEPS,

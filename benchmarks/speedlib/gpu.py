@@ -49,7 +49,7 @@ import jax
 from fedjax_dro.core.precision import default_precision
 from fedjax_dro.core.ragged import epoch_chunk, local_folded_step, step_block
 from fedjax_dro.experimental.factored import local_factored_dense
-from fedjax_dro.models import conv_form
+from fedjax_dro.models.builtin import conv_form
 from speedlib import (
   report as speed_report,
   sections as speed_sections,

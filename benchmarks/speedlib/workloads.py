@@ -19,10 +19,10 @@ import numpy as np
 import fedjax_dro as fd
 from fedjax_dro import models
 from fedjax_dro.algorithms import fedavg
+from fedjax_dro.common.model import client_loss_and_grad
 from fedjax_dro.core import clients as client_backends
 from fedjax_dro.core.precision import PRECISIONS
 from fedjax_dro.data import from_client_arrays
-from fedjax_dro.models import client_loss_and_grad
 
 MODELS = ("softmax", "logreg", "mlp", "cnn-lax", "cnn-patches", "cnn-auto")
 TABULAR = ("softmax", "logreg")

@@ -1,4 +1,7 @@
-"""Algorithms, one per file, registered by name (``fedjax-dro list``)."""
+"""Algorithms, one per file, registered by name (``fedjax-dro list``): the 23 factories, the
+algorithm interface and registry, and what a user needs to write an algorithm of their own
+(:func:`build_algorithm`, :func:`register`, :func:`with_settings`; the round mechanics it calls
+are :mod:`fedjax_dro.core`'s)."""
 
 from fedjax_dro.algorithms.afl import afl
 from fedjax_dro.algorithms.agnostic_fedavg import agnostic_fedavg
@@ -6,12 +9,14 @@ from fedjax_dro.algorithms.base import (
   Algorithm,
   HParam,
   algorithm_cost,
+  build_algorithm,
   default_hparams,
   describe,
   get_algorithm,
   list_algorithms,
   make_hparams,
   register,
+  with_settings,
 )
 from fedjax_dro.algorithms.ditto import ditto
 from fedjax_dro.algorithms.dr_dsgd import dr_dsgd
@@ -34,26 +39,48 @@ from fedjax_dro.algorithms.pfedme import pfedme
 from fedjax_dro.algorithms.qffl import qffl
 from fedjax_dro.algorithms.scaff_pd import scaff_pd
 from fedjax_dro.algorithms.scaffold import scaffold
+from fedjax_dro.algorithms.wrappers import (
+  with_class_weighted_accuracy,
+  with_round_metrics,
+  with_tied_hparams,
+)
 
 __all__ = [
   "Algorithm",
   "HParam",
-  "default_hparams",
-  "describe",
+  "build_algorithm",
+  "register",
+  "with_settings",
   "get_algorithm",
   "list_algorithms",
+  "describe",
   "make_hparams",
+  "default_hparams",
   "algorithm_cost",
-  "register",
-  "fedavg",
-  "fedsgd",
-  "fedprox",
-  "scaffold",
+  "with_tied_hparams",
+  "with_class_weighted_accuracy",
+  "with_round_metrics",
+  "afl",
+  "agnostic_fedavg",
+  "ditto",
+  "dr_dsgd",
+  "drfa",
+  "fedadagrad",
   "fedadam",
-  "local",
+  "fedavg",
+  "fedavg_momentum",
+  "fedprox",
+  "fedsgd",
+  "fedyogi",
+  "fgdro_cvar",
+  "fgdro_kl",
+  "fgdro_kl_adam",
+  "ifca",
   "karula",
+  "local",
+  "local_adam",
+  "pfedme",
+  "qffl",
+  "scaff_pd",
+  "scaffold",
 ]
-__all__ += ["scaff_pd", "afl", "drfa", "qffl", "agnostic_fedavg"]
-__all__ += ["fgdro_cvar", "fgdro_kl", "fgdro_kl_adam", "local_adam", "dr_dsgd"]
-__all__ += ["pfedme", "ifca", "ditto"]
-__all__ += ["fedavg_momentum", "fedyogi", "fedadagrad"]

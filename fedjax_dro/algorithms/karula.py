@@ -334,7 +334,7 @@ def _check_dissimilarity(dissimilarity, num_clients: Optional[int] = None):
         f"got {dissimilarity!r}"
       )
     return dissimilarity
-  from fedjax_dro.ot import validate_dissimilarity
+  from fedjax_dro.ot.dissimilarity import validate_dissimilarity
 
   try:
     arr = np.asarray(dissimilarity)

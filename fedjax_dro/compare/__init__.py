@@ -39,16 +39,10 @@ strategy with win counts, the choices left on grid edges, and failures.
 From the command line: ``fedjax-dro compare CONFIG.toml`` (:mod:`fedjax_dro.compare.config`).
 """
 
-from fedjax_dro.compare.harness import (
-  SelectionFailed,
-  budget_rounds,
-  compare,
-  plateau_round,
-  select,
-)
+from fedjax_dro.compare.harness import SelectionFailed, compare
 from fedjax_dro.compare.protocol import Budget, Experiment, ExtraMetric, Metric, Protocol, Strategy
 from fedjax_dro.compare.report import ComparisonResult, comparison_markdown, plot_comparison
-from fedjax_dro.compare.stats import mean_2se, paired_difference
+from fedjax_dro.compare.stats import paired_difference
 
 __all__ = [
   "Experiment",
@@ -59,11 +53,7 @@ __all__ = [
   "ExtraMetric",
   "compare",
   "ComparisonResult",
-  "budget_rounds",
-  "plateau_round",
-  "select",
   "SelectionFailed",
-  "mean_2se",
   "paired_difference",
   "comparison_markdown",
   "plot_comparison",

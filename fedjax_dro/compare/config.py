@@ -222,6 +222,3 @@ def experiment_from_config(config: Dict[str, Any]) -> Experiment:
 
 def _load(load, options, seed):
   return load(seed, **options)
-
-
-__all__ = ["load_config", "experiment_from_config"]

@@ -260,7 +260,7 @@ def _stacked_models(alg: Algorithm, state, num_clients: int):
 
 def _train_and_score(experiment, alg, hparams, ds, *, rounds, seed, costs):
   """The final run on all training rows: the test metric, extra metrics and curves."""
-  from fedjax_dro.engine import run
+  from fedjax_dro.engine.runner import run
 
   metric = experiment.protocol.metric
   every = experiment.protocol.curve_every or max(1, rounds // 10)
@@ -405,7 +405,7 @@ def compare(
 
 
 def _plateau(alg, hparams, split, protocol, seed) -> int:
-  from fedjax_dro.engine import run
+  from fedjax_dro.engine.runner import run
 
   budget, metric = protocol.budget, protocol.metric
   train, held = split
@@ -442,6 +442,3 @@ def _tuning_cost(build, sel, splits, rounds) -> Dict[str, float]:
     "runs": sel["configurations"] * len(splits),
     **total.as_dict(),
   }
-
-
-__all__ = ["compare", "select", "budget_rounds", "plateau_round", "SelectionFailed"]

@@ -11,7 +11,6 @@ import math
 import numbers
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-from fedjax_dro.core.costs import COST_FIELDS
 from fedjax_dro.core.metrics import HIGHER_IS_BETTER
 from fedjax_dro.model_selection import STATS
 
@@ -390,17 +389,3 @@ class Experiment:
   @property
   def reference(self) -> str:
     return self.protocol.reference or self.strategies[0].label
-
-
-__all__ = [
-  "Metric",
-  "ExtraMetric",
-  "Budget",
-  "Strategy",
-  "Protocol",
-  "Experiment",
-  "BUDGET_KINDS",
-  "SELECTIONS",
-  "FAILURE_POLICIES",
-  "COST_FIELDS",
-]

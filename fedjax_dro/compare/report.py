@@ -67,7 +67,8 @@ class ComparisonResult:
 
   def save(self, out_dir: str) -> List[str]:
     """Writes ``NAME.json``, ``NAME.md`` and ``NAME.png`` (atomically); returns their paths."""
-    from fedjax_dro.records import atomic_write, json_text
+    from fedjax_dro.records.files import atomic_write
+    from fedjax_dro.records.history import json_text
 
     os.makedirs(out_dir, exist_ok=True)
     stem = os.path.join(out_dir, self.name)
@@ -311,6 +312,3 @@ def plot_comparison(result: Dict[str, Any], path: str) -> str:
   fig.savefig(path, dpi=110)
   plt.close(fig)
   return path
-
-
-__all__ = ["ComparisonResult", "summarize_rows", "comparison_markdown", "plot_comparison"]

@@ -53,6 +53,3 @@ def paired_difference(
     "ties": int((diff == 0).sum()),
     "seeds": int(diff.size),
   }
-
-
-__all__ = ["mean_2se", "paired_difference"]

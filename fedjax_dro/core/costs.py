@@ -138,16 +138,3 @@ def one_gradient_each(clients: float, floats_per_client: float) -> RoundCost:
   ``floats_per_client`` floats: Karula's sampled gradients and its table, SCAFF-PD's ``c_i``."""
   clients = float(clients)
   return RoundCost(clients, clients * float(floats_per_client), clients, 1.0 if clients else 0.0)
-
-
-__all__ = [
-  "RoundCost",
-  "Costs",
-  "COST_FIELDS",
-  "parameter_count",
-  "participation",
-  "local_steps_per_client",
-  "local_training_cost",
-  "local_training_costs",
-  "one_gradient_each",
-]

@@ -3,11 +3,11 @@
 A round function is ``round(state, data, key, hparams, release=PLAIN)``. Wherever something
 leaves the clients (the participant draw, the updates the server sums, the losses or counts it
 reads) the round asks ``release``: :data:`PLAIN` releases what the round computes (the identity:
-the plain algorithm, exactly), :class:`~fedjax_dro.core.privacy.GaussianRelease` is client-level differential privacy
-(DP-FedAvg: McMahan, Ramage, Talwar, Zhang, "Learning Differentially Private Recurrent Language
-Models", ICLR 2018, arXiv:1710.06963: Poisson or fixed-size participation, each participant's
-update clipped to L2 norm ``C``, Gaussian noise of standard deviation ``z C`` on the sum, a fixed
-denominator). :func:`fedjax_dro.privacy.private` builds the Gaussian release from the private
+the plain algorithm, exactly), :class:`~fedjax_dro.core.privacy.GaussianRelease` is client-level
+differential privacy (DP-FedAvg: McMahan, Ramage, Talwar, Zhang, "Learning Differentially
+Private Recurrent Language Models", ICLR 2018, arXiv:1710.06963: Poisson or fixed-size
+participation, each participant's update clipped to L2 norm ``C``, Gaussian noise of standard
+deviation ``z C`` on the sum, a fixed denominator). :func:`fedjax_dro.privacy.private` builds the Gaussian release from the private
 algorithm's hyper-parameters each round and passes it in, the way optax's
 ``differentially_private_aggregate`` is one more transformation; nothing about privacy is read
 from module state, and a round's privacy metrics (``dp_participants``, ``dp_dropped``,
@@ -17,7 +17,10 @@ The two mechanisms have the same methods. Each is a generic release (a weighted 
 per-participant vectors, the participants' losses, per-group sums, a model average ...); where
 the plain algorithm computes a release in a form of its own (an average of the models rather than
 the start plus the mean change) :data:`PLAIN` computes exactly that form, so a plain run is the
-algorithm as its paper writes it, to the bit.
+algorithm as its paper writes it, to the bit. Where a private message must take another form
+than the plain algorithm's (SCAFFOLD with ``local_epochs`` releases ``-delta_i / (K_i lr)``, a
+fixed multiple of its delta, rather than its control variate's change) the round asks
+``release.per_participant``: whether each participant's release is processed on its own.
 """
 
 from __future__ import annotations

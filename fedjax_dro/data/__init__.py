@@ -14,13 +14,7 @@ Metrics live in :mod:`fedjax_dro.core.metrics`.
 """
 
 from fedjax_dro.core.metrics import class_weighted_accuracy
-from fedjax_dro.data.digits import (
-  digits_dirichlet,
-  digits_dirichlet_with_extras,
-  label_proportions,
-  load_digits,
-  reduce_classes,
-)
+from fedjax_dro.data.digits import digits_dirichlet_with_extras, load_digits
 from fedjax_dro.data.federated import (
   FederatedData,
   FederatedDataset,
@@ -29,70 +23,41 @@ from fedjax_dro.data.federated import (
   train_test_split,
   validate_data,
 )
-from fedjax_dro.data.femnist_digits import (
-  digits_by_writer,
-  load_femnist_digits,
-  writer_style_groups,
-)
-from fedjax_dro.data.partition import (
-  climb_dirichlet_partition,
-  climb_imbalance,
-  dirichlet_partition,
-  rows_with_label_mix,
-)
-from fedjax_dro.data.registry import DatasetEntry, get_dataset, list_datasets, register_dataset
+from fedjax_dro.data.femnist_digits import digits_by_writer, load_femnist_digits
+from fedjax_dro.data.host import load_npy_dir, save_npy_dir
+from fedjax_dro.data.partition import dirichlet_partition
+from fedjax_dro.data.registry import get_dataset, list_datasets, register_dataset
 from fedjax_dro.data.synthetic import synthetic_classification, synthetic_ridge, synthetic_shift
 from fedjax_dro.data.user_arrays import load_leaf_json, load_npz
-from fedjax_dro.data.user_cifar import (
-  load_cifar10,
-  load_cifar100,
-  write_cifar10_bin,
-  write_cifar100_bin,
-)
-from fedjax_dro.data.user_files import (
-  FeatureSet,
-  ImageSet,
-  load_features,
-  load_tiny_imagenet,
-  write_features,
-)
+from fedjax_dro.data.user_cifar import load_cifar10, load_cifar100
+from fedjax_dro.data.user_files import load_features, load_tiny_imagenet, write_features
 
 __all__ = [
+  "digits_dirichlet_with_extras",
+  "digits_by_writer",
+  "class_weighted_accuracy",
   "FederatedData",
   "FederatedDataset",
   "from_arrays",
   "from_client_arrays",
   "train_test_split",
   "validate_data",
-  "climb_dirichlet_partition",
-  "climb_imbalance",
   "dirichlet_partition",
   "synthetic_classification",
   "synthetic_ridge",
   "synthetic_shift",
-  "DatasetEntry",
   "get_dataset",
   "list_datasets",
   "register_dataset",
-  "load_digits",
-  "reduce_classes",
-  "label_proportions",
-  "rows_with_label_mix",
-  "class_weighted_accuracy",
-  "digits_dirichlet",
-  "digits_dirichlet_with_extras",
   "load_npz",
   "load_leaf_json",
-  "digits_by_writer",
-  "writer_style_groups",
+  "load_digits",
   "load_femnist_digits",
-  "FeatureSet",
   "load_features",
   "write_features",
-  "ImageSet",
   "load_cifar10",
   "load_cifar100",
-  "write_cifar10_bin",
-  "write_cifar100_bin",
   "load_tiny_imagenet",
+  "load_npy_dir",
+  "save_npy_dir",
 ]

@@ -88,6 +88,3 @@ def gaussian_mixture_features(
   split = np.tile(np.arange(per_class) >= train_per_class, num_classes)
   order = np.concatenate([np.flatnonzero(~split), np.flatnonzero(split)])
   return FeatureSet(features[order], labels[order], split[order], int(num_classes))
-
-
-__all__ = ["gaussian_mixture_features"]

@@ -24,38 +24,12 @@ chunk and evaluation programs, their cache) stays importable from its module, as
 whose names may change.
 """
 
-from fedjax_dro.engine.compile_cache import enable_compile_cache
-from fedjax_dro.engine.compiled import CompiledRounds, RoundTiming, compile_rounds
-from fedjax_dro.engine.errors import DeviceMemoryError, NonFiniteError
-from fedjax_dro.engine.plan import RunPlan
-from fedjax_dro.engine.runner import run
-from fedjax_dro.engine.sharding import (
-  even_devices,
-  initialize_distributed,
-  is_writer,
-  local_cpu_cores,
-  make_mesh,
-  parse_mesh,
-  request_cpu_devices,
-)
-from fedjax_dro.engine.sweeps import SweepResult, sweep
+from fedjax_dro.engine.errors import DeviceMemoryError
+from fedjax_dro.engine.sharding import initialize_distributed, make_mesh, request_cpu_devices
 
 __all__ = [
-  "run",
-  "RunPlan",
-  "sweep",
-  "SweepResult",
-  "compile_rounds",
-  "CompiledRounds",
-  "RoundTiming",
-  "enable_compile_cache",
-  "NonFiniteError",
-  "DeviceMemoryError",
-  "even_devices",
-  "initialize_distributed",
-  "is_writer",
-  "local_cpu_cores",
   "make_mesh",
-  "parse_mesh",
+  "initialize_distributed",
   "request_cpu_devices",
+  "DeviceMemoryError",
 ]

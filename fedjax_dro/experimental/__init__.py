@@ -7,4 +7,6 @@ measured yet, so off by default; a measurement that turns one on somewhere moves
 
 from fedjax_dro.experimental.factored import local_factored_dense
 
-__all__ = ["local_factored_dense"]
+__all__ = [
+  "local_factored_dense",
+]

@@ -226,6 +226,3 @@ def from_equinox(
     name=name or type(instance).__name__,
     identity=f"from_equinox({what}{sig}, loss={_shown(loss)}, metrics={_shown(metrics)})",
   )
-
-
-__all__ = ["from_nnx", "from_equinox"]

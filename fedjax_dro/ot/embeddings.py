@@ -130,19 +130,6 @@ from ott.geometry import costs, pointcloud
 from ott.problems.linear import linear_problem
 from ott.solvers.linear import acceleration, sinkhorn
 
-__all__ = [
-  "NORMS",
-  "COSTS",
-  "SOLVERS",
-  "ConvergenceReport",
-  "DissimilarityOutput",
-  "SinkhornConvergenceError",
-  "SinkhornConvergenceWarning",
-  "client_point_clouds",
-  "reference_set",
-  "ot_embeddings",
-]
-
 NORMS: Tuple[str, ...] = ("w1", "l1", "w2")
 COSTS: Tuple[str, ...] = ("sqeuclidean", "euclidean")
 SOLVERS: Tuple[str, ...] = ("sinkhorn", "exact")

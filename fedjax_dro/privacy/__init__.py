@@ -11,10 +11,9 @@ from ``dp-accounting``).
 
 from fedjax_dro.core.release import Refused, Releases
 from fedjax_dro.privacy.accounting import epsilon, privacy_budget
-from fedjax_dro.privacy.wrapper import AdaptiveClipState, private, releases_table
+from fedjax_dro.privacy.wrapper import AdaptiveClipState, releases_table
 
 __all__ = [
-  "private",
   "privacy_budget",
   "epsilon",
   "Releases",

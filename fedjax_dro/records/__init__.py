@@ -11,55 +11,15 @@
 Nothing here runs rounds: :mod:`fedjax_dro.engine` imports this package, never the reverse.
 """
 
-from fedjax_dro.records import checkpoint, files, history, loggers, plots
-from fedjax_dro.records.checkpoint import (
-  CheckpointError,
-  CheckpointLock,
-  CheckpointManifestError,
-  load_checkpoint,
-  save_checkpoint,
-)
-from fedjax_dro.records.files import (
-  FileWriteError,
-  append_lines,
-  atomic_write,
-  check_writable_dir,
-)
-from fedjax_dro.records.history import (
-  History,
-  JsonlWriter,
-  history_to_csv,
-  json_text,
-  read_csv,
-  read_run,
-  read_sweep,
-  sweep_to_csv,
-)
+from fedjax_dro.records.checkpoint import CheckpointError
+from fedjax_dro.records.history import history_to_csv, read_run, read_sweep, sweep_to_csv
 from fedjax_dro.records.loggers import Logger, MLflowLogger, TensorBoardLogger
 from fedjax_dro.records.plots import plot, plot_runs, plot_sweep
 
 __all__ = [
-  "checkpoint",
-  "files",
-  "history",
-  "loggers",
-  "plots",
-  "CheckpointError",
-  "CheckpointLock",
-  "CheckpointManifestError",
-  "FileWriteError",
-  "load_checkpoint",
-  "save_checkpoint",
-  "append_lines",
-  "atomic_write",
-  "check_writable_dir",
-  "History",
-  "JsonlWriter",
-  "history_to_csv",
-  "json_text",
-  "read_csv",
   "read_run",
   "read_sweep",
+  "history_to_csv",
   "sweep_to_csv",
   "plot",
   "plot_runs",
@@ -67,4 +27,5 @@ __all__ = [
   "Logger",
   "TensorBoardLogger",
   "MLflowLogger",
+  "CheckpointError",
 ]

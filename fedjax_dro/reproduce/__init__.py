@@ -23,23 +23,12 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict
 
-from fedjax_dro.reproduce.fgdro import fgdro_table7, plot_fgdro_table7
+from fedjax_dro.reproduce.fgdro import fgdro_table7
 from fedjax_dro.reproduce.karula import karula_heart, karula_synthetic
 from fedjax_dro.reproduce.karula_femnist import karula_femnist
-from fedjax_dro.reproduce.privacy_fairness import plot_privacy_fairness, privacy_fairness
-from fedjax_dro.reproduce.scaffpd import (
-  plot_scaffpd_synthetic,
-  problem_constants,
-  scaffpd_markdown,
-  scaffpd_synthetic,
-  shift_problem,
-)
-from fedjax_dro.reproduce.scaffpd_table1 import (
-  plot_scaffpd_fig3,
-  scaffpd_table1,
-  table1_partition,
-  worst_fraction_accuracy,
-)
+from fedjax_dro.reproduce.privacy_fairness import privacy_fairness
+from fedjax_dro.reproduce.scaffpd import scaffpd_synthetic
+from fedjax_dro.reproduce.scaffpd_table1 import scaffpd_table1
 
 EXPERIMENTS: Dict[str, Callable[..., Dict[str, Any]]] = {
   "scaffpd-synthetic": scaffpd_synthetic,
@@ -73,23 +62,6 @@ def reproduce(name: str, **kwargs) -> Dict[str, Any]:
 
 
 __all__ = [
-  "EXPERIMENTS",
-  "RUN_TIMES",
   "reproduce",
-  "scaffpd_synthetic",
-  "shift_problem",
-  "problem_constants",
-  "plot_scaffpd_synthetic",
-  "scaffpd_markdown",
-  "scaffpd_table1",
-  "table1_partition",
-  "worst_fraction_accuracy",
-  "plot_scaffpd_fig3",
-  "fgdro_table7",
-  "plot_fgdro_table7",
-  "karula_synthetic",
-  "karula_heart",
-  "karula_femnist",
-  "privacy_fairness",
-  "plot_privacy_fairness",
+  "EXPERIMENTS",
 ]

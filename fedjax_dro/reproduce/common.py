@@ -84,7 +84,8 @@ def write_result(
       markdown = QUICK_BANNER + markdown
   if out_dir is None:
     return
-  from fedjax_dro.records import atomic_write, json_text
+  from fedjax_dro.records.files import atomic_write
+  from fedjax_dro.records.history import json_text
 
   os.makedirs(out_dir, exist_ok=True)
   path = os.path.join(out_dir, stem)

@@ -136,7 +136,7 @@ def fgdro_table7(
     tuning run), ``stand_in``, ``runtime_estimate_s`` and the paper's numbers.
   """
   from fedjax_dro import models
-  from fedjax_dro.engine import sweep
+  from fedjax_dro.engine.sweeps import sweep
 
   stand_in = data_dir is None
   settings = protocol("digits" if stand_in else "cifar10", quick=quick)

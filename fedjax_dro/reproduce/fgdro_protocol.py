@@ -280,7 +280,7 @@ def cifar_round_time(
     ``full_protocol_s`` that times every tuning and reporting run of both partitions.
   """
   from fedjax_dro import models
-  from fedjax_dro.engine import sweep
+  from fedjax_dro.engine.sweeps import sweep
 
   if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 1:
     raise ValueError(f"rounds must be a positive integer, got {rounds!r}")
@@ -317,7 +317,8 @@ def cifar_round_time(
     "load_average": list(os.getloadavg()),
   }
   if out_dir is not None:
-    from fedjax_dro.records import atomic_write, json_text
+    from fedjax_dro.records.files import atomic_write
+    from fedjax_dro.records.history import json_text
 
     os.makedirs(out_dir, exist_ok=True)
     atomic_write(os.path.join(out_dir, "cifar_round_time.json"), json_text(out, indent=1))

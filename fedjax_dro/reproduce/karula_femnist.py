@@ -228,7 +228,8 @@ def karula_femnist(
     strategies: labels out of :data:`ALL_STRATEGIES`, in table order.
     verbose: print progress and tables.
   """
-  from fedjax_dro.data import digits_by_writer, load_femnist_digits
+  from fedjax_dro.data import load_femnist_digits
+  from fedjax_dro.data.femnist_digits import digits_by_writer
   from fedjax_dro.ot import dissimilarity_matrix
 
   labels = tuple(strategies) if not isinstance(strategies, str) else strategies

@@ -140,7 +140,7 @@ def strategies(z: float, rate: float, rounds: int = DEFAULTS["rounds"], num_clie
     qffl,
     scaff_pd,
   )
-  from fedjax_dro.privacy import private
+  from fedjax_dro.privacy.wrapper import private
 
   zr = math.sqrt(2.0) * z  # both releases of the loss-reporting algorithms
   zd = drfa_multiplier(z, rate, rounds, num_clients)  # two independently sampled releases

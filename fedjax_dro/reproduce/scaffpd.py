@@ -186,7 +186,7 @@ def scaffpd_synthetic(
 def _scaffpd_synthetic(out_dir, *, rounds, quick, seed, rhos, plot, verbose) -> Dict[str, Any]:
   """:func:`scaffpd_synthetic`'s body, under float64."""
   from fedjax_dro.algorithms import get_algorithm
-  from fedjax_dro.engine import sweep
+  from fedjax_dro.engine.sweeps import sweep
   from fedjax_dro.solvers.saddle import solve_saddle
 
   if rounds is None:

@@ -151,12 +151,9 @@ class TableData:
     self.max_rows = max(r.size for p in self.parts.values() for r in p["clients"])
 
   def __call__(self, alpha: float, seed: int):
-    from fedjax_dro.data import (
-      FederatedDataset,
-      from_client_arrays,
-      label_proportions,
-      rows_with_label_mix,
-    )
+    from fedjax_dro.data import FederatedDataset, from_client_arrays
+    from fedjax_dro.data.digits import label_proportions
+    from fedjax_dro.data.partition import rows_with_label_mix
 
     x, y = self.fs.features, self.fs.labels
     clients = [self.train[r] for r in self.parts[(alpha, seed)]["clients"]]
@@ -187,7 +184,7 @@ class TableData:
     )
 
   def partition_summary(self, alpha: float, seed: int) -> Dict[str, Any]:
-    from fedjax_dro.data import label_proportions
+    from fedjax_dro.data.digits import label_proportions
 
     part, y = self.parts[(alpha, seed)], self.fs.labels[self.train]
     props = label_proportions([y[r] for r in part["clients"]], self.num_classes)

@@ -15,73 +15,33 @@ The round mechanics every algorithm shares (sampling, local training, aggregatio
 live in :mod:`fedjax_dro.core`.
 """
 
-from fedjax_dro.solvers import dro, pairwise, saddle, simplex
-from fedjax_dro.solvers.dro import (
-  KL,
-  PSI_NAMES,
-  QFFL,
-  Chi2,
-  CVaR,
-  DROProblem,
-  as_problem,
-  chi2,
-  cvar,
-  kl,
-  qffl,
-)
+from fedjax_dro.solvers.dro import DROProblem, as_problem, chi2, cvar, kl, qffl
 from fedjax_dro.solvers.pairwise import (
-  KKTResiduals,
   PairwiseProjectionOutput,
   compile_projection,
   pairwise_kkt_residuals,
   project_pairwise,
   shrink_to_feasible,
 )
-from fedjax_dro.solvers.saddle import (
-  SaddleSolution,
-  best_response,
-  distance_to_optimum,
-  robust_objective,
-  solve_saddle,
-)
-from fedjax_dro.solvers.simplex import (
-  project_capped_simplex,
-  project_simplex,
-  prox_chi2,
-  prox_cvar,
-  prox_qffl,
-)
+from fedjax_dro.solvers.saddle import SaddleSolution, best_response, robust_objective, solve_saddle
+from fedjax_dro.solvers.simplex import project_capped_simplex, project_simplex
 
 __all__ = [
-  "dro",
-  "pairwise",
-  "saddle",
-  "simplex",
-  "KKTResiduals",
-  "PairwiseProjectionOutput",
-  "compile_projection",
-  "pairwise_kkt_residuals",
-  "project_pairwise",
-  "shrink_to_feasible",
-  "SaddleSolution",
-  "best_response",
-  "distance_to_optimum",
-  "robust_objective",
-  "solve_saddle",
   "DROProblem",
-  "Chi2",
-  "CVaR",
-  "QFFL",
-  "KL",
   "chi2",
   "cvar",
   "qffl",
   "kl",
   "as_problem",
-  "PSI_NAMES",
-  "project_capped_simplex",
+  "solve_saddle",
+  "SaddleSolution",
+  "best_response",
+  "robust_objective",
+  "project_pairwise",
+  "compile_projection",
+  "PairwiseProjectionOutput",
+  "pairwise_kkt_residuals",
+  "shrink_to_feasible",
   "project_simplex",
-  "prox_chi2",
-  "prox_cvar",
-  "prox_qffl",
+  "project_capped_simplex",
 ]

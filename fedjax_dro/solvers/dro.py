@@ -70,22 +70,6 @@ from fedjax_dro.core.hparams import HParam
 from fedjax_dro.solvers import simplex as _sx
 from fedjax_dro.solvers.validation import concrete_or_none as _concrete_or_none
 
-__all__ = [
-  "DROProblem",
-  "Chi2",
-  "CVaR",
-  "QFFL",
-  "KL",
-  "chi2",
-  "cvar",
-  "qffl",
-  "kl",
-  "as_problem",
-  "resolve",
-  "initial_lambda",
-  "PSI_NAMES",
-]
-
 
 class DROProblem:
   """The base of the DRO problems (see the module docstring). A subclass is a

@@ -93,14 +93,6 @@ from jax.flatten_util import ravel_pytree
 from fedjax_dro.solvers import simplex as _sx
 from fedjax_dro.solvers.dro import DROProblem, as_problem
 
-__all__ = [
-  "SaddleSolution",
-  "solve_saddle",
-  "best_response",
-  "robust_objective",
-  "distance_to_optimum",
-]
-
 
 class SaddleSolution(NamedTuple):
   """Result of :func:`solve_saddle`.

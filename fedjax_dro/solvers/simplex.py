@@ -80,14 +80,6 @@ import numpy as np
 
 from fedjax_dro.solvers.validation import concrete_or_none as _concrete_or_none
 
-__all__ = [
-  "project_simplex",
-  "project_capped_simplex",
-  "prox_chi2",
-  "prox_cvar",
-  "prox_qffl",
-]
-
 _QFFL_BISECTION_STEPS = 96
 
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-__all__ = ["concrete_or_none"]
-
 
 def concrete_or_none(x):
   """``x`` as a NumPy array if it is concrete, ``None`` if it is traced.

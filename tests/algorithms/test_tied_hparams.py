@@ -8,7 +8,8 @@ import pytest
 
 from fedjax_dro import algorithms as A
 from fedjax_dro.algorithms.wrappers import with_tied_hparams
-from fedjax_dro.engine import run, sweep
+from fedjax_dro.engine.runner import run
+from fedjax_dro.engine.sweeps import sweep
 from tests.helpers import dataset, linreg, regression_clients
 
 

@@ -359,7 +359,7 @@ def test_validation_selection_scores_on_the_datas_validation_split():
   """selection='validation': every choice is the grid's best on the data's validation split,
   trained on all training rows (recomputed with a plain sweep); the test rows are not used (a
   garbage test split changes no choice); data without a validation split is refused."""
-  from fedjax_dro.engine import sweep
+  from fedjax_dro.engine.sweeps import sweep
 
   exp = dataclasses.replace(
     _experiment(max_widenings=0, selection="validation"), data=_with_validation

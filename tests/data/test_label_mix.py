@@ -5,7 +5,7 @@ smaller than its count is used as evenly as possible."""
 import numpy as np
 import pytest
 
-from fedjax_dro.data import rows_with_label_mix
+from fedjax_dro.data.partition import rows_with_label_mix
 
 
 def test_counts_classes_and_even_reuse():

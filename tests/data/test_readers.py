@@ -8,16 +8,14 @@ import numpy as np
 import pytest
 
 from fedjax_dro.data import (
-  FeatureSet,
-  ImageSet,
   load_cifar10,
   load_cifar100,
   load_features,
   load_tiny_imagenet,
-  write_cifar10_bin,
-  write_cifar100_bin,
   write_features,
 )
+from fedjax_dro.data.user_cifar import write_cifar10_bin, write_cifar100_bin
+from fedjax_dro.data.user_files import FeatureSet, ImageSet
 
 RNG = np.random.default_rng(0)
 

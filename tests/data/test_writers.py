@@ -7,8 +7,13 @@ import os
 import numpy as np
 import pytest
 
-from fedjax_dro.data import digits_by_writer, load_femnist_digits, writer_style_groups
-from fedjax_dro.data.femnist_digits import STYLE_GROUPS, resize_images
+from fedjax_dro.data import load_femnist_digits
+from fedjax_dro.data.femnist_digits import (
+  STYLE_GROUPS,
+  digits_by_writer,
+  resize_images,
+  writer_style_groups,
+)
 
 
 @pytest.fixture(scope="module")

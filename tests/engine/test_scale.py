@@ -19,14 +19,10 @@ import fedjax_dro as fd
 from fedjax_dro import algorithms as A, cli, models
 from fedjax_dro.data import synthetic_classification
 from fedjax_dro.data.host import HostFederatedData, load_npy_dir, save_npy_dir, to_host
-from fedjax_dro.engine import (
-  even_devices,
-  local_cpu_cores,
-  make_mesh,
-  parse_mesh,
-  request_cpu_devices,
-)
-from fedjax_dro.records import read_csv, read_run
+from fedjax_dro.engine import make_mesh, request_cpu_devices
+from fedjax_dro.engine.sharding import even_devices, local_cpu_cores, parse_mesh
+from fedjax_dro.records import read_run
+from fedjax_dro.records.history import read_csv
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

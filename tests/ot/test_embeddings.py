@@ -42,16 +42,17 @@ from ott.solvers.linear import sinkhorn
 from scipy.stats import spearmanr
 
 from fedjax_dro.ot import (
-  SinkhornConvergenceError,
-  SinkhornConvergenceWarning,
-  client_point_clouds,
   dissimilarities,
   dissimilarity_matrix,
   embeddings as emb_mod,
   ot_embeddings,
-  pairwise_embedding_distances,
   reference_set,
-  validate_dissimilarity,
+)
+from fedjax_dro.ot.dissimilarity import pairwise_embedding_distances, validate_dissimilarity
+from fedjax_dro.ot.embeddings import (
+  SinkhornConvergenceError,
+  SinkhornConvergenceWarning,
+  client_point_clouds,
 )
 from tests.helpers import run_float32
 

@@ -24,13 +24,8 @@ import pytest
 from scipy.optimize import linprog
 
 import fedjax_dro as fd
-from fedjax_dro.ot import (
-  PRESET_OPTIONS,
-  PRESETS,
-  dissimilarities,
-  dissimilarity_matrix,
-  ot_embeddings,
-)
+from fedjax_dro.ot import dissimilarities, dissimilarity_matrix, ot_embeddings
+from fedjax_dro.ot.dissimilarity import PRESET_OPTIONS, PRESETS
 from tests.helpers import run_float32
 
 N0 = 16

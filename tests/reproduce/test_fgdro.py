@@ -13,8 +13,9 @@ import pytest
 
 from fedjax_dro import algorithms as A, cli, models, reproduce, run, sweep
 from fedjax_dro.algorithms.wrappers import with_class_weighted_accuracy
-from fedjax_dro.data import load_cifar10, write_cifar10_bin
+from fedjax_dro.data import load_cifar10
 from fedjax_dro.data.digits import digits_dirichlet_with_extras
+from fedjax_dro.data.user_cifar import write_cifar10_bin
 from fedjax_dro.reproduce import fgdro as fgdro_module
 from fedjax_dro.reproduce.fgdro_protocol import (
   PAPER_TABLE7,

@@ -152,38 +152,22 @@ Layout of this package: ``problem`` (outputs, preprocessing, validation), ``dual
 ``instances`` (hard Karula-like instances and a closed-form one, for tests and benchmarks).
 """
 
-from fedjax_dro.solvers.pairwise.admm import solve_admm
-from fedjax_dro.solvers.pairwise.dual import solve_dual
-from fedjax_dro.solvers.pairwise.dykstra import solve_dykstra
+# the solvers' internal face (the public one is fedjax_dro.solvers')
+from fedjax_dro.solvers.pairwise.admm import solve_admm as solve_admm
+from fedjax_dro.solvers.pairwise.dual import solve_dual as solve_dual
+from fedjax_dro.solvers.pairwise.dykstra import solve_dykstra as solve_dykstra
 from fedjax_dro.solvers.pairwise.problem import (
-  DEFAULT_MAX_ITERATIONS,
-  METHODS,
-  KKTResiduals,
-  PairwiseProjectionOutput,
-  SolverOutput,
-  pairwise_sq_distances,
+  DEFAULT_MAX_ITERATIONS as DEFAULT_MAX_ITERATIONS,
+  METHODS as METHODS,
+  KKTResiduals as KKTResiduals,
+  PairwiseProjectionOutput as PairwiseProjectionOutput,
+  SolverOutput as SolverOutput,
+  pairwise_sq_distances as pairwise_sq_distances,
 )
 from fedjax_dro.solvers.pairwise.project import (
-  CompiledProjection,
-  compile_projection,
-  pairwise_kkt_residuals,
-  project_pairwise,
+  CompiledProjection as CompiledProjection,
+  compile_projection as compile_projection,
+  pairwise_kkt_residuals as pairwise_kkt_residuals,
+  project_pairwise as project_pairwise,
 )
-from fedjax_dro.solvers.pairwise.restoration import shrink_to_feasible
-
-__all__ = [
-  "PairwiseProjectionOutput",
-  "SolverOutput",
-  "KKTResiduals",
-  "CompiledProjection",
-  "project_pairwise",
-  "compile_projection",
-  "solve_dual",
-  "solve_admm",
-  "solve_dykstra",
-  "shrink_to_feasible",
-  "pairwise_kkt_residuals",
-  "pairwise_sq_distances",
-  "METHODS",
-  "DEFAULT_MAX_ITERATIONS",
-]
+from fedjax_dro.solvers.pairwise.restoration import shrink_to_feasible as shrink_to_feasible
