@@ -34,7 +34,7 @@ single-device ones up to floating-point reassociation in the reductions (tested 
 Multi-core CPU: :func:`request_cpu_devices` (before JAX starts; the CLI's ``--devices N|auto``)
 splits the host into one JAX device per core, so that a ``"clients"`` or ``"sweep"`` mesh gives
 each core its own share of the clients or configurations; it pays for federations with real work
-per round and costs time on small ones (measured figures in the README, "Scale").
+per round and costs time on small ones (measured figures: docs/scale.md).
 
 Multi-host: :func:`initialize_distributed` wraps ``jax.distributed.initialize``; afterwards
 ``jax.devices()`` lists the devices of every process and a mesh over them spans hosts. Every

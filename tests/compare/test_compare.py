@@ -13,6 +13,8 @@ import scipy.stats
 
 from fedjax_dro import algorithms as A, compare as C
 from fedjax_dro.algorithms import algorithm_cost
+from fedjax_dro.compare.harness import budget_rounds, plateau_round
+from fedjax_dro.compare.stats import mean_2se
 from fedjax_dro.data import from_client_arrays
 from fedjax_dro.model_selection import cross_validate, kfold_split
 from tests.helpers import dataset, linreg
@@ -80,9 +82,9 @@ def test_paired_statistics_match_scipy():
   assert d["wins"] + d["losses"] + d["ties"] == 9
   lower = C.paired_difference(a, b, higher_is_better=False)
   assert lower["wins"] == d["losses"]
-  m, two_se = C.mean_2se(a)
+  m, two_se = mean_2se(a)
   np.testing.assert_allclose([m, two_se], [a.mean(), 2 * scipy.stats.sem(a)], rtol=1e-12)
-  assert math.isnan(C.mean_2se([1.0])[1])
+  assert math.isnan(mean_2se([1.0])[1])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -142,33 +144,30 @@ def test_budget_rounds_spend_and_refusals():
   costs = A.fedavg(MODEL, local_steps=3, clients_per_round=2).cost(_data(0).train)
   per = costs.round.upload_floats
   b = C.Budget("uploads", amount=10 * per + 0.5 * per)
-  assert C.budget_rounds(b, costs, b.amount, "x") == 10
+  assert budget_rounds(b, costs, b.amount, "x") == 10
   g = C.Budget("gradients", amount=4 * costs.round.gradient_evaluations)
-  assert C.budget_rounds(g, costs, g.amount, "x") == 4
+  assert budget_rounds(g, costs, g.amount, "x") == 4
   with pytest.raises(ValueError, match="does not pay for one round of strategy 'x'"):
-    C.budget_rounds(b, costs, 0.5 * per, "x")
+    budget_rounds(b, costs, 0.5 * per, "x")
   local = A.local(MODEL).cost(_data(0).train)  # uploads nothing
   with pytest.raises(ValueError, match="spends no upload_floats per round.*cap"):
-    C.budget_rounds(b, local, b.amount, "Local")
+    budget_rounds(b, local, b.amount, "Local")
   capped = C.Budget("uploads", amount=b.amount, cap=7)
-  assert C.budget_rounds(capped, local, b.amount, "Local") == 7
+  assert budget_rounds(capped, local, b.amount, "Local") == 7
 
 
 def test_plateau_round_rule():
   r = [10, 20, 30, 40, 50, 60]
   # loss improves until round 30, then flat: plateau at 30 after patience 2
   assert (
-    C.plateau_round(r, [5, 4, 3, 3, 3.0001, 2.9999], higher=False, patience=2, min_delta=1e-3) == 30
+    plateau_round(r, [5, 4, 3, 3, 3.0001, 2.9999], higher=False, patience=2, min_delta=1e-3) == 30
   )
   # accuracy keeps improving: the last round
   assert (
-    C.plateau_round(r, [0.1, 0.2, 0.3, 0.4, 0.5, 0.6], higher=True, patience=2, min_delta=1e-3)
-    == 60
+    plateau_round(r, [0.1, 0.2, 0.3, 0.4, 0.5, 0.6], higher=True, patience=2, min_delta=1e-3) == 60
   )
   # a non-finite evaluation ends the run at the best finite one before it
-  assert (
-    C.plateau_round(r, [5, 4, math.nan, 1, 1, 1], higher=False, patience=2, min_delta=0.0) == 20
-  )
+  assert plateau_round(r, [5, 4, math.nan, 1, 1, 1], higher=False, patience=2, min_delta=0.0) == 20
 
 
 # ----------------------------------------------------------------------------------------------

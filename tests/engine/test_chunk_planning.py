@@ -10,6 +10,7 @@ import pytest
 import fedjax_dro as fd
 from fedjax_dro import models
 from fedjax_dro.algorithms import fedavg, scaffold
+from fedjax_dro.common.model import per_client_eval
 from fedjax_dro.core import clients
 from fedjax_dro.core.clients import (
   client_memory,
@@ -207,7 +208,7 @@ def test_evaluation_chunks_under_a_tiny_budget_with_vmap_results(personalized):
       lambda a: a + 0.1 * jnp.arange(23.0).reshape((23,) + (1,) * a.ndim), params
     )
   ref = jax.vmap(
-    lambda p, x, y, m: fd.models.per_client_eval(model, p, x, y, m),
+    lambda p, x, y, m: per_client_eval(model, p, x, y, m),
     in_axes=(0 if personalized else None, 0, 0, 0),
   )(params, data.x, data.y, data.mask)
   clients.recent_plans.clear()

@@ -187,7 +187,7 @@ def _free_port():
 
 
 TWO_PROCESSES = """
-from fedjax_dro.engine import initialize_distributed, is_writer
+from fedjax_dro.engine.sharding import initialize_distributed, is_writer
 initialize_distributed(f"127.0.0.1:{PORT}", 2, PID)
 ds, model = problem()
 alg = make("scaffold", model)
@@ -478,7 +478,7 @@ def test_request_cpu_devices_after_start_and_under_xla_flags(monkeypatch):
 
 
 AUTO_MESHES = """
-from fedjax_dro.engine import parse_mesh
+from fedjax_dro.engine.sharding import parse_mesh
 shape = lambda m: None if m is None else dict(m.shape)
 print(json.dumps({
   "clients20": shape(parse_mesh(None, "auto", num_clients=20)),

@@ -14,6 +14,7 @@ import pytest
 from fedjax_dro import algorithms as A, cli, reproduce
 from fedjax_dro.algorithms.wrappers import with_distances
 from fedjax_dro.common.model import client_loss_and_grad
+from fedjax_dro.reproduce.scaffpd import shift_problem
 from tests.helpers import linreg
 
 
@@ -47,7 +48,7 @@ def test_quick_reproduction_writes_json_and_png(tmp_path):
 
   # x* is a saddle point of the very objective the algorithms optimize: the lambda*-weighted
   # gradient of the simulator's client objectives vanishes there
-  ds, model, _ = reproduce.shift_problem(0)
+  ds, model, _ = shift_problem(0)
   x_star = {"w": jnp.asarray(panel["x_star"])}
   tr = ds.train
   grads = jax.vmap(lambda x, y, n: client_loss_and_grad(model, x_star, x, y, n, None, None)[1])(
