@@ -952,6 +952,19 @@ def interrupted_message(args) -> str:
   return f"interrupted: {args.command} stopped{kept}"
 
 
+def _add_output(p: argparse.ArgumentParser, files: str, bar: bool) -> None:
+  """The output flags of the commands that run rounds from flags (run, sweep): ``--out`` and
+  ``--no-progress``, so that one command line's flags serve both."""
+  p.add_argument("--out", default=None, help=f"directory for {files}")
+  p.add_argument(
+    "--no-progress",
+    action="store_true",
+    help="no progress bar (there is none when stderr is not a terminal)"
+    if bar
+    else "accepted as run takes it: a sweep is one program and shows no progress bar",
+  )
+
+
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
   """Every flag's default in its help (where it has one: not None, off or empty); descriptions
   and epilogs kept as written."""
@@ -993,16 +1006,11 @@ def build_parser() -> argparse.ArgumentParser:
     help="training seed: model initialization, client sampling, minibatches (the data are drawn "
     "with --data-seed)",
   )
-  p_run.add_argument("--out", default=None, help="directory for metrics.jsonl and summary.json")
+  _add_output(p_run, "metrics.jsonl and summary.json", bar=True)
   p_run.add_argument(
     "--overwrite",
     action="store_true",
     help="replace a finished run of another configuration in --out (refused without it)",
-  )
-  p_run.add_argument(
-    "--no-progress",
-    action="store_true",
-    help="no progress bar (there is none when stderr is not a terminal)",
   )
   p_run.add_argument(
     "--checkpoint-dir",
@@ -1055,7 +1063,7 @@ def build_parser() -> argparse.ArgumentParser:
     help="training seeds (model initialization, client sampling, minibatches), as run --seed; "
     "every grid point runs with each; the data are drawn once, with --data-seed",
   )
-  p_sweep.add_argument("--out", default=None, help="directory for sweep.json and sweep.csv")
+  _add_output(p_sweep, "sweep.json and sweep.csv", bar=False)
   p_rep = add_parser("reproduce", help="reproduce a paper figure (JSON + PNG)")
   from fedjax_dro.reproduce import EXPERIMENTS
 

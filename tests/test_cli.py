@@ -470,6 +470,17 @@ def test_a_setting_the_algorithm_does_not_take_is_refused_naming_its_flag(capsys
   assert refused >= 10
 
 
+def test_sweep_takes_the_flags_of_run_that_are_not_a_single_runs(tmp_path, capsys):
+  """sweep accepts every flag of run but those of a single run (its seed, checkpoints,
+  --overwrite, cross-validation), --no-progress included."""
+  single_run = {"--seed", "--overwrite", "--checkpoint-dir", "--checkpoint-every"}
+  single_run |= {"--keep-checkpoints", "--cv-folds", "--cv-grid", "--cv-metric"}
+  run, sweep = set(_actions("run")), set(_actions("sweep"))
+  assert run - sweep == single_run, run - sweep
+  assert cli.main(["sweep", "--rounds", "2", "--no-progress", "--out", str(tmp_path)]) == 0
+  assert "best (mean r2)" in capsys.readouterr().out
+
+
 def test_building_the_parser_does_not_start_jax():
   """--help and parsing start no JAX backend: --devices can still split the CPU afterwards,
   and the help's lists of releasing algorithms are computed only when shown."""
