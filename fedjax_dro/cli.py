@@ -23,6 +23,7 @@ import math
 import os
 import re
 import sys
+import textwrap
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
 from fedjax_dro.records.loggers import log_sweep_to, make_loggers, run_name, tracking_flags
@@ -975,6 +976,10 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescrip
     ):
       return action.help
     return super()._get_help_string(action)
+
+  def _split_lines(self, text, width):
+    """Lines broken at spaces only: a flag in a help (``--dp-noise``) is never split."""
+    return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
 
 
 def _reproduce_epilog() -> str:
