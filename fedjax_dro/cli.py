@@ -15,12 +15,16 @@ of the command line opens.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import inspect
 import json
 import math
 import os
+import re
 import sys
-from typing import Dict, List, Optional
+import textwrap
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
 from fedjax_dro.records.loggers import log_sweep_to, make_loggers, run_name, tracking_flags
 
@@ -76,125 +80,232 @@ def _compile_cache(args) -> None:
   enable_compile_cache(path)
 
 
+# ----------------------------------------------------------------------------------------------
+# Flags generated from the library's declarations: the shared settings (core.settings.DECLARED)
+# and the arguments of fedjax_dro.private; an ArgumentError about one names its flag
+# ----------------------------------------------------------------------------------------------
+def _flag(name: str) -> str:
+  """A declared setting's flag: ``batch_size`` -> ``--batch-size``."""
+  return "--" + name.replace("_", "-")
+
+
+def setting_flags() -> Dict[str, str]:
+  """``{setting: flag}``: one flag for each shared algorithm setting the library declares
+  (:data:`fedjax_dro.core.settings.DECLARED`), which the chosen algorithm's factory gets when
+  given."""
+  from fedjax_dro.core.settings import DECLARED
+
+  return {name: _flag(name) for name in DECLARED}
+
+
+class PrivacyFlag(NamedTuple):
+  """The flag of one argument of :func:`fedjax_dro.privacy.private`.
+
+  ``releasing``: the :class:`~fedjax_dro.core.release.Releases` field (``"losses"``,
+  ``"counts"``) of the algorithms the argument is for; its help lists them (``%(releasing)s``).
+  ``needs``: the argument without which this one is refused (not ignored)."""
+
+  flag: str
+  metavar: Optional[str]
+  help: str
+  choices: Optional[Tuple[str, ...]] = None
+  releasing: Optional[str] = None
+  needs: Optional[str] = None
+
+
+def privacy_flags() -> Dict[str, PrivacyFlag]:
+  """``{argument of fedjax_dro.private: its flag}``, one line per argument (a test checks that
+  every keyword argument of :func:`~fedjax_dro.privacy.private` has its line). The value type
+  and the default shown come from ``private``'s signature; ``--dp-noise`` defaults to 0 and
+  ``--dp-rate`` to clients-per-round / clients (:func:`_private`)."""
+  from fedjax_dro.core.privacy import SAMPLING
+  from fedjax_dro.privacy.accounting import ACCOUNTANTS
+
+  adaptive = "adaptive_quantile"
+  return {
+    "clip_norm": PrivacyFlag("--dp-clip", "C", "L2 clip norm of each update"),
+    "noise_multiplier": PrivacyFlag(
+      "--dp-noise", "Z", "noise multiplier (std Z C; default 0: no noise, epsilon infinite)"
+    ),
+    "sampling": PrivacyFlag(
+      "--dp-sampling",
+      None,
+      "Poisson participation or a fixed-size sample of --clients-per-round",
+      SAMPLING,
+    ),
+    "rate": PrivacyFlag(
+      "--dp-rate", "Q", "Poisson participation rate (default: clients-per-round / clients)"
+    ),
+    "delta": PrivacyFlag("--dp-delta", "D", "delta of the epsilon reported"),
+    "accountant": PrivacyFlag(
+      "--dp-accountant", None, "epsilon's accountant (pld: Poisson sampling only)", ACCOUNTANTS
+    ),
+    "loss_bound": PrivacyFlag(
+      "--dp-loss-bound",
+      "B",
+      "the algorithms that release a loss or a like report of each participant "
+      "(%(releasing)s): reports clipped to [0, B]",
+      releasing="losses",
+    ),
+    "loss_noise_multiplier": PrivacyFlag(
+      "--dp-loss-noise",
+      "ZL",
+      "noise multiplier of the reported losses (std ZL B; default: --dp-noise)",
+    ),
+    "adaptive_quantile": PrivacyFlag(
+      "--dp-adaptive-quantile",
+      "G",
+      "adaptive clipping toward the G quantile of the update norms (Andrew et al.; --dp-clip "
+      "is its start)",
+    ),
+    "adaptive_lr": PrivacyFlag(
+      "--dp-adaptive-lr", "ETA", "adaptive clipping's geometric step", needs=adaptive
+    ),
+    "count_noise": PrivacyFlag(
+      "--dp-count-noise",
+      "SB",
+      "adaptive clipping: noise std on the count of unclipped updates, over the expected "
+      "participants",
+      needs=adaptive,
+    ),
+    "cluster_count_noise": PrivacyFlag(
+      "--dp-cluster-noise",
+      "ZC",
+      "the algorithms that release per-group participant counts (%(releasing)s): noise std on "
+      "each count (default: --dp-noise)",
+      releasing="counts",
+    ),
+  }
+
+
+def releasing(what: str) -> List[str]:
+  """The registered algorithms whose declaration (``Algorithm.releases``) releases ``what``
+  (``"losses"`` or ``"counts"``): :func:`fedjax_dro.privacy.releases_table`."""
+  from fedjax_dro.privacy import Releases
+
+  table = _releases_table()
+  return sorted(n for n, d in table.items() if isinstance(d, Releases) and getattr(d, what))
+
+
+@functools.lru_cache(maxsize=1)
+def _releases_table():
+  from fedjax_dro.privacy import releases_table
+
+  return releases_table()
+
+
+class _Releasing:
+  """``%(releasing)s`` in a help: the algorithms, listed only when the help is shown (building
+  every algorithm to read its declaration takes a second, and starts JAX's backend)."""
+
+  def __init__(self, what: str):
+    self.what = what
+
+  def __str__(self) -> str:
+    return ", ".join(releasing(self.what))
+
+
+def _plain(text: str, names: Dict[str, str]) -> str:
+  """A declared docstring paragraph as a flag's help: reST roles and literals as plain text,
+  a declared name as its flag, ``%`` escaped for argparse."""
+  text = re.sub(r":\w+:`(~?)([\w.]+)`", lambda m: m[2].rsplit(".", 1)[-1] if m[1] else m[2], text)
+  return re.sub(r"``([^`]+)``", lambda m: names.get(m[1], m[1]), text).replace("%", "%%")
+
+
+def _add_settings(p: argparse.ArgumentParser) -> None:
+  """One flag per declared shared setting: its value type, choices and docstring paragraph
+  (the declared default in it); not given, the algorithm's own default holds."""
+  from fedjax_dro.core.settings import DECLARED
+
+  group = p.add_argument_group(
+    "shared algorithm settings (fedjax_dro.core.settings; `fedjax-dro list ALGORITHM`: those "
+    "the algorithm takes, with its defaults)"
+  )
+  flags = setting_flags()
+  for name, declared in DECLARED.items():
+    default = declared.default
+    doc = declared.doc.format(default=f'"{default}"' if isinstance(default, str) else default)
+    group.add_argument(
+      flags[name],
+      dest=name,
+      type=declared.type,
+      choices=declared.choices,
+      default=argparse.SUPPRESS,
+      help=_plain(doc, flags),
+    )
+
+
 def _add_privacy(p: argparse.ArgumentParser) -> None:
+  from fedjax_dro.privacy import private
+
   dp = p.add_argument_group(
     "client-level differential privacy (DP-FedAvg: fedjax_dro.private; docs/privacy.md)"
   )
-  dp.add_argument(
-    "--dp-clip", type=float, default=None, metavar="C", help="L2 clip norm of each update"
-  )
-  dp.add_argument(
-    "--dp-noise", type=float, default=None, metavar="Z", help="noise multiplier (std Z C)"
-  )
-  dp.add_argument(
-    "--dp-delta", type=float, default=None, metavar="D", help="delta of epsilon (default 1e-5)"
-  )
-  dp.add_argument(
-    "--dp-rate",
-    type=float,
-    default=None,
-    metavar="Q",
-    help="Poisson participation rate (default: clients-per-round / clients)",
-  )
-  dp.add_argument(
-    "--dp-sampling",
-    default=None,
-    choices=["poisson", "fixed"],
-    help="Poisson participation (default) or a fixed-size sample of --clients-per-round",
-  )
-  dp.add_argument("--dp-accountant", default=None, choices=["rdp", "pld"], help="default rdp")
-  dp.add_argument(
-    "--dp-adaptive-quantile",
-    type=float,
-    default=None,
-    metavar="G",
-    help="adaptive clipping toward the G quantile of the update norms (Andrew et al.; --dp-clip "
-    "is its start)",
-  )
-  dp.add_argument(
-    "--dp-loss-bound",
-    type=float,
-    default=None,
-    metavar="B",
-    help="algorithms that report losses (afl, agnostic_fedavg, drfa, scaff_pd; qffl's h_k): "
-    "reports clipped to [0, B]",
-  )
-  dp.add_argument(
-    "--dp-loss-noise",
-    type=float,
-    default=None,
-    metavar="ZL",
-    help="noise multiplier of the reported losses (std ZL B; default: --dp-noise)",
-  )
-  dp.add_argument(
-    "--dp-cluster-noise",
-    type=float,
-    default=None,
-    metavar="ZC",
-    help="ifca: noise std on each cluster's participant count (default: --dp-noise)",
-  )
+  signature = inspect.signature(private).parameters
+  for name, row in privacy_flags().items():
+    default = signature[name].default
+    shown = default not in (None, inspect.Parameter.empty)
+    action = dp.add_argument(
+      row.flag,
+      type=str if isinstance(default, str) else float,
+      choices=row.choices,
+      default=argparse.SUPPRESS,
+      metavar=row.metavar,
+      help=row.help + (f" (default: {default})" if shown else ""),
+    )
+    if row.releasing is not None:
+      action.releasing = _Releasing(row.releasing)
 
 
-def _dp_requested(args) -> bool:
-  names = ("dp_clip", "dp_noise", "dp_delta", "dp_rate", "dp_sampling", "dp_accountant")
-  names += ("dp_loss_bound", "dp_loss_noise", "dp_adaptive_quantile", "dp_cluster_noise")
-  return any(getattr(args, n, None) is not None for n in names)
+def _given(args, flags: Dict[str, str]) -> Dict[str, object]:
+  """``{argument: value}`` of the flags given (an ungiven flag's value is absent)."""
+  dests = {name: flag[2:].replace("-", "_") for name, flag in flags.items()}
+  return {name: getattr(args, dest) for name, dest in dests.items() if hasattr(args, dest)}
 
 
-def _dp_options(args, options: dict) -> dict:
-  """A private run weighs participants uniformly: ``weighting="uniform"`` unless given."""
-  if not _dp_requested(args):
-    return options
-  import inspect
+def _privacy_given(args) -> Dict[str, object]:
+  return _given(args, {name: row.flag for name, row in privacy_flags().items()})
 
-  from fedjax_dro.algorithms import get_algorithm
 
-  accepted = inspect.signature(get_algorithm(args.algorithm).factory).parameters
-  if "weighting" in accepted and "weighting" not in options:
-    options = {**options, "weighting": "uniform"}
-  return options
+@contextlib.contextmanager
+def _named(flags: Dict[str, str]):
+  """An :class:`~fedjax_dro.common.checks.ArgumentError` about an argument of ``flags`` (the
+  table that made the flags) raised inside names its flag instead."""
+  from fedjax_dro.common.checks import ArgumentError
+
+  try:
+    yield
+  except ArgumentError as e:
+    if e.argument not in flags:
+      raise
+    raise e.renamed(flags) from None
 
 
 def _private(args, alg, num_clients: int):
   """``alg`` made private from the ``--dp-*`` flags (unchanged without them)."""
-  if not _dp_requested(args):
+  rows = privacy_flags()
+  given = _privacy_given(args)
+  if not given:
     return alg
-  if args.dp_clip is None:
-    raise ValueError("--dp-clip C is needed for a private run (--dp-noise alone clips nothing)")
-  from fedjax_dro.privacy.wrapper import private
+  if "clip_norm" not in given:
+    clip, noise = rows["clip_norm"], rows["noise_multiplier"]
+    raise ValueError(
+      f"{clip.flag} {clip.metavar} is needed for a private run ({noise.flag} alone clips nothing)"
+    )
+  for name in given:
+    needs = rows[name].needs
+    if needs is not None and needs not in given:
+      raise ValueError(f"{rows[name].flag} needs {rows[needs].flag}")
+  from fedjax_dro.privacy import private
 
-  sampling = args.dp_sampling or "poisson"
-  rate = args.dp_rate
-  if sampling == "poisson" and rate is None:
+  kw = dict(given)
+  clip, noise = kw.pop("clip_norm"), kw.pop("noise_multiplier", 0.0)
+  sampling = kw.get("sampling", inspect.signature(private).parameters["sampling"].default)
+  if sampling == "poisson" and "rate" not in kw:
     s = alg.settings.clients_per_round if alg.settings is not None else None
-    rate = min(1.0, (s or num_clients) / num_clients)
-  kw = dict(sampling=sampling, rate=rate, accountant=args.dp_accountant or "rdp")
-  if args.dp_delta is not None:
-    kw["delta"] = args.dp_delta
-  if args.dp_adaptive_quantile is not None:
-    kw["adaptive_quantile"] = args.dp_adaptive_quantile
-  if args.dp_loss_bound is not None or args.dp_loss_noise is not None:
-    kw.update(loss_bound=args.dp_loss_bound, loss_noise_multiplier=args.dp_loss_noise)
-  if args.dp_cluster_noise is not None:
-    kw["cluster_count_noise"] = args.dp_cluster_noise
-  try:
-    return private(alg, args.dp_clip, 0.0 if args.dp_noise is None else args.dp_noise, **kw)
-  except ValueError as e:
-    flags = {
-      "clip_norm": "--dp-clip",
-      "noise_multiplier": "--dp-noise",
-      "delta": "--dp-delta",
-      "rate": "--dp-rate",
-      "loss_bound": "--dp-loss-bound",
-      "loss_noise_multiplier": "--dp-loss-noise",
-      "adaptive_quantile": "--dp-adaptive-quantile",
-      "cluster_count_noise": "--dp-cluster-noise",
-    }
-    msg = str(e)
-    for name, flag in flags.items():
-      if msg.startswith(name):
-        msg = flag + msg[len(name) :]
-    raise ValueError(msg) from None
+    kw["rate"] = min(1.0, (s or num_clients) / num_clients)
+  with _named({name: row.flag for name, row in rows.items()}):
+    return private(alg, clip, noise, **kw)
 
 
 def _privacy_line(privacy: dict) -> str:
@@ -225,28 +336,6 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     help="hyper-parameter override (repeatable)",
   )
   p.add_argument(
-    "--clients-per-round", type=int, default=None, help="participants per round (default: all)"
-  )
-  p.add_argument("--local-steps", type=int, default=None, help="local steps per round")
-  p.add_argument(
-    "--local-epochs",
-    type=int,
-    default=None,
-    help="passes over each client's data per round, without replacement (instead of --local-steps)",
-  )
-  p.add_argument(
-    "--batch-size", type=int, default=None, help="local minibatch size (default: full batch)"
-  )
-  p.add_argument(
-    "--backend",
-    default="auto",
-    choices=["auto", "vmap", "map", "chunked"],
-    help="execution backend for the participants' local updates",
-  )
-  p.add_argument(
-    "--chunk-size", type=int, default=None, help="clients per chunk for --backend chunked"
-  )
-  p.add_argument(
     "--precision",
     default=None,
     choices=["float32", "tf32", "bf16"],
@@ -255,6 +344,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
   )
   p.add_argument("--eval-every", type=int, default=None, help="rounds between evaluations")
   _add_compile_cache(p)
+  _add_settings(p)
   _add_privacy(p)
   scale = p.add_argument_group("scale-out (see fedjax_dro.engine.sharding)")
   scale.add_argument(
@@ -315,19 +405,29 @@ def _add_common(p: argparse.ArgumentParser) -> None:
   )
 
 
+def _settings(args) -> Dict[str, object]:
+  """The shared settings given on the command line, ``{setting: value}``; one the algorithm's
+  factory does not take is refused, naming its flag and the settings the algorithm takes."""
+  from fedjax_dro.algorithms import get_algorithm
+
+  flags = setting_flags()
+  given = _given(args, flags)
+  accepted = inspect.signature(get_algorithm(args.algorithm).factory).parameters
+  for name in given:
+    if name not in accepted:
+      takes = ", ".join(flag for n, flag in flags.items() if n in accepted)
+      raise ValueError(
+        f"{flags[name]}: {args.algorithm} takes no {name} (its settings: {takes}; "
+        f"`fedjax-dro list {args.algorithm}`)"
+      )
+  return given
+
+
 def _factory_options(args) -> dict:
-  opts = {}
-  if args.clients_per_round is not None:
-    opts["clients_per_round"] = args.clients_per_round
-  if args.local_steps is not None:
-    opts["local_steps"] = args.local_steps
-  if args.local_epochs is not None:
-    opts["local_epochs"] = args.local_epochs
-  if args.batch_size is not None:
-    opts["batch_size"] = args.batch_size
-  opts["backend"] = args.backend
-  if args.chunk_size is not None:
-    opts["chunk_size"] = args.chunk_size
+  """The options of the algorithm's factory: the settings given, ``--precision``, the server
+  optimizer, each ``--option``, and ``weighting="uniform"`` for a private run where the factory
+  takes a weighting and none is given (every participant counts once)."""
+  opts = _settings(args)
   if getattr(args, "precision", None) is not None:
     opts["precision"] = args.precision
   if getattr(args, "server_optimizer", None) is not None or getattr(args, "server_option", []):
@@ -343,7 +443,18 @@ def _factory_options(args) -> dict:
       except ValueError:
         pass
     opts[k] = v
+  if _privacy_given(args) and "weighting" not in opts:
+    from fedjax_dro.algorithms import get_algorithm
+
+    if "weighting" in inspect.signature(get_algorithm(args.algorithm).factory).parameters:
+      opts["weighting"] = "uniform"
   return opts
+
+
+def _build(args):
+  """``(algorithm, dataset)`` of a run or sweep from its flags, private under ``--dp-*``."""
+  alg, ds = build(args.algorithm, args.dataset, args.data_seed, _factory_options(args))
+  return _private(args, alg, ds.num_clients), ds
 
 
 def _server_optimizer(args):
@@ -376,12 +487,7 @@ def build(algorithm: str, dataset: str, seed: int, options: dict):
   ds_entry = get_dataset(dataset)
   ds = ds_entry.load(seed)
   model = ds_entry.default_model(ds)
-  import inspect
-
   accepted = inspect.signature(entry.factory).parameters
-  options = {
-    k: v for k, v in options.items() if k in accepted or k not in ("backend", "chunk_size")
-  }
   unknown = [k for k in options if k not in accepted]
   if unknown:
     raise ValueError(
@@ -512,9 +618,7 @@ def cmd_run(args) -> int:
   _check_counts(args)
   trackers, log_dir = tracking_flags(args.log_to, args.log_dir, args.out)
   _compile_cache(args)
-  options = _dp_options(args, _factory_options(args))
-  alg, ds = build(args.algorithm, args.dataset, args.data_seed, options)
-  alg = _private(args, alg, ds.num_clients)
+  alg, ds = _build(args)
   ds, mesh = _scale(args, ds)
   hparams = _parse_kv(args.hparam, "--hparam")
   print(
@@ -689,9 +793,7 @@ def _sweep_locked(args) -> int:
   trackers, log_dir = tracking_flags(args.log_to, args.log_dir, args.out)
   _compile_cache(args)
   seeds = _parse_seeds(args.seeds)
-  options = _dp_options(args, _factory_options(args))
-  alg, ds = build(args.algorithm, args.dataset, args.data_seed, options)
-  alg = _private(args, alg, ds.num_clients)
+  alg, ds = _build(args)
   grid = _parse_kv(args.grid, "--grid", multi=True)
   ds, mesh = _scale(args, ds, num_configs=math.prod(len(v) for v in grid.values()) * len(seeds))
   print(f"fedjax-dro sweep: {alg.name} on {ds.name}; devices: {_device_line(mesh, alg)}")
@@ -855,6 +957,19 @@ def interrupted_message(args) -> str:
   return f"interrupted: {args.command} stopped{kept}"
 
 
+def _add_output(p: argparse.ArgumentParser, files: str, bar: bool) -> None:
+  """The output flags of the commands that run rounds from flags (run, sweep): ``--out`` and
+  ``--no-progress``, so that one command line's flags serve both."""
+  p.add_argument("--out", default=None, help=f"directory for {files}")
+  p.add_argument(
+    "--no-progress",
+    action="store_true",
+    help="no progress bar (there is none when stderr is not a terminal)"
+    if bar
+    else "accepted as run takes it: a sweep is one program and shows no progress bar",
+  )
+
+
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
   """Every flag's default in its help (where it has one: not None, off or empty); descriptions
   and epilogs kept as written."""
@@ -865,6 +980,10 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescrip
     ):
       return action.help
     return super()._get_help_string(action)
+
+  def _split_lines(self, text, width):
+    """Lines broken at spaces only: a flag in a help (``--dp-noise``) is never split."""
+    return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
 
 
 def _reproduce_epilog() -> str:
@@ -896,16 +1015,11 @@ def build_parser() -> argparse.ArgumentParser:
     help="training seed: model initialization, client sampling, minibatches (the data are drawn "
     "with --data-seed)",
   )
-  p_run.add_argument("--out", default=None, help="directory for metrics.jsonl and summary.json")
+  _add_output(p_run, "metrics.jsonl and summary.json", bar=True)
   p_run.add_argument(
     "--overwrite",
     action="store_true",
     help="replace a finished run of another configuration in --out (refused without it)",
-  )
-  p_run.add_argument(
-    "--no-progress",
-    action="store_true",
-    help="no progress bar (there is none when stderr is not a terminal)",
   )
   p_run.add_argument(
     "--checkpoint-dir",
@@ -958,7 +1072,7 @@ def build_parser() -> argparse.ArgumentParser:
     help="training seeds (model initialization, client sampling, minibatches), as run --seed; "
     "every grid point runs with each; the data are drawn once, with --data-seed",
   )
-  p_sweep.add_argument("--out", default=None, help="directory for sweep.json and sweep.csv")
+  _add_output(p_sweep, "sweep.json and sweep.csv", bar=False)
   p_rep = add_parser("reproduce", help="reproduce a paper figure (JSON + PNG)")
   from fedjax_dro.reproduce import EXPERIMENTS
 
@@ -1018,15 +1132,19 @@ def main(argv: Optional[List[str]] = None) -> int:
   if args.command is None:
     parser.print_help()
     return 2
+  command = {
+    "run": cmd_run,
+    "sweep": cmd_sweep,
+    "list": cmd_list,
+    "plot": cmd_plot,
+    "reproduce": cmd_reproduce,
+    "compare": cmd_compare,
+  }[args.command]
   try:
-    return {
-      "run": cmd_run,
-      "sweep": cmd_sweep,
-      "list": cmd_list,
-      "plot": cmd_plot,
-      "reproduce": cmd_reproduce,
-      "compare": cmd_compare,
-    }[args.command](args)
+    if args.command not in ("run", "sweep"):
+      return command(args)
+    with _named(setting_flags()):  # a bad setting, wherever it is found, names its flag
+      return command(args)
   except (ValueError, TypeError, MemoryError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2

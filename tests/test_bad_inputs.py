@@ -940,7 +940,16 @@ CLI_CASES = {
   "--dataset unknown": (["run", "--dataset", "nope", "--rounds", "1"], "dataset"),
   "--clients-per-round too many": (
     ["run", "--clients-per-round", "1000", "--rounds", "1"],
-    "clients_per_round",
+    "--clients-per-round",
+  ),
+  "--batch-size zero": (["run", "--batch-size", "0", "--rounds", "1"], "--batch-size"),
+  "--local-steps for afl (which takes none)": (
+    ["run", "--algorithm", "afl", "--local-steps", "3"],
+    "--local-steps",
+  ),
+  "--dp-adaptive-lr without --dp-adaptive-quantile": (
+    ["run", "--dp-clip", "1", "--dp-adaptive-lr", "0.5"],
+    "--dp-adaptive-quantile",
   ),
   "--log-to unknown tracker": (["run", "--log-to", "wandb", "--rounds", "1"], "--log-to"),
   "--log-to a tracker twice (sweep)": (

@@ -242,3 +242,260 @@ def test_every_flag_has_help_and_defaults_are_shown(capsys):
   rep = capsys.readouterr().out
   for name, when in RUN_TIMES.items():
     assert f"{name:<18} {when}" in rep
+
+
+# ----------------------------------------------------------------------------------------------
+# The settings and privacy flags are generated from the library's declarations
+# ----------------------------------------------------------------------------------------------
+def _subparser(name):
+  import argparse
+
+  parser = cli.build_parser()
+  sub = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)][0]
+  return sub.choices[name]
+
+
+def _actions(command):
+  return {s: a for a in _subparser(command)._actions for s in a.option_strings}
+
+
+def _untabled(fn, table):
+  """The arguments of ``fn`` after the first (the algorithm) without a row in ``table``, and the
+  rows naming none."""
+  import inspect
+
+  return sorted(set(list(inspect.signature(fn).parameters)[1:]) ^ set(table))
+
+
+def test_setting_flags_are_the_declared_settings():
+  """Every DECLARED setting has its flag in run and sweep, with the declared value type and
+  choices, its docstring paragraph (with the declared default) as help, and no value unless
+  given (the algorithm's own default holds)."""
+  import argparse
+
+  from fedjax_dro.core.clients import BACKENDS
+  from fedjax_dro.core.settings import DECLARED
+
+  assert cli.setting_flags() == {n: "--" + n.replace("_", "-") for n in DECLARED}
+  assert DECLARED["backend"].choices == BACKENDS and DECLARED["batch_size"].type is int
+  for command in ("run", "sweep"):
+    actions = _actions(command)
+    for name, declared in DECLARED.items():
+      action = actions[cli.setting_flags()[name]]
+      assert action.dest == name and action.default is argparse.SUPPRESS
+      assert action.type is declared.type and action.choices == declared.choices
+      default = declared.default
+      doc = declared.doc.format(default=f'"{default}"' if isinstance(default, str) else default)
+      assert action.help == cli._plain(doc, cli.setting_flags())
+      if "{default}" in declared.doc:
+        assert f"(default {default})" in action.help or f'(default "{default}")' in action.help
+      assert "``" not in action.help and ":func:" not in action.help
+  args = cli.build_parser().parse_args(["run", "--batch-size", "8", "--backend", "map"])
+  assert cli._given(args, cli.setting_flags()) == {"batch_size": 8, "backend": "map"}
+
+
+def test_a_new_declared_setting_gets_its_flag(monkeypatch):
+  """The flags are read from DECLARED, not restated: a setting added there appears."""
+  from fedjax_dro.core import settings
+
+  extra = settings.Declared(3, "a new count (default ``{default}``).")
+  monkeypatch.setitem(settings.DECLARED, "new_count", extra)
+  action = _actions("run")["--new-count"]
+  assert action.type is int and action.help == "a new count (default 3)."
+
+
+def test_privacy_flags_are_the_arguments_of_private():
+  """Every keyword argument of fd.private has one row, hence one --dp-* flag in run and sweep,
+  with the type and default of private's signature; the detector sees a missing row."""
+  import inspect
+
+  from fedjax_dro.privacy import private
+
+  table = cli.privacy_flags()
+  assert _untabled(private, table) == []
+  signature = inspect.signature(private).parameters
+  for command in ("run", "sweep"):
+    actions = _actions(command)
+    for name, row in table.items():
+      action = actions[row.flag]
+      default = signature[name].default
+      assert action.type is (str if isinstance(default, str) else float), name
+      assert action.choices == row.choices and action.metavar == row.metavar
+      if default not in (None, inspect.Parameter.empty):
+        assert action.help.endswith(f"(default: {default})"), name
+  flags = [row.flag for row in table.values()]
+  assert len(set(flags)) == len(flags) and all(f.startswith("--dp-") for f in flags)
+
+  def grown(alg, clip_norm, noise_multiplier, *, sampling="poisson", new_knob=1.0):
+    del alg, clip_norm, noise_multiplier, sampling, new_knob
+
+  assert "new_knob" in _untabled(grown, table)
+
+
+def test_loss_bound_help_lists_exactly_the_declaring_algorithms(monkeypatch):
+  """--dp-loss-bound's help lists the algorithms whose declaration releases losses,
+  --dp-cluster-noise's those that release counts: read from the declarations (a changed
+  declaration changes the help)."""
+  import re
+
+  from fedjax_dro.core.release import Refused, Releases
+  from fedjax_dro.privacy import releases_table
+
+  def listed(flag):
+    run = _subparser("run")
+    action = _actions("run")[flag]
+    text = run._get_formatter()._expand_help(action)  # the help as --help shows it
+    assert "".join(text.split()) in "".join(run.format_help().split())
+    return set(re.search(r"\(([\w, ]+)\)", text)[1].split(", "))
+
+  table = releases_table()
+  losses = {n for n, d in table.items() if isinstance(d, Releases) and d.losses is not None}
+  counts = {n for n, d in table.items() if isinstance(d, Releases) and d.counts}
+  assert {"afl", "qffl", "drfa"} <= losses and counts == {"ifca"}
+  assert listed("--dp-loss-bound") == losses and listed("--dp-cluster-noise") == counts
+  fake = {"mine": Releases("x", losses="loss"), "yours": Releases("y"), "no": Refused("z")}
+  monkeypatch.setattr(cli, "_releases_table", lambda: fake)
+  assert listed("--dp-loss-bound") == {"mine"}
+
+
+def _one_error_line(argv, capsys):
+  rc = cli.main(["run", "--rounds", "1", "--no-progress", *argv])
+  err = capsys.readouterr().err.strip()
+  assert rc == 2 and "\n" not in err and err.startswith("error: "), (argv, err)
+  return err[len("error: ") :]
+
+
+def test_a_bad_setting_names_its_flag(capsys):
+  """A bad value of each shared setting is reported under its flag: the library's ArgumentError
+  carries the setting's name, which the CLI maps through the table that made the flags."""
+  from fedjax_dro.core.settings import DECLARED
+
+  for name, flag in cli.setting_flags().items():
+    if DECLARED[name].choices is None:
+      err = _one_error_line([flag, "0"], capsys)
+    else:  # argparse refuses a value outside the choices; --option reaches the library
+      err = _one_error_line(["--option", f"{name}=bogus"], capsys)
+    assert err.startswith(f"{flag} must be "), err
+  err = _one_error_line(["--clients-per-round", "1000"], capsys)  # found when the run starts
+  assert err.startswith("--clients-per-round must be in [1, num_clients="), err
+
+
+def test_a_bad_privacy_value_names_its_flag(capsys):
+  """A bad value of each argument of fd.private is reported under its flag (a new argument
+  needs its case here too)."""
+  dp = ["--dp-clip", "1"]
+  adaptive = dp + ["--dp-adaptive-quantile", "0.5"]
+  cases = {
+    "clip_norm": ["--dp-clip", "-1"],
+    "noise_multiplier": dp + ["--dp-noise", "-1"],
+    "sampling": None,  # choices: argparse names the flag (below)
+    "rate": dp + ["--dp-rate", "2"],
+    "delta": dp + ["--dp-delta", "1"],
+    "accountant": dp + ["--dp-sampling", "fixed", "--dp-accountant", "pld"],
+    "loss_bound": ["--algorithm", "afl"] + dp + ["--dp-loss-bound", "-1"],
+    "loss_noise_multiplier": ["--algorithm", "afl"]
+    + dp
+    + ["--dp-loss-bound", "1", "--dp-loss-noise", "-1"],
+    "adaptive_quantile": dp + ["--dp-adaptive-quantile", "2"],
+    "adaptive_lr": adaptive + ["--dp-adaptive-lr", "0"],
+    "count_noise": adaptive + ["--dp-count-noise", "-1"],
+    "cluster_count_noise": ["--algorithm", "ifca"] + dp + ["--dp-cluster-noise", "-1"],
+  }
+  table = cli.privacy_flags()
+  assert set(cases) == set(table)
+  for name, argv in cases.items():
+    if argv is not None:
+      assert _one_error_line(argv, capsys).startswith(table[name].flag), name
+  import pytest
+
+  with pytest.raises(SystemExit):
+    cli.main(["run", "--dp-sampling", "sometimes"])
+  assert "argument --dp-sampling: invalid choice" in capsys.readouterr().err
+  assert _one_error_line(["--dp-noise", "1"], capsys).startswith("--dp-clip C is needed")
+  err = _one_error_line(dp + ["--dp-loss-bound", "1"], capsys)
+  assert err.startswith("--dp-loss-bound / --dp-loss-noise: 'fedavg' releases no losses"), err
+  err = _one_error_line(dp + ["--dp-count-noise", "0.1"], capsys)
+  assert err == "--dp-count-noise needs --dp-adaptive-quantile", err
+
+
+def test_errors_are_mapped_by_the_argument_they_carry_not_their_message():
+  """The link is the exception's ``argument``: an ArgumentError is renamed, a ValueError that
+  merely starts with a setting's name is not, nor an ArgumentError about another argument; the
+  renamed error is still a ValueError with the message's rest unchanged."""
+  import pickle
+
+  import pytest
+
+  from fedjax_dro.common.checks import ArgumentError, integer
+
+  flags = cli.setting_flags()
+  with pytest.raises(ArgumentError) as info:
+    integer(0, "batch_size")
+  assert info.value.argument == "batch_size" and isinstance(info.value, ValueError)
+  assert str(info.value) == "batch_size must be an integer >= 1, got 0"
+  with pytest.raises(ValueError, match=r"^--batch-size must be an integer >= 1, got 0$"):
+    with cli._named(flags):
+      integer(0, "batch_size")
+  with pytest.raises(ValueError, match=r"^batch_size must be"):
+    with cli._named(flags):
+      raise ValueError("batch_size must be an integer >= 1, got 0")
+  with pytest.raises(ArgumentError, match=r"^sampling must be"):
+    with cli._named(flags):
+      integer(0, "sampling")
+  two = ArgumentError(("loss_bound", "loss_noise_multiplier"), ": none")
+  assert str(two.renamed({"loss_bound": "--b"})) == "--b / loss_noise_multiplier: none"
+  copy = pickle.loads(pickle.dumps(two))
+  assert str(copy) == str(two) and copy.arguments == two.arguments
+
+
+def test_a_setting_the_algorithm_does_not_take_is_refused_naming_its_flag(capsys):
+  """For every registered algorithm, a declared setting its factory does not take is refused
+  with one line naming the flag and the settings it does take (before any data load)."""
+  import inspect
+
+  from fedjax_dro.algorithms import list_algorithms
+
+  flags = cli.setting_flags()
+  refused = 0
+  for name, entry in list_algorithms().items():
+    accepted = inspect.signature(entry.factory).parameters
+    for setting, flag in flags.items():
+      if setting in accepted:
+        continue
+      value = "uniform" if setting == "weighting" else "2"
+      err = _one_error_line(["--algorithm", name, flag, value], capsys)
+      takes = ", ".join(f for s, f in flags.items() if s in accepted)
+      assert err.startswith(f"{flag}: {name} takes no {setting} (its settings: {takes};"), err
+      refused += 1
+  assert refused >= 10
+
+
+def test_sweep_takes_the_flags_of_run_that_are_not_a_single_runs(tmp_path, capsys):
+  """sweep accepts every flag of run but those of a single run (its seed, checkpoints,
+  --overwrite, cross-validation), --no-progress included."""
+  single_run = {"--seed", "--overwrite", "--checkpoint-dir", "--checkpoint-every"}
+  single_run |= {"--keep-checkpoints", "--cv-folds", "--cv-grid", "--cv-metric"}
+  run, sweep = set(_actions("run")), set(_actions("sweep"))
+  assert run - sweep == single_run, run - sweep
+  assert cli.main(["sweep", "--rounds", "2", "--no-progress", "--out", str(tmp_path)]) == 0
+  assert "best (mean r2)" in capsys.readouterr().out
+
+
+def test_building_the_parser_does_not_start_jax():
+  """--help and parsing start no JAX backend: --devices can still split the CPU afterwards,
+  and the help's lists of releasing algorithms are computed only when shown."""
+  import os
+  import subprocess
+  import sys
+
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+  code = (
+    "from fedjax_dro import cli\n"
+    "from jax._src import xla_bridge\n"
+    "parser = cli.build_parser(); parser.format_help()\n"
+    "parser.parse_args(['run', '--dp-clip', '1', '--batch-size', '4'])\n"
+    "assert not xla_bridge.backends_are_initialized()\n"
+  )
+  proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+  assert proc.returncode == 0, proc.stderr[-2000:]

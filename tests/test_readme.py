@@ -132,9 +132,7 @@ def test_every_cli_command_parses_with_registered_names(monkeypatch):
     subcommands.add(args.command)
     if args.command not in ("run", "sweep"):
       continue
-    options = cli._dp_options(args, cli._factory_options(args))  # as cmd_run / cmd_sweep build
-    alg, ds = cli.build(args.algorithm, args.dataset, args.data_seed, options)
-    alg = cli._private(args, alg, ds.num_clients)  # --dp-* adds dp_clip, dp_noise, ...
+    alg, ds = cli._build(args)  # as cmd_run / cmd_sweep build; --dp-* adds dp_clip, dp_noise...
     names = set(default_hparams(alg))
     given = [item.split("=")[0] for item in args.hparam + getattr(args, "grid", [])]
     given += [item.split("=")[0] for item in getattr(args, "cv_grid", [])]

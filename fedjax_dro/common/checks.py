@@ -4,23 +4,57 @@ Each validator names the argument and the value it got, and returns the value in
 code uses (a Python ``int``/``float``/``bool``), so a call site reads
 ``steps = integer(steps, "personal_steps")``::
 
-    integer(v, name, minimum=1, maximum=None, optional=False, none="")  # ValueError
-    number(v, name, minimum=None, maximum=None, strict=False, ...)      # ValueError
-    choice(v, name, choices)                                           # ValueError
+    integer(v, name, minimum=1, maximum=None, optional=False, none="")  # ArgumentError
+    number(v, name, minimum=None, maximum=None, strict=False, ...)      # ArgumentError
+    choice(v, name, choices)                                           # ArgumentError
     flag(v, name)                                                      # TypeError
 
 Integers accept any integer type (``int``, ``np.int64``...) and numbers any real type, never a
 bool; numbers must be finite. ``optional=True`` lets ``None`` through (``none`` says what it
 means, for the message).
+
+The ``ValueError`` of a bad value is an :class:`ArgumentError`, which carries the argument's
+name: a caller that knows the argument by another name (the command line's ``--batch-size`` for
+``batch_size``) reads ``error.argument`` and says so with :meth:`ArgumentError.renamed`, never by
+matching the message.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
+
+
+class ArgumentError(ValueError):
+  """A bad value of a named argument: a ``ValueError`` whose message is the argument's name
+  followed by ``detail`` (``"batch_size must be an integer >= 1, got 0"``).
+
+  Attributes:
+    arguments: the names the message begins with, ``" / "``-separated (usually one; two for
+      ``"loss_bound / loss_noise_multiplier: ..."``).
+    argument: the first of them.
+    detail: the message after the names.
+  """
+
+  def __init__(self, arguments: Union[str, Tuple[str, ...]], detail: str):
+    self.arguments = (arguments,) if isinstance(arguments, str) else tuple(arguments)
+    self.detail = detail
+    super().__init__(" / ".join(self.arguments) + detail)
+
+  @property
+  def argument(self) -> str:
+    return self.arguments[0]
+
+  def renamed(self, names: Mapping[str, str]) -> "ArgumentError":
+    """The same error about the arguments as ``names`` calls them (those it does not name keep
+    theirs): ``renamed({"batch_size": "--batch-size"})``."""
+    return ArgumentError(tuple(names.get(a, a) for a in self.arguments), self.detail)
+
+  def __reduce__(self):
+    return type(self), (self.arguments, self.detail)
 
 
 def _is_bool(value) -> bool:
@@ -42,7 +76,7 @@ def integer(
   optional: bool = False,
   none: str = "",
 ) -> Optional[int]:
-  """``value`` as a Python int in ``[minimum, maximum]``; ``ValueError`` otherwise."""
+  """``value`` as a Python int in ``[minimum, maximum]``; :class:`ArgumentError` otherwise."""
   if value is None and optional:
     return None
   if (
@@ -52,7 +86,9 @@ def integer(
     or (maximum is not None and value > maximum)
   ):
     bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
-    raise ValueError(f"{name} must be an integer {bound}{_or_none(optional, none)}, got {value!r}")
+    raise ArgumentError(
+      name, f" must be an integer {bound}{_or_none(optional, none)}, got {value!r}"
+    )
   return int(value)
 
 
@@ -67,7 +103,7 @@ def number(
   none: str = "",
 ) -> Optional[float]:
   """``value`` as a finite Python float, ``> minimum`` (``strict``) or ``>= minimum``, and
-  ``<= maximum``; ``ValueError`` otherwise."""
+  ``<= maximum``; :class:`ArgumentError` otherwise."""
   if value is None and optional:
     return None
   ok = isinstance(value, numbers.Real) and not _is_bool(value) and math.isfinite(float(value))
@@ -82,17 +118,17 @@ def number(
     if maximum is not None:
       bounds.append(f"<= {maximum}")
     bound = (" " + " and ".join(bounds)) if bounds else ""
-    raise ValueError(
-      f"{name} must be a finite number{bound}{_or_none(optional, none)}, got {value!r}"
+    raise ArgumentError(
+      name, f" must be a finite number{bound}{_or_none(optional, none)}, got {value!r}"
     )
   return float(value)
 
 
 def choice(value, name: str, choices: Sequence):
-  """``value`` if it is one of ``choices``; ``ValueError`` otherwise."""
+  """``value`` if it is one of ``choices``; :class:`ArgumentError` otherwise."""
   if isinstance(value, (str, numbers.Number, type(None))) and value in tuple(choices):
     return value
-  raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")
+  raise ArgumentError(name, f" must be one of {tuple(choices)}, got {value!r}")
 
 
 def flag(value, name: str) -> bool:

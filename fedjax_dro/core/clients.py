@@ -35,6 +35,7 @@ import jax.extend as jex
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_dro.common.checks import ArgumentError
 from fedjax_dro.common.tuning import current, reset, tuned
 
 BACKENDS = ("vmap", "map", "chunked", "auto")
@@ -50,9 +51,9 @@ JAXPR_MARGIN = 1.5
 
 def validate_backend(backend: str, chunk_size: Optional[int]) -> None:
   if backend not in BACKENDS:
-    raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    raise ArgumentError("backend", f" must be one of {BACKENDS}, got {backend!r}")
   if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
-    raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+    raise ArgumentError("chunk_size", f" must be a positive integer, got {chunk_size!r}")
 
 
 def resolve_backend(backend: str, num_params: int, platform: Optional[str] = None) -> str:

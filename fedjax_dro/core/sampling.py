@@ -6,6 +6,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_dro.common.checks import ArgumentError
+
 
 def sample_clients(
   key, num_clients: int, clients_per_round: int, weights=None, *, replace: bool = False
@@ -36,7 +38,9 @@ def validate_clients_per_round(
   if not isinstance(clients_per_round, int) or isinstance(clients_per_round, bool):
     raise TypeError(f"{name} must be an int, got {type(clients_per_round).__name__}")
   if clients_per_round < 1 or clients_per_round > num_clients:
-    raise ValueError(f"{name} must be in [1, num_clients={num_clients}], got {clients_per_round}")
+    raise ArgumentError(
+      name, f" must be in [1, num_clients={num_clients}], got {clients_per_round}"
+    )
   return clients_per_round
 
 

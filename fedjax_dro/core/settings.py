@@ -1,7 +1,7 @@
 """Validated shape-determining settings shared by the algorithms, and the start of their state.
 
 The settings shared by the local-training algorithms are declared once (:data:`DECLARED`: name,
-default and docstring paragraph) and validated by :func:`common_settings` into
+default, docstring paragraph, value type and choices) and validated by :func:`common_settings` into
 :class:`CommonSettings`; a factory receives them through
 :func:`fedjax_dro.algorithms.base.with_settings`, which also adds the declared keyword parameters
 to its signature and their paragraphs to its docstring. :func:`state_init` and
@@ -11,14 +11,14 @@ to its signature and their paragraphs to its docstring. :func:`state_init` and
 from __future__ import annotations
 
 import numbers
-from typing import Any, Callable, Dict, NamedTuple, Optional
+from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple
 
 import jax.numpy as jnp
 import numpy as np
 
 from fedjax_dro.common.checks import choice, integer
 from fedjax_dro.common.model import num_parameters
-from fedjax_dro.core.clients import resolve_backend, validate_backend
+from fedjax_dro.core.clients import BACKENDS, resolve_backend, validate_backend
 from fedjax_dro.core.sampling import validate_clients_per_round
 
 
@@ -40,6 +40,7 @@ class CommonSettings(NamedTuple):
 
 
 MAX_COUNT = 2**31 - 1  # counts become int32 shapes and indices on the device
+WEIGHTINGS = ("num_examples", "uniform")
 
 
 def common_settings(
@@ -76,18 +77,22 @@ def common_settings(
     chunk_size, "chunk_size", maximum=MAX_COUNT, optional=True, none="planned from memory"
   )
   validate_backend(backend, chunk_size)
-  choice(weighting, "weighting", ("num_examples", "uniform"))
+  choice(weighting, "weighting", WEIGHTINGS)
   return CommonSettings(
     clients_per_round, local_steps, batch_size, backend, chunk_size, weighting, local_epochs
   )
 
 
 class Declared(NamedTuple):
-  """One shared setting: its default and its docstring paragraph (``{default}`` is replaced by
-  the default a factory declares)."""
+  """One shared setting: its default, its docstring paragraph (``{default}`` is replaced by the
+  default a factory declares), the type of its value when given (a count is an ``int``) and the
+  values it may take (None: any that :func:`common_settings` accepts). The command line's flag
+  of each setting is generated from its declaration (:mod:`fedjax_dro.cli`)."""
 
   default: Any
   doc: str
+  type: type = int
+  choices: Optional[Tuple[str, ...]] = None
 
 
 DECLARED: Dict[str, Declared] = {
@@ -116,6 +121,8 @@ DECLARED: Dict[str, Declared] = {
     "auto",
     'per-client execution: ``"auto"`` (chosen from the model size), ``"vmap"``, ``"map"`` or '
     '``"chunked"`` (default ``{default}``).',
+    str,
+    BACKENDS,
   ),
   "chunk_size": Declared(
     None,
@@ -126,6 +133,8 @@ DECLARED: Dict[str, Declared] = {
     "num_examples",
     '``"num_examples"`` (weights proportional to sample counts) or ``"uniform"``: the weights of '
     "the participants' contributions to the server's average (default ``{default}``).",
+    str,
+    WEIGHTINGS,
   ),
 }
 """The shared settings a factory can expose, in the order its signature lists them."""

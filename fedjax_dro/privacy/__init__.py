@@ -11,8 +11,11 @@ from ``dp-accounting``).
 
 from fedjax_dro.core.release import Refused, Releases
 from fedjax_dro.privacy.accounting import epsilon, privacy_budget
-from fedjax_dro.privacy.wrapper import AdaptiveClipState, releases_table
-from fedjax_dro.privacy.wrapper import private as private  # documented as fedjax_dro.private
+from fedjax_dro.privacy.wrapper import (
+  AdaptiveClipState,
+  private as private,  # documented as fedjax_dro.private
+  releases_table,
+)
 
 __all__ = [
   "privacy_budget",

@@ -36,6 +36,8 @@ import logging
 import math
 from typing import Any, Dict, Optional
 
+from fedjax_dro.common.checks import ArgumentError
+
 ACCOUNTANTS = ("rdp", "pld")
 
 
@@ -238,7 +240,7 @@ def privacy_budget(
 def check_delta(delta) -> float:
   """A delta in (0, 1)."""
   if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0.0 < delta < 1.0:
-    raise ValueError(f"delta must be a number in (0, 1), got {delta!r}")
+    raise ArgumentError("delta", f" must be a number in (0, 1), got {delta!r}")
   return float(delta)
 
 

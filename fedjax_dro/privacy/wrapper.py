@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_dro.algorithms.base import Algorithm, HParam, list_algorithms
+from fedjax_dro.common.checks import ArgumentError
 from fedjax_dro.core.privacy import (
   SAMPLING,
   GaussianRelease,
@@ -107,7 +108,7 @@ def _positive(value, name, *, zero_ok=False) -> float:
   ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
   if not ok or value < 0 or (value == 0 and not zero_ok):
     want = "a non-negative" if zero_ok else "a positive"
-    raise ValueError(f"{name} must be {want} finite number, got {value!r}")
+    raise ArgumentError(name, f" must be {want} finite number, got {value!r}")
   return float(value)
 
 
@@ -218,46 +219,52 @@ def private(
   noise_multiplier = _positive(noise_multiplier, "noise_multiplier", zero_ok=True)
   delta = check_delta(delta)
   if sampling not in SAMPLING:
-    raise ValueError(f"sampling must be one of {SAMPLING}, got {sampling!r}")
+    raise ArgumentError("sampling", f" must be one of {SAMPLING}, got {sampling!r}")
   if accountant not in ACCOUNTANTS:
-    raise ValueError(f"accountant must be one of {ACCOUNTANTS}, got {accountant!r}")
+    raise ArgumentError("accountant", f" must be one of {ACCOUNTANTS}, got {accountant!r}")
   if sampling == "poisson":
     if rate is None:
-      raise ValueError("rate: Poisson sampling needs the participation rate q in (0, 1]")
+      raise ArgumentError("rate", ": Poisson sampling needs the participation rate q in (0, 1]")
     rate = check_rate(rate)
   elif rate is not None:
-    raise ValueError(f"rate is Poisson sampling's; got rate={rate!r} with sampling='fixed'")
+    raise ArgumentError("rate", f" is Poisson sampling's; got rate={rate!r} with sampling='fixed'")
   elif accountant == "pld":
-    raise ValueError("accountant='pld' accounts Poisson sampling only; use 'rdp' with 'fixed'")
+    raise ArgumentError(
+      "accountant", "='pld' accounts Poisson sampling only; use 'rdp' with 'fixed'"
+    )
   losses = declared.losses is not None
   if losses:
     if loss_bound is None:
-      raise ValueError(
-        f"loss_bound: {alg.name!r} releases each participant's {declared.losses}, which "
-        "is clipped to [0, loss_bound]; give the bound"
+      raise ArgumentError(
+        "loss_bound",
+        f": {alg.name!r} releases each participant's {declared.losses}, which is clipped to "
+        "[0, loss_bound]; give the bound",
       )
     loss_bound = _positive(loss_bound, "loss_bound")
     loss_noise = noise_multiplier if loss_noise_multiplier is None else loss_noise_multiplier
     loss_noise = _positive(loss_noise, "loss_noise_multiplier", zero_ok=True)
   elif loss_bound is not None or loss_noise_multiplier is not None:
-    raise ValueError(
-      f"loss_bound / loss_noise_multiplier: {alg.name!r} releases no losses (the algorithms "
-      f"that do: {_declaring('losses')})"
+    raise ArgumentError(
+      ("loss_bound", "loss_noise_multiplier"),
+      f": {alg.name!r} releases no losses (the algorithms that do: {_declaring('losses')})",
     )
   counts = declared.counts
   if counts:
     cluster = noise_multiplier if cluster_count_noise is None else cluster_count_noise
     cluster_count_noise = _positive(cluster, "cluster_count_noise", zero_ok=True)
   elif cluster_count_noise is not None:
-    raise ValueError(
-      f"cluster_count_noise: {alg.name!r} releases no participant counts (the algorithms that "
-      f"do: {_declaring('counts')})"
+    raise ArgumentError(
+      "cluster_count_noise",
+      f": {alg.name!r} releases no participant counts (the algorithms that do: "
+      f"{_declaring('counts')})",
     )
   adaptive = adaptive_quantile is not None
   if adaptive:
     q_ok = isinstance(adaptive_quantile, (int, float)) and not isinstance(adaptive_quantile, bool)
     if not q_ok or not 0.0 < adaptive_quantile < 1.0:
-      raise ValueError(f"adaptive_quantile must be a number in (0, 1), got {adaptive_quantile!r}")
+      raise ArgumentError(
+        "adaptive_quantile", f" must be a number in (0, 1), got {adaptive_quantile!r}"
+      )
     adaptive_lr = _positive(adaptive_lr, "adaptive_lr")
     count_noise = _positive(count_noise, "count_noise", zero_ok=True)
   settings = Privacy(sampling, rate, delta)
