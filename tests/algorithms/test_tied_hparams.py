@@ -53,3 +53,26 @@ def test_bad_ties_are_refused():
   tied = with_tied_hparams(base, server_lr=("client_lr", 2.0, 1))
   with pytest.raises(ValueError, match="server_lr"):
     run(tied, _data(), rounds=1, hparams={"server_lr": 1.0})
+
+
+def test_a_tied_algorithm_made_private_passes_the_release_on():
+  """fd.private of a tied (and a metric-wrapped) algorithm: the wrappers hand the round's release
+  mechanism to the algorithm, so the private run draws, clips and noises as the algorithm's own
+  private form does (its privacy metrics come back), and at noise 0 with a huge clip it equals
+  the tied plain run."""
+  import fedjax_dro as fd
+  from fedjax_dro.algorithms.wrappers import with_round_metrics
+  from fedjax_dro.core.precision import float64
+
+  model, data = linreg(3), _data()
+  with float64():
+    base = A.qffl(model, clients_per_round=4)
+    tied = with_round_metrics(
+      with_tied_hparams(base, L=("client_lr", 1.0, -1)), lambda p: {"norm": jax.numpy.sum(p["w"])}
+    )
+    plain = run(tied, data, rounds=3, seed=1)
+    private = fd.private(tied, 1e12, 0.0, sampling="fixed", loss_bound=1e12)
+    priv = run(private, data, rounds=3, seed=1)
+  assert "dp_participants" in priv.train_metrics and "norm" in priv.train_metrics
+  for x, y in zip(jax.tree.leaves(plain.final_state), jax.tree.leaves(priv.final_state)):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-9, atol=1e-10)
