@@ -1,5 +1,3 @@
-import sys
+from fedjax_dro.cli import entry
 
-from fedjax_dro.cli import main
-
-sys.exit(main())
+entry()

@@ -26,8 +26,6 @@ import sys
 import textwrap
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
-from fedjax_dro.records.loggers import log_sweep_to, make_loggers, run_name, tracking_flags
-
 DEFAULT_ALGORITHM = "fedavg"
 DEFAULT_DATASET = "synthetic-ridge"
 
@@ -579,9 +577,14 @@ def _check_paths(args) -> None:
   """Output paths are checked before any data loads or compiles, and errors name the flag."""
   from fedjax_dro.records.files import check_writable_dir
 
-  if getattr(args, "out", None) is not None:
-    check_writable_dir(args.out, "--out")
-  ckpt = getattr(args, "checkpoint_dir", None)
+  out, ckpt = getattr(args, "out", None), getattr(args, "checkpoint_dir", None)
+  if out is not None and ckpt is not None and os.path.realpath(out) == os.path.realpath(ckpt):
+    raise ValueError(
+      f"--out and --checkpoint-dir name the same directory ({out}): results and checkpoints "
+      "go to two directories; give --checkpoint-dir another one (e.g. its subdirectory ckpt)"
+    )
+  if out is not None:
+    check_writable_dir(out, "--out")
   if ckpt is not None and not os.path.isdir(ckpt):
     check_writable_dir(ckpt, "--checkpoint-dir")
 
@@ -608,14 +611,22 @@ def _parse_seeds(text: str) -> List[int]:
 
 
 def cmd_run(args) -> int:
-  from fedjax_dro.engine.errors import NonFiniteError
-  from fedjax_dro.engine.runner import run
   from fedjax_dro.engine.sharding import is_writer
 
   _distributed(args)
   _cpu_devices(args)
   _check_paths(args)
   _check_counts(args)
+  with _claim(args, "run", is_writer()):  # first: what --out holds is checked under the claim
+    return _run_claimed(args)
+
+
+def _run_claimed(args) -> int:
+  from fedjax_dro.engine.errors import NonFiniteError
+  from fedjax_dro.engine.runner import run
+  from fedjax_dro.engine.sharding import is_writer
+  from fedjax_dro.records.loggers import make_loggers, run_name, tracking_flags
+
   trackers, log_dir = tracking_flags(args.log_to, args.log_dir, args.out)
   _compile_cache(args)
   alg, ds = _build(args)
@@ -625,6 +636,9 @@ def cmd_run(args) -> int:
     f"fedjax-dro run: {alg.name} on {ds.name} ({ds.num_clients} clients), {args.rounds} rounds, "
     f"model {alg.model.name}; devices: {_device_line(mesh, alg)}"
   )
+  # what --out holds, checked under the claim before anything runs (cross-validation included)
+  if args.out and _finished_elsewhere(args, alg, ds, hparams, cv=args.cv_folds is not None):
+    return 0
   if (
     args.cv_folds is not None or args.cv_grid
   ):  # K-fold CV on the training rows, then the final run
@@ -644,8 +658,6 @@ def cmd_run(args) -> int:
       eval_every=args.eval_every,
       out_dir=args.out,
     )
-  if args.out and _finished_elsewhere(args, alg, ds, hparams, cv=args.cv_folds is not None):
-    return 0
   loggers = []
   if trackers and is_writer():
     name = run_name(alg.name, ds.name, f"d{args.data_seed}", f"s{args.seed}")
@@ -770,33 +782,84 @@ def cmd_sweep(args) -> int:
   _distributed(args)
   _cpu_devices(args)
   _check_paths(args)
-  with _out_lock(args, is_writer()):
-    return _sweep_locked(args)
+  _check_counts(args)
+  with _claim(args, "sweep", is_writer(), results=("sweep.json",)) as claim:
+    return _sweep_claimed(args, claim)
 
 
-def _out_lock(args, writer: bool = True):
-  """One writer per ``--out`` directory (:class:`~fedjax_dro.records.files.DirectoryLock`):
-  a second command writing there is refused with one line naming the holder."""
-  from contextlib import nullcontext
+def _claim(args, command: str, writer: bool = True, results=()):
+  """The command's claim of its output directories, taken before anything is checked, loaded or
+  compiled (:class:`~fedjax_dro.records.claim.OutputClaim` on ``--out``; for ``run``, also the
+  checkpoint lock on ``--checkpoint-dir``, whose foreign files are refused first): a second
+  command writing there is refused with one line naming the holder, and what the directory
+  holds is checked under the claim. Outside the writer process of a multi-process run, nothing
+  is claimed."""
+  import contextlib
 
-  from fedjax_dro.records.files import DirectoryLock
+  from fedjax_dro.records.claim import OutputClaim
 
-  out = getattr(args, "out", None)
-  return DirectoryLock(out, "--out") if out is not None and writer else nullcontext()
+  out, ckpt = getattr(args, "out", None), getattr(args, "checkpoint_dir", None)
+  claim = OutputClaim(out, "--out", command, results) if out is not None and writer else None
+  with contextlib.ExitStack() as stack:
+    if claim is not None:
+      stack.enter_context(claim)
+    if ckpt is not None and writer:
+      from fedjax_dro.records.checkpoint import CheckpointLock, scan
+
+      scan(ckpt)  # foreign files: refused before the lock file is created
+      stack.enter_context(CheckpointLock(ckpt, reentrant=True))
+    return _Claimed(stack.pop_all(), claim)
 
 
-def _sweep_locked(args) -> int:
+class _Claimed:
+  """A held claim (``with``: released on exit); ``check``/``finish`` act on ``--out``'s job
+  record, and do nothing where there is no ``--out`` (or in a process that does not write)."""
+
+  def __init__(self, stack, claim):
+    self._stack, self._claim = stack, claim
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    return self._stack.__exit__(*exc)
+
+  def check(self, config, overwrite: bool) -> bool:
+    return False if self._claim is None else self._claim.check(config, overwrite=overwrite)
+
+  def finish(self) -> None:
+    if self._claim is not None:
+      self._claim.finish()
+
+
+def _sweep_claimed(args, claim) -> int:
   from fedjax_dro.engine.sharding import is_writer
   from fedjax_dro.engine.sweeps import sweep
+  from fedjax_dro.records.history import json_text
+  from fedjax_dro.records.loggers import log_sweep_to, run_name, tracking_flags
 
-  _check_counts(args)
   trackers, log_dir = tracking_flags(args.log_to, args.log_dir, args.out)
   _compile_cache(args)
   seeds = _parse_seeds(args.seeds)
   alg, ds = _build(args)
   grid = _parse_kv(args.grid, "--grid", multi=True)
+  config = {
+    "algorithm": alg.name,
+    "dataset": ds.name,
+    "data_seed": args.data_seed,
+    "settings": json.loads(json_text(alg.config)),
+    "grid": grid,
+    "seeds": seeds,
+    "hparams": _parse_kv(args.hparam, "--hparam"),
+    "rounds": args.rounds,
+    "eval_every": args.eval_every,
+  }
+  if claim.check(config, overwrite=args.overwrite):
+    print(f"{args.out} already holds this sweep, complete: sweep.json and sweep.csv")
+    return 0
   ds, mesh = _scale(args, ds, num_configs=math.prod(len(v) for v in grid.values()) * len(seeds))
   print(f"fedjax-dro sweep: {alg.name} on {ds.name}; devices: {_device_line(mesh, alg)}")
+  print(_sweep_size(alg, ds, grid, seeds), flush=True)
   res = sweep(
     alg,
     ds,
@@ -837,6 +900,7 @@ def _sweep_locked(args) -> int:
   res.metadata = {"data_seed": args.data_seed}
   if args.out and is_writer():
     res.save(args.out)
+    claim.finish()
     print(f"wrote sweep.json and sweep.csv in {args.out}")
   if trackers and is_writer():  # one tracked run per row, under one sweep name
     base = run_name(alg.name, ds.name, f"d{args.data_seed}", "sweep")
@@ -844,6 +908,30 @@ def _sweep_locked(args) -> int:
     log_sweep_to(res, trackers, log_dir, base, params)
     print(f"logged {len(res.configs)} rows to {', '.join(trackers)} in {log_dir} as {base}/")
   return 0
+
+
+def _sweep_size(alg, ds, grid, seeds) -> str:
+  """The sweep's size, said before its host-side preparation starts: the runs (grid points
+  times seeds) and the device memory their states take (each row holds a whole state)."""
+  import jax
+
+  rows = math.prod(len(v) for v in grid.values()) * len(seeds)
+  key = jax.random.PRNGKey(0)
+  shapes = jax.eval_shape(lambda k: alg.init(alg.model.init(k), ds.train, k), key)
+  per_row = sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(shapes))
+  axes = " x ".join(str(len(v)) for v in grid.values()) or "1"
+  return (
+    f"{rows:,} runs (grid {axes}, {len(seeds)} seed{'s' * (len(seeds) > 1)}) in one program; "
+    f"their states take about {_bytes(rows * per_row)} of device memory"
+  )
+
+
+def _bytes(n: float) -> str:
+  for unit in ("B", "KB", "MB", "GB", "TB"):
+    if n < 1000 or unit == "TB":
+      return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+    n /= 1000
+  raise AssertionError
 
 
 def _seeds_changed_nothing(res) -> bool:
@@ -880,14 +968,14 @@ def cmd_plot(args) -> int:
 
 def cmd_reproduce(args) -> int:
   _check_paths(args)  # before any computing: --out /etc/passwd is refused at once
-  with _out_lock(args):
-    return _reproduce_locked(args)
+  _check_counts(args)
+  with _claim(args, "reproduce") as claim:
+    return _reproduce_claimed(args, claim)
 
 
-def _reproduce_locked(args) -> int:
+def _reproduce_claimed(args, claim) -> int:
   from fedjax_dro.reproduce import EXPERIMENTS, reproduce
 
-  _check_counts(args)
   _compile_cache(args)
   inputs = {}  # the user's data files, passed only to the experiments that read them
   for option, name in (
@@ -901,6 +989,14 @@ def _reproduce_locked(args) -> int:
     if name not in inspect.signature(EXPERIMENTS[args.experiment]).parameters:
       raise ValueError(f"{option}: reproduce {args.experiment} reads no such input")
     inputs[name] = value
+  config = {
+    "experiment": args.experiment,
+    "rounds": args.rounds,
+    "quick": args.quick,
+    "seed": args.seed,
+    "inputs": {k: os.path.abspath(v) for k, v in inputs.items()},
+  }
+  claim.check(config, overwrite=args.overwrite)  # the same one again: its finished runs resume
   reproduce(
     args.experiment,
     out_dir=args.out,
@@ -909,6 +1005,7 @@ def _reproduce_locked(args) -> int:
     seed=args.seed,
     **inputs,
   )
+  claim.finish()
   return 0
 
 
@@ -918,13 +1015,16 @@ def cmd_compare(args) -> int:
   from fedjax_dro.compare import compare
   from fedjax_dro.compare.config import experiment_from_config, load_config
 
-  experiment = experiment_from_config(load_config(args.config))
+  config = load_config(args.config)
+  experiment = experiment_from_config(config)
   if args.out is None:
     args.out = f"compare-{experiment.name}"
   _check_paths(args)
-  _compile_cache(args)
-  with _out_lock(args):
-    compare(experiment, out_dir=args.out)
+  with _claim(args, "compare", results=(f"{experiment.name}.json",)) as claim:
+    claim.check(config, overwrite=args.overwrite)  # the same one again: its finished runs resume
+    _compile_cache(args)
+    compare(experiment, out_dir=args.out, progress=not args.no_progress)
+    claim.finish()
   return 0
 
 
@@ -957,16 +1057,22 @@ def interrupted_message(args) -> str:
   return f"interrupted: {args.command} stopped{kept}"
 
 
-def _add_output(p: argparse.ArgumentParser, files: str, bar: bool) -> None:
-  """The output flags of the commands that run rounds from flags (run, sweep): ``--out`` and
-  ``--no-progress``, so that one command line's flags serve both."""
+def _add_output(p: argparse.ArgumentParser, files: str, what: str, bar: bool) -> None:
+  """The output flags of every command that runs rounds (run, sweep, compare, reproduce):
+  ``--out``, ``--overwrite`` and ``--no-progress``, so that one command line's flags serve all."""
   p.add_argument("--out", default=None, help=f"directory for {files}")
+  p.add_argument(
+    "--overwrite",
+    action="store_true",
+    help=f"replace a finished {what} of another configuration in --out (refused without it)",
+  )
   p.add_argument(
     "--no-progress",
     action="store_true",
     help="no progress bar (there is none when stderr is not a terminal)"
     if bar
-    else "accepted as run takes it: a sweep is one program and shows no progress bar",
+    else "no progress bar (there is none when stderr is not a terminal; the job's size and "
+    "each finished run are printed all the same)",
   )
 
 
@@ -1015,12 +1121,7 @@ def build_parser() -> argparse.ArgumentParser:
     help="training seed: model initialization, client sampling, minibatches (the data are drawn "
     "with --data-seed)",
   )
-  _add_output(p_run, "metrics.jsonl and summary.json", bar=True)
-  p_run.add_argument(
-    "--overwrite",
-    action="store_true",
-    help="replace a finished run of another configuration in --out (refused without it)",
-  )
+  _add_output(p_run, "metrics.jsonl and summary.json", "run", bar=True)
   p_run.add_argument(
     "--checkpoint-dir",
     default=None,
@@ -1072,13 +1173,13 @@ def build_parser() -> argparse.ArgumentParser:
     help="training seeds (model initialization, client sampling, minibatches), as run --seed; "
     "every grid point runs with each; the data are drawn once, with --data-seed",
   )
-  _add_output(p_sweep, "sweep.json and sweep.csv", bar=False)
+  _add_output(p_sweep, "sweep.json and sweep.csv", "sweep", bar=False)
   p_rep = add_parser("reproduce", help="reproduce a paper figure (JSON + PNG)")
   from fedjax_dro.reproduce import EXPERIMENTS
 
   p_rep.epilog = _reproduce_epilog()
   p_rep.add_argument("experiment", choices=sorted(EXPERIMENTS), help="the experiment (below)")
-  p_rep.add_argument("--out", default=None, help="output directory (JSON, markdown, PNG)")
+  _add_output(p_rep, "the experiment's JSON, markdown and PNG files", "reproduction", bar=False)
   p_rep.add_argument(
     "--rounds", type=int, default=None, help="communication rounds (default: the experiment's)"
   )
@@ -1108,7 +1209,9 @@ def build_parser() -> argparse.ArgumentParser:
     "compare", help="a fair comparison of strategies declared in a TOML file (JSON + MD + PNG)"
   )
   p_cmp.add_argument("config", help="the TOML file (see fedjax_dro.compare.config)")
-  p_cmp.add_argument("--out", default=None, help="output directory (default: compare-NAME)")
+  _add_output(
+    p_cmp, "NAME.json, NAME.md and NAME.png (default: compare-NAME)", "comparison", bar=False
+  )
   _add_compile_cache(p_cmp)
   p_plot = add_parser("plot", help="PNG plots of run / sweep output directories")
   p_plot.add_argument("dirs", nargs="+", help="run directories (seeds) and/or sweep directories")
@@ -1127,11 +1230,61 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-  parser = build_parser()
-  args = parser.parse_args(argv)
-  if args.command is None:
-    parser.print_help()
-    return 2
+  """Runs the command line ``argv`` (default: ``sys.argv[1:]``) and returns its exit status:
+  0 done, 1 an operating-system error (one line naming the path), 2 bad input (one line naming
+  the flag), 3 a run stopped by a non-finite value, 130 interrupted (one line saying what is
+  kept; also when the interrupt arrives while the package is still loading)."""
+  import signal
+
+  args = None
+  try:
+    parser = _start(build_parser)  # loads the registries and JAX
+    args = parser.parse_args(argv)
+    if args.command is None:
+      parser.print_help()
+      return 2
+    return _dispatch(args)
+  except (KeyboardInterrupt, ImportError) as e:  # Ctrl-C: one line, exit code 130
+    if isinstance(e, ImportError) and not _interrupted_import(e):
+      raise
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C cannot cut the line short
+    line = "interrupted while starting: nothing was run" if args is None else None
+    print(line or interrupted_message(args), file=sys.stderr, flush=True)
+    return 130
+
+
+def _start(load):
+  """``load()`` with Ctrl-C held back until it returns, then raised as ``KeyboardInterrupt``:
+  an interrupt inside a compiled extension's initialization would surface as an ``ImportError``
+  with a traceback. Outside the main thread (no signal handlers there), just ``load()``."""
+  import signal
+  import threading
+
+  if threading.current_thread() is not threading.main_thread():
+    return load()
+  caught = []
+  previous = signal.signal(signal.SIGINT, lambda *_: caught.append(True))
+  try:
+    value = load()
+  finally:
+    signal.signal(signal.SIGINT, previous)
+  if caught:
+    raise KeyboardInterrupt
+  return value
+
+
+def _interrupted_import(error: BaseException) -> bool:
+  """Whether an ``ImportError`` was caused by Ctrl-C during a module's initialization."""
+  seen = set()
+  while error is not None and id(error) not in seen:
+    if isinstance(error, KeyboardInterrupt):
+      return True
+    seen.add(id(error))
+    error = error.__cause__ or error.__context__
+  return False
+
+
+def _dispatch(args) -> int:
   command = {
     "run": cmd_run,
     "sweep": cmd_sweep,
@@ -1148,14 +1301,29 @@ def main(argv: Optional[List[str]] = None) -> int:
   except (ValueError, TypeError, MemoryError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
-  except KeyboardInterrupt:  # Ctrl-C: one line saying where the run stopped, exit code 130
-    print(interrupted_message(args), file=sys.stderr)
-    return 130
   except OSError as e:  # a full disk, a read-only or vanished directory: one line naming the path
     where = f" ({e.filename})" if e.filename and str(e.filename) not in str(e) else ""
     print(f"error: {' '.join(str(e).split())}{where}", file=sys.stderr)
     return 1
 
 
+def entry() -> None:
+  """The ``fedjax-dro`` program (and ``python -m fedjax_dro``): :func:`main`, then the exit.
+
+  After an interrupt the process ends at once (``os._exit(130)``, output flushed): tearing the
+  interpreter down while the runtime's threads are still running work can crash it (a
+  segmentation fault after the line was printed); the operating system frees the devices'
+  buffers with the process."""
+  code = main()
+  if code == 130:
+    for stream in (sys.stdout, sys.stderr):
+      try:
+        stream.flush()
+      except (OSError, ValueError):
+        pass
+    os._exit(130)
+  sys.exit(code)
+
+
 if __name__ == "__main__":
-  sys.exit(main())
+  entry()

@@ -472,8 +472,8 @@ def test_a_setting_the_algorithm_does_not_take_is_refused_naming_its_flag(capsys
 
 def test_sweep_takes_the_flags_of_run_that_are_not_a_single_runs(tmp_path, capsys):
   """sweep accepts every flag of run but those of a single run (its seed, checkpoints,
-  --overwrite, cross-validation), --no-progress included."""
-  single_run = {"--seed", "--overwrite", "--checkpoint-dir", "--checkpoint-every"}
+  cross-validation), --no-progress and --overwrite included."""
+  single_run = {"--seed", "--checkpoint-dir", "--checkpoint-every"}
   single_run |= {"--keep-checkpoints", "--cv-folds", "--cv-grid", "--cv-metric"}
   run, sweep = set(_actions("run")), set(_actions("sweep"))
   assert run - sweep == single_run, run - sweep

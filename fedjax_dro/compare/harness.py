@@ -4,9 +4,12 @@ train it under the budget, score it on the test rows; then the table and the pai
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import itertools
 import math
+import os
+import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -14,9 +17,10 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_dro.algorithms.base import Algorithm, algorithm_cost
-from fedjax_dro.common.model import Model
+from fedjax_dro.common.model import Model, model_identity
 from fedjax_dro.compare.protocol import Budget, Experiment, Strategy
 from fedjax_dro.compare.report import ComparisonResult, summarize_rows
+from fedjax_dro.compare.resume import RunRecords, data_digest, round_trip, run_key
 from fedjax_dro.core.costs import Costs, RoundCost
 from fedjax_dro.data.federated import FederatedDataset
 from fedjax_dro.model_selection import (
@@ -307,20 +311,27 @@ def compare(
   verbose: bool = True,
   log: Optional[Callable[[str], None]] = None,
   selections: Optional[Dict[Any, Dict[str, Any]]] = None,
+  progress: bool = True,
 ) -> ComparisonResult:
   """Runs ``experiment`` (see :mod:`fedjax_dro.compare`) and returns its
   :class:`ComparisonResult`; with ``out_dir``, writes ``NAME.json``, ``NAME.md`` and
   ``NAME.png`` there.
 
+  With ``out_dir``, every finished run (one strategy on one seed) is also recorded there as it
+  completes (:mod:`fedjax_dro.compare.resume`): a comparison killed part way and started again
+  reads the finished runs back and computes only the others, and its table equals an
+  uninterrupted one.
+
   Args:
     experiment: the :class:`~fedjax_dro.compare.Experiment`.
-    out_dir: the output folder (``None``: nothing written).
-    verbose: print progress and the table.
-    log: where progress lines go (default ``print`` when ``verbose``).
+    out_dir: the output folder (``None``: nothing written, nothing resumed).
+    verbose: print the job's size, a line per finished run and the table.
+    log: where those lines go (default ``print`` when ``verbose``).
     selections: a dict shared by ``compare`` calls of one experiment under several budgets
       (the same strategies, data, seeds and ``selection_rounds``): a strategy's selection on a
       seed is stored there under ``(label, seed, selection rounds)`` and reused, so the tables
       at several budgets rest on one selection.
+    progress: a progress bar over the runs on a terminal (with ``verbose``).
   """
   if not isinstance(experiment, Experiment):
     raise TypeError(f"experiment must be a compare.Experiment, got {type(experiment).__name__}")
@@ -333,6 +344,15 @@ def compare(
     raise TypeError(f"model must be a Model or model(dataset) -> Model, got {type(model).__name__}")
   builders = {s.label: _Builder(s, model) for s in experiment.strategies}
   rows: Dict[str, List[Dict[str, Any]]] = {s.label: [] for s in experiment.strategies}
+  records = RunRecords(None if out_dir is None else os.path.join(out_dir, "runs", experiment.name))
+  total = len(protocol.seeds) * len(experiment.strategies)
+  say(
+    f"[{experiment.name}] {total} runs: {len(protocol.seeds)} seeds x "
+    f"{len(experiment.strategies)} strategies, each a selection over its grid "
+    f"({sum(s.num_configurations for s in experiment.strategies)} configurations in all) and "
+    "a final run" + (f"; finished runs are recorded in {records.directory}" if out_dir else "")
+  )
+  bar = _progress_bar(total, experiment.name, verbose and progress)
   for seed in protocol.seeds:
     ds = first if seed == protocol.seeds[0] else _load(experiment, seed)
     splits = _selection_splits(protocol, ds, seed)
@@ -340,68 +360,134 @@ def compare(
     if budget.match is not None:
       ref_costs = algorithm_cost(builders[budget.match](), ds.train)
       amount = getattr(ref_costs.spent(budget.rounds), budget.field)
+    data = data_digest(ds) if out_dir is not None else None
     for strategy in experiment.strategies:
       build = builders[strategy.label]
-      t0 = time.perf_counter()
-      row: Dict[str, Any] = {"seed": seed, "failed": False, "budget_amount": amount}
-      try:
-        sel_rounds = protocol.selection_rounds or budget_rounds(
-          budget, algorithm_cost(build(), ds.train), amount, strategy.label
+      digest, key = run_key(
+        experiment=experiment.name,
+        strategy=_strategy_identity(strategy, build),
+        model=model_identity(model),
+        protocol=dataclasses.asdict(protocol),
+        extra_metrics=[e.name for e in experiment.extra_metrics],
+        seed=seed,
+        data=data,
+        budget_amount=amount,
+        version=_version(),
+      )
+      found = records.get(digest, key)
+      if found is not None:
+        row = found["row"]
+        if selections is not None and found["selection"] is not None:
+          selections.setdefault(tuple(found["selection_key"]), found["selection"])
+      else:
+        row, sel, sel_key = _run(
+          experiment, build, strategy, ds, splits, seed, amount, selections=selections
         )
-        key = (strategy.label, seed, sel_rounds)
-        if selections is not None and key in selections:
-          sel = selections[key]
-        else:
-          sel = select(
-            strategy, build, ds.train, splits, protocol=protocol, rounds=sel_rounds, seed=seed
-          )
-          if selections is not None:
-            selections[key] = sel
-        options, hparams = build.split(sel["chosen"])
-        alg = build(**options)
-        hparams = {**strategy.fixed, **hparams}
-        costs = algorithm_cost(alg, ds.train)
-        rounds = budget_rounds(budget, costs, amount, strategy.label)
-        if budget.kind == "plateau":
-          rounds = _plateau(alg, hparams, splits[0], protocol, seed)
-        value, extra, curve = _train_and_score(
-          experiment, alg, hparams, ds, rounds=rounds, seed=seed, costs=costs
-        )
-        if not math.isfinite(value):
-          raise FloatingPointError(f"the test {protocol.metric.label} is {value}")
-        tuning = _tuning_cost(build, sel, splits, sel_rounds)
-        row.update(
-          chosen=sel["chosen"],
-          selection_score=sel["score"],
-          configurations=sel["configurations"],
-          widened=sel["widened"],
-          edges=sel["edges"],
-          rounds=rounds,
-          selection_rounds=sel_rounds,
-          spent=costs.spent(rounds).as_dict(),
-          per_round=costs.round.as_dict(),
-          setup=costs.setup.as_dict(),
-          tuning=tuning,
-          value=value,
-          extra=extra,
-          curve=curve,
-        )
-      except FloatingPointError as e:  # includes NonFiniteError and SelectionFailed
-        row.update(failed=True, failure=f"{type(e).__name__}: {e}", value=math.nan, extra={})
-      row["seconds"] = time.perf_counter() - t0
+        row = round_trip(row)
+        records.put(digest, key, {"row": row, "selection": sel, "selection_key": sel_key})
       rows[strategy.label].append(row)
       shown = "FAILED " + row["failure"][:60] if row["failed"] else f"{row['value']:.4g}"
       say(
         f"[{experiment.name}] seed {seed} {strategy.label:<10} {protocol.metric.label} {shown}"
         + ("" if row["failed"] else f"  rounds {row['rounds']}  chosen {row['chosen']}")
-        + f"  ({row['seconds']:.0f}s)"
+        + f"  ({row['seconds']:.0f}s"
+        + (", recorded earlier)" if found is not None else ")")
       )
+      if bar is not None:
+        bar.update(1)
+  if bar is not None:
+    bar.close()
   result = summarize_rows(experiment, rows, wall_time=time.perf_counter() - t_start)
   say(result.to_markdown())
   if out_dir is not None:
     paths = result.save(out_dir)
     say(f"[{experiment.name}] wrote " + ", ".join(paths))
   return result
+
+
+def _version() -> str:
+  from fedjax_dro import __version__
+
+  return __version__
+
+
+def _progress_bar(total: int, name: str, show: bool):
+  """A tqdm bar over the runs on a terminal (``None`` elsewhere: the per-run lines suffice)."""
+  if not show or not sys.stderr.isatty():
+    return None
+  from tqdm.auto import tqdm
+
+  return tqdm(total=total, desc=name, unit="run", leave=False)
+
+
+def _strategy_identity(strategy: Strategy, build: _Builder) -> Dict[str, Any]:
+  """What determines a strategy's runs: its algorithm and settings as built, its default
+  hyper-parameters, grid, fixed values and widened axes."""
+  alg = build()
+  return {
+    "label": strategy.label,
+    "algorithm": alg.name,
+    "settings": alg.config,
+    "hparams": {k: v.default for k, v in alg.hparams.items()},
+    "grid": strategy.grids,
+    "fixed": strategy.fixed,
+    "widen": None if strategy.widen is None else list(strategy.widen),
+  }
+
+
+def _run(experiment, build, strategy, ds, splits, seed, amount, *, selections):
+  """One run of the table: ``strategy``'s selection on ``seed`` (or the shared one), its final
+  run and its score. Returns ``(row, selection, selection key)``."""
+  protocol, budget = experiment.protocol, experiment.protocol.budget
+  t0 = time.perf_counter()
+  row: Dict[str, Any] = {"seed": seed, "failed": False, "budget_amount": amount}
+  sel = sel_key = None
+  try:
+    sel_rounds = protocol.selection_rounds or budget_rounds(
+      budget, algorithm_cost(build(), ds.train), amount, strategy.label
+    )
+    sel_key = (strategy.label, seed, sel_rounds)
+    if selections is not None and sel_key in selections:
+      sel = selections[sel_key]
+    else:
+      sel = round_trip(
+        select(strategy, build, ds.train, splits, protocol=protocol, rounds=sel_rounds, seed=seed)
+      )
+      if selections is not None:
+        selections[sel_key] = sel
+    options, hparams = build.split(sel["chosen"])
+    alg = build(**options)
+    hparams = {**strategy.fixed, **hparams}
+    costs = algorithm_cost(alg, ds.train)
+    rounds = budget_rounds(budget, costs, amount, strategy.label)
+    if budget.kind == "plateau":
+      rounds = _plateau(alg, hparams, splits[0], protocol, seed)
+    value, extra, curve = _train_and_score(
+      experiment, alg, hparams, ds, rounds=rounds, seed=seed, costs=costs
+    )
+    if not math.isfinite(value):
+      raise FloatingPointError(f"the test {protocol.metric.label} is {value}")
+    tuning = _tuning_cost(build, sel, splits, sel_rounds)
+    row.update(
+      chosen=sel["chosen"],
+      selection_score=sel["score"],
+      configurations=sel["configurations"],
+      widened=sel["widened"],
+      edges=sel["edges"],
+      rounds=rounds,
+      selection_rounds=sel_rounds,
+      spent=costs.spent(rounds).as_dict(),
+      per_round=costs.round.as_dict(),
+      setup=costs.setup.as_dict(),
+      tuning=tuning,
+      value=value,
+      extra=extra,
+      curve=curve,
+    )
+  except FloatingPointError as e:  # includes NonFiniteError and SelectionFailed
+    row.update(failed=True, failure=f"{type(e).__name__}: {e}", value=math.nan, extra={})
+  row["seconds"] = time.perf_counter() - t0
+  return row, sel, sel_key
 
 
 def _plateau(alg, hparams, split, protocol, seed) -> int:

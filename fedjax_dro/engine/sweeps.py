@@ -269,8 +269,12 @@ def sweep(
   rows = num + (-num) % axis_size(mesh, "sweep")  # padded with copies of row 0
   take = np.concatenate([np.arange(num), np.zeros(rows - num, int)])
   hp = {k: jnp.broadcast_to(v, (num,))[take] for k, v in hp.items()}
-  keys = [derive_keys(configs[i]["seed"]) for i in take]
-  model_keys, init_keys, run_keys = (jnp.stack([k[i] for k in keys]) for i in range(3))
+  # each distinct seed's keys derived once and gathered per row (a large grid has few seeds)
+  seeds_used, row_seed = np.unique(
+    np.array([c["seed"] for c in configs], np.int64)[take], return_inverse=True
+  )
+  keys = [derive_keys(int(s)) for s in seeds_used]
+  model_keys, init_keys, run_keys = (jnp.stack([k[i] for k in keys])[row_seed] for i in range(3))
   params = jax.vmap(alg.model.init)(model_keys)
   state = jax.vmap(lambda p, k: alg.init(p, train, k))(params, init_keys)
 

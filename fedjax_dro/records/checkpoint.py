@@ -175,10 +175,10 @@ def _summary_to_json(obj):
 class CheckpointLock(DirectoryLock):
   """Exclusive lock on ``directory`` for one run (``with CheckpointLock(d): ...``): a
   :class:`~fedjax_dro.records.files.DirectoryLock` on its ``.lock`` file, refused with a
-  :class:`CheckpointError` naming ``checkpoint_dir``."""
+  :class:`CheckpointError` naming ``checkpoint_dir`` (``reentrant``: as for ``DirectoryLock``)."""
 
-  def __init__(self, directory: str):
-    super().__init__(directory, "checkpoint_dir", LOCK_FILE, CheckpointError)
+  def __init__(self, directory: str, *, reentrant: bool = False):
+    super().__init__(directory, "checkpoint_dir", LOCK_FILE, CheckpointError, reentrant=reentrant)
 
 
 def scan(directory: str) -> List[int]:

@@ -23,6 +23,7 @@ import io
 import os
 import stat
 import tempfile
+import threading
 import zipfile
 from typing import Callable, Dict, Optional, Union
 
@@ -174,15 +175,50 @@ class DirectoryLock:
   ``error`` naming ``name`` and the directory; the operating system releases the lock when its
   holder exits, however it exits (a SIGKILLed holder leaves the file, not the lock, so the next
   writer takes it over).
+
+  With ``reentrant=True`` the thread holding it may enter it again (any ``DirectoryLock`` of the
+  same directory and lock file): a command claims its output directory first
+  (:class:`fedjax_dro.records.claim.OutputClaim`) and the run it then starts takes the same lock
+  without being refused; the lock is released when the outermost holder exits. A lock taken
+  without it refuses every other entry, in its own thread too.
   """
 
-  def __init__(self, directory: str, name: str, lock_file: str = OUT_LOCK_FILE, error=ValueError):
+  _held = threading.local()  # per thread: {(real path, lock file): [fd, depth, reentrant]}
+
+  def __init__(
+    self,
+    directory: str,
+    name: str,
+    lock_file: str = OUT_LOCK_FILE,
+    error=ValueError,
+    *,
+    reentrant: bool = False,
+  ):
     self.directory, self.name, self.lock_file, self.error = directory, name, lock_file, error
+    self.reentrant = reentrant
     self._fd: Optional[int] = None
+    self._key = None
+
+  def _holding(self) -> dict:
+    held = getattr(self._held, "locks", None)
+    if held is None:
+      held = self._held.locks = {}
+    return held
 
   def __enter__(self):
     os.makedirs(self.directory, exist_ok=True)
+    key = (os.path.realpath(self.directory), self.lock_file)
+    held = self._holding()
     path = os.path.join(self.directory, self.lock_file)
+    if key in held:  # this thread holds it already: enter again where its holder allows
+      if not held[key][2]:
+        raise self.error(
+          f"{self.name} {self.directory!r} is in use by another run (this process holds "
+          f"{path}); wait for it to finish or use another directory"
+        )
+      held[key][1] += 1
+      self._key = key
+      return self
     try:
       fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
     except OSError as e:
@@ -204,14 +240,22 @@ class DirectoryLock:
       os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     except OSError:
       pass  # a full disk: the lock holds all the same
-    self._fd = fd
+    self._fd, self._key = fd, key
+    held[key] = [fd, 1, self.reentrant]
     return self
 
   def __exit__(self, *exc):
-    if self._fd is not None:
-      fcntl.flock(self._fd, fcntl.LOCK_UN)
-      os.close(self._fd)
-      self._fd = None
+    if self._key is None:
+      return False
+    held, key = self._holding(), self._key
+    self._key, self._fd = None, None
+    entry = held.get(key)
+    if entry is not None:
+      entry[1] -= 1
+      if entry[1] == 0:
+        del held[key]
+        fcntl.flock(entry[0], fcntl.LOCK_UN)
+        os.close(entry[0])
     return False
 
 

@@ -1,0 +1,113 @@
+"""Run-by-run records of a comparison, so that a killed table resumes where it stopped.
+
+:func:`fedjax_dro.compare.compare` with an ``out_dir`` writes each finished run (one strategy on
+one seed: its selection and its final run) to ``out_dir/runs/NAME/DIGEST.json`` as soon as it
+completes, atomically. ``DIGEST`` is the SHA-256 of everything that determines the run: the
+experiment's name, the strategy (its algorithm, settings, default hyper-parameters, grid, fixed
+values, widened axes), the model's identity, the protocol, the extra metrics, the seed, the bytes
+of that seed's data and the package version. A rerun of the same comparison finds the records of
+the runs that finished, reads them instead of computing them again, and computes only the rest;
+since every run starts from its own seed, the table equals an uninterrupted one (a row is read
+back exactly as it was computed: the same JSON round trip is applied to every row, read or not).
+A record whose key does not match, or that cannot be read, is computed again and replaced.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from typing import Any, Dict, Optional, Tuple
+
+import jax
+import numpy as np
+
+from fedjax_dro.records.files import atomic_write
+from fedjax_dro.records.history import json_default
+
+
+def encode(value: Any) -> Any:
+  """``value`` as JSON-able data that :func:`decode` turns back into an equal value (non-finite
+  floats as ``{"float": "nan"}``, NumPy values as Python values, tuples as lists)."""
+  if isinstance(value, (np.ndarray, np.generic)) or hasattr(value, "__array__"):
+    value = np.asarray(value).tolist()
+  if isinstance(value, float):
+    return value if math.isfinite(value) else {"float": repr(value)}
+  if isinstance(value, dict):
+    return {str(k): encode(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [encode(v) for v in value]
+  return value
+
+
+def decode(value: Any) -> Any:
+  """The inverse of :func:`encode`."""
+  if isinstance(value, dict):
+    if set(value) == {"float"} and isinstance(value["float"], str):
+      return float(value["float"])
+    return {k: decode(v) for k, v in value.items()}
+  if isinstance(value, list):
+    return [decode(v) for v in value]
+  return value
+
+
+def round_trip(value: Any) -> Any:
+  """``decode(encode(value))`` through JSON text: what a record gives back."""
+  return decode(json.loads(json.dumps(encode(value), default=json_default)))
+
+
+def data_digest(ds) -> str:
+  """SHA-256 of a dataset's arrays (shapes, dtypes and bytes of every leaf, train and test)."""
+  h = hashlib.sha256()
+  for part in (ds.train, ds.test):
+    for leaf in jax.tree.leaves(part):
+      a = np.ascontiguousarray(np.asarray(leaf))
+      h.update(f"{a.dtype.str}{a.shape}".encode())
+      h.update(a.tobytes())
+  return h.hexdigest()
+
+
+def run_key(**parts: Any) -> Tuple[str, Dict[str, Any]]:
+  """``(digest, key)``: the key (``parts`` as canonical JSON data) and its SHA-256."""
+  key = json.loads(json.dumps(encode(parts), sort_keys=True, default=json_default))
+  text = json.dumps(key, sort_keys=True, separators=(",", ":"))
+  return hashlib.sha256(text.encode()).hexdigest(), key
+
+
+class RunRecords:
+  """The finished runs of one comparison in ``directory`` (``None``: nothing kept).
+
+  ``restored`` and ``computed`` count the runs read back and the runs recorded by this object.
+  """
+
+  def __init__(self, directory: Optional[str]):
+    self.directory = directory
+    self.restored = 0
+    self.computed = 0
+
+  def _path(self, digest: str) -> str:
+    return os.path.join(self.directory, f"{digest}.json")
+
+  def get(self, digest: str, key: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """The recorded payload of the run ``digest``, if it finished with this very ``key``."""
+    if self.directory is None:
+      return None
+    try:
+      with open(self._path(digest)) as f:
+        record = json.load(f)
+    except (OSError, ValueError):
+      return None
+    if not isinstance(record, dict) or record.get("key") != key or "payload" not in record:
+      return None
+    self.restored += 1
+    return decode(record["payload"])
+
+  def put(self, digest: str, key: Dict[str, Any], payload: Dict[str, Any]) -> None:
+    """Records the finished run ``digest`` (atomically)."""
+    self.computed += 1
+    if self.directory is None:
+      return
+    os.makedirs(self.directory, exist_ok=True)
+    record = {"key": key, "payload": encode(payload)}
+    atomic_write(self._path(digest), json.dumps(record, default=json_default) + "\n")
