@@ -872,6 +872,7 @@ CASES = {
 }
 
 # description: (argv, fragment naming the flag); each must exit with status 2 and "error: ..."
+_SAME_DIR = os.path.join("never-created", "same")  # refused before anything is made
 CLI_CASES = {
   "unknown --server-optimizer": (["run", "--server-optimizer", "rmsprop"], "--server-optimizer"),
   "--server-option without --server-optimizer": (
@@ -961,6 +962,10 @@ CLI_CASES = {
     "--log-dir",
   ),
   "--log-dir without --log-to": (["run", "--log-dir", "logs", "--rounds", "1"], "--log-dir"),
+  "--out equal to --checkpoint-dir": (
+    ["run", "--rounds", "1", "--out", _SAME_DIR, "--checkpoint-dir", _SAME_DIR],
+    "--checkpoint-dir",
+  ),
 }
 
 
@@ -992,6 +997,79 @@ def _numpy_integer_settings():
   assert hist.config["rounds"] == 2 and hist.config["settings"]["batch_size"] == 3
 
 
+def _finished_result_of_another_configuration():
+  import contextlib
+  import io
+  import json
+
+  with tempfile.TemporaryDirectory(prefix="fedjax-dro-finished-") as out:
+    argv = ["sweep", "--rounds", "2", "--grid", "client_lr=0.01,0.1", "--out", out]
+    with contextlib.redirect_stdout(io.StringIO()):
+      assert cli.main(argv) == 0
+    with open(os.path.join(out, "sweep.json")) as f:
+      first = f.read()
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+      assert cli.main([*argv, "--seeds", "1"]) == 2
+    lines = err.getvalue().strip().splitlines()
+    assert len(lines) == 1 and "differs in seeds" in lines[0] and "--overwrite" in lines[0]
+    with open(os.path.join(out, "sweep.json")) as f:
+      assert f.read() == first
+    with contextlib.redirect_stdout(io.StringIO()):
+      assert cli.main([*argv, "--seeds", "1", "--overwrite"]) == 0
+    with open(os.path.join(out, "sweep.json")) as f:
+      assert {c["seed"] for c in json.load(f)["configs"]} == {1}
+
+
+def _ctrl_c_is_one_line():
+  import signal
+  import subprocess
+  import sys
+  import time
+
+  with tempfile.TemporaryDirectory(prefix="fedjax-dro-sigint-") as out:
+    proc = subprocess.Popen(
+      [sys.executable, "-m", "fedjax_dro", "run", "--rounds", "1000000", "--out", out],
+      stdout=subprocess.DEVNULL,
+      stderr=subprocess.PIPE,
+      text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not os.path.exists(os.path.join(out, "metrics.jsonl")):
+      assert proc.poll() is None and time.monotonic() < deadline
+      time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+  assert proc.returncode == 130 and len(err.strip().splitlines()) == 1, err
+  assert err.startswith("interrupted") and "Traceback" not in err, err
+
+
+def _killed_comparison_resumes():
+  from fedjax_dro.compare import harness
+  from tests.compare.test_compare import _experiment
+
+  calls, original = [], harness._run
+
+  def killed_at_third(*args, **kwargs):
+    calls.append(1)
+    if len(calls) == 3:
+      raise KeyboardInterrupt
+    return original(*args, **kwargs)
+
+  experiment = _experiment()
+  with tempfile.TemporaryDirectory(prefix="fedjax-dro-resume-") as out:
+    harness._run = killed_at_third
+    try:
+      with pytest.raises(KeyboardInterrupt):
+        C.compare(experiment, out, verbose=False)
+      calls.clear()
+      harness._run = lambda *a, **k: (calls.append(1), original(*a, **k))[1]
+      C.compare(experiment, out, verbose=False)
+    finally:
+      harness._run = original
+  assert len(calls) == 2  # of 4 runs: the two finished before the kill were read back
+
+
 # description: (check that raises AssertionError if the documented behaviour breaks, behaviour)
 BEHAVIOURS = {
   "a client whose test responses are constant (or one row)": (
@@ -1018,9 +1096,25 @@ BEHAVIOURS = {
   ),
   "two commands writing one --out directory at once (CLI)": (
     one_writer_behaviour,
-    "the first proceeds; the second (run, sweep or reproduce) exits 2 with one line `error: ... "
-    "is in use by another run (process PID holds DIR/.fedjax-dro.lock)`; a killed holder's lock "
-    "is taken over by the next command",
+    "the first proceeds; the second (run, sweep, compare or reproduce), whenever it starts, exits "
+    "2 with one line `error: ... is in use by another run (process PID holds "
+    "DIR/.fedjax-dro.lock)`: each command claims its --out before it checks, loads or compiles "
+    "anything; a killed holder's lock is taken over by the next command",
+  ),
+  "a finished sweep, comparison or reproduction of another configuration in --out (CLI)": (
+    _finished_result_of_another_configuration,
+    "exit 2 and one line naming what differs (`differs in seeds`) and `--overwrite`; the "
+    "finished files untouched; with --overwrite, replaced (a finished run: the same, as before)",
+  ),
+  "Ctrl-C (SIGINT) while a command imports, compiles, runs or writes (CLI)": (
+    _ctrl_c_is_one_line,
+    "exit 130 and one line on stderr saying what is kept (`interrupted ...`), never a "
+    "traceback or a crash",
+  ),
+  "a comparison (compare, reproduce) killed part way and started again": (
+    _killed_comparison_resumes,
+    "the runs that finished before the kill are read back from `--out`/runs/NAME/, the others "
+    "computed; the table equals an uninterrupted one",
   ),
   "a run resumed from a checkpoint": (
     resume_line_behaviour,

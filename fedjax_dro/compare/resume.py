@@ -27,15 +27,20 @@ from fedjax_dro.records.files import atomic_write
 from fedjax_dro.records.history import json_default
 
 
+_FLOAT, _DICT = "non-finite float", "escaped dict"  # the two marker keys
+
+
 def encode(value: Any) -> Any:
   """``value`` as JSON-able data that :func:`decode` turns back into an equal value (non-finite
-  floats as ``{"float": "nan"}``, NumPy values as Python values, tuples as lists)."""
+  floats as ``{"non-finite float": "nan"}``, a dict whose only key is a marker escaped, NumPy
+  values as Python values, tuples as lists)."""
   if isinstance(value, (np.ndarray, np.generic)) or hasattr(value, "__array__"):
     value = np.asarray(value).tolist()
   if isinstance(value, float):
-    return value if math.isfinite(value) else {"float": repr(value)}
+    return value if math.isfinite(value) else {_FLOAT: repr(value)}
   if isinstance(value, dict):
-    return {str(k): encode(v) for k, v in value.items()}
+    encoded = {str(k): encode(v) for k, v in value.items()}
+    return {_DICT: encoded} if set(encoded) in ({_FLOAT}, {_DICT}) else encoded
   if isinstance(value, (list, tuple)):
     return [encode(v) for v in value]
   return value
@@ -44,8 +49,10 @@ def encode(value: Any) -> Any:
 def decode(value: Any) -> Any:
   """The inverse of :func:`encode`."""
   if isinstance(value, dict):
-    if set(value) == {"float"} and isinstance(value["float"], str):
-      return float(value["float"])
+    if set(value) == {_FLOAT}:
+      return float(value[_FLOAT])
+    if set(value) == {_DICT}:
+      return {k: decode(v) for k, v in value[_DICT].items()}
     return {k: decode(v) for k, v in value.items()}
   if isinstance(value, list):
     return [decode(v) for v in value]
