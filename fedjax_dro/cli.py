@@ -1054,6 +1054,15 @@ def interrupted_message(args) -> str:
     )
     return f"interrupted {how}{kept}"
   kept = f"; the files already finished in {out} are kept" if out else ""
+  runs = os.path.join(out, "runs") if out else None
+  if args.command in ("compare", "reproduce") and runs and os.path.isdir(runs):
+    done = sum(
+      n.endswith(".json")
+      for d in os.listdir(runs)
+      if os.path.isdir(os.path.join(runs, d))
+      for n in os.listdir(os.path.join(runs, d))
+    )
+    kept = f"; {done} finished runs are recorded in {runs}: rerun the same command to resume"
   return f"interrupted: {args.command} stopped{kept}"
 
 
@@ -1229,11 +1238,16 @@ def build_parser() -> argparse.ArgumentParser:
   return parser
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: Optional[List[str]] = None, *, exit_on_interrupt: bool = False) -> int:
   """Runs the command line ``argv`` (default: ``sys.argv[1:]``) and returns its exit status:
   0 done, 1 an operating-system error (one line naming the path), 2 bad input (one line naming
   the flag), 3 a run stopped by a non-finite value, 130 interrupted (one line saying what is
-  kept; also when the interrupt arrives while the package is still loading)."""
+  kept; also when the interrupt arrives while the package is still loading).
+
+  With ``exit_on_interrupt`` (the program, :func:`entry`), Ctrl-C once the command has started
+  prints that line and ends the process at once with status 130: a ``KeyboardInterrupt``
+  raised wherever Python happens to be could land in a garbage-collection callback of the
+  runtime, where it is printed as ignored and the command goes on."""
   import signal
 
   args = None
@@ -1243,6 +1257,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.command is None:
       parser.print_help()
       return 2
+    if exit_on_interrupt and _in_main_thread():
+      signal.signal(signal.SIGINT, _exit_on_interrupt(args))
     return _dispatch(args)
   except (KeyboardInterrupt, ImportError) as e:  # Ctrl-C: one line, exit code 130
     if isinstance(e, ImportError) and not _interrupted_import(e):
@@ -1253,14 +1269,44 @@ def main(argv: Optional[List[str]] = None) -> int:
     return 130
 
 
+def _in_main_thread() -> bool:
+  import threading
+
+  return threading.current_thread() is threading.main_thread()
+
+
+def _exit_on_interrupt(args):
+  """The SIGINT handler of a started command: the one line, then ``os._exit(130)`` (files are
+  only ever replaced atomically, so nothing is left half-written; the operating system frees
+  the devices' buffers with the process)."""
+  import signal
+
+  def handler(signum, frame):
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C cannot cut the line short
+    try:
+      line = interrupted_message(args)
+    except Exception:  # noqa: BLE001  the line must come out whatever the directories hold
+      line = f"interrupted: {args.command} stopped"
+    for stream in (sys.stdout, sys.stderr):
+      try:
+        stream.flush()
+      except (OSError, ValueError):
+        pass
+    try:
+      os.write(2, (line + "\n").encode())
+    finally:
+      os._exit(130)
+
+  return handler
+
+
 def _start(load):
   """``load()`` with Ctrl-C held back until it returns, then raised as ``KeyboardInterrupt``:
   an interrupt inside a compiled extension's initialization would surface as an ``ImportError``
   with a traceback. Outside the main thread (no signal handlers there), just ``load()``."""
   import signal
-  import threading
 
-  if threading.current_thread() is not threading.main_thread():
+  if not _in_main_thread():
     return load()
   caught = []
   previous = signal.signal(signal.SIGINT, lambda *_: caught.append(True))
@@ -1314,7 +1360,7 @@ def entry() -> None:
   interpreter down while the runtime's threads are still running work can crash it (a
   segmentation fault after the line was printed); the operating system frees the devices'
   buffers with the process."""
-  code = main()
+  code = main(exit_on_interrupt=True)
   if code == 130:
     for stream in (sys.stdout, sys.stderr):
       try:

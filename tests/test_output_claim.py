@@ -6,9 +6,9 @@ The overlap is made deterministic with a barrier instead of a sleep: the first c
 in a process whose work function (``run``, ``sweep``, ``compare``, ``reproduce``) waits, once
 called, for a file the test creates; the second (B) is started only when A has got there (past
 every check that A makes before its work) and runs to its end; then A is released. Before the
-claim was taken first, B passed its check while A waited (A had written nothing yet), B ran and
-finished, and A then replaced B's finished result: both exited 0 and one result was lost.
-"""
+claim was taken first, a second ``run`` passed its check while the first waited (nothing was
+written yet), ran and finished, and the first then replaced its finished result: both exited 0
+and one result was lost (this test failed so on that tree)."""
 
 import json
 import os

@@ -26,7 +26,6 @@ import numpy as np
 from fedjax_dro.records.files import atomic_write
 from fedjax_dro.records.history import json_default
 
-
 _FLOAT, _DICT = "non-finite float", "escaped dict"  # the two marker keys
 
 
