@@ -7,6 +7,8 @@ scanned, and seeds and hyper-parameters are one more vectorized axis.
 import importlib
 from typing import TYPE_CHECKING
 
+from fedjax_dro.common.version import __version__
+
 # Every public name loads on first use (PEP 562): `import fedjax_dro` itself imports nothing
 # heavy, so the command line can take over Ctrl-C before JAX loads, and a notebook pays for what
 # it touches. Static tools (type checkers, the API reference) read the imports below.
@@ -108,7 +110,6 @@ def __dir__():
   return sorted(set(globals()) | set(_SUBPACKAGES) | set(_HOMES))
 
 
-__version__ = "0.1.0"
 __all__ = [
   "algorithms",
   "compare",

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 
 from fedjax_dro.algorithms.base import Algorithm, algorithm_cost
 from fedjax_dro.common.model import Model, model_identity
+from fedjax_dro.common.version import __version__
 from fedjax_dro.compare.protocol import Budget, Experiment, Strategy
 from fedjax_dro.compare.report import ComparisonResult, summarize_rows
 from fedjax_dro.compare.resume import RunRecords, data_digest, round_trip, run_key
@@ -372,7 +373,7 @@ def compare(
         seed=seed,
         data=data,
         budget_amount=amount,
-        version=_version(),
+        version=__version__,
       )
       found = records.get(digest, key)
       if found is not None:
@@ -403,12 +404,6 @@ def compare(
     paths = result.save(out_dir)
     say(f"[{experiment.name}] wrote " + ", ".join(paths))
   return result
-
-
-def _version() -> str:
-  from fedjax_dro import __version__
-
-  return __version__
 
 
 def _progress_bar(total: int, name: str, show: bool):
