@@ -216,6 +216,17 @@ def tuned(tuning: Optional[Tuning] = None, **fields):
 
 
 @contextlib.contextmanager
+def switched(shorthand: str, **field):
+  """:func:`tuned` of one boolean field (``factored_dense=enabled``) for the named shorthand that
+  sets it (``shorthand(enabled)``): a value other than True or False is refused, naming it."""
+  (enabled,) = field.values()
+  if not isinstance(enabled, bool):
+    raise ValueError(f"{shorthand} needs True or False, got {enabled!r}")
+  with tuned(**field):
+    yield
+
+
+@contextlib.contextmanager
 def reset(*names: str):
   """Within the block, the fields ``names`` are unset (the platform's default again)."""
   known = {f.name for f in dataclasses.fields(Tuning)}
