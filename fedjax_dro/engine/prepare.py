@@ -171,6 +171,15 @@ def _short(e: BaseException, limit: int = 300) -> str:
   return text if len(text) <= limit else text[:limit] + "..."
 
 
+def _abstractly(fn, *args, refusal):
+  """``jax.eval_shape(fn, *args)``; a failure is the ``ValueError`` ``refusal(reason)``, the
+  reason :func:`_short` of the error."""
+  try:
+    return jax.eval_shape(fn, *args)
+  except Exception as e:
+    raise ValueError(refusal(_short(e))) from None
+
+
 def _host_arrays(data):
   """``(x, y, mask)`` as host arrays (HostFederatedData: its store; mask from num_examples)."""
   if getattr(data, "host_resident", False):
@@ -226,14 +235,16 @@ def check_model_data(model, data, *, name: str = "data", init_params=None) -> No
       f"features (e.g. models.mlp({feature_shape}, ...)) or reshape the data"
     )
   batch = jax.ShapeDtypeStruct((min(int(x.shape[1]), 8),) + feature_shape, x_dtype)
-  try:
-    out = jax.eval_shape(model.apply, params, batch)
-  except Exception as e:
-    raise ValueError(
+  out = _abstractly(
+    model.apply,
+    params,
+    batch,
+    refusal=lambda reason: (
       f"the model {model.name!r} cannot be applied to {name}.x with feature shape "
-      f"{feature_shape} and dtype {x_dtype}: {_short(e)}. Build the model for these features "
+      f"{feature_shape} and dtype {x_dtype}: {reason}. Build the model for these features "
       f"(e.g. models.mlp({feature_shape}, ...)) or reshape the data"
-    ) from None
+    ),
+  )
   if not hasattr(out, "shape") or out.shape[:1] != batch.shape[:1]:
     raise ValueError(
       f"the model {model.name!r} maps a batch of {batch.shape[0]} examples of {name}.x to an "
@@ -284,13 +295,15 @@ def check_model_data(model, data, *, name: str = "data", init_params=None) -> No
         f"per output (it would broadcast them)"
       )
   y_batch = jax.ShapeDtypeStruct((batch.shape[0],) + label_shape, y.dtype)
-  try:
-    loss = jax.eval_shape(model.loss, out, y_batch)
-  except Exception as e:
-    raise ValueError(
+  loss = _abstractly(
+    model.loss,
+    out,
+    y_batch,
+    refusal=lambda reason: (
       f"the loss of {model.name!r} cannot take the model's outputs {tuple(out.shape)} and "
-      f"{name}.y of label shape {label_shape}: {_short(e)}"
-    ) from None
+      f"{name}.y of label shape {label_shape}: {reason}"
+    ),
+  )
   if tuple(loss.shape) != (batch.shape[0],):
     raise ValueError(
       f"the loss of {model.name!r} returns shape {tuple(loss.shape)} for a batch of "
