@@ -384,39 +384,25 @@ def select_hparams(
   grid,
   *,
   folds: int,
-  rounds: int,
-  seed: int = 0,
-  metric: str = "loss",
-  stat: str = "weighted_mean",
-  hparams: Optional[Dict[str, Any]] = None,
-  eval_every: Optional[int] = None,
   out_dir: Optional[str] = None,
   file=None,
+  **options,
 ) -> Dict[str, Any]:
-  """CLI helper: cross-validates ``grid``, prints the table and the choice, returns the merged
-  hyper-parameters ``{**hparams, **best}`` (and writes ``cv.json`` to ``out_dir``)."""
+  """CLI helper: cross-validates ``grid`` (:func:`cross_validate` with ``folds`` and its other
+  keyword ``options``: ``rounds``, ``seed``, ``metric``, ``stat``, ``hparams``, ``eval_every``),
+  prints the table and the choice, returns the merged hyper-parameters ``{**hparams, **best}``
+  (and writes ``cv.json`` to ``out_dir``)."""
   file = file or sys.stdout
-  cv = cross_validate(
-    alg,
-    data,
-    grid,
-    folds=folds,
-    rounds=rounds,
-    seed=seed,
-    metric=metric,
-    stat=stat,
-    hparams=hparams,
-    eval_every=eval_every,
-  )
+  cv = cross_validate(alg, data, grid, folds=folds, **options)
   print(
-    f"{folds}-fold cross-validation on the clients' training rows ({rounds} rounds per run), "
-    f"{metric} ({stat}):",
+    f"{cv.folds}-fold cross-validation on the clients' training rows ({cv.rounds} rounds per "
+    f"run), {cv.metric} ({cv.stat}):",
     file=file,
   )
   print(cv.to_markdown(), file=file)
   chosen = ", ".join(f"{k}={_fmt(v)}" for k, v in cv.best.items())
   print(
-    f"chosen by CV: {chosen} ({metric} {cv.best_score:.6g} +- {cv.se[cv.best_index]:.3g})",
+    f"chosen by CV: {chosen} ({cv.metric} {cv.best_score:.6g} +- {cv.se[cv.best_index]:.3g})",
     file=file,
   )
   if out_dir is not None:
@@ -427,7 +413,7 @@ def select_hparams(
 
     os.makedirs(out_dir, exist_ok=True)
     atomic_write(os.path.join(out_dir, "cv.json"), json_text(cv.to_json(), indent=2))
-  return {**(hparams or {}), **cv.best}
+  return {**(options.get("hparams") or {}), **cv.best}
 
 
 def grid_edge(values: Sequence[float], value: float) -> Optional[str]:

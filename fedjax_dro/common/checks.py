@@ -8,6 +8,7 @@ code uses (a Python ``int``/``float``/``bool``), so a call site reads
     number(v, name, minimum=None, maximum=None, strict=False, ...)      # ArgumentError
     choice(v, name, choices)                                           # ArgumentError
     flag(v, name)                                                      # TypeError
+    known(name, table, what)                                           # ValueError
 
 Integers accept any integer type (``int``, ``np.int64``...) and numbers any real type, never a
 bool; numbers must be finite. ``optional=True`` lets ``None`` through (``none`` says what it
@@ -129,6 +130,14 @@ def choice(value, name: str, choices: Sequence):
   if isinstance(value, (str, numbers.Number, type(None))) and value in tuple(choices):
     return value
   raise ArgumentError(name, f" must be one of {tuple(choices)}, got {value!r}")
+
+
+def known(name, table: Mapping, what: str):
+  """``table[name]`` of a table of named entries (registered datasets, ...); a ``ValueError``
+  naming ``what`` and the available names otherwise."""
+  if name not in table:
+    raise ValueError(f"unknown {what} {name!r}; available: {sorted(table)}")
+  return table[name]
 
 
 def flag(value, name: str) -> bool:

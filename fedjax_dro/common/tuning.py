@@ -120,6 +120,12 @@ PLATFORM_FIELDS = (
   "factored_dense",
 )
 
+
+def _platform(*values) -> Tuning:
+  """The tuning with the values of :data:`PLATFORM_FIELDS`, in its order."""
+  return Tuning(**dict(zip(PLATFORM_FIELDS, values, strict=True)))
+
+
 # The defaults of each platform; every row's measurement is on docs/benchmarks/tuning.md.
 # folded_step: on where a masked step costs a full one (GPU: FEMNIST-sized round 18.7 -> 14.3 ms).
 # step_block: 1 (a block of k steps costs more in masked steps than it saves in round trips).
@@ -129,36 +135,14 @@ PLATFORM_FIELDS = (
 # factored_dense: faster on no platform measured yet (experimental).
 _DEFAULTS = types.MappingProxyType(
   {
-    "cpu": Tuning(
-      folded_step=False,
-      step_block=1,
-      epoch_groups=1,
-      conv="patches",
-      conv_bf16="patches",
-      head_transposed_max_classes=16,
-      factored_dense=False,
-    ),
-    "gpu": Tuning(
-      folded_step=True,
-      step_block=1,
-      epoch_groups=2,
-      conv="patches",
-      conv_bf16="lax",
-      head_transposed_max_classes=0,
-      factored_dense=False,
-    ),
+    # folded_step, step_block, epoch_groups, conv, conv_bf16, head_transposed_max_classes,
+    # factored_dense
+    "cpu": _platform(False, 1, 1, "patches", "patches", 16, False),
+    "gpu": _platform(True, 1, 2, "patches", "lax", 0, False),
   }
 )
 # a platform without measurements (e.g. TPU): XLA's native forms, nothing folded or sorted
-_UNMEASURED = Tuning(
-  folded_step=False,
-  step_block=1,
-  epoch_groups=1,
-  conv="lax",
-  conv_bf16="lax",
-  head_transposed_max_classes=0,
-  factored_dense=False,
-)
+_UNMEASURED = _platform(False, 1, 1, "lax", "lax", 0, False)
 
 
 def platform_name(platform: Optional[str] = None) -> str:
@@ -229,6 +213,17 @@ def tuned(tuning: Optional[Tuning] = None, **fields):
   requested = merge(_REQUESTED.get(), tuning, Tuning(**fields))
   with scope(requested):
     yield requested
+
+
+@contextlib.contextmanager
+def switched(shorthand: str, **field):
+  """:func:`tuned` of one boolean field (``factored_dense=enabled``) for the named shorthand that
+  sets it (``shorthand(enabled)``): a value other than True or False is refused, naming it."""
+  (enabled,) = field.values()
+  if not isinstance(enabled, bool):
+    raise ValueError(f"{shorthand} needs True or False, got {enabled!r}")
+  with tuned(**field):
+    yield
 
 
 @contextlib.contextmanager

@@ -333,24 +333,11 @@ def digits_dirichlet_with_extras(
   return dataset, DigitsExtras(proportions=proportions, test_x=test_x, test_y=test_y)
 
 
-def digits_dirichlet(
-  seed: int = 0,
-  *,
-  num_clients: int = 100,
-  alpha: float = 0.3,
-  reduced_classes: Sequence[int] = (5, 6, 7, 8, 9),
-  fraction: float = 0.2,
-  test_fraction: float = 0.3,
-) -> FederatedDataset:
+def digits_dirichlet(seed: int = 0, **options) -> FederatedDataset:
   """Imbalanced, Dirichlet label-skewed digits over ``num_clients`` clients (the FGDRO Appendix G
-  CIFAR-10 setting on the shipped UCI digits). See :func:`digits_dirichlet_with_extras` for the
-  steps; this returns only the :class:`~fedjax_dro.data.federated.FederatedDataset`."""
-  dataset, _ = digits_dirichlet_with_extras(
-    seed,
-    num_clients=num_clients,
-    alpha=alpha,
-    reduced_classes=reduced_classes,
-    fraction=fraction,
-    test_fraction=test_fraction,
-  )
+  CIFAR-10 setting on the shipped UCI digits). ``options`` are those of
+  :func:`digits_dirichlet_with_extras` (``num_clients=100``, ``alpha=0.3``,
+  ``reduced_classes=(5, 6, 7, 8, 9)``, ``fraction=0.2``, ``test_fraction=0.3``, ...), which
+  gives the steps; this returns only the :class:`~fedjax_dro.data.federated.FederatedDataset`."""
+  dataset, _ = digits_dirichlet_with_extras(seed, **options)
   return dataset

@@ -6,6 +6,7 @@ import functools
 from typing import Callable, Dict, NamedTuple
 
 from fedjax_dro import models
+from fedjax_dro.common.checks import known
 from fedjax_dro.data import synthetic
 from fedjax_dro.data.digits import digits_dirichlet
 from fedjax_dro.data.federated import FederatedDataset
@@ -74,9 +75,7 @@ def register_dataset(name: str, entry: DatasetEntry) -> None:
 
 
 def get_dataset(name: str) -> DatasetEntry:
-  if name not in _DATASETS:
-    raise ValueError(f"unknown dataset {name!r}; available: {sorted(_DATASETS)}")
-  return _DATASETS[name]
+  return known(name, _DATASETS, "dataset")
 
 
 def list_datasets() -> Dict[str, DatasetEntry]:

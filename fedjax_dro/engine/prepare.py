@@ -1,10 +1,14 @@
 """Argument preparation of :func:`fedjax_dro.run`, :func:`fedjax_dro.sweep` and
-:func:`fedjax_dro.compile_rounds`: what they share before anything compiles.
+:func:`fedjax_dro.compile_rounds`: what they share before anything compiles (and
+:func:`compile_program`, how they compile).
 
 * :func:`check_run_args` (the algorithm, ``rounds``, ``eval_every``), :func:`split_data` (training
-  data, evaluation data, true parameters, dataset name), :func:`derive_keys` (the model, init and
-  round keys of a seed), :func:`prepare_hparams` (the hyper-parameters, validated once);
-* :func:`summarize_per_client` and :func:`main_metric`, how evaluations are summarized and shown.
+  data, evaluation data, true parameters, dataset name; :func:`checked_data` with the compatibility
+  check below), :func:`derive_keys` (the model, init and round keys of a seed),
+  :func:`prepare_hparams` (the hyper-parameters, validated once), :func:`place_run_data` (the data
+  on a mesh), :func:`program_key` (the key of the compiled programs in their cache);
+* :func:`evaluate_per_client`, :func:`summarize_per_client` and :func:`main_metric`, how
+  evaluations are fetched, summarized and shown.
 
 One compatibility check runs before anything compiles: model x data x hyper-parameters x paths.
 :func:`check_run_inputs` is called right after the data is split, before the model is
@@ -38,8 +42,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_dro.algorithms.base import Algorithm, make_hparams
+from fedjax_dro.common.tuning import scope
 from fedjax_dro.core.metrics import summarize_all
 from fedjax_dro.data.federated import FederatedData, FederatedDataset, validate_data
+from fedjax_dro.engine.errors import is_out_of_memory, memory_error
+from fedjax_dro.engine.programs import abstract_key, evaluate_host
+from fedjax_dro.engine.sharding import fetch, place_data, sharding_key
 from fedjax_dro.models.builtin import squared_error
 from fedjax_dro.records.files import check_writable_dir
 
@@ -86,6 +94,54 @@ def split_data(data, eval_data, true_params):
   if eval_data.num_clients != train.num_clients:
     raise ValueError(f"eval_data has {eval_data.num_clients} clients, data has {train.num_clients}")
   return train, eval_data, true_params, name
+
+
+def checked_data(alg, data, eval_data, true_params, **paths):
+  """:func:`split_data`, then :func:`check_run_inputs` of its training and evaluation data (the
+  ``true_params`` given, and ``paths``: ``init_params``, ``out_dir``, ``checkpoint_dir``):
+  ``(train, eval_data, true_params, name)``."""
+  train, eval_data, dataset_true_params, name = split_data(data, eval_data, true_params)
+  check_run_inputs(alg, train, eval_data, true_params=true_params, **paths)
+  return train, eval_data, dataset_true_params, name
+
+
+def place_run_data(mesh, train, eval_data):
+  """``(train, eval_data, eval_num_examples)``: the evaluation clients' example counts as a host
+  array (before any padding), and the data placed on ``mesh`` with the client axis split over
+  its ``"clients"`` axis (padded; unchanged without a mesh). Host-resident data cannot be
+  combined with a mesh yet."""
+  eval_num_examples = np.asarray(eval_data.num_examples)  # host copy (before any sharding)
+  if mesh is not None and (is_host_data(train) or is_host_data(eval_data)):
+    raise ValueError(
+      "mesh and host-resident data (HostFederatedData) cannot be combined yet: shard "
+      "device-resident data, or run host-resident data on one device"
+    )
+  if mesh is not None:
+    train = place_data(train, mesh, what="data", pad=True)
+    eval_data = place_data(eval_data, mesh, what="eval_data", pad=True)
+  return train, eval_data, eval_num_examples
+
+
+def compile_program(jitted, args, tuning, what: str):
+  """``jitted`` lowered for ``args`` and compiled, traced within
+  :func:`~fedjax_dro.common.tuning.scope` of ``tuning``; running out of device memory raises the
+  :class:`~fedjax_dro.engine.errors.DeviceMemoryError` of ``what`` (``"compiling ..."``)."""
+  try:
+    with scope(tuning):
+      return jitted.lower(*args).compile()
+  except Exception as e:
+    if is_out_of_memory(e):
+      raise memory_error(e, what) from None
+    raise
+
+
+def program_key(settings: tuple, *trees) -> tuple:
+  """The key of compiled programs in a :class:`~fedjax_dro.engine.programs.ProgramCache`: the
+  caller's static ``settings``, then the structure, shapes, dtypes and shardings of each of
+  ``trees`` (the programs' arguments)."""
+  return tuple(settings) + tuple(
+    part for tree in trees for part in (abstract_key(tree), sharding_key(tree))
+  )
 
 
 MAX_ROUNDS = 2**31 - 1  # the round counter is an int32 on the device
@@ -160,6 +216,16 @@ def summarize_per_client(per_client, num_examples) -> Dict[str, Dict[str, float]
   return summarize_all({k: np.asarray(v) for k, v in per_client.items()}, np.asarray(num_examples))
 
 
+def evaluate_per_client(alg, state, eval_data, true_params, evaluate, *, batched=False):
+  """The per-client evaluation of ``state`` (``batched``: a stacked state, one row per sweep row)
+  on the host: host-resident ``eval_data`` is evaluated in chunks of clients
+  (:func:`~fedjax_dro.engine.programs.evaluate_host`), other data by the compiled
+  ``evaluate(state, eval_data)``."""
+  if is_host_data(eval_data):
+    return evaluate_host(alg, state, eval_data, true_params, batched=batched)
+  return fetch(evaluate(state, eval_data))
+
+
 def main_metric(alg) -> str:
   """The metric a progress bar shows: ``accuracy`` for classification, else ``r2``."""
   return "accuracy" if alg.model.task == "classification" else "r2"
@@ -169,6 +235,15 @@ def _short(e: BaseException, limit: int = 300) -> str:
   text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
   text = text.rstrip(". ")
   return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _abstractly(fn, *args, refusal):
+  """``jax.eval_shape(fn, *args)``; a failure is the ``ValueError`` ``refusal(reason)``, the
+  reason :func:`_short` of the error."""
+  try:
+    return jax.eval_shape(fn, *args)
+  except Exception as e:
+    raise ValueError(refusal(_short(e))) from None
 
 
 def _host_arrays(data):
@@ -226,14 +301,16 @@ def check_model_data(model, data, *, name: str = "data", init_params=None) -> No
       f"features (e.g. models.mlp({feature_shape}, ...)) or reshape the data"
     )
   batch = jax.ShapeDtypeStruct((min(int(x.shape[1]), 8),) + feature_shape, x_dtype)
-  try:
-    out = jax.eval_shape(model.apply, params, batch)
-  except Exception as e:
-    raise ValueError(
+  out = _abstractly(
+    model.apply,
+    params,
+    batch,
+    refusal=lambda reason: (
       f"the model {model.name!r} cannot be applied to {name}.x with feature shape "
-      f"{feature_shape} and dtype {x_dtype}: {_short(e)}. Build the model for these features "
+      f"{feature_shape} and dtype {x_dtype}: {reason}. Build the model for these features "
       f"(e.g. models.mlp({feature_shape}, ...)) or reshape the data"
-    ) from None
+    ),
+  )
   if not hasattr(out, "shape") or out.shape[:1] != batch.shape[:1]:
     raise ValueError(
       f"the model {model.name!r} maps a batch of {batch.shape[0]} examples of {name}.x to an "
@@ -284,13 +361,15 @@ def check_model_data(model, data, *, name: str = "data", init_params=None) -> No
         f"per output (it would broadcast them)"
       )
   y_batch = jax.ShapeDtypeStruct((batch.shape[0],) + label_shape, y.dtype)
-  try:
-    loss = jax.eval_shape(model.loss, out, y_batch)
-  except Exception as e:
-    raise ValueError(
+  loss = _abstractly(
+    model.loss,
+    out,
+    y_batch,
+    refusal=lambda reason: (
       f"the loss of {model.name!r} cannot take the model's outputs {tuple(out.shape)} and "
-      f"{name}.y of label shape {label_shape}: {_short(e)}"
-    ) from None
+      f"{name}.y of label shape {label_shape}: {reason}"
+    ),
+  )
   if tuple(loss.shape) != (batch.shape[0],):
     raise ValueError(
       f"the loss of {model.name!r} returns shape {tuple(loss.shape)} for a batch of "

@@ -39,18 +39,19 @@ from fedjax_dro.engine.errors import is_out_of_memory, memory_error, nonfinite_e
 from fedjax_dro.engine.plan import RunPlan
 from fedjax_dro.engine.prepare import (
   check_run_args,
-  check_run_inputs,
+  checked_data,
+  compile_program,
   derive_keys,
+  evaluate_per_client,
   is_host_data,
   main_metric,
+  place_run_data,
   prepare_hparams,
-  split_data,
+  program_key,
   summarize_per_client,
 )
 from fedjax_dro.engine.programs import (
   ProgramCache,
-  abstract_key,
-  evaluate_host,
   make_chunk_fn,
   make_eval_fn,
   predicted_participants,
@@ -60,10 +61,8 @@ from fedjax_dro.engine.sharding import (
   check_mesh,
   fetch,
   is_writer,
-  place_data,
   place_replicated,
   real_clients,
-  sharding_key,
 )
 from fedjax_dro.privacy.accounting import run_epsilon
 from fedjax_dro.records.checkpoint import (
@@ -106,24 +105,13 @@ def _compile_run(alg, rounds, chunk, check_finite, true_params, args, eval_data,
   t0 = time.perf_counter()
   with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-    try:
-      with scope(tuning):
-        compiled = chunk_fn.lower(*args).compile()
-    except Exception as e:
-      if is_out_of_memory(e):
-        raise memory_error(e, f"compiling {alg.name}'s rounds") from None
-      raise
+    compiled = compile_program(chunk_fn, args, tuning, f"compiling {alg.name}'s rounds")
     # The evaluation is compiled here too, for the state the chunk returns: its compilation is
     # compile time, not the first chunk's run time (benchmarks/speed.py measures both).
     if not is_host_data(eval_data):
-      try:
-        with scope(tuning):
-          lowered = eval_fn.lower(compiled.out_info[0], eval_data)
-        eval_fn = _AheadOfTime(eval_fn, lowered.compile())
-      except Exception as e:
-        if is_out_of_memory(e):
-          raise memory_error(e, f"compiling {alg.name}'s evaluation") from None
-        raise
+      what = f"compiling {alg.name}'s evaluation"
+      program = compile_program(eval_fn, (compiled.out_info[0], eval_data), tuning, what)
+      eval_fn = _AheadOfTime(eval_fn, program)
   return compiled, eval_fn, time.perf_counter() - t0
 
 
@@ -222,16 +210,14 @@ def run(
   for name, flag in (("progress", progress), ("check_finite", check_finite)):
     if not isinstance(flag, (bool, np.bool_)):
       raise TypeError(f"{name} must be a bool, got {flag!r}")
-  given_true_params = true_params
-  train, eval_data, true_params, data_name = split_data(data, eval_data, true_params)
-  check_run_inputs(
+  train, eval_data, true_params, data_name = checked_data(
     alg,
-    train,
+    data,
     eval_data,
+    true_params,
     init_params=init_params,
     out_dir=out_dir,
     checkpoint_dir=checkpoint_dir,
-    true_params=given_true_params,
   )
   hp = prepare_hparams(alg, hparams, init_params=init_params)
   model_key, init_key, run_key = derive_keys(seed)
@@ -242,23 +228,15 @@ def run(
   # dissimilarity...): a checkpoint resumes only the run that wrote it.
   fingerprints = _fingerprints(train, eval_data, state) if checkpoint_dir is not None else None
   status = (jnp.array(False), jnp.array(-1, jnp.int32))
-  eval_num_examples = np.asarray(eval_data.num_examples)  # host copy (before any sharding)
-  if mesh is not None and (is_host_data(train) or is_host_data(eval_data)):
-    raise ValueError(
-      "mesh and host-resident data (HostFederatedData) cannot be combined yet: shard "
-      "device-resident data, or run host-resident data on one device"
-    )
+  train, eval_data, eval_num_examples = place_run_data(mesh, train, eval_data)
   if mesh is not None:
-    train = place_data(train, mesh, what="data", pad=True)
-    eval_data = place_data(eval_data, mesh, what="eval_data", pad=True)
     state, status, hp, run_key = place_replicated((state, status, hp, run_key), mesh)
   writer = is_writer()
 
   args = (state, status, jnp.int32(0), hp, run_key, train)
   shards = axis_size(mesh, "clients")
   resolved = resolve(tuning).replace(client_shards=shards)
-  key = (rounds, chunk, check_finite, abstract_key(args), sharding_key(args), resolved)
-  key += (abstract_key(eval_data), sharding_key(eval_data))
+  key = program_key((rounds, chunk, check_finite, resolved), args, eval_data)
   cached = _RUN_PROGRAMS.get(alg, key) if true_params is None else None
   if cached is not None:  # same algorithm, settings and shapes: another seed or hparams
     compiled, eval_fn = cached
@@ -383,11 +361,7 @@ def run_chunks(plan: RunPlan, state, status, history: History, loggers=()) -> Hi
       state = new_state
       done = min(rounds, start + chunk) if not failed else first_bad
       metrics = {k: np.asarray(v)[: done - start] for k, v in metrics.items()}
-      per_client = (
-        evaluate_host(alg, state, eval_data, plan.true_params)
-        if is_host_data(eval_data)
-        else fetch(plan.evaluate(state, eval_data))
-      )
+      per_client = evaluate_per_client(alg, state, eval_data, plan.true_params, plan.evaluate)
       wall += time.perf_counter() - t0
       for k, v in metrics.items():
         metric_chunks.setdefault(k, []).append(v)

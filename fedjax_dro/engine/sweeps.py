@@ -19,29 +19,23 @@ from fedjax_dro.data.federated import FederatedData, FederatedDataset
 from fedjax_dro.engine.errors import is_out_of_memory, memory_error
 from fedjax_dro.engine.prepare import (
   check_run_args,
-  check_run_inputs,
+  checked_data,
+  compile_program,
   derive_keys,
-  is_host_data,
+  evaluate_per_client,
+  place_run_data,
   prepare_hparams,
-  split_data,
+  program_key,
   summarize_per_client,
 )
-from fedjax_dro.engine.programs import (
-  ProgramCache,
-  abstract_key,
-  evaluate_host,
-  make_chunk_fn,
-  make_eval_fn,
-)
+from fedjax_dro.engine.programs import ProgramCache, make_chunk_fn, make_eval_fn
 from fedjax_dro.engine.sharding import (
   axis_size,
   check_mesh,
   fetch,
   is_writer,
-  place_data,
   real_clients,
   shard_leading,
-  sharding_key,
 )
 from fedjax_dro.records.history import sweep_to_csv
 
@@ -71,8 +65,7 @@ def _sweep_programs(
   resolved = resolved.replace(
     memory_share=resolved.memory_share * rows_per_device, client_shards=shards
   )
-  key = (rounds, chunk, check_finite, abstract_key(args), sharding_key(args), sweep_shards)
-  key += (resolved,)
+  key = program_key((rounds, chunk, check_finite, sweep_shards, resolved), args)
   hit = _SWEEP_PROGRAMS.get(alg, key) if true_params is None else None
   if hit is not None:
     return hit[0], hit[1], 0.0
@@ -83,13 +76,7 @@ def _sweep_programs(
     )
   )
   t0 = time.perf_counter()
-  try:
-    with scope(resolved):
-      compiled = vchunk.lower(*args).compile()
-  except Exception as e:
-    if is_out_of_memory(e):
-      raise memory_error(e, f"compiling the {alg.name} sweep") from None
-    raise
+  compiled = compile_program(vchunk, args, resolved, f"compiling the {alg.name} sweep")
   compile_time = time.perf_counter() - t0
   evaluate = _in_scope(
     jax.jit(real_clients(jax.vmap(make_eval_fn(alg, true_params), in_axes=(0, None)))),
@@ -212,9 +199,7 @@ def sweep(
     )
   rounds, chunk = check_run_args(alg, rounds, eval_every)
   mesh = None if mesh is None else check_mesh(mesh)
-  given_true_params = true_params
-  train, eval_data, true_params, _ = split_data(data, eval_data, true_params)
-  check_run_inputs(alg, train, eval_data, true_params=given_true_params)
+  train, eval_data, true_params, _ = checked_data(alg, data, eval_data, true_params)
   num_clients = train.num_clients  # before a mesh pads the client axis
   if grid is not None and not isinstance(grid, dict):
     raise TypeError(
@@ -279,18 +264,11 @@ def sweep(
   state = jax.vmap(lambda p, k: alg.init(p, train, k))(params, init_keys)
 
   status = (jnp.zeros((rows,), bool), jnp.full((rows,), -1, jnp.int32))
-  eval_num_examples = np.asarray(eval_data.num_examples)  # host copy (before any sharding)
-  if mesh is not None and (is_host_data(train) or is_host_data(eval_data)):
-    raise ValueError(
-      "mesh and host-resident data (HostFederatedData) cannot be combined yet: shard "
-      "device-resident data, or run host-resident data on one device"
-    )
+  train, eval_data, eval_num_examples = place_run_data(mesh, train, eval_data)
   if mesh is not None:
     state, status, hp, run_keys = shard_leading(
       (state, status, hp, run_keys), mesh, "sweep", what="sweep rows"
     )
-    train = place_data(train, mesh, what="data", pad=True)
-    eval_data = place_data(eval_data, mesh, what="eval_data", pad=True)
   compiled, evaluate, compile_time = _sweep_programs(
     alg,
     rounds,
@@ -314,11 +292,8 @@ def sweep(
       raise
     for k, v in metrics.items():
       curves.setdefault(k, []).append(fetch(v)[:num, : min(chunk, rounds - c * chunk)])
-  if is_host_data(eval_data):
-    with scope(resolve(tuning)):
-      per_client = evaluate_host(alg, state, eval_data, true_params, batched=True)
-  else:
-    per_client = fetch(evaluate(state, eval_data))
+  with scope(resolve(tuning)):  # what it traces (host-resident evaluation) has the sweep's tuning
+    per_client = evaluate_per_client(alg, state, eval_data, true_params, evaluate, batched=True)
   per_client = jax.tree.map(lambda a: a[:num], per_client)
   status = jax.tree.map(lambda a: a[:num], fetch(status))
   wall = time.perf_counter() - t0

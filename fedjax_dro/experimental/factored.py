@@ -32,26 +32,21 @@ turns it on, off by default everywhere.
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from fedjax_dro.common.model import DenseLayer
-from fedjax_dro.common.tuning import current, tuned
+from fedjax_dro.common.tuning import current, switched
 
 
-@contextlib.contextmanager
 def local_factored_dense(enabled: bool):
   """Within the block, programs traced for local SGD (``local_steps``, or ``local_epochs`` with
   the folded masked step) keep the model's wide dense layers factored (``enabled``) or dense
   (``fd.tuned(factored_dense=enabled)``; off on every platform today). Results are the same up
   to rounding; only the speed differs."""
-  if not isinstance(enabled, bool):
-    raise ValueError(f"local_factored_dense needs True or False, got {enabled!r}")
-  with tuned(factored_dense=enabled):
-    yield
+  return switched("local_factored_dense", factored_dense=enabled)
 
 
 def factored_dense() -> bool:

@@ -46,6 +46,51 @@ def _refuse_state(kind: str, found):
     )
 
 
+def _instance(module, module_type, what: str, abstract):
+  """``(instance, make)``: ``module`` itself and None when it is a ``module_type``, else the
+  constructor's module built abstractly (``abstract(make)``) and the constructor ``make``."""
+  if isinstance(module, module_type):
+    return module, None
+  if not callable(module):
+    raise TypeError(f"module must be {what}, got {type(module).__name__}")
+  instance = abstract(module)
+  if not isinstance(instance, module_type):
+    raise TypeError(f"module must be {what}; the constructor returned {type(instance).__name__}")
+  return instance, module
+
+
+def _init(make, weights, build):
+  """``Model.init``: a copy of the instance's own ``weights`` (no constructor), else the weights
+  of ``build(key)`` (the constructor's module built from the run's key), compiled."""
+  if make is None:
+
+    def init(key):
+      del key  # the instance's own weights
+      return jax.tree.map(lambda a: a, weights)
+
+    return init
+  return jax.jit(build)
+
+
+def _model(init, apply, instance, make, head, l2, name, adapter: str, options: str = "") -> Model:
+  """The :class:`Model` of an adapted module: ``head`` is the ``loss`` and ``metrics`` given and
+  their ``(loss_fn, metrics_fn, task)`` (:func:`~fedjax_dro.models.builtin.loss_and_task`); its
+  identity names the ``adapter``, the module (its constructor, else its class), ``options`` and
+  the loss and metrics given."""
+  loss, metrics, loss_fn, metrics_fn, task = head
+  what = _shown(make) if make is not None else _shown(type(instance))
+  return Model(
+    init,
+    apply,
+    loss_fn,
+    metrics_fn,
+    task=task,
+    l2=float(l2),
+    name=name or type(instance).__name__,
+    identity=f"{adapter}({what}{options}, loss={_shown(loss)}, metrics={_shown(metrics)})",
+  )
+
+
 def from_nnx(
   module,
   *,
@@ -75,22 +120,13 @@ def from_nnx(
   """
   from flax import nnx
 
-  if isinstance(module, nnx.Module):
-    instance, make = module, None
-  elif callable(module):
-    make = module
-    instance = nnx.eval_shape(lambda: make(nnx.Rngs(0)))
-    if not isinstance(instance, nnx.Module):
-      raise TypeError(
-        f"module must be a flax.nnx.Module or a constructor rngs -> Module; the constructor "
-        f"returned {type(instance).__name__}"
-      )
-  else:
-    raise TypeError(
-      f"module must be a flax.nnx.Module or a constructor rngs -> Module, got "
-      f"{type(module).__name__}"
-    )
-  loss_fn, metrics_fn, task = loss_and_task(loss, metrics, task)
+  instance, make = _instance(
+    module,
+    nnx.Module,
+    "a flax.nnx.Module or a constructor rngs -> Module",
+    lambda make: nnx.eval_shape(lambda: make(nnx.Rngs(0))),
+  )
+  head = (loss, metrics, *loss_and_task(loss, metrics, task))
   check_l2(l2)
   graphdef, params, rest = nnx.split(instance, nnx.Param, ...)
   found = [
@@ -103,35 +139,16 @@ def from_nnx(
   template = params
   pure = getattr(nnx, "to_pure_dict", lambda state: state.to_pure_dict())
 
-  if make is None:
-    weights = pure(params)
-
-    def init(key):
-      del key  # the instance's own weights
-      return jax.tree.map(lambda a: a, weights)
-
-  else:
-
-    @jax.jit
-    def init(key):
-      return pure(nnx.split(make(nnx.Rngs(key)), nnx.Param, ...)[1])
+  def build(key):
+    return pure(nnx.split(make(nnx.Rngs(key)), nnx.Param, ...)[1])
 
   def apply(p, x):
     state = jax.tree.map(lambda a: a, template)
     nnx.replace_by_pure_dict(state, p)
     return nnx.merge(graphdef, state)(x)
 
-  what = _shown(make) if make is not None else _shown(type(instance))
-  return Model(
-    init,
-    apply,
-    loss_fn,
-    metrics_fn,
-    task=task,
-    l2=float(l2),
-    name=name or type(instance).__name__,
-    identity=f"from_nnx({what}, loss={_shown(loss)}, metrics={_shown(metrics)})",
-  )
+  init = _init(make, pure(params) if make is None else None, build)
+  return _model(init, apply, instance, make, head, l2, name, "from_nnx")
 
 
 def from_equinox(
@@ -172,22 +189,13 @@ def from_equinox(
     ) from None
   if not isinstance(per_example, bool):
     raise TypeError(f"per_example must be a bool, got {per_example!r}")
-  if isinstance(module, eqx.Module):
-    instance, make = module, None
-  elif callable(module):
-    make = module
-    instance = eqx.filter_eval_shape(make, jax.random.PRNGKey(0))
-    if not isinstance(instance, eqx.Module):
-      raise TypeError(
-        f"module must be an equinox.Module or a constructor key -> Module; the constructor "
-        f"returned {type(instance).__name__}"
-      )
-  else:
-    raise TypeError(
-      f"module must be an equinox.Module or a constructor key -> Module, got "
-      f"{type(module).__name__}"
-    )
-  loss_fn, metrics_fn, task = loss_and_task(loss, metrics, task)
+  instance, make = _instance(
+    module,
+    eqx.Module,
+    "an equinox.Module or a constructor key -> Module",
+    lambda make: eqx.filter_eval_shape(make, jax.random.PRNGKey(0)),
+  )
+  head = (loss, metrics, *loss_and_task(loss, metrics, task))
   check_l2(l2)
   is_state = lambda v: isinstance(v, eqx.nn.StateIndex)  # noqa: E731
   found = [
@@ -198,31 +206,13 @@ def from_equinox(
   _refuse_state("Equinox", found)
   params, static = eqx.partition(instance, eqx.is_inexact_array)
 
-  if make is None:
-
-    def init(key):
-      del key  # the instance's own weights
-      return jax.tree.map(lambda a: a, params)
-
-  else:
-
-    @jax.jit
-    def init(key):
-      return eqx.partition(make(key), eqx.is_inexact_array)[0]
+  def build(key):
+    return eqx.partition(make(key), eqx.is_inexact_array)[0]
 
   def apply(p, x):
     model = eqx.combine(p, static)
     return jax.vmap(model)(x) if per_example else model(x)
 
-  what = _shown(make) if make is not None else _shown(type(instance))
+  init = _init(make, params, build)
   sig = "" if per_example else ", per_example=False"
-  return Model(
-    init,
-    apply,
-    loss_fn,
-    metrics_fn,
-    task=task,
-    l2=float(l2),
-    name=name or type(instance).__name__,
-    identity=f"from_equinox({what}{sig}, loss={_shown(loss)}, metrics={_shown(metrics)})",
-  )
+  return _model(init, apply, instance, make, head, l2, name, "from_equinox", sig)

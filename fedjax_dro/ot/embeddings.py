@@ -628,14 +628,7 @@ def ot_embeddings(
   pts, msk = _check_points(points, mask)
   ref = check_reference(reference, pts.shape[-1])
   epsilon, threshold, max_iterations, inner_iterations, chunk_size = check_solver_args(
-    epsilon,
-    relative_epsilon,
-    threshold,
-    max_iterations,
-    inner_iterations,
-    cost,
-    chunk_size,
-    solver,
+    epsilon, relative_epsilon, threshold, max_iterations, inner_iterations, cost, chunk_size, solver
   )
 
   dtype = default_float_dtype()

@@ -77,7 +77,7 @@ def _accountant(kind: str, sampling: str):
 
 def epsilon(
   rounds: int,
-  noise_multiplier: float,
+  noise_multiplier,
   delta: float,
   *,
   sampling: str,
@@ -86,14 +86,27 @@ def epsilon(
   sample_size=None,
   accountant: str = "rdp",
 ) -> float:
-  """Epsilon at ``delta`` after ``rounds`` rounds (``inf`` with no noise, 0 after no round)."""
+  """Epsilon at ``delta`` after ``rounds`` rounds (``inf`` with no noise, 0 after no round).
+
+  ``noise_multiplier``: one multiplier (the round is its :func:`round_event`), or a list or tuple
+  of them, each released on its own independently drawn sample (:func:`composed_epsilon`;
+  ``inf`` when any is 0)."""
   if rounds <= 0:
     return 0.0
+  kw = dict(sampling=sampling, num_clients=num_clients, rate=rate, sample_size=sample_size)
+  if isinstance(noise_multiplier, (list, tuple)):
+    import dp_accounting as dpa
+
+    zs = [float(z) for z in noise_multiplier]
+    if min(zs) <= 0:
+      return math.inf
+    event = dpa.ComposedDpEvent([round_event(z, **kw) for z in zs])
+    return _composed(
+      _accountant(accountant, sampling), dpa.SelfComposedDpEvent(event, int(rounds)), 1, delta
+    )
   if noise_multiplier <= 0:
     return math.inf
-  event = round_event(
-    noise_multiplier, sampling=sampling, num_clients=num_clients, rate=rate, sample_size=sample_size
-  )
+  event = round_event(noise_multiplier, **kw)
   return _composed(_accountant(accountant, sampling), event, int(rounds), delta)
 
 
@@ -244,31 +257,10 @@ def check_delta(delta) -> float:
   return float(delta)
 
 
-def composed_epsilon(
-  rounds: int,
-  noise_multipliers,
-  delta: float,
-  *,
-  sampling: str,
-  num_clients: int,
-  rate=None,
-  sample_size=None,
-  accountant: str = "rdp",
-) -> float:
+def composed_epsilon(rounds: int, noise_multipliers, delta: float, **options) -> float:
   """Epsilon at ``delta`` after ``rounds`` rounds of which each releases one Gaussian mechanism
   per multiplier of ``noise_multipliers``, each on its own independently drawn sample of the
-  clients (the same sampling, rate and size): the round is ``ComposedDpEvent`` of their
-  :func:`round_event`, self-composed ``rounds`` times (``inf`` when any multiplier is 0; 0 after
-  no round)."""
-  import dp_accounting as dpa
-
-  if rounds <= 0:
-    return 0.0
-  zs = [float(z) for z in noise_multipliers]
-  if min(zs) <= 0:
-    return math.inf
-  kw = dict(sampling=sampling, num_clients=num_clients, rate=rate, sample_size=sample_size)
-  event = dpa.ComposedDpEvent([round_event(z, **kw) for z in zs])
-  return _composed(
-    _accountant(accountant, sampling), dpa.SelfComposedDpEvent(event, int(rounds)), 1, delta
-  )
+  clients (the same sampling, rate and size; ``options``: those of :func:`epsilon`): the round is
+  ``ComposedDpEvent`` of their :func:`round_event`, self-composed ``rounds`` times (``inf`` when
+  any multiplier is 0; 0 after no round)."""
+  return epsilon(rounds, list(noise_multipliers), delta, **options)

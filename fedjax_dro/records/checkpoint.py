@@ -66,6 +66,7 @@ from fedjax_dro.records.files import (
   open_regular_file,
   read_npz_bytes,
   read_regular_file,
+  read_up_to,
   write_all,
 )
 
@@ -243,6 +244,16 @@ def _chain(digest: str, record: bytes) -> str:
   return hashlib.sha256(bytes.fromhex(digest) + record).hexdigest()
 
 
+def _check_log_size(fd: int, path: str, expected: int, recorder: str) -> None:
+  """Refuses the history log ``fd`` when it holds fewer than the ``expected`` bytes its
+  ``recorder`` (a checkpoint) records (truncated)."""
+  size = os.fstat(fd).st_size
+  if size < expected:
+    raise CheckpointError(
+      f"{path} holds {size} bytes, fewer than the {expected} {recorder} records (truncated)"
+    )
+
+
 def _append_log(directory: str, history) -> Dict[str, Any]:
   """Appends the evaluations the newest checkpoint's log extent does not hold yet (cutting off
   whatever an interrupted append left after it); the new extent."""
@@ -272,12 +283,7 @@ def _append_log(directory: str, history) -> Dict[str, Any]:
   except OSError as e:
     raise FileWriteError(path, e) from None
   try:
-    size = os.fstat(fd).st_size
-    if size < previous["bytes"]:
-      raise CheckpointError(
-        f"{path} holds {size} bytes, fewer than the {previous['bytes']} its newest checkpoint "
-        f"records (truncated)"
-      )
+    _check_log_size(fd, path, previous["bytes"], "its newest checkpoint")
     os.ftruncate(fd, previous["bytes"])
     os.lseek(fd, previous["bytes"], os.SEEK_SET)
     write_all(fd, b"".join(records))
@@ -636,22 +642,10 @@ def _read_log(m, json_path, directory, rounds, chunk):
   except UnreadableFileError as e:
     raise CheckpointError(f"{e} (its checkpoint {json_path} records history in it)") from None
   try:
-    size = os.fstat(fd).st_size
-    if size < extent["bytes"]:
-      raise CheckpointError(
-        f"{path} holds {size} bytes, fewer than the {extent['bytes']} its checkpoint {json_path} "
-        f"records (truncated)"
-      )
-    data, left = [], extent["bytes"]
-    while left > 0:
-      block = os.read(fd, min(left, 1 << 20))
-      if not block:
-        break
-      data.append(block)
-      left -= len(block)
+    _check_log_size(fd, path, extent["bytes"], f"its checkpoint {json_path}")
+    data = read_up_to(fd, extent["bytes"])
   finally:
     os.close(fd)
-  data = b"".join(data)
   blobs, offset, digest = [], 0, _LOG_SEED
   while offset < len(data):
     head = data[offset : offset + 16]

@@ -306,6 +306,19 @@ def _kind(mode: int) -> str:
   return "not a regular file"
 
 
+def read_up_to(fd: int, count: int) -> bytes:
+  """At most ``count`` bytes of ``fd`` from its position (fewer where the file ends), read in
+  blocks of at most 1 MiB."""
+  chunks, left = [], count
+  while left > 0:
+    block = os.read(fd, min(left, 1 << 20))
+    if not block:
+      break
+    chunks.append(block)
+    left -= len(block)
+  return b"".join(chunks)
+
+
 def read_regular_file(path: str, directory: str, limit: int) -> bytes:
   """The content of the regular file ``path`` (see :func:`open_regular_file`), refused without
   reading it if it holds more than ``limit`` bytes."""
@@ -316,18 +329,11 @@ def read_regular_file(path: str, directory: str, limit: int) -> bytes:
       raise UnreadableFileError(
         f"{path} holds {size} bytes, more than the {limit} it can hold: not read"
       )
-    chunks, left = [], limit + 1
-    while left > 0:
-      block = os.read(fd, min(left, 1 << 20))
-      if not block:
-        break
-      chunks.append(block)
-      left -= len(block)
+    data = read_up_to(fd, limit + 1)
   except OSError as e:
     raise UnreadableFileError(f"{path} cannot be read ({e.strerror or e})") from None
   finally:
     os.close(fd)
-  data = b"".join(chunks)
   if len(data) > limit:
     raise UnreadableFileError(f"{path} grew beyond {limit} bytes while it was read: not read")
   return data

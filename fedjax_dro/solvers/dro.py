@@ -73,7 +73,8 @@ from fedjax_dro.solvers.validation import concrete_or_none as _concrete_or_none
 
 class DROProblem:
   """The base of the DRO problems (see the module docstring). A subclass is a
-  ``flax.struct.dataclass`` whose field ``param_name`` holds the problem's one parameter."""
+  ``flax.struct.dataclass`` whose field ``param_name`` holds the problem's one parameter (the
+  built-in ones are declared with ``_problem``, which sets the class attributes below)."""
 
   name: ClassVar[str]  # the string form ("chi2", ...), recorded in Algorithm.config
   param_name: ClassVar[str]  # the parameter's field and hyper-parameter name
@@ -187,16 +188,33 @@ def _losses(losses):
   return _sx.check_vector(losses, "losses")
 
 
-@flax.struct.dataclass
+_OVERRIDABLE = ("minimum", "strict", "maximum", "in_simplex", "has_prox")
+
+
+def _problem(name: str, doc: str, **options):
+  """Declares a subclass of :class:`DROProblem` as a ``flax.struct.dataclass``: its first field
+  is the problem's parameter (``param_name``, and its default the problem's ``default``),
+  ``name`` its string form, ``doc`` the parameter's description and ``options`` the class
+  attributes it overrides (``minimum``, ``strict``, ``maximum``, ``in_simplex``, ``has_prox``)."""
+  unknown = sorted(set(options) - set(_OVERRIDABLE))
+  if unknown:
+    raise TypeError(f"unknown DRO problem options {unknown}; known: {list(_OVERRIDABLE)}")
+
+  def declare(cls):
+    param_name = next(iter(cls.__annotations__))
+    cls.name, cls.param_name, cls.default, cls.doc = name, param_name, cls.__dict__[param_name], doc
+    for key, value in options.items():
+      setattr(cls, key, value)
+    return flax.struct.dataclass(cls)
+
+  return declare
+
+
+@_problem("chi2", "chi^2 penalty strength rho (0 = AFL, large = ERM)")
 class Chi2(DROProblem):
   """psi = (rho / (2n)) sum_i (n lambda_i - 1)^2 on the simplex (rho = 0: AFL's minimax)."""
 
   rho: Any = 0.1
-
-  name: ClassVar[str] = "chi2"
-  param_name: ClassVar[str] = "rho"
-  default: ClassVar[float] = 0.1
-  doc: ClassVar[str] = "chi^2 penalty strength rho (0 = AFL, large = ERM)"
 
   def value(self, lam):
     lam = _sx.check_vector(lam, "lam")
@@ -239,18 +257,13 @@ class Chi2(DROProblem):
     return float(self.rho) * n, None
 
 
-@flax.struct.dataclass
+@_problem(
+  "cvar", "CVaR level alpha: Lambda = {simplex, lambda_i <= 1/(alpha n)}", strict=True, maximum=1.0
+)
 class CVaR(DROProblem):
   """psi = 0 on the capped simplex {lambda in simplex, lambda_i <= 1 / (alpha n)}."""
 
   alpha: Any = 0.5
-
-  name: ClassVar[str] = "cvar"
-  param_name: ClassVar[str] = "alpha"
-  default: ClassVar[float] = 0.5
-  doc: ClassVar[str] = "CVaR level alpha: Lambda = {simplex, lambda_i <= 1/(alpha n)}"
-  strict: ClassVar[bool] = True
-  maximum: ClassVar[Optional[float]] = 1.0
 
   def value(self, lam):
     lam = _sx.check_vector(lam, "lam")
@@ -287,7 +300,7 @@ class CVaR(DROProblem):
     return 1.0 / (float(self.alpha) * n) * n <= 1.0 + 1e-12
 
 
-@flax.struct.dataclass
+@_problem("qffl", "q-FFL exponent: psi = sum |lambda_i|^(1+1/q)", in_simplex=False)
 class QFFL(DROProblem):
   """Lambda = R^n, psi = sum_i |lambda_i|^p (``norm="lp"``) or ||lambda||_2^p (``"l2"``),
   p = 1 + 1/q; q = 0: the indicator of the unit l_inf (lp) or l2 (l2) ball."""
@@ -295,23 +308,22 @@ class QFFL(DROProblem):
   q: Any = 1.0
   norm: str = flax.struct.field(pytree_node=False, default="lp")
 
-  name: ClassVar[str] = "qffl"
-  param_name: ClassVar[str] = "q"
-  default: ClassVar[float] = 1.0
-  doc: ClassVar[str] = "q-FFL exponent: psi = sum |lambda_i|^(1+1/q)"
-  in_simplex: ClassVar[bool] = False
-
   def check(self, batched=False):
     _sx.check_norm(self.norm)
     return super().check(batched)
 
-  def value(self, lam):
-    lam = _sx.check_vector(lam, "lam")
-    dtype = lam.dtype
-    self.check()
+  def _exponents(self, dtype):
+    """``(q > 0, q_safe, p)``: ``q_safe`` is q with 1 for q = 0 (the q = 0 branch stays finite)
+    and ``p = 1 + 1/q_safe``."""
     q = jnp.asarray(self.q, dtype)
     q_pos = q > 0
-    p = 1.0 + 1.0 / jnp.where(q_pos, q, 1.0)
+    q_safe = jnp.where(q_pos, q, 1.0)
+    return q_pos, q_safe, 1.0 + 1.0 / q_safe
+
+  def value(self, lam):
+    lam = _sx.check_vector(lam, "lam")
+    self.check()
+    q_pos, _, p = self._exponents(lam.dtype)
     if self.norm == "lp":
       general = jnp.sum(jnp.abs(lam) ** p)
       inside = jnp.max(jnp.abs(lam)) <= 1.0
@@ -319,7 +331,7 @@ class QFFL(DROProblem):
       nrm = jnp.linalg.norm(lam)
       general = nrm**p
       inside = nrm <= 1.0
-    limit = jnp.where(inside, 0.0, jnp.inf).astype(dtype)
+    limit = jnp.where(inside, 0.0, jnp.inf).astype(lam.dtype)
     return jnp.where(q_pos, general, limit)
 
   def best_response(self, losses):
@@ -327,11 +339,7 @@ class QFFL(DROProblem):
     or f/||f|| (l2)."""
     self.check()
     f = _losses(losses)
-    dtype = f.dtype
-    q = jnp.asarray(self.q, dtype)
-    q_pos = q > 0
-    q_safe = jnp.where(q_pos, q, 1.0)
-    p = 1.0 + 1.0 / q_safe
+    q_pos, q_safe, p = self._exponents(f.dtype)
     if self.norm == "lp":
       return jnp.where(q_pos, jnp.sign(f) * (jnp.abs(f) / p) ** q_safe, jnp.sign(f))
     nrm = jnp.linalg.norm(f)
@@ -343,11 +351,7 @@ class QFFL(DROProblem):
     ||f||_1 (lp) or ||f||_2 (l2). In closed form (no 0 * inf for q = 0)."""
     lam = self.best_response(losses)
     f = jnp.asarray(losses, lam.dtype)
-    dtype = lam.dtype
-    q = jnp.asarray(self.q, dtype)
-    q_pos = q > 0
-    q_safe = jnp.where(q_pos, q, 1.0)
-    p = 1.0 + 1.0 / q_safe
+    q_pos, q_safe, p = self._exponents(lam.dtype)
     if self.norm == "lp":
       val = jnp.sum(jnp.abs(f) ** (q_safe + 1.0)) * p ** (-q_safe) / (q_safe + 1.0)
       lim = jnp.sum(jnp.abs(f))
@@ -374,18 +378,16 @@ class QFFL(DROProblem):
     return True
 
 
-@flax.struct.dataclass
+@_problem(
+  "kl",
+  "KL regularisation lambda (smaller = closer to the worst client)",
+  strict=True,
+  has_prox=False,
+)
 class KL(DROProblem):
   """psi = lam sum_i lambda_i log(n lambda_i) (lam times KL(lambda || uniform)) on the simplex."""
 
   lam: Any = 1.0
-
-  name: ClassVar[str] = "kl"
-  param_name: ClassVar[str] = "lam"
-  default: ClassVar[float] = 1.0
-  doc: ClassVar[str] = "KL regularisation lambda (smaller = closer to the worst client)"
-  strict: ClassVar[bool] = True
-  has_prox: ClassVar[bool] = False
 
   def value(self, lam):
     lam = _sx.check_vector(lam, "lam")

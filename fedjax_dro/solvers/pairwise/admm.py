@@ -1,4 +1,5 @@
-"""ADMM on the edge split ``V = D Theta`` (see :mod:`fedjax_dro.solvers.pairwise`, method ``"admm"``)."""
+"""ADMM on the edge split ``V = D Theta`` (see :mod:`fedjax_dro.solvers.pairwise`, method ``"admm"``),
+and the edge-array machinery it shares with :mod:`~fedjax_dro.solvers.pairwise.dykstra`."""
 
 from __future__ import annotations
 
@@ -26,6 +27,59 @@ _BALANCE_EVERY = 10
 
 
 # ----------------------------------------------------------------------------------------------
+# Edge arrays (ADMM and Dykstra)
+# ----------------------------------------------------------------------------------------------
+def edge_list(n):
+  i, j = np.triu_indices(n, 1)
+  return jnp.asarray(i, jnp.int32), jnp.asarray(j, jnp.int32)
+
+
+def incidence_t(w, i, j, n):
+  """``D^T w``: row ``k`` gets ``sum_{e=(k,.)} w_e - sum_{e=(.,k)} w_e``."""
+  return jax.ops.segment_sum(w, i, num_segments=n) - jax.ops.segment_sum(w, j, num_segments=n)
+
+
+def edge_loop(body, state, tol, max_iterations: int, residuals):
+  """``(final state, converged)`` of an edge-array solver's ``lax.while_loop``: ``body`` from
+  ``state`` until both relative residuals ``residuals(state)`` are ``<= tol`` or
+  ``state.iteration`` reaches ``max_iterations``."""
+
+  def converged(s):
+    first, second = residuals(s)
+    return (first <= tol) & (second <= tol)
+
+  def cond(s):
+    return (s.iteration < max_iterations) & ~converged(s)
+
+  final = lax.while_loop(cond, body, state)
+  return final, converged(final)
+
+
+def edge_output(prep: Prepared, final, mu_e, i, j, residual, converged) -> SolverOutput:
+  """The :class:`SolverOutput` of an edge-array solver's ``final`` state: its ``theta`` shifted
+  back, the edge multipliers ``mu_e`` of the edges ``(i, j)`` as a symmetric ``[n, n]`` matrix
+  (0 elsewhere), its iterations, its stopping ``residual`` and ``converged``."""
+  n = final.theta.shape[0]
+  mu = jnp.zeros((n, n), final.theta.dtype).at[i, j].set(mu_e)
+  return SolverOutput(final.theta + prep.shift, mu + mu.T, final.iteration, residual, converged)
+
+
+@functools.partial(jax.jit, static_argnames=("run", "max_iterations"))
+def _solve_edges_jit(run, z, r, tol, max_iterations):
+  return solve_reduced(lambda p: run(p, tol, max_iterations), prepare(z, r))
+
+
+def solve_edges(run, z, r, tol, max_iterations: int) -> SolverOutput:
+  """The edge-array solver ``run(prep, tol, max_iterations)`` (ADMM / Dykstra) on an ``[n, d]``
+  array: the arguments checked, then one jitted program (:func:`solve_reduced` of
+  :func:`prepare`)."""
+  z = as_2d_float(z)
+  r = jnp.asarray(r, z.dtype)
+  validate_common(z.shape[0], r, tol, max_iterations, None)
+  return _solve_edges_jit(run, z, r, jnp.asarray(tol, z.dtype), int(max_iterations))
+
+
+# ----------------------------------------------------------------------------------------------
 # ADMM
 # ----------------------------------------------------------------------------------------------
 class AdmmState(NamedTuple):
@@ -37,16 +91,6 @@ class AdmmState(NamedTuple):
   beta: jax.Array
   primal_rel: jax.Array
   dual_rel: jax.Array
-
-
-def edge_list(n):
-  i, j = np.triu_indices(n, 1)
-  return jnp.asarray(i, jnp.int32), jnp.asarray(j, jnp.int32)
-
-
-def incidence_t(w, i, j, n):
-  """``D^T w``: row ``k`` gets ``sum_{e=(k,.)} w_e - sum_{e=(.,k)} w_e``."""
-  return jax.ops.segment_sum(w, i, num_segments=n) - jax.ops.segment_sum(w, j, num_segments=n)
 
 
 def _ball(v, rad):
@@ -91,9 +135,6 @@ def run_admm(prep: Prepared, tol, max_iterations: int, beta0=None) -> SolverOutp
     jnp.asarray(jnp.inf, dtype),
   )
 
-  def cond(s):
-    return (s.iteration < max_iterations) & ~((s.primal_rel <= tol) & (s.dual_rel <= tol))
-
   def body(s):
     theta = theta_step(s.dtv, s.dtu, s.beta)
     dth = theta[i] - theta[j]
@@ -113,20 +154,12 @@ def run_admm(prep: Prepared, tol, max_iterations: int, beta0=None) -> SolverOutp
     factor = jnp.where(up, 2.0, jnp.where(down, 0.5, 1.0)).astype(dtype)
     return AdmmState(it, theta, u / factor, dtv, dtu / factor, s.beta * factor, pri_rel, dual_rel)
 
-  st = lax.while_loop(cond, body, state)
+  st, converged = edge_loop(body, state, tol, max_iterations, lambda s: (s.primal_rel, s.dual_rel))
   r_e = prep.r[i, j]
   pos = jnp.isfinite(r_e) & (r_e > 0)
   u_norm = jnp.sqrt(jnp.sum(st.u * st.u, axis=1))
   mu_e = jnp.where(pos, st.beta * u_norm / jnp.sqrt(jnp.where(pos, r_e, 1.0)), 0.0)
-  mu = jnp.zeros((n, n), dtype).at[i, j].set(mu_e)
-  mu = mu + mu.T
-  converged = (st.primal_rel <= tol) & (st.dual_rel <= tol)
-  return SolverOutput(st.theta + prep.shift, mu, st.iteration, st.dual_rel, converged)
-
-
-@functools.partial(jax.jit, static_argnames=("max_iterations",))
-def _solve_admm_jit(z, r, tol, max_iterations):
-  return solve_reduced(lambda p: run_admm(p, tol, max_iterations), prepare(z, r))
+  return edge_output(prep, st, mu_e, i, j, st.dual_rel, converged)
 
 
 def solve_admm(
@@ -134,7 +167,4 @@ def solve_admm(
 ) -> SolverOutput:
   """ADMM solver on an ``[n, d]`` array (memory ``O(n^2 min(n, d))``; see the module
   docstring)."""
-  z = as_2d_float(z)
-  r = jnp.asarray(r, z.dtype)
-  validate_common(z.shape[0], r, tol, max_iterations, None)
-  return _solve_admm_jit(z, r, jnp.asarray(tol, z.dtype), int(max_iterations))
+  return solve_edges(run_admm, z, r, tol, max_iterations)

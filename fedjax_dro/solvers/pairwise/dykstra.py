@@ -2,25 +2,25 @@
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
-from fedjax_dro.solvers.pairwise.admm import edge_list, incidence_t
+from fedjax_dro.solvers.pairwise.admm import (
+  edge_list,
+  edge_loop,
+  edge_output,
+  incidence_t,
+  solve_edges,
+)
 from fedjax_dro.solvers.pairwise.problem import (
   DEFAULT_MAX_ITERATIONS,
   Prepared,
   SolverOutput,
-  as_2d_float,
   effective_tol,
   finfo_tiny,
-  prepare,
   segment_sum_rows,
-  solve_reduced,
-  validate_common,
 )
 
 
@@ -72,9 +72,6 @@ def run_dykstra(prep: Prepared, tol, max_iterations: int) -> SolverOutput:
     viol = jnp.max(jnp.where(active, jnp.sum(diff * diff, axis=1) - rad**2, 0.0), initial=0.0)
     return jnp.sqrt(jnp.sum(res * res)) / znorm, jnp.maximum(viol, 0.0) / spread, mu
 
-  def cond(s):
-    return (s.iteration < max_iterations) & ~((s.stationarity <= tol) & (s.violation <= tol))
-
   def body(s):
     diff = s.theta[i] - s.theta[j]
     delta = diff + s.q
@@ -85,17 +82,11 @@ def run_dykstra(prep: Prepared, tol, max_iterations: int) -> SolverOutput:
     stat, viol, _ = residuals(theta, q, theta[i] - theta[j])
     return DykstraState(s.iteration + 1, theta, q, stat, viol)
 
-  st = lax.while_loop(cond, body, state)
+  st, converged = edge_loop(
+    body, state, tol, max_iterations, lambda s: (s.stationarity, s.violation)
+  )
   _, _, mu_e = residuals(st.theta, st.q, st.theta[i] - st.theta[j])
-  mu = jnp.zeros((n, n), dtype).at[i, j].set(mu_e)
-  mu = mu + mu.T
-  converged = (st.stationarity <= tol) & (st.violation <= tol)
-  return SolverOutput(st.theta + prep.shift, mu, st.iteration, st.stationarity, converged)
-
-
-@functools.partial(jax.jit, static_argnames=("max_iterations",))
-def _solve_dykstra_jit(z, r, tol, max_iterations):
-  return solve_reduced(lambda p: run_dykstra(p, tol, max_iterations), prepare(z, r))
+  return edge_output(prep, st, mu_e, i, j, st.stationarity, converged)
 
 
 def solve_dykstra(
@@ -103,7 +94,4 @@ def solve_dykstra(
 ) -> SolverOutput:
   """Parallel (product-space) Dykstra solver on an ``[n, d]`` array (memory
   ``O(n^2 min(n, d))``)."""
-  z = as_2d_float(z)
-  r = jnp.asarray(r, z.dtype)
-  validate_common(z.shape[0], r, tol, max_iterations, None)
-  return _solve_dykstra_jit(z, r, jnp.asarray(tol, z.dtype), int(max_iterations))
+  return solve_edges(run_dykstra, z, r, tol, max_iterations)

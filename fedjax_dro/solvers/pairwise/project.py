@@ -125,6 +125,26 @@ def project_pairwise(
     ValueError: a malformed argument, named in the message (values are checked only when
       concrete; shapes always).
   """
+  flat, unflatten, r, max_iterations = _checked(
+    z, r, method, tol, max_iterations, restore_feasibility, initial_multipliers
+  )
+  mu0 = None if initial_multipliers is None else jnp.asarray(initial_multipliers, flat.dtype)
+  out = _project_2d(
+    flat,
+    r,
+    jnp.asarray(tol, flat.dtype),
+    mu0,
+    method,
+    max_iterations,
+    bool(restore_feasibility),
+  )
+  return out._replace(theta=unflatten(out.theta))
+
+
+def _checked(z, r, method, tol, max_iterations, restore_feasibility, initial_multipliers=None):
+  """``(flat, unflatten, r, max_iterations)``: the arguments of :func:`project_pairwise` (and of
+  :func:`compile_projection`) checked, ``z`` flattened to ``[n, d]``, ``r`` a matrix of its
+  dtype and ``max_iterations`` the method's default where None."""
   if not isinstance(method, str) or method not in METHODS:
     raise ValueError(f"`method` must be one of {METHODS}, got {method!r}")
   if max_iterations is None:
@@ -134,20 +154,9 @@ def project_pairwise(
   if initial_multipliers is not None and method != "dual":
     raise ValueError(f"`initial_multipliers` is only used by method='dual', got method={method!r}")
   flat, unflatten = flatten_clients(z)
-  n = flat.shape[0]
   r = as_matrix(r, flat.dtype)
-  validate_common(n, r, tol, max_iterations, initial_multipliers)
-  mu0 = None if initial_multipliers is None else jnp.asarray(initial_multipliers, flat.dtype)
-  out = _project_2d(
-    flat,
-    r,
-    jnp.asarray(tol, flat.dtype),
-    mu0,
-    method,
-    int(max_iterations),
-    bool(restore_feasibility),
-  )
-  return out._replace(theta=unflatten(out.theta))
+  validate_common(flat.shape[0], r, tol, max_iterations, initial_multipliers)
+  return flat, unflatten, r, int(max_iterations)
 
 
 class CompiledProjection(NamedTuple):
@@ -188,15 +197,9 @@ def compile_projection(
   ``project_pairwise(z, r, method=method, tol=tol, ...)``; it records the compile time, which
   the benchmark (``benchmarks/projection_scaling.py``) reports apart from the run time.
   """
-  if not isinstance(method, str) or method not in METHODS:
-    raise ValueError(f"`method` must be one of {METHODS}, got {method!r}")
-  if max_iterations is None:
-    max_iterations = DEFAULT_MAX_ITERATIONS[method]
-  if not isinstance(restore_feasibility, (bool, np.bool_)):
-    raise TypeError(f"`restore_feasibility` must be a bool, got {restore_feasibility!r}")
-  flat, unflatten = flatten_clients(z)
-  r = as_matrix(r, flat.dtype)
-  validate_common(flat.shape[0], r, tol, max_iterations, None)
+  flat, unflatten, r, max_iterations = _checked(
+    z, r, method, tol, max_iterations, restore_feasibility
+  )
   tol = jnp.asarray(tol, flat.dtype)
   lowered = _project_2d.lower(
     flat,
@@ -204,13 +207,13 @@ def compile_projection(
     tol,
     None,
     method=method,
-    max_iterations=int(max_iterations),
+    max_iterations=max_iterations,
     restore=bool(restore_feasibility),
   )
   t0 = time.perf_counter()
   program = lowered.compile()
   return CompiledProjection(
-    program, time.perf_counter() - t0, method, int(max_iterations), tol, unflatten
+    program, time.perf_counter() - t0, method, max_iterations, tol, unflatten
   )
 
 
