@@ -31,6 +31,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from fedjax_dro.algorithms.base import Algorithm
+from fedjax_dro.common.checks import is_int, is_real
 from fedjax_dro.core.metrics import HIGHER_IS_BETTER
 from fedjax_dro.data.federated import (
   FederatedData,
@@ -87,7 +88,7 @@ def holdout_split(
   """
   if not isinstance(data, FederatedData):
     raise TypeError(f"data must be a FederatedData, got {type(data).__name__}")
-  if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction < 1:
+  if not is_real(fraction) or not 0 < fraction < 1:
     raise ValueError(f"fraction must be a number in (0, 1), got {fraction!r}")
   validate_data(data)
   nex = np.asarray(data.num_examples)
@@ -462,7 +463,7 @@ def widen_at_edges(
   """
   if not isinstance(grid, dict) or not grid:
     raise TypeError(f"grid must be a non-empty dict of value lists, got {grid!r}")
-  if isinstance(max_widenings, bool) or not isinstance(max_widenings, int) or max_widenings < 0:
+  if not is_int(max_widenings) or max_widenings < 0:
     raise ValueError(f"max_widenings must be a non-negative integer, got {max_widenings!r}")
   grid = {k: sorted(float(v) for v in values) for k, values in grid.items()}
   for name in axes:

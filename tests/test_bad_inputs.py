@@ -1070,6 +1070,18 @@ def _killed_comparison_resumes():
   assert len(calls) == 2  # of 4 runs: the two finished before the kill were read back
 
 
+def _numpy_float_settings():
+  model = models.linear_regression(2, l2=np.float32(2.0), init_scale=np.float64(0.5))
+  assert model.l2 == 2.0 and type(model.l2) is float
+  budget = dict(delta=1e-5, num_clients=100, clients_per_round=10)
+  assert P.privacy_budget(
+    np.float32(4.0), np.float64(1.0), **{**budget, "delta": np.float64(1e-5)}
+  ) == P.privacy_budget(4.0, 1.0, **budget)
+  alg = P.private(_uniform_fedavg(), np.float32(1.0), np.float64(0.0), rate=np.float32(0.5))
+  hist = _run(alg=alg, rounds=1)
+  assert hist.final
+
+
 # description: (check that raises AssertionError if the documented behaviour breaks, behaviour)
 BEHAVIOURS = {
   "a client whose test responses are constant (or one row)": (
@@ -1083,6 +1095,10 @@ BEHAVIOURS = {
   "NumPy integers for integer settings (rounds, eval_every, seed, batch_size...)": (
     _numpy_integer_settings,
     "accepted like Python ints (and recorded as ints)",
+  ),
+  "NumPy floats for float settings (l2, init_scale, clip, noise, delta...)": (
+    _numpy_float_settings,
+    "accepted like Python floats (`np.float32(2.0)` is 2.0)",
   ),
   "a full disk while a run writes its results or checkpoints (CLI)": (
     disk_full_behaviour,

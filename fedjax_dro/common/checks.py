@@ -62,6 +62,17 @@ def _is_bool(value) -> bool:
   return isinstance(value, (bool, np.bool_))
 
 
+def is_real(value) -> bool:
+  """Whether ``value`` is a real number a user means as one: a Python or NumPy int or float
+  (``np.float32(2.0)`` included), not a bool."""
+  return isinstance(value, numbers.Real) and not _is_bool(value)
+
+
+def is_int(value) -> bool:
+  """Whether ``value`` is an integer a user means as one: a Python or NumPy int, not a bool."""
+  return isinstance(value, numbers.Integral) and not _is_bool(value)
+
+
 def _or_none(optional: bool, none: str) -> str:
   if not optional:
     return ""

@@ -31,6 +31,8 @@ from typing import Optional
 
 import jax
 
+from fedjax_dro.common.checks import is_int
+
 CONV_FORMS = ("lax", "patches")
 
 
@@ -42,7 +44,7 @@ def _check_flag(value, name):
 def _check_count(value, name, *, minimum=1, optional=True):
   if value is None and optional:
     return
-  ok = isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+  ok = is_int(value) and value >= minimum
   if not ok:
     raise ValueError(
       f"Tuning.{name} must be an integer >= {minimum}"

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_dro.algorithms.base import Algorithm
+from fedjax_dro.common.checks import is_int
 from fedjax_dro.common.tuning import Tuning, resolve, scope
 from fedjax_dro.data.federated import FederatedData, FederatedDataset
 from fedjax_dro.engine.prepare import (
@@ -106,9 +107,9 @@ class CompiledRounds:
 
   def time(self, repeats: int = 3, warmup: int = 1) -> RoundTiming:
     """Times ``repeats`` calls after ``warmup`` untimed ones (each from the initial state)."""
-    if not isinstance(repeats, int) or repeats < 1:
+    if not is_int(repeats) or repeats < 1:
       raise ValueError(f"repeats must be a positive integer, got {repeats!r}")
-    if not isinstance(warmup, int) or warmup < 0:
+    if not is_int(warmup) or warmup < 0:
       raise ValueError(f"warmup must be a non-negative integer, got {warmup!r}")
     for _ in range(warmup):
       jax.block_until_ready(self()[0])

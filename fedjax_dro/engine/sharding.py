@@ -54,6 +54,8 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
+from fedjax_dro.common.checks import is_int
+
 AXES = ("sweep", "clients")
 
 
@@ -74,7 +76,7 @@ def make_mesh(
   if not devices:
     raise ValueError("devices is empty: a mesh needs at least one device")
   for name, value in (("clients", clients), ("sweep", sweep)):
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+    if value is not None and (not is_int(value) or value < 1):
       raise ValueError(f"mesh axis {name!r} must be a positive integer, got {value!r}")
   sweep = 1 if sweep is None else sweep
   if clients is None:
@@ -122,7 +124,7 @@ def request_cpu_devices(count: int) -> bool:
   Raises:
     ValueError: if ``count`` is not a positive integer.
   """
-  if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+  if not is_int(count) or count < 1:
     raise ValueError(f"count must be a positive integer, got {count!r}")
   if re.search(r"xla_force_host_platform_device_count", os.environ.get("XLA_FLAGS", "")):
     return False
@@ -136,9 +138,9 @@ def request_cpu_devices(count: int) -> bool:
 def even_devices(size: int, available: int) -> int:
   """The most devices, at most ``available``, that split an axis of ``size`` rows evenly (a mesh
   axis needs equal shares): ``--devices auto``'s choice."""
-  if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+  if not is_int(size) or size < 1:
     raise ValueError(f"size must be a positive integer, got {size!r}")
-  if isinstance(available, bool) or not isinstance(available, int) or available < 1:
+  if not is_int(available) or available < 1:
     raise ValueError(f"available must be a positive integer, got {available!r}")
   return max(d for d in range(1, min(available, size) + 1) if size % d == 0)
 
@@ -172,7 +174,7 @@ def parse_mesh(
     if by_clients > 1:
       return make_mesh(clients=by_clients, sweep=1, devices=available[:by_clients])
     return None
-  if devices is not None and (isinstance(devices, bool) or not isinstance(devices, int)):
+  if devices is not None and (not is_int(devices)):
     raise ValueError(f"--devices must be a positive integer or 'auto', got {devices!r}")
   if devices is not None and devices < 1:
     raise ValueError(f"--devices must be a positive integer or 'auto', got {devices}")
@@ -356,7 +358,7 @@ def initialize_distributed(
   if not isinstance(coordinator_address, str) or ":" not in coordinator_address:
     raise ValueError(f"coordinator_address must be 'host:port', got {coordinator_address!r}")
   for name, value in (("num_processes", num_processes), ("process_id", process_id)):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    if not is_int(value) or value < 0:
       raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
   if num_processes < 1:
     raise ValueError(f"num_processes must be >= 1, got {num_processes}")

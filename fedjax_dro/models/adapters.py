@@ -127,7 +127,7 @@ def from_nnx(
     lambda make: nnx.eval_shape(lambda: make(nnx.Rngs(0))),
   )
   head = (loss, metrics, *loss_and_task(loss, metrics, task))
-  check_l2(l2)
+  l2 = check_l2(l2)
   graphdef, params, rest = nnx.split(instance, nnx.Param, ...)
   found = [
     (jax.tree_util.keystr(path), type(v).__name__)
@@ -196,7 +196,7 @@ def from_equinox(
     lambda make: eqx.filter_eval_shape(make, jax.random.PRNGKey(0)),
   )
   head = (loss, metrics, *loss_and_task(loss, metrics, task))
-  check_l2(l2)
+  l2 = check_l2(l2)
   is_state = lambda v: isinstance(v, eqx.nn.StateIndex)  # noqa: E731
   found = [
     (jax.tree_util.keystr(path), type(v).__name__)

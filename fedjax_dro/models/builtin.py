@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedjax_dro.common.checks import integer
+from fedjax_dro.common.checks import integer, is_real
 from fedjax_dro.common.model import Model
 from fedjax_dro.common.tuning import current, platform_defaults
 from fedjax_dro.models.dense_layers import dense_layers, factored_apply
@@ -34,15 +34,19 @@ def _check_shape(shape, name, ndims=None):
   return tuple(int(d) for d in shape)
 
 
-def check_l2(l2):
-  if isinstance(l2, bool) or not isinstance(l2, (int, float)) or not l2 >= 0 or l2 == float("inf"):
+def check_l2(l2) -> float:
+  """``l2`` as a Python float (NumPy scalars accepted), checked finite, non-negative and
+  representable in the parameters' dtype."""
+  if not is_real(l2) or not l2 >= 0 or l2 == float("inf"):
     raise ValueError(f"l2 must be a finite non-negative float, got {l2!r}")
+  l2 = l2 if isinstance(l2, (int, float)) else float(l2)  # a NumPy scalar as a Python float
   finfo = jnp.finfo(_dtype())  # the dtype the penalty is computed in
   if 0 < l2 < float(finfo.tiny) or l2 > float(finfo.max):
     raise ValueError(
       f"l2 = {l2!r} is not representable in {finfo.dtype}, the models' parameter dtype "
       f"(normal values in [{float(finfo.tiny):.3g}, {float(finfo.max):.3g}], or 0)"
     )
+  return l2
 
 
 def _dtype():
@@ -81,17 +85,14 @@ def linear_regression(
     A regression :class:`~fedjax_dro.common.model.Model` (per-example metric ``mse``).
   """
   integer(num_features, "num_features")
-  check_l2(l2)
+  l2 = check_l2(l2)
   if num_outputs is not None:
     integer(num_outputs, "num_outputs")
   if not isinstance(fit_intercept, bool):
     raise TypeError(f"fit_intercept must be a bool, got {fit_intercept!r}")
-  if (
-    isinstance(init_scale, bool)
-    or not isinstance(init_scale, (int, float))
-    or not (0 <= init_scale < float("inf"))
-  ):
+  if not is_real(init_scale) or not (0 <= init_scale < float("inf")):
     raise ValueError(f"init_scale must be a finite non-negative float, got {init_scale!r}")
+  init_scale = init_scale if isinstance(init_scale, (int, float)) else float(init_scale)
 
   def init(key):
     shape = (num_features,) if num_outputs is None else (num_features, num_outputs)
@@ -137,7 +138,7 @@ def logistic_regression(num_features: int, *, l2: float = 0.0) -> Model:
     A classification :class:`~fedjax_dro.common.model.Model` (one logit, sigmoid cross-entropy).
   """
   integer(num_features, "num_features")
-  check_l2(l2)
+  l2 = check_l2(l2)
 
   def init(key):
     del key
@@ -211,7 +212,7 @@ def softmax_regression(
   """
   integer(num_features, "num_features")
   integer(num_classes, "num_classes")
-  check_l2(l2)
+  l2 = check_l2(l2)
   if not isinstance(head, str) or head not in HEAD_FORMS:
     raise ValueError(f"head must be one of {HEAD_FORMS}, got {head!r}")
 
@@ -387,7 +388,7 @@ def from_flax(
   if not isinstance(module, nn.Module):
     raise TypeError(f"module must be a flax.linen.Module, got {type(module).__name__}")
   loss_fn, metrics_fn, task = loss_and_task(loss, metrics, task)
-  check_l2(l2)
+  l2 = check_l2(l2)
   sample = np.asarray(sample_input)
   if sample.dtype.kind not in "biuf":
     raise TypeError(f"sample_input must be a real numeric array, got dtype {sample.dtype}")

@@ -36,7 +36,7 @@ import logging
 import math
 from typing import Any, Dict, Optional
 
-from fedjax_dro.common.checks import ArgumentError
+from fedjax_dro.common.checks import ArgumentError, is_real
 
 ACCOUNTANTS = ("rdp", "pld")
 
@@ -218,7 +218,7 @@ def privacy_budget(
   from fedjax_dro.common.checks import integer
 
   for name, v in (("target_epsilon", target_epsilon), ("noise_multiplier", noise_multiplier)):
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf:
+    if not is_real(v) or not 0 < v < math.inf:
       raise ValueError(f"{name} must be a positive finite number, got {v!r}")
   check_delta(delta)
   num_clients = integer(num_clients, "num_clients")
@@ -252,7 +252,7 @@ def privacy_budget(
 
 def check_delta(delta) -> float:
   """A delta in (0, 1)."""
-  if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0.0 < delta < 1.0:
+  if not is_real(delta) or not 0.0 < delta < 1.0:
     raise ArgumentError("delta", f" must be a number in (0, 1), got {delta!r}")
   return float(delta)
 

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_dro.algorithms.base import Algorithm, HParam, list_algorithms
-from fedjax_dro.common.checks import ArgumentError
+from fedjax_dro.common.checks import ArgumentError, is_real
 from fedjax_dro.core.privacy import (
   SAMPLING,
   GaussianRelease,
@@ -105,7 +105,7 @@ def releases_table() -> Dict[str, Union[Releases, Refused, None]]:
 
 
 def _positive(value, name, *, zero_ok=False) -> float:
-  ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+  ok = is_real(value) and math.isfinite(value)
   if not ok or value < 0 or (value == 0 and not zero_ok):
     want = "a non-negative" if zero_ok else "a positive"
     raise ArgumentError(name, f" must be {want} finite number, got {value!r}")
@@ -260,7 +260,7 @@ def private(
     )
   adaptive = adaptive_quantile is not None
   if adaptive:
-    q_ok = isinstance(adaptive_quantile, (int, float)) and not isinstance(adaptive_quantile, bool)
+    q_ok = is_real(adaptive_quantile)
     if not q_ok or not 0.0 < adaptive_quantile < 1.0:
       raise ArgumentError(
         "adaptive_quantile", f" must be a number in (0, 1), got {adaptive_quantile!r}"
