@@ -104,16 +104,9 @@ def ditto(model, settings: CommonSettings, *, personal_steps: Optional[int] = No
   init = state_init(settings, lambda p, n: DittoState(p, tree_stack(p, n), round_zero()))
 
   def round_fn(state, data, key, hparams, release=PLAIN):
-    lam = hparams["lam"]
+    lam, lr = hparams["lam"], hparams["client_lr"]
     update = local_round(
-      model,
-      settings,
-      state.params,
-      data,
-      key,
-      hparams["client_lr"],
-      mean_only=True,
-      release=release,
+      model, settings, state.params, data, key, lr, mean_only=True, release=release
     )
 
     def prox(v, g, row):

@@ -27,6 +27,7 @@ server adds the public ``-c`` itself), and computes its own ``c_i+`` from its un
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -122,6 +123,8 @@ def scaffold(model, settings: CommonSettings, *, server_optimizer=None) -> Algor
     A participant uploads ``2P`` floats (``P`` parameters): its model and control-variate deltas.
   """
 
+  train = functools.partial(local_round, model, settings)
+
   def round_fn(state, data, key, hparams, release=PLAIN):
     n = data.num_clients
     s = participants(settings, n)
@@ -134,9 +137,7 @@ def scaffold(model, settings: CommonSettings, *, server_optimizer=None) -> Algor
     new_control = lambda c_i, d: jax.tree.map(
       lambda ci, c, di: ci - c - di / (settings.local_steps * lr), c_i, state.control, d
     )
-    update = local_round(
-      model,
-      settings,
+    update = train(
       state.params,
       data,
       key,
@@ -171,9 +172,7 @@ def scaffold(model, settings: CommonSettings, *, server_optimizer=None) -> Algor
       )
       return new, nex
 
-    update = local_round(
-      model,
-      settings,
+    update = train(
       state.params,
       data,
       key,

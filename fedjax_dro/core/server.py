@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_dro.core.aggregation import tree_add
+from fedjax_dro.core.hparams import HParam
 from fedjax_dro.core.settings import round_zero, state_init
 
 KINDS = ("adagrad", "adam", "yogi")
@@ -188,6 +189,14 @@ def server_step(server_optimizer, opt_state, params, delta, server_lr):
   return params, opt_state
 
 
+FEDAVG_HPARAMS = {
+  "client_lr": HParam(0.1, "local SGD step size"),
+  "server_lr": HParam(1.0, "server step on the averaged model difference"),
+}
+"""The hyper-parameters of FedAvg's round, which FedProx's extends: the local SGD step and the
+server's step on the weighted mean model difference (1: plain averaging)."""
+
+
 class FedAvgState(NamedTuple):
   """The state of a FedAvg-type algorithm (FedAvg, FedProx, FedSGD): the global model and a
   round counter."""
@@ -223,6 +232,30 @@ def global_model_init(settings, server_optimizer=None):
   with a ``server_optimizer``, its state)."""
   initial_state = lambda params, num_clients: FedAvgState(params, round_zero())
   return optimizer_state_init(settings, initial_state, server_optimizer, ServerOptState)
+
+
+class GlobalModelSetup(NamedTuple):
+  """What a FedAvg-type algorithm with optional optimizers builds once (:func:`global_model_setup`)."""
+
+  server_optimizer: Any  # checked; None: the plain server step
+  client_optimizer: Any  # checked; None: local SGD
+  init: Callable  # the init of its state (:func:`global_model_init`)
+  config: dict  # the Algorithm.config entries of the optimizers (:func:`optimizer_config`)
+
+
+def global_model_setup(
+  algorithm: str, settings, server_optimizer=None, client_optimizer=None
+) -> GlobalModelSetup:
+  """The optimizers of the FedAvg-type ``algorithm`` checked (:func:`check_optimizer`), the
+  ``init`` of its state and the ``Algorithm.config`` entries of the optimizers."""
+  server_optimizer = check_optimizer(server_optimizer, algorithm)
+  client_optimizer = check_optimizer(client_optimizer, algorithm, "client_optimizer")
+  return GlobalModelSetup(
+    server_optimizer,
+    client_optimizer,
+    global_model_init(settings, server_optimizer),
+    optimizer_config(server_optimizer, client_optimizer),
+  )
 
 
 def server_move(server_optimizer, state, center, delta, server_lr):
