@@ -26,14 +26,7 @@ from typing import Any, NamedTuple
 
 import jax.numpy as jnp
 
-from fedjax_dro.algorithms.base import (
-  Algorithm,
-  HParam,
-  build_algorithm,
-  check_data_matches,
-  register,
-  with_settings,
-)
+from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register, with_settings
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import dual_round_metrics, local_round_and_losses
 from fedjax_dro.core.precision import params_float_dtype
@@ -45,7 +38,7 @@ from fedjax_dro.core.server import (
   optimizer_state_init,
   server_move,
 )
-from fedjax_dro.core.settings import CommonSettings, round_zero
+from fedjax_dro.core.settings import CommonSettings, check_data_matches, round_zero
 from fedjax_dro.solvers.dro import initial_lambda
 
 

@@ -155,15 +155,6 @@ def make_hparams(
   return out
 
 
-def check_data_matches(data: FederatedData, num_clients: int, name: str = "data") -> None:
-  """Static (trace-time) check that ``data`` has the federation size the state was built for."""
-  if data.num_clients != num_clients:
-    raise ValueError(
-      f"{name} has {data.num_clients} clients but the algorithm state was "
-      f"initialised for {num_clients}"
-    )
-
-
 def global_params(state):
   """``client_models`` of an algorithm that evaluates one global model: ``state.params``."""
   return state.params
