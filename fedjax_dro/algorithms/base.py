@@ -200,6 +200,19 @@ def build_algorithm(
   )
 
 
+def personal_models(state):
+  """``client_models`` of a personalized algorithm that keeps each client's model in the
+  ``[n, ...]`` rows of ``state.personal`` (Ditto's ``v_i``, pFedMe's ``theta_i``)."""
+  return state.personal
+
+
+def build_personalized(*args, client_models: Callable = personal_models, **options) -> Algorithm:
+  """:func:`build_algorithm` (``args``: its ``name, model, settings, init, round_fn, hparams``)
+  of a personalized algorithm: one model per client, ``client_models(state)`` (default
+  :func:`personal_models`)."""
+  return build_algorithm(*args, client_models=client_models, personalized=True, **options)
+
+
 def algorithm_cost(alg: Algorithm, data: FederatedData):
   """``alg``'s :class:`~fedjax_dro.core.costs.Costs` on ``data``: per round (expected over the
   client sampling) and once at setup, in uploads (clients and floats), client gradient

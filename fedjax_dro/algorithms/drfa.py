@@ -290,17 +290,8 @@ def drfa(
     m = train.uploading_clients
     return Costs(train + RoundCost(uploading_clients=m, upload_floats=m))
 
+  releases = RELEASES if sampling == "lambda" else FULL_SAMPLING
+  config = {"psi": problem.name, **problem.config(), "prox": prox, "sampling": sampling}
   return build_algorithm(
-    "drfa",
-    model,
-    settings,
-    init,
-    round_fn,
-    hparam_specs,
-    cost=cost,
-    psi=problem.name,
-    **problem.config(),
-    prox=prox,
-    sampling=sampling,
-    releases=RELEASES if sampling == "lambda" else FULL_SAMPLING,
+    "drfa", model, settings, init, round_fn, hparam_specs, cost=cost, releases=releases, **config
   )
