@@ -30,7 +30,7 @@ RELEASES = Releases(
 )
 """What a participant releases (:func:`fedjax_dro.privacy.private`)."""
 
-HPARAMS = FEDAVG_HPARAMS  # client_lr and server_lr
+HPARAMS = dict(FEDAVG_HPARAMS)  # client_lr and server_lr
 
 
 @register("fedavg")

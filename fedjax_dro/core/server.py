@@ -235,7 +235,8 @@ def global_model_init(settings, server_optimizer=None):
 
 
 class GlobalModelSetup(NamedTuple):
-  """What a FedAvg-type algorithm with optional optimizers builds once (:func:`global_model_setup`)."""
+  """What a FedAvg-type algorithm with optional server and client optimizers builds once
+  (:func:`global_model_setup`)."""
 
   server_optimizer: Any  # checked; None: the plain server step
   client_optimizer: Any  # checked; None: local SGD
