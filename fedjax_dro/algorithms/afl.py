@@ -31,20 +31,19 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fedjax_dro.algorithms.base import (
-  Algorithm,
-  HParam,
-  build_algorithm,
-  check_data_matches,
-  register,
-  with_settings,
-)
+from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register, with_settings
 from fedjax_dro.core.aggregation import tree_add
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import dual_round_metrics, local_round
 from fedjax_dro.core.precision import params_float_dtype
 from fedjax_dro.core.release import PLAIN, Releases
-from fedjax_dro.core.settings import CommonSettings, participants, round_zero, state_init
+from fedjax_dro.core.settings import (
+  CommonSettings,
+  check_data_matches,
+  participants,
+  round_zero,
+  state_init,
+)
 from fedjax_dro.solvers.dro import DROProblem, initial_lambda, resolve
 
 RELEASES = Releases(

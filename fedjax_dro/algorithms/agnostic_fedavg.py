@@ -26,21 +26,19 @@ from typing import Any, NamedTuple
 
 import jax.numpy as jnp
 
-from fedjax_dro.algorithms.base import (
-  Algorithm,
-  HParam,
-  build_algorithm,
-  check_data_matches,
-  register,
-  with_settings,
-)
-from fedjax_dro.core.aggregation import tree_add
+from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register, with_settings
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import dual_round_metrics, local_round_and_losses
 from fedjax_dro.core.precision import params_float_dtype
 from fedjax_dro.core.release import PLAIN, Releases
-from fedjax_dro.core.server import check_optimizer, optimizer_config, server_step
-from fedjax_dro.core.settings import CommonSettings, round_zero, state_init
+from fedjax_dro.core.server import (
+  check_optimizer,
+  next_state,
+  optimizer_config,
+  optimizer_state_init,
+  server_move,
+)
+from fedjax_dro.core.settings import CommonSettings, check_data_matches, round_zero
 from fedjax_dro.solvers.dro import initial_lambda
 
 
@@ -118,31 +116,18 @@ def agnostic_fedavg(model, settings: CommonSettings, *, server_optimizer=None) -
     lam_s = state.lam[jnp.minimum(update.idx, n - 1)]
     delta = release.weighted_average(update.deltas, lam_s, present, jnp.max(state.lam), n, key)
     losses = release.losses(losses, key)
-    if server_optimizer is None:
-      params = tree_add(state.params, delta, hparams["server_lr"])
-    else:
-      params, opt_state = server_step(
-        server_optimizer, state.opt_state, state.params, delta, hparams["server_lr"]
-      )
+    params, opt_state = server_move(
+      server_optimizer, state, state.params, delta, hparams["server_lr"]
+    )
     domain_loss = jnp.zeros((data.num_clients,), state.lam.dtype).at[update.idx].set(losses)
     # exp(eta L_i) / sum; shifting by max(L) changes nothing after normalization but cannot overflow
     lam = state.lam * jnp.exp(hparams["domain_lr"] * (domain_loss - jnp.max(domain_loss)))
     lam = lam / jnp.sum(lam)
     metrics = {**dual_round_metrics(losses, lam), **update.metrics}
-    if server_optimizer is None:
-      return AgnosticFedAvgState(params, lam, state.round + 1), metrics
-    return AgnosticFedAvgOptState(params, lam, opt_state, state.round + 1), metrics
+    return next_state(state, opt_state, params, lam), metrics
 
   server_optimizer = check_optimizer(server_optimizer, "agnostic_fedavg")
-  if server_optimizer is None:
-    init = state_init(settings, initial_state)
-  else:
-    init = state_init(
-      settings,
-      lambda params, n: AgnosticFedAvgOptState(
-        *initial_state(params, n)[:2], server_optimizer.init(params), round_zero()
-      ),
-    )
+  init = optimizer_state_init(settings, initial_state, server_optimizer, AgnosticFedAvgOptState)
   cost = local_training_costs(model, settings, scalars=1)  # delta_k and L_k
   extra = optimizer_config(server_optimizer)
   return build_algorithm(

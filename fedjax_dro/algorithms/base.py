@@ -155,15 +155,6 @@ def make_hparams(
   return out
 
 
-def check_data_matches(data: FederatedData, num_clients: int, name: str = "data") -> None:
-  """Static (trace-time) check that ``data`` has the federation size the state was built for."""
-  if data.num_clients != num_clients:
-    raise ValueError(
-      f"{name} has {data.num_clients} clients but the algorithm state was "
-      f"initialised for {num_clients}"
-    )
-
-
 def global_params(state):
   """``client_models`` of an algorithm that evaluates one global model: ``state.params``."""
   return state.params
@@ -207,6 +198,19 @@ def build_algorithm(
     settings=settings,
     releases=releases,
   )
+
+
+def personal_models(state):
+  """``client_models`` of a personalized algorithm that keeps each client's model in the
+  ``[n, ...]`` rows of ``state.personal`` (Ditto's ``v_i``, pFedMe's ``theta_i``)."""
+  return state.personal
+
+
+def build_personalized(*args, client_models: Callable = personal_models, **options) -> Algorithm:
+  """:func:`build_algorithm` (``args``: its ``name, model, settings, init, round_fn, hparams``)
+  of a personalized algorithm: one model per client, ``client_models(state)`` (default
+  :func:`personal_models`)."""
+  return build_algorithm(*args, client_models=client_models, personalized=True, **options)
 
 
 def algorithm_cost(alg: Algorithm, data: FederatedData):

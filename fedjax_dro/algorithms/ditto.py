@@ -40,7 +40,13 @@ from typing import Any, NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
-from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register, with_settings
+from fedjax_dro.algorithms.base import (
+  Algorithm,
+  HParam,
+  build_personalized,
+  register,
+  with_settings,
+)
 from fedjax_dro.core.aggregation import tree_add, tree_stack
 from fedjax_dro.core.costs import Costs, local_training_cost, parameter_count
 from fedjax_dro.core.local import local_round, round_metrics
@@ -104,16 +110,9 @@ def ditto(model, settings: CommonSettings, *, personal_steps: Optional[int] = No
   init = state_init(settings, lambda p, n: DittoState(p, tree_stack(p, n), round_zero()))
 
   def round_fn(state, data, key, hparams, release=PLAIN):
-    lam = hparams["lam"]
+    lam, lr = hparams["lam"], hparams["client_lr"]
     update = local_round(
-      model,
-      settings,
-      state.params,
-      data,
-      key,
-      hparams["client_lr"],
-      mean_only=True,
-      release=release,
+      model, settings, state.params, data, key, lr, mean_only=True, release=release
     )
 
     def prox(v, g, row):
@@ -162,16 +161,7 @@ def ditto(model, settings: CommonSettings, *, personal_steps: Optional[int] = No
       )
     )
 
-  return build_algorithm(
-    "ditto",
-    model,
-    settings,
-    init,
-    round_fn,
-    HPARAMS,
-    cost=cost,
-    personal_steps=steps if steps is not None else settings.local_steps,
-    client_models=lambda s: s.personal,
-    personalized=True,
-    releases=RELEASES,
+  config = {"personal_steps": steps if steps is not None else settings.local_steps}
+  return build_personalized(
+    "ditto", model, settings, init, round_fn, HPARAMS, cost=cost, releases=RELEASES, **config
   )

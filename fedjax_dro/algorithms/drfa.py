@@ -61,21 +61,20 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fedjax_dro.algorithms.base import (
-  Algorithm,
-  HParam,
-  build_algorithm,
-  check_data_matches,
-  register,
-  with_settings,
-)
+from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register, with_settings
 from fedjax_dro.common.checks import choice, flag
 from fedjax_dro.common.model import client_loss_and_grad
 from fedjax_dro.core.costs import Costs, RoundCost, local_training_cost, parameter_count
 from fedjax_dro.core.local import map_client_data
 from fedjax_dro.core.precision import params_float_dtype
 from fedjax_dro.core.release import PLAIN, Draw, Refused, Releases, loss_metrics
-from fedjax_dro.core.settings import CommonSettings, backend_for, participants, round_zero
+from fedjax_dro.core.settings import (
+  CommonSettings,
+  backend_for,
+  check_data_matches,
+  participants,
+  round_zero,
+)
 from fedjax_dro.solvers.dro import DROProblem, initial_lambda, resolve
 
 SAMPLING = ("lambda", "full")
@@ -291,17 +290,8 @@ def drfa(
     m = train.uploading_clients
     return Costs(train + RoundCost(uploading_clients=m, upload_floats=m))
 
+  releases = RELEASES if sampling == "lambda" else FULL_SAMPLING
+  config = {"psi": problem.name, **problem.config(), "prox": prox, "sampling": sampling}
   return build_algorithm(
-    "drfa",
-    model,
-    settings,
-    init,
-    round_fn,
-    hparam_specs,
-    cost=cost,
-    psi=problem.name,
-    **problem.config(),
-    prox=prox,
-    sampling=sampling,
-    releases=RELEASES if sampling == "lambda" else FULL_SAMPLING,
+    "drfa", model, settings, init, round_fn, hparam_specs, cost=cost, releases=releases, **config
   )

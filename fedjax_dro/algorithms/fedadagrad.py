@@ -22,20 +22,17 @@ same machinery as :func:`~fedjax_dro.algorithms.fedadam.fedadam` (:mod:`fedjax_d
 
 from __future__ import annotations
 
-from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register, with_settings
-from fedjax_dro.core.fedopt import adaptive_fedopt
+from fedjax_dro.algorithms.base import Algorithm, build_algorithm, register, with_settings
+from fedjax_dro.core.fedopt import adaptive_fedopt, fedopt_hparams
 from fedjax_dro.core.release import Releases
 from fedjax_dro.core.settings import LOCAL_TRAINING, CommonSettings
 
 RELEASES = Releases("as fedadam (Adagrad's accumulator, on the server)")
 """What a participant releases (:func:`fedjax_dro.privacy.private`)."""
 
-HPARAMS = {
-  "client_lr": HParam(0.1, "local SGD step size"),
-  "server_lr": HParam(0.01, "server step size eta"),
-  "beta1": HParam(0.9, "first-moment decay beta1", strict=False, maximum=1.0),
-  "tau": HParam(1e-3, "adaptivity tau of Reddi et al."),
-}
+HPARAMS = fedopt_hparams()  # client_lr, server_lr, beta1 and tau: Adagrad has no beta2
+
+SERVER_UPDATE = "Reddi et al. Algorithm 2 (Adagrad): v += D^2; x += eta m / (sqrt(v) + tau)"
 
 
 @register("fedadagrad")
@@ -43,28 +40,20 @@ HPARAMS = {
 def fedadagrad(model, settings: CommonSettings, *, initial_v: float = 0.0) -> Algorithm:
   """FedAdagrad (Reddi 2021, Alg. 2): Adagrad-type server step on the averaged update.
 
+  The server's second moment accumulates every round's ``Delta_t^2``, so its step along a
+  coordinate shrinks with the differences seen there so far.
+
   Args:
     model: the :class:`~fedjax_dro.common.model.Model` of the server model ``x``.
-    clients_per_round: the sampled set ``S_t`` of a round; ``None`` (default): all clients.
-    local_steps: ``K``, the local SGD steps of a client per round (default 10).
-    batch_size: examples in each local SGD step; ``None`` (default): full client data.
-    weighting: the weights of ``Delta_t``: ``"num_examples"`` (default) or ``"uniform"``.
-    initial_v: ``v_{-1}``, the second moment before the first round (default 0).
+    initial_v: ``v_{-1}``, the accumulator before the first round (default 0).
 
   Returns:
     An :class:`~fedjax_dro.algorithms.base.Algorithm`. Hyper-parameters: ``client_lr`` (default
     0.1), ``server_lr`` (eta, default 0.01), ``beta1`` (default 0.9) and ``tau`` (default 1e-3).
   """
-  parts = adaptive_fedopt("fedadagrad", "adagrad", model, settings, initial_v=initial_v)
+  init, round_fn, cost, config = adaptive_fedopt(
+    "fedadagrad", "adagrad", model, settings, server_update=SERVER_UPDATE, initial_v=initial_v
+  )
   return build_algorithm(
-    "fedadagrad",
-    model,
-    settings,
-    parts.init,
-    parts.round,
-    HPARAMS,
-    cost=parts.cost,
-    releases=RELEASES,
-    **parts.config,
-    server_update="Reddi et al. Algorithm 2 (Adagrad): v += D^2; x += eta m / (sqrt(v) + tau)",
+    "fedadagrad", model, settings, init, round_fn, HPARAMS, cost=cost, releases=RELEASES, **config
   )

@@ -43,7 +43,7 @@ from __future__ import annotations
 import numpy as np
 
 from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register, with_settings
-from fedjax_dro.core.fedopt import adaptive_fedopt
+from fedjax_dro.core.fedopt import adaptive_fedopt, fedopt_hparams
 from fedjax_dro.core.release import Releases
 from fedjax_dro.core.settings import LOCAL_TRAINING, CommonSettings
 
@@ -59,13 +59,10 @@ RELEASES = Releases(
 )
 """What a participant releases (:func:`fedjax_dro.privacy.private`)."""
 
-HPARAMS = {
-  "client_lr": HParam(0.1, "local SGD step size"),
-  "server_lr": HParam(0.01, "server step size eta"),
-  "beta1": HParam(0.9, "first-moment decay beta1", strict=False, maximum=1.0),
-  "beta2": HParam(0.99, "second-moment decay beta2", strict=False, maximum=1.0),
-  "tau": HParam(1e-3, "adaptivity tau of Reddi et al. (Adam epsilon)"),
-}
+HPARAMS = fedopt_hparams(
+  beta2=HParam(0.99, "second-moment decay beta2", strict=False, maximum=1.0),
+  tau_doc="adaptivity tau of Reddi et al. (Adam epsilon)",
+)
 
 
 @register("fedadam")
@@ -103,18 +100,15 @@ def fedadam(
       f"bias-corrected moments), got {bias_correction!r}"
     )
   bias_correction = bool(bias_correction)
-  parts = adaptive_fedopt(
-    "fedadam", "adam", model, settings, bias_correction=bias_correction, initial_v=initial_v
-  )
-  return build_algorithm(
+  init, round_fn, cost, config = adaptive_fedopt(
     "fedadam",
+    "adam",
     model,
     settings,
-    parts.init,
-    parts.round,
-    HPARAMS,
-    cost=parts.cost,
-    releases=RELEASES,
-    **parts.config,
     server_update=SERVER_UPDATES[bias_correction],
+    bias_correction=bias_correction,
+    initial_v=initial_v,
+  )
+  return build_algorithm(
+    "fedadam", model, settings, init, round_fn, HPARAMS, cost=cost, releases=RELEASES, **config
   )

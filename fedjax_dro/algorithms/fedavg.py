@@ -15,27 +15,22 @@ update (FedJAX's convention; :mod:`fedjax_dro.core.server`): ``optax.sgd(1.0)`` 
 
 from __future__ import annotations
 
-from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register, with_settings
+import functools
+
+from fedjax_dro.algorithms.base import Algorithm, build_algorithm, register, with_settings
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import local_round, round_metrics
 from fedjax_dro.core.release import PLAIN, Releases
-from fedjax_dro.core.server import (
-  check_optimizer,
-  global_model_init,
-  optimizer_config,
-  server_update,
-)
+from fedjax_dro.core.server import FEDAVG_HPARAMS, global_model_setup, server_update
 from fedjax_dro.core.settings import LOCAL_TRAINING, CommonSettings
 
 RELEASES = Releases(
-  "each participant's model delta; the server reads the noised sum of the clipped updates over the expected participants"
+  "each participant's model delta; the server reads the noised sum of the clipped updates over "
+  "the expected participants"
 )
 """What a participant releases (:func:`fedjax_dro.privacy.private`)."""
 
-HPARAMS = {
-  "client_lr": HParam(0.1, "local SGD step size"),
-  "server_lr": HParam(1.0, "server step on the averaged model difference"),
-}
+HPARAMS = dict(FEDAVG_HPARAMS)  # client_lr and server_lr
 
 
 @register("fedavg")
@@ -64,31 +59,25 @@ def fedavg(
   Returns:
     An :class:`~fedjax_dro.algorithms.base.Algorithm`. The state is the global model and a round
     counter (:class:`~fedjax_dro.core.server.FedAvgState`; with a ``server_optimizer``,
-    :class:`~fedjax_dro.core.server.ServerOptState`). Hyper-parameters (round arguments): ``client_lr`` (local SGD step size, default 0.1)
-    and ``server_lr`` (server step on the averaged model difference, default 1.0; 1 is plain
-    averaging).
+    :class:`~fedjax_dro.core.server.ServerOptState`). Hyper-parameters (round arguments):
+    ``client_lr`` (local SGD step size, default 0.1) and ``server_lr`` (server step on the
+    averaged model difference, default 1.0; 1 is plain averaging).
   """
 
+  server_optimizer, client_optimizer, init, extra = global_model_setup(
+    "fedavg", settings, server_optimizer, client_optimizer
+  )
+  # the participants' local steps; the server reads only their weighted mean difference
+  train = functools.partial(
+    local_round, model, settings, mean_only=True, client_optimizer=client_optimizer
+  )
+
   def round_fn(state, data, key, hparams, release=PLAIN):
-    update = local_round(
-      model,
-      settings,
-      state.params,
-      data,
-      key,
-      hparams["client_lr"],
-      mean_only=True,
-      client_optimizer=client_optimizer,
-      release=release,
-    )
+    update = train(state.params, data, key, hparams["client_lr"], release=release)
     new = server_update(server_optimizer, state, state.params, update.deltas, hparams["server_lr"])
     return new, round_metrics(update)
 
-  server_optimizer = check_optimizer(server_optimizer, "fedavg")
-  client_optimizer = check_optimizer(client_optimizer, "fedavg", "client_optimizer")
-  init = global_model_init(settings, server_optimizer)
   cost = local_training_costs(model, settings)
-  extra = optimizer_config(server_optimizer, client_optimizer)
   return build_algorithm(
     "fedavg", model, settings, init, round_fn, HPARAMS, cost=cost, releases=RELEASES, **extra
   )

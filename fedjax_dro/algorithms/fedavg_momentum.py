@@ -25,12 +25,12 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-import jax
 import jax.numpy as jnp
 
 from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register, with_settings
 from fedjax_dro.core.aggregation import tree_zeros_like
 from fedjax_dro.core.costs import local_training_costs
+from fedjax_dro.core.fgdro import MOMENTUM_HPARAMS, momentum_step
 from fedjax_dro.core.local import stateful_local_round, stateful_round_metrics
 from fedjax_dro.core.release import PLAIN, Releases
 from fedjax_dro.core.settings import CommonSettings, round_zero, state_init
@@ -50,7 +50,7 @@ RELEASES = Releases(
 
 HPARAMS = {
   "client_lr": HParam(0.1, "local step size eta"),
-  "beta3": HParam(0.1, "moving-average weight of the gradient estimator m", maximum=1.0),
+  **MOMENTUM_HPARAMS,  # FGDRO-KL's beta3
 }
 
 
@@ -84,16 +84,13 @@ def fedavg_momentum(model, settings: CommonSettings) -> Algorithm:
   init = state_init(settings, initial_state)
 
   def round_fn(state, data, key, hparams, release=PLAIN):
-    lr, beta3 = hparams["client_lr"], hparams["beta3"]
-
     def start(row):
       del row
       return {"params": state.params, "m": state.momentum}
 
-    def step(carry, loss, grad):
+    def step(carry, loss, grad):  # FGDRO-KL's momentum step with h the plain gradient
       del loss
-      m = jax.tree.map(lambda a, b: ((1 - beta3) * a + beta3 * b).astype(a.dtype), carry["m"], grad)
-      w = jax.tree.map(lambda p, d: (p - lr * d).astype(p.dtype), carry["params"], m)
+      w, m = momentum_step(carry, grad, hparams)
       return {"params": w, "m": m}
 
     update = stateful_local_round(

@@ -6,18 +6,15 @@ MLSys 2020, arXiv:1812.06127. Local problems are solved inexactly by ``local_ste
 
 from __future__ import annotations
 
+import functools
+
 import jax
 
 from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register, with_settings
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import local_round, round_metrics
 from fedjax_dro.core.release import PLAIN, Releases
-from fedjax_dro.core.server import (
-  check_optimizer,
-  global_model_init,
-  optimizer_config,
-  server_update,
-)
+from fedjax_dro.core.server import FEDAVG_HPARAMS, global_model_setup, server_update
 from fedjax_dro.core.settings import LOCAL_TRAINING, CommonSettings
 
 RELEASES = Releases(
@@ -27,8 +24,7 @@ RELEASES = Releases(
 """What a participant releases (:func:`fedjax_dro.privacy.private`)."""
 
 HPARAMS = {
-  "client_lr": HParam(0.1, "local SGD step size"),
-  "server_lr": HParam(1.0, "server step on the averaged model difference"),
+  **FEDAVG_HPARAMS,  # client_lr and server_lr
   "mu": HParam(0.01, "proximal coefficient", strict=False),
 }
 
@@ -62,31 +58,23 @@ def fedprox(
     step, default 1.0) and ``mu`` (proximal coefficient ``mu >= 0``, default 0.01; 0 is FedAvg).
   """
 
+  server_optimizer, client_optimizer, init, extra = global_model_setup(
+    "fedprox", settings, server_optimizer, client_optimizer
+  )
+  train = functools.partial(
+    local_round, model, settings, mean_only=True, client_optimizer=client_optimizer
+  )
+
   def round_fn(state, data, key, hparams, release=PLAIN):
     center = state.params
     prox = lambda w, g, _: jax.tree.map(
       lambda gi, wi, ci: gi + hparams["mu"] * (wi - ci), g, w, center
     )
-    update = local_round(
-      model,
-      settings,
-      center,
-      data,
-      key,
-      hparams["client_lr"],
-      grad_transform=prox,
-      mean_only=True,
-      client_optimizer=client_optimizer,
-      release=release,
-    )
+    update = train(center, data, key, hparams["client_lr"], grad_transform=prox, release=release)
     new = server_update(server_optimizer, state, center, update.deltas, hparams["server_lr"])
     return new, round_metrics(update)
 
-  server_optimizer = check_optimizer(server_optimizer, "fedprox")
-  client_optimizer = check_optimizer(client_optimizer, "fedprox", "client_optimizer")
-  init = global_model_init(settings, server_optimizer)
   cost = local_training_costs(model, settings)
-  extra = optimizer_config(server_optimizer, client_optimizer)
   return build_algorithm(
     "fedprox", model, settings, init, round_fn, HPARAMS, cost=cost, releases=RELEASES, **extra
   )

@@ -107,9 +107,6 @@ def fgdro_cvar(model, settings: CommonSettings) -> Algorithm:
   def round_fn(state, data, key, hparams, release=PLAIN):
     lr, s_lr, beta1, alpha = (hparams[k] for k in ("client_lr", "threshold_lr", "beta1", "alpha"))
 
-    def start(u):
-      return {"params": state.params, "s": state.threshold, "u": u}
-
     def step(carry, loss, grad):
       u = (1 - beta1) * carry["u"] + beta1 * loss
       active = (u - carry["s"] > 0).astype(u.dtype)  # df(u - s_{t-1}), 0 at the kink
@@ -117,19 +114,11 @@ def fgdro_cvar(model, settings: CommonSettings) -> Algorithm:
       w = jax.tree.map(lambda p, g: (p - lr * active * g).astype(p.dtype), carry["params"], grad)
       return {"params": w, "s": s, "u": u}
 
-    # the server averages the thresholds s_i (private: their deltas released with the model's,
-    # clipped together)
+    # the server averages the models and the thresholds s_i (private: their deltas released
+    # together, clipped together)
+    server = {"params": state.params, "s": state.threshold}
     update, loss_estimates = estimator_round(
-      model,
-      settings,
-      state.loss_estimates,
-      data,
-      key,
-      start=start,
-      step=step,
-      averaged=("params",),
-      means=("s",),
-      release=release,
+      model, settings, state, data, key, release, server, step, averaged=("params",), means=("s",)
     )
     threshold = update.carries["s"]
     metrics = stateful_round_metrics(update)

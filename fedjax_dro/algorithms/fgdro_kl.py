@@ -46,12 +46,17 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-import jax
 import jax.numpy as jnp
 
 from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register, with_settings
 from fedjax_dro.core.costs import local_training_costs
-from fedjax_dro.core.fgdro import KL_ESTIMATOR_HPARAMS, kl_estimators, kl_initial, kl_round
+from fedjax_dro.core.fgdro import (
+  KL_ESTIMATOR_HPARAMS,
+  MOMENTUM_HPARAMS,
+  kl_initial,
+  kl_round,
+  momentum_step,
+)
 from fedjax_dro.core.release import PLAIN, Releases
 from fedjax_dro.core.settings import CommonSettings, round_zero, state_init
 from fedjax_dro.solvers.dro import kl
@@ -76,7 +81,7 @@ HPARAMS = {
   "client_lr": HParam(0.1, "local step size eta"),
   **kl(1.0).hparams(),  # lam, the parameter of the KL problem (5)
   **KL_ESTIMATOR_HPARAMS,  # beta1, beta2
-  "beta3": HParam(0.1, "moving-average weight of the gradient estimator m", maximum=1.0),
+  **MOMENTUM_HPARAMS,  # beta3
 }
 
 
@@ -105,27 +110,14 @@ def fgdro_kl(model, settings: CommonSettings) -> Algorithm:
   init = state_init(settings, lambda p, n: FgdroKlState(p, *kl_initial(p, n), round_zero()))
 
   def round_fn(state, data, key, hparams, release=PLAIN):
-    lr, beta3 = hparams["client_lr"], hparams["beta3"]
+    # lines 6-7 (u, v and h) in kl_round; lines 8-9: the moving average m of h and the step on w
+    def move(carry, h):
+      w, m = momentum_step(carry, h, hparams)
+      return {"params": w, "m": m}
 
-    def start(u):
-      return {"params": state.params, "m": state.momentum, "log_v": state.log_v, "u": u}
-
-    def step(carry, loss, grad):
-      u, log_v, h = kl_estimators(carry, loss, grad, hparams)
-      m = jax.tree.map(lambda a, b: ((1 - beta3) * a + beta3 * b).astype(a.dtype), carry["m"], h)
-      w = jax.tree.map(lambda p, d: (p - lr * d).astype(p.dtype), carry["params"], m)
-      return {"params": w, "m": m, "log_v": log_v, "u": u}
-
+    shared = {"params": state.params, "m": state.momentum}  # averaged, with v
     final, log_v, u, metrics = kl_round(
-      model,
-      settings,
-      state,
-      data,
-      key,
-      start=start,
-      step=step,
-      averaged=("params", "m"),
-      release=release,
+      model, settings, state, data, key, hparams, release, shared=shared, move=move
     )
     return FgdroKlState(final["params"], final["m"], log_v, u, state.round + 1), metrics
 

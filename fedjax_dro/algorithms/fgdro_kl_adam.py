@@ -29,7 +29,6 @@ from fedjax_dro.core.fgdro import (
   ADAM_HPARAMS,
   KL_ESTIMATOR_HPARAMS,
   adam_step,
-  kl_estimators,
   kl_initial,
   kl_round,
 )
@@ -91,25 +90,14 @@ def fgdro_kl_adam(model, settings: CommonSettings) -> Algorithm:
   init = state_init(settings, initial_state)
 
   def round_fn(state, data, key, hparams, release=PLAIN):
-    def start(u):
-      m, q = state.momentum, state.second_moment
-      return {"params": state.params, "m": m, "q": q, "log_v": state.log_v, "u": u}
-
-    def step(carry, loss, grad):
-      u, log_v, h = kl_estimators(carry, loss, grad, hparams)
+    # lines 6-7 (FGDRO-KL's u, v and h) in kl_round; lines 8-9: the Adam-type step along h
+    def move(carry, h):
       w, m, q = adam_step(carry, h, hparams)
-      return {"params": w, "m": m, "q": q, "log_v": log_v, "u": u}
+      return {"params": w, "m": m, "q": q}
 
+    shared = {"params": state.params, "m": state.momentum, "q": state.second_moment}
     final, log_v, u, metrics = kl_round(
-      model,
-      settings,
-      state,
-      data,
-      key,
-      start=start,
-      step=step,
-      averaged=("params", "m", "q"),
-      release=release,
+      model, settings, state, data, key, hparams, release, shared=shared, move=move
     )
     params, m, q = final["params"], final["m"], final["q"]
     return FgdroKlAdamState(params, m, q, log_v, u, state.round + 1), metrics

@@ -105,13 +105,7 @@ import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_dro.algorithms.base import (
-  Algorithm,
-  HParam,
-  build_algorithm,
-  check_data_matches,
-  register,
-)
+from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register
 from fedjax_dro.common.checks import choice, flag, integer, number
 from fedjax_dro.common.model import Model, client_loss_and_grad, num_parameters
 from fedjax_dro.core.aggregation import scatter_rows, tree_stack
@@ -119,6 +113,7 @@ from fedjax_dro.core.clients import map_clients, resolve_backend, validate_backe
 from fedjax_dro.core.costs import Costs, one_gradient_each, parameter_count
 from fedjax_dro.core.release import Refused
 from fedjax_dro.core.sampling import sample_clients
+from fedjax_dro.core.settings import check_data_matches
 from fedjax_dro.solvers import pairwise
 
 DISSIMILARITY_CHOICES = ("ot", "ones")

@@ -94,15 +94,9 @@ def local_adam(model, settings: CommonSettings) -> Algorithm:
       w, m, q = adam_step(carry, grad, hparams)
       return {"params": w, "m": m, "q": q}
 
+    averaged = ("params", "m", "q")  # all of the carry: the model and both moments
     update = stateful_local_round(
-      model,
-      settings,
-      data,
-      key,
-      start=start,
-      step=step,
-      averaged=("params", "m", "q"),
-      release=release,
+      model, settings, data, key, start=start, step=step, averaged=averaged, release=release
     )
     final = update.carries
     new_state = LocalAdamState(final["params"], final["m"], final["q"], state.round + 1)

@@ -80,7 +80,13 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register, with_settings
+from fedjax_dro.algorithms.base import (
+  Algorithm,
+  HParam,
+  build_personalized,
+  register,
+  with_settings,
+)
 from fedjax_dro.common.checks import integer
 from fedjax_dro.core.aggregation import (
   gather_rows,
@@ -248,17 +254,7 @@ def pfedme(
       )
     )
 
-  return build_algorithm(
-    "pfedme",
-    model,
-    settings,
-    init,
-    round_fn,
-    HPARAMS,
-    cost=cost,
-    client_models=lambda s: s.personal,
-    personalized=True,
-    personal_steps=personal_steps,
-    personal_updates=personal_updates,
-    releases=RELEASES,
+  config = {"personal_steps": personal_steps, "personal_updates": personal_updates}
+  return build_personalized(
+    "pfedme", model, settings, init, round_fn, HPARAMS, cost=cost, releases=RELEASES, **config
   )

@@ -42,20 +42,13 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fedjax_dro.algorithms.base import (
-  Algorithm,
-  HParam,
-  build_algorithm,
-  check_data_matches,
-  register,
-  with_settings,
-)
+from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register, with_settings
 from fedjax_dro.core.aggregation import tree_add, tree_sq_norm
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import local_round_and_losses
 from fedjax_dro.core.precision import params_float_dtype
 from fedjax_dro.core.release import PLAIN, Releases, loss_metrics
-from fedjax_dro.core.settings import CommonSettings, round_zero, state_init
+from fedjax_dro.core.settings import CommonSettings, check_data_matches, round_zero, state_init
 
 LOSS_EPS = 1e-10  # F_k + LOSS_EPS in the powers (reference implementation)
 

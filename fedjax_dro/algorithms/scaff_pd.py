@@ -68,14 +68,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fedjax_dro.algorithms.base import (
-  Algorithm,
-  HParam,
-  build_algorithm,
-  check_data_matches,
-  register,
-  with_settings,
-)
+from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register, with_settings
 from fedjax_dro.common.model import client_loss_and_grad
 from fedjax_dro.core.aggregation import tree_add
 from fedjax_dro.core.clients import map_clients_weighted_sum
@@ -84,7 +77,7 @@ from fedjax_dro.core.local import local_sgd, map_client_data
 from fedjax_dro.core.precision import params_float_dtype
 from fedjax_dro.core.release import PLAIN, Releases, loss_metrics
 from fedjax_dro.core.schedule import local_step_counts
-from fedjax_dro.core.settings import CommonSettings, backend_for, round_zero
+from fedjax_dro.core.settings import CommonSettings, backend_for, check_data_matches, round_zero
 from fedjax_dro.solvers.dro import Chi2, DROProblem, initial_lambda, resolve
 
 PARAMETER_RULES = ("user", "condition_5_1", "condition_5_2")

@@ -27,6 +27,7 @@ server adds the public ``-c`` itself), and computes its own ``c_i+`` from its un
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -38,14 +39,19 @@ from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import local_round, round_metrics
 from fedjax_dro.core.release import PLAIN, Releases
 from fedjax_dro.core.schedule import local_step_counts
-from fedjax_dro.core.server import check_optimizer, optimizer_config, server_step
+from fedjax_dro.core.server import (
+  check_optimizer,
+  next_state,
+  optimizer_config,
+  optimizer_state_init,
+  server_move,
+)
 from fedjax_dro.core.settings import (
   LOCAL_TRAINING,
   CommonSettings,
   aggregation_weights,
   participants,
   round_zero,
-  state_init,
 )
 
 
@@ -117,6 +123,8 @@ def scaffold(model, settings: CommonSettings, *, server_optimizer=None) -> Algor
     A participant uploads ``2P`` floats (``P`` parameters): its model and control-variate deltas.
   """
 
+  train = functools.partial(local_round, model, settings)
+
   def round_fn(state, data, key, hparams, release=PLAIN):
     n = data.num_clients
     s = participants(settings, n)
@@ -129,9 +137,7 @@ def scaffold(model, settings: CommonSettings, *, server_optimizer=None) -> Algor
     new_control = lambda c_i, d: jax.tree.map(
       lambda ci, c, di: ci - c - di / (settings.local_steps * lr), c_i, state.control, d
     )
-    update = local_round(
-      model,
-      settings,
+    update = train(
       state.params,
       data,
       key,
@@ -143,12 +149,14 @@ def scaffold(model, settings: CommonSettings, *, server_optimizer=None) -> Algor
       release=release,
     )
     mean_delta = update.deltas  # the participants' p-weighted mean delta
-    params, opt_state = move(state, mean_delta, hparams["server_lr"])
+    params, opt_state = server_move(
+      server_optimizer, state, state.params, mean_delta, hparams["server_lr"]
+    )
     # weighted mean of c_i+ - c_i = -c - delta_i / (J eta_l) over the participants: from the
     # weighted mean delta (a private round: post-processing of the released mean)
     dc = jax.tree.map(lambda c, d: -c - d / (settings.local_steps * lr), state.control, mean_delta)
     control = tree_add(state.control, dc, share(update, data, s / n, release))
-    new_state = pack(state, params, control, update.client_state, opt_state)
+    new_state = next_state(state, opt_state, params, control, update.client_state)
     return new_state, round_metrics(update)
 
   def epochs_round(state, data, key, hparams, correct, release):
@@ -164,9 +172,7 @@ def scaffold(model, settings: CommonSettings, *, server_optimizer=None) -> Algor
       )
       return new, nex
 
-    update = local_round(
-      model,
-      settings,
+    update = train(
       state.params,
       data,
       key,
@@ -207,20 +213,11 @@ def scaffold(model, settings: CommonSettings, *, server_optimizer=None) -> Algor
       mean_delta = mean(update.deltas)
       dc = mean(jax.tree.map(jnp.subtract, new, old))
       metrics = round_metrics(update)
-    params, opt_state = move(state, mean_delta, hparams["server_lr"])
+    params, opt_state = server_move(
+      server_optimizer, state, state.params, mean_delta, hparams["server_lr"]
+    )
     control = tree_add(state.control, dc, share(update, data, s / n, release))
-    return pack(state, params, control, controls, opt_state), metrics
-
-  def move(state, mean_delta, server_lr):
-    """``(x+, optimizer state+)``: the global step, or the server optimizer's."""
-    if server_optimizer is None:
-      return tree_add(state.params, mean_delta, server_lr), None
-    return server_step(server_optimizer, state.opt_state, state.params, mean_delta, server_lr)
-
-  def pack(state, params, control, controls, opt_state):
-    if server_optimizer is None:
-      return ScaffoldState(params, control, controls, state.round + 1)
-    return ScaffoldOptState(params, control, controls, opt_state, state.round + 1)
+    return next_state(state, opt_state, params, control, controls), metrics
 
   def share(update, data, uniform_share, release):
     """``sum_{i in S} p_i``, the participants' share of the objective's weights (``s / n``
@@ -231,15 +228,7 @@ def scaffold(model, settings: CommonSettings, *, server_optimizer=None) -> Algor
     return jnp.sum(update.weights) / total
 
   server_optimizer = check_optimizer(server_optimizer, "scaffold")
-  if server_optimizer is None:
-    init = state_init(settings, initial_state)
-  else:
-    init = state_init(
-      settings,
-      lambda params, n: ScaffoldOptState(
-        *initial_state(params, n)[:3], server_optimizer.init(params), round_zero()
-      ),
-    )
+  init = optimizer_state_init(settings, initial_state, server_optimizer, ScaffoldOptState)
   cost = local_training_costs(model, settings, models=2)  # delta_i and c_i+ - c_i
   extra = optimizer_config(server_optimizer)
   return build_algorithm(

@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_dro.core.aggregation import tree_add
+from fedjax_dro.core.hparams import HParam
 from fedjax_dro.core.settings import round_zero, state_init
 
 KINDS = ("adagrad", "adam", "yogi")
@@ -188,6 +189,14 @@ def server_step(server_optimizer, opt_state, params, delta, server_lr):
   return params, opt_state
 
 
+FEDAVG_HPARAMS = {
+  "client_lr": HParam(0.1, "local SGD step size"),
+  "server_lr": HParam(1.0, "server step on the averaged model difference"),
+}
+"""The hyper-parameters of FedAvg's round, which FedProx's extends: the local SGD step and the
+server's step on the weighted mean model difference (1: plain averaging)."""
+
+
 class FedAvgState(NamedTuple):
   """The state of a FedAvg-type algorithm (FedAvg, FedProx, FedSGD): the global model and a
   round counter."""
@@ -204,23 +213,75 @@ class ServerOptState(NamedTuple):
   round: jnp.ndarray  # [] int32 rounds done
 
 
+def optimizer_state_init(settings, initial_state: Callable, server_optimizer, opt_state_type):
+  """``init`` of an algorithm with an optional ``server_optimizer``: the state
+  ``initial_state(params, num_clients)`` (its last field the round counter) or, with an optimizer,
+  ``opt_state_type``: the same fields with the optimizer's state before the round counter."""
+  if server_optimizer is None:
+    return state_init(settings, initial_state)
+
+  def build(params, num_clients):
+    *fields, rounds = initial_state(params, num_clients)
+    return opt_state_type(*fields, server_optimizer.init(params), rounds)
+
+  return state_init(settings, build)
+
+
 def global_model_init(settings, server_optimizer=None):
   """``init`` of the algorithms whose whole state is the global model and a round counter (and,
   with a ``server_optimizer``, its state)."""
-  if server_optimizer is None:
-    return state_init(settings, lambda params, num_clients: FedAvgState(params, round_zero()))
-  return state_init(
-    settings, lambda params, n: ServerOptState(params, server_optimizer.init(params), round_zero())
+  initial_state = lambda params, num_clients: FedAvgState(params, round_zero())
+  return optimizer_state_init(settings, initial_state, server_optimizer, ServerOptState)
+
+
+class GlobalModelSetup(NamedTuple):
+  """What a FedAvg-type algorithm with optional server and client optimizers builds once
+  (:func:`global_model_setup`)."""
+
+  server_optimizer: Any  # checked; None: the plain server step
+  client_optimizer: Any  # checked; None: local SGD
+  init: Callable  # the init of its state (:func:`global_model_init`)
+  config: dict  # the Algorithm.config entries of the optimizers (:func:`optimizer_config`)
+
+
+def global_model_setup(
+  algorithm: str, settings, server_optimizer=None, client_optimizer=None
+) -> GlobalModelSetup:
+  """The optimizers of the FedAvg-type ``algorithm`` checked (:func:`check_optimizer`), the
+  ``init`` of its state and the ``Algorithm.config`` entries of the optimizers."""
+  server_optimizer = check_optimizer(server_optimizer, algorithm)
+  client_optimizer = check_optimizer(client_optimizer, algorithm, "client_optimizer")
+  return GlobalModelSetup(
+    server_optimizer,
+    client_optimizer,
+    global_model_init(settings, server_optimizer),
+    optimizer_config(server_optimizer, client_optimizer),
   )
+
+
+def server_move(server_optimizer, state, center, delta, server_lr):
+  """``(params, optimizer state)`` after the server's step: ``center + server_lr * delta`` (the
+  plain step; no optimizer state, None), or ``server_optimizer``'s step from ``center`` on the
+  pseudo-gradient ``-delta`` (from its state ``state.opt_state``)."""
+  if server_optimizer is None:
+    return tree_add(center, delta, server_lr), None
+  return server_step(server_optimizer, state.opt_state, center, delta, server_lr)
+
+
+def next_state(state, opt_state, *fields):
+  """The state after a round: of ``state``'s type, ``fields``, then the server optimizer's
+  ``opt_state`` if the state keeps one (an ``opt_state`` field: :func:`optimizer_state_init`),
+  then the round counter plus one."""
+  if "opt_state" in type(state)._fields:
+    return type(state)(*fields, opt_state, state.round + 1)
+  return type(state)(*fields, state.round + 1)
 
 
 def server_update(server_optimizer, state, center, delta, server_lr):
   """The next state of a FedAvg-type server: ``center + server_lr * delta`` (the plain step), or
   ``server_optimizer``'s step on the pseudo-gradient ``-delta`` from ``center``."""
-  if server_optimizer is None:
-    return FedAvgState(tree_add(center, delta, server_lr), state.round + 1)
-  params, opt_state = server_step(server_optimizer, state.opt_state, center, delta, server_lr)
-  return ServerOptState(params, opt_state, state.round + 1)
+  params, opt_state = server_move(server_optimizer, state, center, delta, server_lr)
+  return next_state(state, opt_state, params)
 
 
 # The server optimizers the command line names (``--server-optimizer NAME``), with the arguments

@@ -193,3 +193,12 @@ def state_init(settings: CommonSettings, build: Callable) -> Callable:
     return build(params, data.num_clients)
 
   return init
+
+
+def check_data_matches(data, num_clients: int, name: str = "data") -> None:
+  """Static (trace-time) check that ``data`` has the federation size the state was built for."""
+  if data.num_clients != num_clients:
+    raise ValueError(
+      f"{name} has {data.num_clients} clients but the algorithm state was "
+      f"initialised for {num_clients}"
+    )
