@@ -47,6 +47,7 @@ from fedjax_dro.algorithms.base import (
   register,
   with_settings,
 )
+from fedjax_dro.common.checks import is_int
 from fedjax_dro.core.aggregation import tree_add, tree_stack
 from fedjax_dro.core.costs import Costs, local_training_cost, parameter_count
 from fedjax_dro.core.local import local_round, round_metrics
@@ -100,9 +101,7 @@ def ditto(model, settings: CommonSettings, *, personal_steps: Optional[int] = No
     step by default) and uploads its ``P`` global-model floats; the passes are independent, so
     the critical path is the longer one (``local_steps``, not twice it).
   """
-  if personal_steps is not None and (
-    not isinstance(personal_steps, int) or isinstance(personal_steps, bool) or personal_steps < 1
-  ):
+  if personal_steps is not None and (not is_int(personal_steps) or personal_steps < 1):
     raise ValueError(f"personal_steps must be a positive integer or None, got {personal_steps!r}")
   # None: the personal pass repeats the global pass's local work (steps or epochs)
   steps = personal_steps

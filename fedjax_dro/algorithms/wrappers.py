@@ -21,6 +21,8 @@ from typing import Any, Callable, Dict, Sequence
 import jax
 import jax.numpy as jnp
 
+from fedjax_dro.common.checks import is_real
+
 
 def with_round_metrics(alg, metrics_fn: Callable[[Any], Dict[str, Any]]):
   """``alg`` whose round metrics also hold ``metrics_fn(params)``, ``params`` the models after
@@ -67,7 +69,7 @@ def with_tied_hparams(alg, **ties):
         f"({sorted(set(alg.hparams) - set(ties))})"
       )
     for what, value in (("factor", factor), ("power", power)):
-      if isinstance(value, bool) or not isinstance(value, (int, float)) or value == 0:
+      if not is_real(value) or value == 0:
         raise ValueError(f"tie {name!r}: {what} must be a non-zero number, got {value!r}")
     if factor < 0:
       raise ValueError(f"tie {name!r}: factor must be > 0, got {factor!r}")

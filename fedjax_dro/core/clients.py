@@ -35,7 +35,7 @@ import jax.extend as jex
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_dro.common.checks import ArgumentError
+from fedjax_dro.common.checks import ArgumentError, is_int
 from fedjax_dro.common.tuning import current, reset, tuned
 
 BACKENDS = ("vmap", "map", "chunked", "auto")
@@ -52,7 +52,7 @@ JAXPR_MARGIN = 1.5
 def validate_backend(backend: str, chunk_size: Optional[int]) -> None:
   if backend not in BACKENDS:
     raise ArgumentError("backend", f" must be one of {BACKENDS}, got {backend!r}")
-  if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
+  if chunk_size is not None and (not is_int(chunk_size) or chunk_size < 1):
     raise ArgumentError("chunk_size", f" must be a positive integer, got {chunk_size!r}")
 
 

@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
+from fedjax_dro.common.checks import is_real
 from fedjax_dro.core.aggregation import tree_zeros_like
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.hparams import HParam
@@ -70,7 +71,7 @@ def adaptive_fedopt(
   the weighted mean difference, the server's adaptive step (``server_update``: its formula in
   words, for ``Algorithm.config``). The round reads ``client_lr``, ``server_lr``, ``beta1``,
   ``tau`` and (Adam, Yogi) ``beta2`` from its hyper-parameters (:func:`fedopt_hparams`)."""
-  if isinstance(initial_v, bool) or not isinstance(initial_v, (int, float)) or initial_v < 0:
+  if not is_real(initial_v) or initial_v < 0:
     raise ValueError(f"{name}: initial_v must be a number >= 0 (v_-1), got {initial_v!r}")
   initial_v = float(initial_v)
 

@@ -33,7 +33,7 @@ from typing import Any, NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
-from fedjax_dro.common.checks import ArgumentError
+from fedjax_dro.common.checks import ArgumentError, is_real
 from fedjax_dro.core.aggregation import tree_add, weighted_sum
 from fedjax_dro.core.release import LOG_MEAN_FLOOR, PLAIN, Draw, PlainStatefulAggregation
 from fedjax_dro.core.sampling import sample_clients
@@ -137,7 +137,7 @@ def count_key(round_key):
 
 def check_rate(rate, name: str = "rate") -> float:
   """A Poisson rate in (0, 1]."""
-  if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0.0 < rate <= 1.0:
+  if not is_real(rate) or not 0.0 < rate <= 1.0:
     raise ArgumentError(name, f" must be a number in (0, 1], got {rate!r}")
   if not math.isfinite(rate):
     raise ArgumentError(name, f" must be finite, got {rate!r}")

@@ -13,6 +13,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
+from fedjax_dro.common.checks import is_int
 from fedjax_dro.common.tuning import current, reset, tuned
 
 
@@ -23,7 +24,7 @@ def local_step_block(k: int):
   ``k`` local steps (``fd.tuned(step_block=k)``; default: the platform's,
   :func:`fedjax_dro.common.tuning.platform_defaults`). The results do not depend on ``k`` (steps
   past a client's own count are masked); only the speed does."""
-  if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+  if not is_int(k) or k < 1:
     raise ValueError(f"local_step_block needs a positive integer k, got {k!r}")
   with tuned(step_block=k):
     yield
@@ -36,7 +37,7 @@ def local_epoch_chunk(size: Optional[int]):
   backend's own plan, unsorted, ``epoch_groups=1``). Results do not depend on it (each
   participant keeps its own key and minibatches; sums run in another order: equal to rounding);
   only the speed and the memory of a round do."""
-  if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 1):
+  if size is not None and (not is_int(size) or size < 1):
     raise ValueError(f"local_epoch_chunk needs a positive integer or None, got {size!r}")
   if size is None:
     with reset("epoch_chunk"), tuned(epoch_groups=1):

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_dro.common.checks import ArgumentError
+from fedjax_dro.common.checks import ArgumentError, is_int
 
 
 def sample_clients(
@@ -35,13 +35,13 @@ def validate_clients_per_round(
 ) -> int:
   if clients_per_round is None:
     return num_clients
-  if not isinstance(clients_per_round, int) or isinstance(clients_per_round, bool):
+  if not is_int(clients_per_round):
     raise TypeError(f"{name} must be an int, got {type(clients_per_round).__name__}")
   if clients_per_round < 1 or clients_per_round > num_clients:
     raise ArgumentError(
       name, f" must be in [1, num_clients={num_clients}], got {clients_per_round}"
     )
-  return clients_per_round
+  return int(clients_per_round)
 
 
 # ----------------------------------------------------------------------------------------------

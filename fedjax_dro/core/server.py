@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from fedjax_dro.common.checks import is_real
 from fedjax_dro.core.aggregation import tree_add
 from fedjax_dro.core.hparams import HParam
 from fedjax_dro.core.settings import round_zero, state_init
@@ -103,12 +104,7 @@ def reddi_optimizer(
     ("tau", tau, None),
     ("initial_v", initial_v, None),
   ):
-    if (
-      isinstance(value, bool)
-      or not isinstance(value, (int, float))
-      or value < 0
-      or (top is not None and value > top)
-    ):
+    if not is_real(value) or value < 0 or (top is not None and value > top):
       where = f"[0, {top:g}]" if top is not None else "[0, inf)"
       raise ValueError(f"{name} must be a number in {where}, got {value!r}")
 
@@ -311,7 +307,7 @@ def named_server_optimizer(name: str, **options) -> optax.GradientTransformation
     )
   kw = {**NAMED[name], **options}
   for k, v in kw.items():
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
+    if not is_real(v):
       raise ValueError(f"server optimizer option {k} must be a number, got {v!r}")
   if name in ("reddi-adam", "yogi", "adagrad"):
     return reddi_optimizer("adam" if name == "reddi-adam" else name, **kw)
