@@ -354,7 +354,7 @@ def scaffpd_table1(
   log = print if verbose else (lambda *a, **k: None)
   t_start, cpu_start = time.perf_counter(), time.process_time()
 
-  data = TableData(features, quick, alphas, seeds)
+  data = TableData(features, quick, alphas, seeds, log=log)
   units = smoothness_units(data.fs.features[data.train])
   log(
     f"[scaffpd-table1] {data.description['name']}: L_full = {units['L_full_batch']:.4g}, "

@@ -100,9 +100,11 @@ def centralized_class_accuracy(x_train, y_train, x_test, y_test, num_classes: in
 
 class TableData:
   """The features, their training / held-out rows and every seed's partition, built once; a
-  call ``(alpha, seed)`` gives that seed's :class:`~fedjax_dro.data.FederatedDataset`."""
+  call ``(alpha, seed)`` gives that seed's :class:`~fedjax_dro.data.FederatedDataset`.
+  ``log`` is told the size of the work before each long step (reading a large file, the
+  centralized fit, the partitions)."""
 
-  def __init__(self, features, quick: bool, alphas, seeds):
+  def __init__(self, features, quick: bool, alphas, seeds, log=lambda *a, **k: None):
     from fedjax_dro.data import load_features
     from fedjax_dro.data.standins import gaussian_mixture_features
 
@@ -118,6 +120,8 @@ class TableData:
         "ResNet-18 features",
       }
     else:
+      size = os.path.getsize(features) if os.path.isfile(features) else 0
+      log(f"reading the features file {features} ({size / 1e6:.1f} MB)")
       self.fs = load_features(features)
       name = os.path.splitext(os.path.basename(os.fspath(features)))[0]
       self.description = {
@@ -143,6 +147,11 @@ class TableData:
         "held-out rows; every training class needs >= 2 (one for validation, one for test)"
       )
     self.num_classes, self.dim = int(fs.num_classes), int(fs.features.shape[1])
+    log(
+      f"{fs.labels.size:,} rows x {self.dim} features, {self.num_classes} classes "
+      f"({fs.features.nbytes / 1e6:.1f} MB): the centralized per-class fit, then "
+      f"{len(alphas) * len(seeds)} partitions ({len(alphas)} alphas x {len(seeds)} seeds)"
+    )
     self.class_accuracy = centralized_class_accuracy(
       fs.features[self.train], y_train, fs.features[self.held], y_held, self.num_classes
     )

@@ -249,3 +249,15 @@ def test_bad_inputs(tmp_path):
   path = write_features(str(tmp_path / "f.npz"), feats, labels, split)
   with pytest.raises(ValueError, match="held-out"):
     reproduce.scaffpd_table1(features=path, quick=True, verbose=False)
+
+
+def test_the_features_table_says_the_size_of_its_work_before_each_long_step(tmp_path):
+  from fedjax_dro.reproduce.scaffpd_table1_data import TableData
+
+  path, _ = _features_file(tmp_path)
+  lines = []
+  data = TableData(path, True, [0.1, 1.0], [0, 1], log=lines.append)
+  assert lines[0].startswith(f"reading the features file {path} (")
+  rows = data.train.size + data.held.size
+  assert f"{rows:,} rows x {data.dim} features, {data.num_classes} classes" in lines[1]
+  assert "4 partitions (2 alphas x 2 seeds)" in lines[1]
