@@ -49,7 +49,7 @@ import numpy as np
 
 from fedjax_dro import compare as C
 from fedjax_dro.core.precision import float64
-from fedjax_dro.reproduce.common import run_tables
+from fedjax_dro.reproduce.common import paired_difference, run_tables
 
 PAPER_SYNTHETIC = {  # Table 1a: estimation error, +-2SE, test R^2, +-2SE
   "Local": (35.33, 2.729, 0.692, 0.108),
@@ -463,11 +463,7 @@ def synthetic_markdown(result: Dict[str, Any]) -> str:
   for r in readings:
     pr = result["results"][r]["paired"]
     e, q = pr["estimation_error"]["Karula"], pr["r2"]["Karula"]
-    gap.append(
-      f"- {r}: error {e['difference']:+.2f} +- {e['difference_2se']:.2f} ({e['wins']} of "
-      f"{e['seeds']}), R^2 {q['difference']:+.3f} +- {q['difference_2se']:.3f} ({q['wins']} of "
-      f"{q['seeds']})"
-    )
+    gap.append(f"- {r}: error {paired_difference(e, 2)}, R^2 {paired_difference(q)}")
   pk, pf = PAPER_SYNTHETIC["Karula"], PAPER_SYNTHETIC["FedAvg"]
   gap.append(f"- paper: error {pk[0] - pf[0]:+.2f}, R^2 {pk[2] - pf[2]:+.3f}")
   note = [
@@ -502,9 +498,7 @@ def heart_markdown(result: Dict[str, Any]) -> str:
         + [_cell(t[h]) for h in HOSPITALS]
         + [
           "-" if paper is None else f"{paper:.3f}",
-          "(reference)"
-          if d is None
-          else f"{d['difference']:+.3f} +- {d['difference_2se']:.3f} ({d['wins']} of {d['seeds']})",
+          paired_difference(d),
         ]
       )
       + " |"
