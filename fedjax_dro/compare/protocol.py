@@ -35,6 +35,19 @@ def _number(name: str, value, *, positive: bool = False) -> float:
   return float(value)
 
 
+def _name(what: str, value) -> str:
+  """A declaration's name: a non-empty string (a ``TypeError`` naming ``what`` otherwise)."""
+  if not isinstance(value, str) or not value:
+    raise TypeError(f"{what} must be a non-empty string, got {value!r}")
+  return value
+
+
+def _callable(what: str, value, form: str) -> None:
+  """A declaration's function ``what``, called as ``form`` (a ``TypeError`` otherwise)."""
+  if not callable(value):
+    raise TypeError(f"{what} must be a callable {form}, got {value!r}")
+
+
 @dataclasses.dataclass(frozen=True)
 class Metric:
   """The per-client test metric the table reports, and that selection scores on held-out rows.
@@ -48,8 +61,7 @@ class Metric:
   stat: str = "weighted_mean"
 
   def __post_init__(self):
-    if not isinstance(self.name, str) or not self.name:
-      raise TypeError(f"metric name must be a non-empty string, got {self.name!r}")
+    _name("metric name", self.name)
     if self.stat not in STATS:
       raise ValueError(f"metric stat must be one of {STATS}, got {self.stat!r}")
 
@@ -79,10 +91,8 @@ class ExtraMetric:
   higher_is_better: bool = False
 
   def __post_init__(self):
-    if not isinstance(self.name, str) or not self.name:
-      raise TypeError(f"extra metric name must be a non-empty string, got {self.name!r}")
-    if not callable(self.fn):
-      raise TypeError(f"extra metric {self.name!r}: fn must be callable, got {self.fn!r}")
+    _name("extra metric name", self.name)
+    _callable(f"extra metric {self.name!r}: fn", self.fn, "fn(models, dataset) -> float")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -200,10 +210,8 @@ class Strategy:
   paper: bool = True
 
   def __post_init__(self):
-    if not isinstance(self.label, str) or not self.label:
-      raise TypeError(f"strategy label must be a non-empty string, got {self.label!r}")
-    if not callable(self.make):
-      raise TypeError(f"strategy {self.label!r}: make must be callable make(model, **options)")
+    _name("strategy label", self.label)
+    _callable(f"strategy {self.label!r}: make", self.make, "make(model, **options)")
     grids = self.grid if isinstance(self.grid, list) else [self.grid]
     for g in grids:
       if not isinstance(g, dict):
@@ -355,8 +363,7 @@ class Experiment:
   def __post_init__(self):
     if not isinstance(self.name, str) or not self.name or "/" in self.name:
       raise ValueError(f"name must be a non-empty file stem, got {self.name!r}")
-    if not callable(self.data):
-      raise TypeError("data must be a callable data(seed) -> FederatedDataset")
+    _callable("data", self.data, "data(seed) -> FederatedDataset")
     if not isinstance(self.protocol, Protocol):
       raise TypeError(f"protocol must be a Protocol, got {type(self.protocol).__name__}")
     strategies = list(self.strategies)

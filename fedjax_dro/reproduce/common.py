@@ -55,6 +55,17 @@ def run_tables(
   return result
 
 
+def paired_difference(entry: Optional[Dict[str, Any]], digits: int = 3) -> str:
+  """A strategy's difference to the reference, paired over seeds, as a table cell
+  ``+0.012 +- 0.034 (2 of 3)`` (the mean difference, 2 SE, the seeds where the strategy is better
+  of those paired): an entry of a comparison record's ``paired[metric]``; ``"(reference)"`` for
+  the reference itself (``None``)."""
+  if entry is None:
+    return "(reference)"
+  d, f = entry, digits
+  return f"{d['difference']:+.{f}f} +- {d['difference_2se']:.{f}f} ({d['wins']} of {d['seeds']})"
+
+
 def write_result(
   out_dir: Optional[str],
   stem: str,

@@ -69,14 +69,18 @@ def _rows(grids: Dict[str, tuple], betas: Optional[tuple], quick: bool) -> List[
     values = tuple(grids[key])
     return values[len(values) // 2 : len(values) // 2 + 1] if quick else values
 
-  def moving_averages(names, **extra):
+  def averaged(label, name, grid, names, **extra):
+    """A row whose moving-average weights ``names`` are tuned as one on ``betas`` (fixed at 0.1
+    without), with ``extra`` fixed."""
     if betas is None or quick:
-      return {}, {**{k: 0.1 for k in names}, **extra}
-    return {names: tuple(betas)}, dict(extra)
+      tied, fixed = {}, {**{k: 0.1 for k in names}, **extra}
+    else:
+      tied, fixed = {names: tuple(betas)}, dict(extra)
+    return dict(label=label, name=name, grid=grid, tied=tied, fixed=fixed)
 
-  momentum_tied, momentum_fixed = moving_averages(("beta3",))
-  kl_tied, kl_fixed = moving_averages(KL_BETAS)
-  kla_tied, kla_fixed = moving_averages(KL_BETAS, beta4=0.001, tau=1e-8)
+  def kl_grid(lr):  # FGDRO-KL and FGDRO-KL-Adam: a step grid and the KL lambda's
+    return {"client_lr": g(lr), "lam": g("kl_lam")}
+
   return [
     dict(label="FedAvg", name="fedavg", grid={"client_lr": g("lr")}),
     dict(label="SCAFFOLD", name="scaffold", grid={"client_lr": g("scaffold_lr")}),
@@ -88,13 +92,7 @@ def _rows(grids: Dict[str, tuple], betas: Optional[tuple], quick: bool) -> List[
       grid={"server_lr": g("server_lr")},
       fixed={"client_lr": 0.1, "tau": 1e-3},
     ),
-    dict(
-      label="FedAvg-M",
-      name="fedavg_momentum",
-      grid={"client_lr": g("momentum_lr")},
-      tied=momentum_tied,
-      fixed=momentum_fixed,
-    ),
+    averaged("FedAvg-M", "fedavg_momentum", {"client_lr": g("momentum_lr")}, ("beta3",)),
     dict(label="DRFA", name="drfa", grid={"client_lr": g("drfa_lr"), "gamma": g("drfa_gamma")}),
     dict(
       label="DR-DSGD", name="dr_dsgd", grid={"client_lr": g("drdsgd_lr"), "lam": g("drdsgd_lam")}
@@ -109,20 +107,8 @@ def _rows(grids: Dict[str, tuple], betas: Optional[tuple], quick: bool) -> List[
       },
       fixed={"beta1": 0.1},
     ),
-    dict(
-      label="FGDRO-KL",
-      name="fgdro_kl",
-      grid={"client_lr": g("kl_lr"), "lam": g("kl_lam")},
-      tied=kl_tied,
-      fixed=kl_fixed,
-    ),
-    dict(
-      label="FGDRO-KL-Adam",
-      name="fgdro_kl_adam",
-      grid={"client_lr": g("adam_lr"), "lam": g("kl_lam")},
-      tied=kla_tied,
-      fixed=kla_fixed,
-    ),
+    averaged("FGDRO-KL", "fgdro_kl", kl_grid("kl_lr"), KL_BETAS),
+    averaged("FGDRO-KL-Adam", "fgdro_kl_adam", kl_grid("adam_lr"), KL_BETAS, beta4=0.001, tau=1e-8),
     dict(label="LocalAdam", name="local_adam", grid={"client_lr": g("adam_lr")}),
   ]
 

@@ -49,7 +49,7 @@ import numpy as np
 
 from fedjax_dro import compare as C
 from fedjax_dro.core.precision import float64
-from fedjax_dro.reproduce.common import run_tables
+from fedjax_dro.reproduce.common import paired_difference, run_tables
 
 PAPER_SYNTHETIC = {  # Table 1a: estimation error, +-2SE, test R^2, +-2SE
   "Local": (35.33, 2.729, 0.692, 0.108),
@@ -227,7 +227,6 @@ def ridge_experiment(reading: str, **settings) -> C.Experiment:
   """Table 1a under one reading of the generator (:data:`READINGS`) as an
   :class:`~fedjax_dro.compare.Experiment`. ``settings``: ``seeds``, ``rounds``,
   ``selection_rounds``, ``folds``, ``quick``."""
-  from fedjax_dro.algorithms.karula import smoothness_constant
   from fedjax_dro.core.metrics import estimation_error
   from fedjax_dro.data import get_dataset
 
@@ -238,11 +237,6 @@ def ridge_experiment(reading: str, **settings) -> C.Experiment:
     return dataclasses.replace(ds, train=ds.train.pad_to(max(100, ds.train.max_examples)))
 
   first = data(settings["seeds"][0])
-  model = entry.default_model(first)
-  n = first.num_clients
-  s = max(2, round(n / 3))
-  lr = _one_step_unit(first.train, 1.0, model.l2)
-  eta = s / (2.0 * smoothness_constant(model, model.init(jax.random.PRNGKey(0)), first.train))
 
   def error(models, ds):
     return float(np.mean(np.asarray(estimation_error(models, ds.true_params, personalized=True))))
@@ -250,44 +244,57 @@ def ridge_experiment(reading: str, **settings) -> C.Experiment:
   return _table1(
     f"karula_synthetic_{reading}",
     data,
-    model,
+    entry.default_model(first),
     first.train,
-    s=s,
-    lr=lr,
-    eta=eta,
+    s=max(2, round(first.num_clients / 3)),
+    loss_scale=1.0,
     t_multiples=T_MULTIPLES,
     metric=C.Metric("r2", "mean"),
     extra_metrics=[C.ExtraMetric("estimation_error", error, higher_is_better=False)],
     description=f"Karula Table 1a, {entry.description}",
-    settings=settings,
+    **settings,
   )
 
 
 def _table1(
-  name, data, model, train, *, s, lr, eta, t_multiples, metric, extra_metrics, description, settings
+  name,
+  data,
+  model,
+  train,
+  *,
+  s,
+  loss_scale,
+  t_multiples,
+  metric,
+  extra_metrics,
+  description,
+  quick=False,
+  **settings,
 ) -> C.Experiment:
   """The :class:`~fedjax_dro.compare.Experiment` of a Table 1 task: :func:`strategies` with the
-  task's step units and :func:`protocol` with its metric."""
+  step units of the task's first training rows ``train`` (``lr``: :func:`_one_step_unit` at
+  ``loss_scale``; ``eta``: Karula's ``s / (2L)``, ``s`` all clients when ``None``) and
+  :func:`protocol` with its metric and ``settings`` (``seeds``, ``rounds``,
+  ``selection_rounds``, ``folds``)."""
+  from fedjax_dro.algorithms.karula import smoothness_constant
+
+  n = train.num_clients
+  lr = _one_step_unit(train, loss_scale, model.l2)
+  eta = (s or n) / (2.0 * smoothness_constant(model, model.init(jax.random.PRNGKey(0)), train))
   return C.Experiment(
     name=name,
     data=data,
     model=model,
     strategies=strategies(
-      n=train.num_clients,
+      n=n,
       s=s,
       lr=lr,
       eta=eta,
       d_median=_median_dissimilarity(train),
       t_multiples=t_multiples,
-      quick=settings["quick"],
+      quick=quick,
     ),
-    protocol=protocol(
-      seeds=settings["seeds"],
-      rounds=settings["rounds"],
-      selection_rounds=settings["selection_rounds"],
-      folds=settings["folds"],
-      metric=metric,
-    ),
+    protocol=protocol(metric=metric, **settings),
     extra_metrics=extra_metrics,
     description=description,
   )
@@ -333,16 +340,12 @@ def karula_synthetic(
 def heart_experiment(**settings) -> C.Experiment:
   """Table 1b as an :class:`~fedjax_dro.compare.Experiment` (a seed is a stratified
   train/test split per hospital); ``settings`` as :func:`ridge_experiment`'s."""
-  from fedjax_dro.algorithms.karula import smoothness_constant
   from fedjax_dro.core.metrics import evaluate_clients
   from fedjax_dro.data import get_dataset
 
   entry = get_dataset("heart-disease")
   first = entry.load(settings["seeds"][0])
   model = entry.default_model(first)
-  n = first.num_clients
-  lr = _one_step_unit(first.train, 0.25, model.l2)
-  eta = n / (2.0 * smoothness_constant(model, model.init(jax.random.PRNGKey(0)), first.train))
 
   def hospital(j):
     def accuracy(models, ds):
@@ -357,13 +360,12 @@ def heart_experiment(**settings) -> C.Experiment:
     model,
     first.train,
     s=None,
-    lr=lr,
-    eta=eta,
+    loss_scale=0.25,
     t_multiples=T_MULTIPLES_HEART,
     metric=C.Metric("accuracy", "mean"),
     extra_metrics=[hospital(j) for j in range(len(HOSPITALS))],
     description="Karula Table 1b, UCI heart disease, 4 hospitals, logistic regression",
-    settings=settings,
+    **settings,
   )
 
 
@@ -461,11 +463,7 @@ def synthetic_markdown(result: Dict[str, Any]) -> str:
   for r in readings:
     pr = result["results"][r]["paired"]
     e, q = pr["estimation_error"]["Karula"], pr["r2"]["Karula"]
-    gap.append(
-      f"- {r}: error {e['difference']:+.2f} +- {e['difference_2se']:.2f} ({e['wins']} of "
-      f"{e['seeds']}), R^2 {q['difference']:+.3f} +- {q['difference_2se']:.3f} ({q['wins']} of "
-      f"{q['seeds']})"
-    )
+    gap.append(f"- {r}: error {paired_difference(e, 2)}, R^2 {paired_difference(q)}")
   pk, pf = PAPER_SYNTHETIC["Karula"], PAPER_SYNTHETIC["FedAvg"]
   gap.append(f"- paper: error {pk[0] - pf[0]:+.2f}, R^2 {pk[2] - pf[2]:+.3f}")
   note = [
@@ -500,9 +498,7 @@ def heart_markdown(result: Dict[str, Any]) -> str:
         + [_cell(t[h]) for h in HOSPITALS]
         + [
           "-" if paper is None else f"{paper:.3f}",
-          "(reference)"
-          if d is None
-          else f"{d['difference']:+.3f} +- {d['difference_2se']:.3f} ({d['wins']} of {d['seeds']})",
+          paired_difference(d),
         ]
       )
       + " |"

@@ -56,7 +56,7 @@ import numpy as np
 
 from fedjax_dro import compare as C
 from fedjax_dro.common.checks import integer
-from fedjax_dro.reproduce.common import run_tables
+from fedjax_dro.reproduce.common import paired_difference, run_tables
 
 STRATEGIES = ("Local", "FedSGD", "FedAvg", "pFedMe", "IFCA", "Karula")
 ALL_STRATEGIES = ("Local", "FedSGD", "FedAvg", "pFedMe", "IFCA", "Ditto", "Karula")
@@ -370,9 +370,7 @@ def femnist_markdown(result: Dict[str, Any]) -> str:
       cells += [
         f"{t['accuracy']['mean']:.3f} +- {t['accuracy']['two_se']:.3f}",
         f"{t['rounds']:.0f}",
-        "(reference)"
-        if d is None
-        else f"{d['difference']:+.3f} +- {d['difference_2se']:.3f} ({d['wins']} of {d['seeds']})",
+        paired_difference(d),
       ]
     lines.append("| " + " | ".join(cells) + " |")
   return "\n".join(lines) + "\n"

@@ -146,69 +146,30 @@ def strategies(z: float, rate: float, rounds: int = DEFAULTS["rounds"], num_clie
   zd = drfa_multiplier(z, rate, rounds, num_clients)  # two independently sampled releases
   q_clip, h_bound = qffl_bounds()
   common = dict(local_steps=5, batch_size=10)
-  dro = dict(rate=rate, delta=DELTA, loss_bound=LOSS_BOUND, loss_noise_multiplier=zr)
+
+  def released(algorithm, noise, *, clip=CLIP, loss_bound=None, **kw):
+    """``algorithm(m, **kw)`` made private: its updates clipped to ``clip`` with noise
+    multiplier ``noise`` and, with ``loss_bound``, its reported losses clipped to ``[0,
+    loss_bound]`` with the same multiplier."""
+    losses = {} if loss_bound is None else dict(loss_bound=loss_bound, loss_noise_multiplier=noise)
+    return lambda m: private(algorithm(m, **kw), clip, noise, rate=rate, delta=DELTA, **losses)
+
+  def strategy(label, make, step="client_lr", **fixed):
+    return C.Strategy(label, make, {step: list(STEPS[label])}, fixed=fixed)
+
+  reports = dict(loss_bound=LOSS_BOUND)  # the loss reporters: losses clipped to [0, B] too
   return [
-    C.Strategy(
-      "FedAvg",
-      lambda m: private(fedavg(m, weighting="uniform", **common), CLIP, z, rate=rate, delta=DELTA),
-      {"client_lr": list(STEPS["FedAvg"])},
+    strategy("FedAvg", released(fedavg, z, weighting="uniform", **common)),
+    strategy("AFL", released(afl, zr, batch_size=10, **reports), "lr_w", lr_lambda=0.1),
+    strategy("DR-DSGD", released(dr_dsgd, z, **common), lam=2.0),
+    strategy("AgnosticFedAvg", released(agnostic_fedavg, zr, **reports, **common), domain_lr=0.1),
+    strategy("FGDRO-CVaR", released(fgdro_cvar, z, **common), alpha=0.2),
+    strategy("FGDRO-KL", released(fgdro_kl, z, **common), lam=1.0),
+    strategy("DRFA", released(drfa, zd, **reports, **common), gamma=0.01),
+    strategy(
+      "q-FFL", released(qffl, zr, clip=q_clip, loss_bound=h_bound, **common), q=1.0, L=QFFL_L
     ),
-    C.Strategy(
-      "AFL",
-      lambda m: private(afl(m, batch_size=10), CLIP, zr, **dro),
-      {"lr_w": list(STEPS["AFL"])},
-      fixed={"lr_lambda": 0.1},
-    ),
-    C.Strategy(
-      "DR-DSGD",
-      lambda m: private(dr_dsgd(m, **common), CLIP, z, rate=rate, delta=DELTA),
-      {"client_lr": list(STEPS["DR-DSGD"])},
-      fixed={"lam": 2.0},
-    ),
-    C.Strategy(
-      "AgnosticFedAvg",
-      lambda m: private(agnostic_fedavg(m, **common), CLIP, zr, **dro),
-      {"client_lr": list(STEPS["AgnosticFedAvg"])},
-      fixed={"domain_lr": 0.1},
-    ),
-    C.Strategy(
-      "FGDRO-CVaR",
-      lambda m: private(fgdro_cvar(m, **common), CLIP, z, rate=rate, delta=DELTA),
-      {"client_lr": list(STEPS["FGDRO-CVaR"])},
-      fixed={"alpha": 0.2},
-    ),
-    C.Strategy(
-      "FGDRO-KL",
-      lambda m: private(fgdro_kl(m, **common), CLIP, z, rate=rate, delta=DELTA),
-      {"client_lr": list(STEPS["FGDRO-KL"])},
-      fixed={"lam": 1.0},
-    ),
-    C.Strategy(
-      "DRFA",
-      lambda m: private(drfa(m, **common), CLIP, zd, **{**dro, "loss_noise_multiplier": zd}),
-      {"client_lr": list(STEPS["DRFA"])},
-      fixed={"gamma": 0.01},
-    ),
-    C.Strategy(
-      "q-FFL",
-      lambda m: private(
-        qffl(m, **common),
-        q_clip,
-        zr,
-        rate=rate,
-        delta=DELTA,
-        loss_bound=h_bound,
-        loss_noise_multiplier=zr,
-      ),
-      {"client_lr": list(STEPS["q-FFL"])},
-      fixed={"q": 1.0, "L": QFFL_L},
-    ),
-    C.Strategy(
-      "SCAFF-PD",
-      lambda m: private(scaff_pd(m, **common), CLIP, zr, **dro),
-      {"client_lr": list(STEPS["SCAFF-PD"])},
-      fixed={"rho": 0.1},
-    ),
+    strategy("SCAFF-PD", released(scaff_pd, zr, **reports, **common), rho=0.1),
   ]
 
 
