@@ -150,6 +150,14 @@ def _check_values(arr: np.ndarray, dtype, name: str) -> None:
         f"{name} has values beyond the {np.dtype(dtype)} range (largest {limit:.3g}), e.g. "
         f"{arr[big].reshape(-1)[0].item()!r}: they would become inf; rescale the data"
       )
+  if np.dtype(dtype).kind in "iu" and arr.dtype.kind in "iu" and arr.size:
+    info = np.iinfo(dtype)
+    low, high = int(arr.min()), int(arr.max())
+    if low < info.min or high > info.max:
+      raise ValueError(
+        f"{name} has integers outside the {np.dtype(dtype)} range [{info.min}, {info.max}] "
+        f"(from {low} to {high}); pass a wider integer dtype"
+      )
 
 
 def from_client_arrays(
@@ -163,8 +171,9 @@ def from_client_arrays(
     max_examples: optional cap on rows per client; larger clients are subsampled (without
       replacement, deterministically from ``seed``) to bound padding memory.
     seed: seed of the subsampling.
-    dtype: optional float dtype for ``x`` (default: float32, or float64 when x64 is enabled
-      and the input is float64).
+    dtype: optional dtype for ``x``: a float dtype for features (default: float32, or float64
+      when x64 is enabled and the input is float64), or an integer dtype (``np.int32``) for
+      integer inputs such as token ids, kept as integers (every value must fit the dtype).
   """
   if not isinstance(xs, (list, tuple)) or not isinstance(ys, (list, tuple)):
     raise TypeError(
@@ -214,9 +223,21 @@ def from_client_arrays(
     try:
       dtype = np.dtype(dtype)
     except TypeError:
-      raise TypeError(f"dtype must be a float dtype such as np.float32, got {dtype!r}") from None
-    if dtype.kind != "f":
-      raise TypeError(f"dtype must be a float dtype such as np.float32, got {dtype}")
+      raise TypeError(
+        f"dtype must be a float dtype such as np.float32 (features) or an integer dtype such as "
+        f"np.int32 (token ids), got {dtype!r}"
+      ) from None
+    if dtype.kind not in "fiu":
+      raise TypeError(
+        f"dtype must be a float dtype such as np.float32 (features) or an integer dtype such as "
+        f"np.int32 (token ids), got {dtype}"
+      )
+    if dtype.kind in "iu" and not all(np.issubdtype(x.dtype, np.integer) for x in xs):
+      bad = next(i for i, x in enumerate(xs) if not np.issubdtype(x.dtype, np.integer))
+      raise TypeError(
+        f"dtype {dtype} keeps x as integers (token ids), but xs[{bad}] has dtype "
+        f"{xs[bad].dtype}: pass integer arrays, or a float dtype for features"
+      )
   x_dtype = dtype or (
     np.float64 if xs[0].dtype == np.float64 and jax.config.jax_enable_x64 else np.float32
   )

@@ -324,11 +324,15 @@ def check_model_data(model, data, *, name: str = "data", init_params=None) -> No
     )
   valid = np.asarray(y)[np.asarray(mask)]
   if model.task == "classification":
-    k = int(out.shape[-1]) if len(out.shape) == 2 else 1
-    if len(out.shape) > 2 or label_shape not in ((), (1,)):
+    # one label per example ([m] or [m, 1] against [m, k]), or one per position (a sequence:
+    # y [m, T] against [m, T, k], as a language model's next tokens)
+    per_position = len(out.shape) > 2 and tuple(out.shape[1:-1]) == label_shape
+    k = int(out.shape[-1]) if len(out.shape) == 2 or per_position else 1
+    if not per_position and (len(out.shape) > 2 or label_shape not in ((), (1,))):
       raise ValueError(
-        f"classification expects one integer label per example; {name}.y has label shape "
-        f"{label_shape} and the model outputs {tuple(out.shape[1:])} per example"
+        f"classification expects one integer label per example, or one per position with "
+        f"outputs [*label_shape, classes]; {name}.y has label shape {label_shape} and the model "
+        f"outputs {tuple(out.shape[1:])} per example"
       )
     if (
       y_dtype.kind == "f"
