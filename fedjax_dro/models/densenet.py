@@ -28,7 +28,9 @@ from fedjax_dro.models.resnet import _in_channels, conv_init, variables_from_tor
 
 
 def _bn(train: bool, name: str) -> nn.BatchNorm:
-  return nn.BatchNorm(use_running_average=not train, momentum=0.9, epsilon=1e-5, name=name)
+  return nn.BatchNorm(
+    use_running_average=not train, momentum=0.9, epsilon=1e-5, use_fast_variance=False, name=name
+  )
 
 
 class DenseLayer(nn.Module):

@@ -34,9 +34,11 @@ conv_init = nn.initializers.variance_scaling(2.0, "fan_out", "normal")
 
 def _norm(norm: str, groups: int, train: bool, name: str) -> nn.Module:
   if norm == "batch":
-    return nn.BatchNorm(use_running_average=not train, momentum=0.9, epsilon=1e-5, name=name)
+    return nn.BatchNorm(
+      use_running_average=not train, momentum=0.9, epsilon=1e-5, use_fast_variance=False, name=name
+    )
   if norm == "group":
-    return nn.GroupNorm(num_groups=groups, epsilon=1e-5, name=name)
+    return nn.GroupNorm(num_groups=groups, epsilon=1e-5, use_fast_variance=False, name=name)
   raise ValueError(f'norm must be "batch" or "group", got {norm!r}')
 
 
