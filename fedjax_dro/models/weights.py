@@ -73,6 +73,14 @@ def _widen_bf16(raw: np.ndarray) -> np.ndarray:
   return (raw.astype(np.uint32) << np.uint32(16)).view(np.float32)
 
 
+def _no_duplicates(pairs):
+  keys = [k for k, _ in pairs]
+  twice = sorted({k for k in keys if keys.count(k) > 1})
+  if twice:
+    raise ValueError(f"duplicate names {twice}")
+  return dict(pairs)
+
+
 def read_safetensors(path) -> Dict[str, np.ndarray]:
   """The tensors of a safetensors file as NumPy arrays (BF16 widened to float32, exactly).
 
@@ -90,9 +98,11 @@ def read_safetensors(path) -> Dict[str, np.ndarray]:
   """
   name = os.fspath(path)
   refuse_pickle_formats(name)
+  size = os.path.getsize(name)
+  data = bytearray(size)  # one buffer; the returned arrays are (writable) views of it
   with open(name, "rb") as f:
-    data = f.read()
-  size = len(data)
+    if f.readinto(data) != size:
+      raise ValueError(f"{name}: the file changed size while it was read")
   if size < 8:
     raise ValueError(
       f"{name}: not a safetensors file: {size} bytes, fewer than the 8 of its header"
@@ -104,7 +114,7 @@ def read_safetensors(path) -> Dict[str, np.ndarray]:
       f"{size} bytes (the header takes 8 + {n})"
     )
   try:
-    header = json.loads(data[8 : 8 + n].decode("utf-8"))
+    header = json.loads(data[8 : 8 + n].decode("utf-8"), object_pairs_hook=_no_duplicates)
   except (UnicodeDecodeError, ValueError) as e:
     raise ValueError(f"{name}: the safetensors header is not valid JSON ({e})") from None
   if not isinstance(header, dict):
@@ -161,8 +171,13 @@ def read_safetensors(path) -> Dict[str, np.ndarray]:
   tensors = {}
   for key, entry in header.items():
     begin, stop = entry["data_offsets"]
-    raw = np.frombuffer(buffer[begin:stop], dtype=_DTYPES[entry["dtype"]]).reshape(entry["shape"])
-    tensors[key] = _widen_bf16(raw) if entry["dtype"] == "BF16" else raw.copy()
+    dtype = _DTYPES[entry["dtype"]]
+    raw = np.frombuffer(buffer[begin:stop], dtype=dtype).reshape(entry["shape"])
+    if entry["dtype"] == "BF16":
+      raw = _widen_bf16(raw)
+    elif (8 + n + begin) % dtype.itemsize:
+      raw = raw.copy()  # aligned
+    tensors[key] = raw
   return tensors
 
 
@@ -189,8 +204,8 @@ def write_safetensors(
     array = np.asarray(tensors[key])
     if array.dtype.name == "bfloat16":
       dtype, raw = "BF16", array.view(np.uint16)
-    elif array.dtype in _NAMES:
-      dtype, raw = _NAMES[array.dtype], array
+    elif array.dtype.newbyteorder("=") in _NAMES:  # either byte order; written little-endian
+      dtype, raw = _NAMES[array.dtype.newbyteorder("=")], array
     else:
       raise ValueError(f"{name}: tensor {key!r} has dtype {array.dtype}, not storable")
     raw = np.ascontiguousarray(raw, dtype=_DTYPES[dtype]).tobytes()

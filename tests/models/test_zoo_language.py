@@ -233,7 +233,11 @@ def test_safetensors_round_trip_of_every_dtype_and_metadata(tmp_path):
   for k, v in tensors.items():
     assert back[k].dtype == np.asarray(v).dtype and back[k].shape == np.shape(v), k
     assert back[k].tobytes() == np.asarray(v).tobytes(), k
-  back["a.f64"][0, 0] = 1.0  # writable copies
+  back["a.f64"][0, 0] = 1.0  # writable
+  big = np.arange(3, dtype=">f4")  # written little-endian
+  write_safetensors(path, {"big": big})
+  back = read_safetensors(path)["big"]
+  assert back.dtype == np.dtype("<f4") and back.tolist() == [0.0, 1.0, 2.0]
 
 
 def test_bf16_round_trips_and_widens_to_float32_exactly(tmp_path):
@@ -278,6 +282,16 @@ def test_bad_safetensors_files_give_one_error_naming_the_file(tmp_path):
       "overlap",
     ),
     "trailing bytes": (good, b"\0" * 12, None, "trailing"),
+    "duplicate names": (
+      b'{"w": '
+      + json.dumps(good["w"]).encode()
+      + b', "w": '
+      + json.dumps(good["w"]).encode()
+      + b"}",
+      b"\0" * 8,
+      None,
+      "duplicate names ['w']",
+    ),
   }
   for what, (header, buffer, n, words) in cases.items():
     _file(f, header, buffer, n)
