@@ -191,6 +191,13 @@ _STRATEGY = '[[strategy]]\nlabel = "A"\nalgorithm = "fedavg"\n'
 
 # description: (callable, exception type, fragment naming the argument)
 CASES = {
+  "from_flax of a module with batch statistics (BatchNorm)": (
+    lambda: models.from_flax(
+      models.resnet18(3, stem="cifar", num_filters=2), np.zeros((1, 8, 8, 3), np.float32)
+    ),
+    ValueError,
+    "batch_stats",
+  ),
   # ---- building federated data ----
   "ragged feature shapes": (
     lambda: from_client_arrays([np.zeros((3, 2)), np.zeros((3, 4))], [np.zeros(3), np.zeros(3)]),

@@ -1,5 +1,7 @@
-"""Models: the :class:`Model` protocol, built-in models and adapters of Flax (linen, NNX) and
-Equinox modules."""
+"""Models: the :class:`Model` protocol, built-in models, adapters of Flax (linen, NNX) and
+Equinox modules, and a zoo of the field's architectures as Flax linen modules (ResNet, DenseNet,
+pfl-research's CIFAR-10 CNN, LSTM language models, GPT-2, DistilBERT) with loaders of their
+published weights' key names."""
 
 from fedjax_dro.common.model import Model, client_loss, num_parameters
 from fedjax_dro.models.adapters import from_equinox, from_nnx
@@ -11,6 +13,12 @@ from fedjax_dro.models.builtin import (
   mlp,
   softmax_regression,
 )
+from fedjax_dro.models.cifar_cnn import cifar_cnn
+from fedjax_dro.models.densenet import densenet121
+from fedjax_dro.models.distilbert import distilbert
+from fedjax_dro.models.gpt2 import gpt2
+from fedjax_dro.models.lstm import lm_loss_and_metrics, lstm_language_model
+from fedjax_dro.models.resnet import resnet18, resnet50
 
 __all__ = [
   "Model",
@@ -24,4 +32,12 @@ __all__ = [
   "from_equinox",
   "client_loss",
   "num_parameters",
+  "resnet18",
+  "resnet50",
+  "densenet121",
+  "cifar_cnn",
+  "lstm_language_model",
+  "lm_loss_and_metrics",
+  "gpt2",
+  "distilbert",
 ]

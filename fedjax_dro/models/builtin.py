@@ -395,6 +395,15 @@ def from_flax(
   if sample.ndim < 1 or sample.shape[0] < 1:
     raise ValueError(f"sample_input must be a batch [m >= 1, *feature_shape], got {sample.shape}")
   sample_input = jnp.asarray(sample_input)
+  collections = sorted(jax.eval_shape(module.init, jax.random.PRNGKey(0), sample_input))
+  state = [c for c in collections if c != "params"]
+  if state:
+    raise ValueError(
+      f"from_flax: the module {type(module).__name__} holds the variable collections {state} "
+      "beside 'params' (e.g. BatchNorm's running statistics in 'batch_stats'); the simulator's "
+      "models carry parameters only for now: build it with GroupNorm or LayerNorm instead (for "
+      "the zoo's ResNets, norm='group')"
+    )
 
   # Compiled as one program: run op by op, every initializer of another shape compiles its own
   # random-number program (the digits CNN: 2.1 s on first use, 1.4 s as one program; the values

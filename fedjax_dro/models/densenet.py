@@ -24,7 +24,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from fedjax_dro.models.resnet import _in_channels, conv_init, variables_from_torch
+from fedjax_dro.models.resnet import in_channels_of, conv_init, variables_from_torch
 
 
 def _bn(train: bool, name: str) -> nn.BatchNorm:
@@ -144,7 +144,7 @@ def densenet_variables_from_torchvision(
 
   The old torchvision checkpoints' names (``denselayer1.norm.1``) are not read: torchvision renames
   them when it loads them, and timm's files use the new names."""
-  in_channels = in_channels or _in_channels(tensors, "features.conv0.weight")
+  in_channels = in_channels or in_channels_of(tensors, "features.conv0.weight")
   sample = jax.ShapeDtypeStruct((1, 64, 64, in_channels), jnp.float32)
   prefix = lambda first: "" if first == "classifier" else "features."
   return variables_from_torch(tensors, module, sample, prefix)

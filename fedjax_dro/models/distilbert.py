@@ -298,3 +298,22 @@ def distilbert_params_from_hf(
       fresh = _dense(config, n, name).init(k, zeros)["params"]
       params[name] = jax.tree.map(np.asarray, fresh)
   return params, absent
+
+
+def distilbert(size: str = "base", **overrides) -> DistilBertClassifier:
+  """DistilBERT for sequence classification (Sanh, Debut, Chaumond, Wolf 2019, arXiv:1910.01108),
+  as a Flax linen module.
+
+  Args:
+    size: ``"base"`` (``distilbert-base-uncased``'s shapes: 6 layers, 12 heads, width 768,
+      vocabulary 30522) or ``"tiny"`` (two layers of width 32, no dropout).
+    **overrides: any :class:`DistilBertConfig` field (``num_labels``, ``dropout``, ...).
+
+  Returns:
+    A :class:`DistilBertClassifier` mapping integer tokens ``[m, T]`` to class logits
+    ``[m, num_labels]`` (the checkpoint's tensors load with :func:`distilbert_params_from_hf`).
+  """
+  if size not in ("base", "tiny"):
+    raise ValueError(f"size must be 'base' or 'tiny', got {size!r}")
+  config = DistilBertConfig.tiny(**overrides) if size == "tiny" else DistilBertConfig(**overrides)
+  return DistilBertClassifier(config)

@@ -232,3 +232,23 @@ def params_from_layout(layout, found, ignored, dtype, what, optional=(), transpo
       value = np.asarray(found[key][1], dtype=dtype)
       _set(params, path, np.ascontiguousarray(value.T) if key in transposed else value)
   return params, [k for k in optional if k not in found]
+
+
+def gpt2(size: str = "124M", **overrides) -> GPT2:
+  """A causal transformer in GPT-2's architecture (Radford, Wu, Child, Luan, Amodei, Sutskever
+  2019, "Language Models are Unsupervised Multitask Learners"), as a Flax linen module.
+
+  Args:
+    size: ``"124M"`` (12 layers, 12 heads, width 768, vocabulary 50257, 1024 positions: the
+      ``openai-community/gpt2`` checkpoint's shapes) or ``"tiny"`` (two layers of width 32).
+    **overrides: any :class:`GPT2Config` field (``n_layer``, ``vocab_size``, ``dropout``,
+      ``param_dtype``, ...).
+
+  Returns:
+    A :class:`GPT2` module mapping integer tokens ``[m, T]`` to next-token logits
+    ``[m, T, vocab_size]`` (``models.from_flax`` adapts it; Hugging Face's ``model.safetensors``
+    loads with :func:`gpt2_params_from_hf`).
+  """
+  if size not in ("124M", "tiny"):
+    raise ValueError(f"size must be '124M' or 'tiny', got {size!r}")
+  return GPT2(GPT2Config.tiny(**overrides) if size == "tiny" else GPT2Config(**overrides))

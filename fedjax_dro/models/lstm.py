@@ -117,3 +117,24 @@ def lm_loss_and_metrics(pad_id: int = 0) -> Tuple[Callable, Callable]:
     }
 
   return loss_fn, metrics_fn
+
+
+def lstm_language_model(preset: str = "shakespeare", **overrides) -> LSTMLanguageModel:
+  """A character or word LSTM language model as a Flax linen module.
+
+  Args:
+    preset: ``"shakespeare"`` (next character: vocabulary 90, embedding 8, two LSTM layers of
+      256; McMahan et al. 2017 and LEAF, Caldas et al. 2018), ``"stackoverflow"`` (next word:
+      vocabulary 10004, embedding 96, one layer of 670, a projection to 96; Reddi et al. 2021)
+      or ``"tiny"`` (for tests).
+    **overrides: any :class:`LSTMConfig` field.
+
+  Returns:
+    An :class:`LSTMLanguageModel` mapping integer tokens ``[m, T]`` to next-token logits
+    ``[m, T, vocab_size]``; train it with :func:`lm_loss_and_metrics`'s loss.
+  """
+  presets = {"shakespeare": LSTMConfig.shakespeare, "stackoverflow": LSTMConfig.stackoverflow}
+  presets["tiny"] = LSTMConfig.tiny
+  if preset not in presets:
+    raise ValueError(f"preset must be one of {sorted(presets)}, got {preset!r}")
+  return LSTMLanguageModel(presets[preset](**overrides))

@@ -243,7 +243,7 @@ def variables_from_torch(
   return out
 
 
-def _in_channels(tensors: Dict[str, Any], key: str) -> int:
+def in_channels_of(tensors: Dict[str, Any], key: str) -> int:
   shape = np.shape(tensors[key]) if key in tensors else ()
   return int(shape[1]) if len(shape) == 4 else 3
 
@@ -259,6 +259,6 @@ def resnet_variables_from_torchvision(
   ``num_batches_tracked`` ignored. ``in_channels``: the images' channels (by default
   ``conv1.weight``'s second dimension, else 3). Every missing, unexpected or mis-shaped tensor is
   named in one ValueError."""
-  in_channels = in_channels or _in_channels(tensors, "conv1.weight")
+  in_channels = in_channels or in_channels_of(tensors, "conv1.weight")
   sample = jax.ShapeDtypeStruct((1, 64, 64, in_channels), jnp.float32)
   return variables_from_torch(tensors, module, sample)
