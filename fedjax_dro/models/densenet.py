@@ -24,7 +24,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from fedjax_dro.models.resnet import in_channels_of, conv_init, variables_from_torch
+from fedjax_dro.models.resnet import conv_init, in_channels_of, variables_from_torch
 
 
 def _bn(train: bool, name: str) -> nn.BatchNorm:
