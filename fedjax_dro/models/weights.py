@@ -251,7 +251,7 @@ def load_weights(module, path, *, key=None) -> Dict[str, Any]:
 
   Args:
     module: the module the weights are for (its sizes are checked against the file's).
-    path: the ``.safetensors`` file; pickle formats (``.bin``, ``.pth``, ``.pt``, ``.pkl``,
+    path: the ``.safetensors`` file (``~`` expanded); pickle formats (``.bin``, ``.pth``, ``.pt``, ``.pkl``,
       ``.ckpt``) are refused (:func:`refuse_pickle_formats`).
     key: the random key of DistilBERT's fresh classification head (other families ignore it).
 
@@ -277,6 +277,7 @@ def load_weights(module, path, *, key=None) -> Dict[str, Any]:
       f"load_weights: no weight mapping for a {type(module).__name__}; supported modules: "
       + ", ".join(t.__name__ for t in supported)
     )
+  path = os.path.expanduser(os.fspath(path))
   refuse_pickle_formats(path)
   tensors = read_safetensors(path)
   if isinstance(module, ResNet):
@@ -288,8 +289,7 @@ def load_weights(module, path, *, key=None) -> Dict[str, Any]:
   params, initialized = distilbert_params_from_hf(tensors, module.config, key)
   if initialized:
     warnings.warn(
-      f"{os.fspath(path)} has no classification head: freshly initialized "
-      + ", ".join(initialized),
+      f"{path} has no classification head: freshly initialized " + ", ".join(initialized),
       UserWarning,
       stacklevel=2,
     )
