@@ -149,3 +149,25 @@ def test_weights_of_another_model_name_every_problem_under_weights(files, tmp_pa
   assert cli.main(argv) == 2
   err = capsys.readouterr().err.strip()
   assert err.count("\n") == 0 and err.startswith("error: --weights:") and "missing" in err
+
+
+def test_tinyimagenet_npz_form_and_the_interrupt_line(tmp_path, capsys):
+  rng = np.random.default_rng(2)
+  arrays = {
+    "x_train": rng.integers(0, 256, (5, 64, 64, 3), dtype=np.uint8),
+    "y_train": np.array([0, 1, 2, 3, 4]),
+    "x_test": rng.integers(0, 256, (2, 64, 64, 3), dtype=np.uint8),
+    "y_test": np.array([4, 0]),
+  }
+  np.savez(tmp_path / "tiny.npz", **arrays)
+  out = tmp_path / "tiny_feats.npz"
+  argv = ["features", "--random-weights", "--data-dir", str(tmp_path / "tiny.npz")]
+  argv += ["--dataset", "tinyimagenet", "--out", str(out), "--no-progress"]
+  assert cli.main(argv) == 0
+  assert "7 images of tinyimagenet (5 train, 2 test; 64x64" in capsys.readouterr().out
+  fs = load_features(out)
+  assert fs.features.shape == (7, 512)
+  np.testing.assert_array_equal(fs.labels, [0, 1, 2, 3, 4, 4, 0])
+  np.testing.assert_array_equal(fs.split, [False] * 5 + [True] * 2)
+  args = cli.build_parser().parse_args(argv)
+  assert cli.interrupted_message(args).startswith("interrupted: features stopped; nothing was")
