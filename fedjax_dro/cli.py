@@ -1,4 +1,4 @@
-"""The fedjax-dro command line: run, sweep, compare, reproduce, plot, list.
+"""The fedjax-dro command line: run, sweep, compare, reproduce, features, plot, list.
 
     fedjax-dro run                                   # FedAvg on synthetic-ridge, summary table
     fedjax-dro run --algorithm scaffold --dataset synthetic-classification --rounds 200 \
@@ -6,6 +6,8 @@
     fedjax-dro sweep --algorithm fedavg --grid client_lr=0.01,0.03,0.1 --seeds 0,1,2
     fedjax-dro run --algorithm karula --cv-folds 5 --cv-grid t=0.01,0.1,1   # t by 5-fold CV
     fedjax-dro reproduce scaffpd-synthetic --out benchmarks/results/scaffpd_synthetic   # Fig. 2
+    fedjax-dro features --weights resnet18.safetensors --data-dir ~/data --dataset cifar100 \
+        --out cifar100_resnet18.npz                  # the features reproduce scaffpd-table1 reads
     fedjax-dro list
 
 Over 600 lines: every command's parser and body is in this one module, which is what a reader
@@ -1028,6 +1030,206 @@ def cmd_compare(args) -> int:
   return 0
 
 
+# ``fedjax-dro features``: a ResNet's penultimate features of the user's images ------------------
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)  # torchvision's Normalize for ImageNet-trained weights
+IMAGENET_STD = (0.229, 0.224, 0.225)
+FEATURE_MODELS = {"resnet18": 512, "resnet50": 2048}  # the features' width
+FEATURE_DATASETS = ("cifar100", "cifar10", "tinyimagenet")
+
+
+def _one_line(error: BaseException) -> str:
+  return " ".join(str(error).split())
+
+
+def _check_features_args(args) -> None:
+  """Every flag of ``features`` checked before anything is read or compiled."""
+  if args.model not in FEATURE_MODELS:
+    raise ValueError(
+      f"--model: unknown model {args.model!r}; choose one of {', '.join(FEATURE_MODELS)}"
+    )
+  if args.dataset is None or args.dataset not in FEATURE_DATASETS:
+    got = "none given" if args.dataset is None else f"unknown data set {args.dataset!r}"
+    raise ValueError(f"--dataset: {got}; choose one of {', '.join(FEATURE_DATASETS)}")
+  if args.data_dir is None:
+    raise ValueError("--data-dir: none given; the folder (or TinyImageNet .npz) of the images")
+  if not os.path.exists(os.path.expanduser(args.data_dir)):
+    raise ValueError(f"--data-dir: {args.data_dir!r} does not exist")
+  if args.weights is None and not args.random_weights:
+    raise ValueError(
+      "--weights: none given; features of random weights are meaningless: give the model's "
+      ".safetensors file (torchvision's or timm's names), or --random-weights for a smoke test"
+    )
+  if args.weights is not None and args.random_weights:
+    raise ValueError("--random-weights: give it or --weights, not both")
+  if args.weights is not None:
+    from fedjax_dro.models.weights import refuse_pickle_formats
+
+    try:
+      refuse_pickle_formats(args.weights)
+    except ValueError as e:
+      raise ValueError(f"--weights: {_one_line(e)}") from None
+    if not os.path.isfile(args.weights):
+      raise ValueError(f"--weights: {args.weights!r} is not a file")
+  if args.batch_size < 1:
+    raise ValueError(f"--batch-size: must be >= 1, got {args.batch_size}")
+  if args.image_size is not None and args.image_size < 1:
+    raise ValueError(f"--image-size: must be >= 1, got {args.image_size}")
+  if args.out is None:
+    raise ValueError("--out: none given; the features .npz to write")
+  if not args.out.endswith(".npz"):
+    raise ValueError(f"--out: {args.out!r} must name an .npz file")
+  if os.path.isdir(args.out):
+    raise ValueError(f"--out: {args.out!r} is a directory; name the .npz file to write")
+  if os.path.exists(args.out) and not args.overwrite:
+    raise ValueError(f"--out: {args.out!r} exists; --overwrite replaces it")
+  from fedjax_dro.records.files import check_writable_dir
+
+  check_writable_dir(os.path.dirname(os.path.abspath(args.out)), "--out's folder")
+
+
+def _feature_model(args):
+  """The ResNet returning its pooled features and its variables: from --weights (``fc``'s
+  width read off the file; a file without ``fc`` loads too) or random (--random-weights)."""
+  import jax
+  import jax.numpy as jnp
+
+  from fedjax_dro.models.resnet import resnet18, resnet50, resnet_variables_from_torchvision
+
+  build = {"resnet18": resnet18, "resnet50": resnet50}[args.model]
+  if args.weights is None:
+    module = build(1000, features_only=True)
+    sample = jnp.zeros((1, 64, 64, 3), jnp.float32)
+    init = jax.jit(lambda k: module.init(k, sample, train=False))
+    return module, init(jax.random.PRNGKey(args.seed))
+  from fedjax_dro.models.weights import read_safetensors
+
+  try:
+    tensors = read_safetensors(args.weights)
+    conv1 = tensors.get("conv1.weight")
+    if conv1 is not None and (conv1.ndim != 4 or conv1.shape[1] != 3):
+      raise ValueError(f"conv1.weight has shape {conv1.shape}; RGB images need [64, 3, 7, 7]")
+    fc = tensors.get("fc.weight")
+    num_classes = int(fc.shape[0]) if fc is not None and fc.ndim == 2 else 1000
+    module = build(num_classes, features_only="fc.weight" not in tensors)
+    variables = resnet_variables_from_torchvision(tensors, module, in_channels=3)
+  except ValueError as e:
+    raise ValueError(f"--weights: {args.weights}: {_one_line(e)}") from None
+  return module.clone(features_only=True), variables
+
+
+def _feature_images(args):
+  """The reader's :class:`~fedjax_dro.data.user_files.ImageSet` of --dataset in --data-dir."""
+  from fedjax_dro.data import load_cifar10, load_cifar100, load_tiny_imagenet
+
+  read = {"cifar100": load_cifar100, "cifar10": load_cifar10, "tinyimagenet": load_tiny_imagenet}
+  try:
+    return read[args.dataset](os.path.expanduser(args.data_dir))
+  except (FileNotFoundError, ValueError, TypeError, ImportError) as e:
+    raise ValueError(f"--data-dir: {_one_line(e)}") from None
+
+
+def image_features(module, variables, images, *, batch_size=256, image_size=None, bar=None):
+  """``module``'s outputs (in inference mode) on ``images`` (float ``[N, H, W, 3]`` in
+  ``[0, 1]``, or a list of such arrays, taken one after the other), as a float32 NumPy ``[N, d]``:
+  each image resized to ``image_size`` x ``image_size`` first when given (``jax.image.resize``,
+  bilinear, antialiased when shrinking), then normalized with ImageNet's per-channel mean
+  (0.485, 0.456, 0.406) and standard deviation (0.229, 0.224, 0.225), in compiled batches of
+  ``min(batch_size, N)`` (the last one padded, so one program serves all); ``bar`` (a tqdm bar
+  or None) is advanced once a batch."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  parts = [images] if isinstance(images, np.ndarray) else list(images)
+  starts = np.cumsum([0] + [len(p) for p in parts])
+  n = int(starts[-1])
+  b = max(1, min(batch_size, n))
+  mean, std = np.asarray(IMAGENET_MEAN, np.float32), np.asarray(IMAGENET_STD, np.float32)
+
+  @jax.jit
+  def embed(variables, x):
+    if image_size is not None:
+      x = jax.image.resize(x, (x.shape[0], image_size, image_size, x.shape[3]), "bilinear")
+    return module.apply(variables, (x - mean) / std, train=False)
+
+  def rows(begin, end):  # rows [begin, end) of the parts, one after the other
+    pieces = []
+    for part, first in zip(parts, starts[:-1]):
+      lo, hi = max(begin, first), min(end, first + len(part))
+      if lo < hi:
+        pieces.append(np.asarray(part[lo - first : hi - first], np.float32))
+    return np.concatenate(pieces)
+
+  variables = jax.device_put(variables)
+  out = []
+  for begin in range(0, n, b):
+    x = rows(begin, min(begin + b, n))
+    count = len(x)
+    if count < b:
+      x = np.concatenate([x, np.zeros((b - count,) + x.shape[1:], np.float32)])
+    out.append(np.asarray(embed(variables, jnp.asarray(x)), np.float32)[:count])
+    if bar is not None:
+      bar.update(1)
+  return np.concatenate(out)
+
+
+def cmd_features(args) -> int:
+  """``fedjax-dro features``: the pooled features of --model (``fc``'s input) on every image of
+  --dataset, train then test, written to --out as a features file (``split``: the test images
+  held out) that ``reproduce scaffpd-table1 --features`` reads."""
+  import numpy as np
+
+  from fedjax_dro.data import write_features
+
+  _check_features_args(args)
+  module, variables = _feature_model(args)
+  data = _feature_images(args)
+  n_train, n_test = len(data.y_train), len(data.y_test)
+  n = n_train + n_test
+  b = max(1, min(args.batch_size, n))
+  batches = -(-n // b)
+  h, w = data.x_train.shape[1:3]
+  size = f"{h}x{w}" + (
+    f" resized to {args.image_size}x{args.image_size}" if args.image_size is not None else ""
+  )
+  weights = args.weights if args.weights is not None else "RANDOM weights (a smoke test)"
+  print(
+    f"features: {n:,} images of {args.dataset} ({n_train:,} train, {n_test:,} test; {size}, "
+    f"ImageNet mean/std normalization) through {args.model} ({weights}) in {batches:,} batches "
+    f"of {b} -> {FEATURE_MODELS[args.model]}-d features",
+    flush=True,
+  )
+  bar = None
+  if not args.no_progress and sys.stderr.isatty():
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=batches, desc="features", unit="batch", leave=False)
+  try:
+    images = (data.x_train, data.x_test)  # train then test, not copied into one array
+    feats = image_features(
+      module, variables, images, batch_size=b, image_size=args.image_size, bar=bar
+    )
+  finally:
+    if bar is not None:
+      bar.close()
+  labels = np.concatenate([data.y_train, data.y_test])
+  split = np.concatenate([np.zeros(n_train, bool), np.ones(n_test, bool)])
+  folder, name = os.path.split(os.path.abspath(args.out))
+  tmp = os.path.join(folder, f".{name[:-4]}.tmp-{os.getpid()}.npz")
+  try:
+    write_features(tmp, feats, labels, split)
+    os.replace(tmp, args.out)  # atomic: --out is the old file or the whole new one
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+  print(
+    f"wrote {args.out}: features [{n}, {feats.shape[1]}], labels ({data.num_classes} "
+    f"classes), split ({n_test:,} test rows held out)"
+  )
+  return 0
+
+
 def interrupted_message(args) -> str:
   """The one line printed on Ctrl-C: the round of the newest checkpoint and how to resume, or
   what is kept without one."""
@@ -1053,6 +1255,8 @@ def interrupted_message(args) -> str:
       else "with no checkpoint (--checkpoint-dir DIR makes a run resumable)"
     )
     return f"interrupted {how}{kept}"
+  if args.command == "features":
+    return "interrupted: features stopped; nothing was written (--out is written at the end)"
   kept = f"; the files already finished in {out} are kept" if out else ""
   runs = os.path.join(out, "runs") if out else None
   if args.command in ("compare", "reproduce") and runs and os.path.isdir(runs):
@@ -1115,7 +1319,8 @@ def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
     prog="fedjax-dro",
     description="fedjax-dro: simulated federated learning (distributionally robust and "
-    "personalized algorithms) in JAX. Commands: run, sweep, compare, reproduce, plot, list; "
+    "personalized algorithms) in JAX. Commands: run, sweep, compare, reproduce, features, plot, "
+    "list; "
     "`fedjax-dro COMMAND --help` for each.",
     formatter_class=_HelpFormatter,
   )
@@ -1222,6 +1427,63 @@ def build_parser() -> argparse.ArgumentParser:
     p_cmp, "NAME.json, NAME.md and NAME.png (default: compare-NAME)", "comparison", bar=False
   )
   _add_compile_cache(p_cmp)
+  p_feat = add_parser(
+    "features",
+    help="a ResNet's penultimate features of CIFAR / TinyImageNet images, written to a features "
+    ".npz (what reproduce scaffpd-table1 --features reads)",
+  )
+  p_feat.add_argument(
+    "--model",
+    default="resnet18",
+    help="the network: resnet18 (512-d features) or resnet50 (2048-d); the features are the "
+    "input of its final layer fc",
+  )
+  p_feat.add_argument(
+    "--weights",
+    default=None,
+    metavar="FILE",
+    help="the model's .safetensors file under torchvision's names (torchvision's or timm's "
+    "resnet18 / resnet50); pickles (.pth, .pt, .bin, .pkl, .ckpt) are refused",
+  )
+  p_feat.add_argument(
+    "--random-weights",
+    action="store_true",
+    help="random weights instead of --weights: for a smoke test only (such features are "
+    "meaningless)",
+  )
+  p_feat.add_argument("--seed", type=int, default=0, help="the random key of --random-weights")
+  p_feat.add_argument(
+    "--data-dir",
+    default=None,
+    help="the images: the cifar-100-binary (cifar-10-batches-bin) folder or the folder holding "
+    "it; for tinyimagenet the tiny-imagenet-200 folder or its .npz form",
+  )
+  p_feat.add_argument(
+    "--dataset", default=None, help="the images' data set: cifar100, cifar10 or tinyimagenet"
+  )
+  p_feat.add_argument(
+    "--out",
+    default=None,
+    help="the .npz to write: features, labels and split (the data set's test images held out); "
+    "written whole at the end",
+  )
+  p_feat.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
+  p_feat.add_argument(
+    "--batch-size", type=int, default=256, help="images a compiled batch (the last one padded)"
+  )
+  p_feat.add_argument(
+    "--image-size",
+    type=int,
+    default=None,
+    metavar="N",
+    help="resize the images to N x N first (bilinear), e.g. 224, ImageNet's training size "
+    "(default: as stored); then ImageNet's mean and standard deviation normalize them",
+  )
+  p_feat.add_argument(
+    "--no-progress",
+    action="store_true",
+    help="no progress bar (there is none when stderr is not a terminal)",
+  )
   p_plot = add_parser("plot", help="PNG plots of run / sweep output directories")
   p_plot.add_argument("dirs", nargs="+", help="run directories (seeds) and/or sweep directories")
   p_plot.add_argument("--out", default=None, help="output directory (default: the first dir)")
@@ -1338,6 +1600,7 @@ def _dispatch(args) -> int:
     "plot": cmd_plot,
     "reproduce": cmd_reproduce,
     "compare": cmd_compare,
+    "features": cmd_features,
   }[args.command]
   try:
     if args.command not in ("run", "sweep"):

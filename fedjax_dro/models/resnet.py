@@ -108,6 +108,10 @@ class ResNet(nn.Module):
     groups: GroupNorm's number of groups (32 as in Wu & He); it must divide every width.
     stem: ``"imagenet"`` (7x7/2 convolution, norm, ReLU, 3x3/2 max pool with padding 1) or
       ``"cifar"`` (3x3/1 convolution, norm, ReLU, no pooling).
+    features_only: return the penultimate features (the global average pool, ``fc``'s input:
+      512-d for ResNet-18, 2048-d for ResNet-50) instead of the logits; ``fc`` is then not
+      created, and the variables of the full module apply unchanged (``fc``'s are ignored):
+      ``module.clone(features_only=True).apply(variables, x, train=False)``.
   """
 
   stage_sizes: Sequence[int]
@@ -117,6 +121,7 @@ class ResNet(nn.Module):
   norm: str = "batch"
   groups: int = 32
   stem: str = "imagenet"
+  features_only: bool = False
 
   @nn.compact
   def __call__(self, x, train: bool = False):
@@ -141,12 +146,14 @@ class ResNet(nn.Module):
           name=f"layer{i + 1}_{j}",
         )(x, train=train)
     x = jnp.mean(x, axis=(1, 2))
+    if self.features_only:
+      return x
     return nn.Dense(self.num_classes, name="fc")(x)
 
 
 def resnet18(num_classes: int = 1000, **kwargs) -> ResNet:
   """ResNet-18 (basic blocks, stages (2, 2, 2, 2)); ``kwargs``: :class:`ResNet`'s ``norm``,
-  ``groups``, ``stem``, ``num_filters``. 11,689,512 parameters with 1000 classes."""
+  ``groups``, ``stem``, ``num_filters``, ``features_only``. 11,689,512 parameters with 1000 classes."""
   return ResNet(stage_sizes=(2, 2, 2, 2), block_cls=BasicBlock, num_classes=num_classes, **kwargs)
 
 

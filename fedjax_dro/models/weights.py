@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Dict, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional
 
 import numpy as np
 
@@ -227,3 +227,70 @@ def write_safetensors(
     f.write(text)
     for chunk in chunks:
       f.write(chunk)
+
+
+def load_weights(module, path, *, key=None) -> Dict[str, Any]:
+  """The Flax variables of a zoo module from a ``.safetensors`` file with its publishers' names.
+
+  Dispatches on the module's type to the mapping of its family:
+
+  * :class:`~fedjax_dro.models.resnet.ResNet` (torchvision / timm ``resnet18``, ``resnet50``
+    names): :func:`~fedjax_dro.models.resnet.resnet_variables_from_torchvision`;
+  * :class:`~fedjax_dro.models.densenet.DenseNet` (torchvision / timm ``densenet121``):
+    :func:`~fedjax_dro.models.densenet.densenet_variables_from_torchvision`;
+  * :class:`~fedjax_dro.models.gpt2.GPT2` (Hugging Face ``gpt2``):
+    :func:`~fedjax_dro.models.gpt2.gpt2_params_from_hf`;
+  * :class:`~fedjax_dro.models.distilbert.DistilBertClassifier` (Hugging Face
+    ``distilbert-base-uncased`` or a ``DistilBertForSequenceClassification``):
+    :func:`~fedjax_dro.models.distilbert.distilbert_params_from_hf`. A file without a
+    classification head (the base checkpoint) gets a fresh ``pre_classifier`` and ``classifier``
+    drawn from ``key`` (default ``PRNGKey(0)``), and a ``UserWarning`` names those tensors (the
+    return value is the variables alone, as for every family; call
+    :func:`~fedjax_dro.models.distilbert.distilbert_params_from_hf` directly to get the names
+    as a list).
+
+  Args:
+    module: the module the weights are for (its sizes are checked against the file's).
+    path: the ``.safetensors`` file (``~`` expanded); pickle formats (``.bin``, ``.pth``, ``.pt``, ``.pkl``,
+      ``.ckpt``) are refused (:func:`refuse_pickle_formats`).
+    key: the random key of DistilBERT's fresh classification head (other families ignore it).
+
+  Returns:
+    ``{"params": ...}``, plus ``"batch_stats"`` for the BatchNorm models (ResNet with
+    ``norm="batch"``, DenseNet), as NumPy arrays: ``module.apply(variables, x, ...)``.
+
+  Raises:
+    TypeError: ``module`` is not of a supported type (they are listed).
+    ValueError: a pickle format, an invalid safetensors file, or tensors that do not fit
+      ``module`` (every missing, unexpected and mis-shaped one named).
+  """
+  import warnings
+
+  from fedjax_dro.models.densenet import DenseNet, densenet_variables_from_torchvision
+  from fedjax_dro.models.distilbert import DistilBertClassifier, distilbert_params_from_hf
+  from fedjax_dro.models.gpt2 import GPT2, gpt2_params_from_hf
+  from fedjax_dro.models.resnet import ResNet, resnet_variables_from_torchvision
+
+  supported = (ResNet, DenseNet, GPT2, DistilBertClassifier)
+  if not isinstance(module, supported):
+    raise TypeError(
+      f"load_weights: no weight mapping for a {type(module).__name__}; supported modules: "
+      + ", ".join(t.__name__ for t in supported)
+    )
+  path = os.path.expanduser(os.fspath(path))
+  refuse_pickle_formats(path)
+  tensors = read_safetensors(path)
+  if isinstance(module, ResNet):
+    return resnet_variables_from_torchvision(tensors, module)
+  if isinstance(module, DenseNet):
+    return densenet_variables_from_torchvision(tensors, module)
+  if isinstance(module, GPT2):
+    return {"params": gpt2_params_from_hf(tensors, module.config)}
+  params, initialized = distilbert_params_from_hf(tensors, module.config, key)
+  if initialized:
+    warnings.warn(
+      f"{path} has no classification head: freshly initialized " + ", ".join(initialized),
+      UserWarning,
+      stacklevel=2,
+    )
+  return {"params": params}
