@@ -19,6 +19,7 @@ from fedjax_dro.models.distilbert import distilbert
 from fedjax_dro.models.gpt2 import gpt2
 from fedjax_dro.models.lstm import lm_loss_and_metrics, lstm_language_model
 from fedjax_dro.models.resnet import resnet18, resnet50
+from fedjax_dro.models.weights import load_weights
 
 __all__ = [
   "Model",
@@ -40,4 +41,5 @@ __all__ = [
   "lm_loss_and_metrics",
   "gpt2",
   "distilbert",
+  "load_weights",
 ]
