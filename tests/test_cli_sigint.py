@@ -47,6 +47,14 @@ def _wait_for(proc, ready, what, timeout=180.0):
     time.sleep(0.005)
 
 
+def _read(path):
+  try:
+    with open(path) as f:
+      return f.read()
+  except OSError:
+    return ""
+
+
 def _interrupt(argv, moment, tmp_path, index=0):
   """Starts ``fedjax-dro argv`` with ``--out``, sends SIGINT at ``moment``, returns
   ``(status, stderr)``."""
@@ -61,8 +69,13 @@ def _interrupt(argv, moment, tmp_path, index=0):
       env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     started = lambda: log.stat().st_size > 0  # noqa: E731  the first line: built, not compiled
-    if moment == "importing":
-      time.sleep(0.3 + 0.1 * (index % 5))
+    if moment == "importing":  # JAX's compiled extension mapped: the package is still loading
+      maps = f"/proc/{proc.pid}/maps"
+      if os.path.exists(maps):
+        _wait_for(proc, lambda: "jaxlib" in _read(maps), "JAX loading")
+        time.sleep(0.02 * (index % 5))
+      else:
+        time.sleep(0.3 + 0.1 * (index % 5))
     elif moment == "compiling":
       _wait_for(proc, started, "the first line")
     else:  # running: rounds recorded; writing: an evaluation is appended every round
