@@ -420,3 +420,21 @@ def test_the_benchmarks_readme_lists_every_runnable_script():
   )
   assert len(runnable) >= 10, runnable
   assert [name for name in runnable if f"`{name}" not in readme] == []
+
+
+@pytest.mark.slow  # ~50 s on 2 loaded cores: eight compilations (four models, two sides each)
+def test_speed_zoo_quick(tmp_path):
+  """benchmarks/speed_zoo.py --quick: every zoo architecture timed through the simulator and the
+  per-client loop, the ratio derived from the two, the smoke run labelled as such."""
+  bench = load_benchmark("speed_zoo")
+  result = bench.main(["--quick", "--out", str(tmp_path)])
+  assert [r["arch"] for r in result["rows"]] == ["resnet18", "cifar_cnn", "lstm", "gpt2"]
+  for r in result["rows"]:
+    assert r["simulator_s_per_round"] > 0 and r["loop_s_per_round"] > 0
+    assert r["loop_over_simulator"] == pytest.approx(
+      r["loop_s_per_round"] / r["simulator_s_per_round"]
+    )
+  saved = json.loads((tmp_path / "speed_zoo.json").read_text())
+  assert saved["meta"]["quick"] and len(saved["rows"]) == 4
+  md = (tmp_path / "speed_zoo.md").read_text()
+  assert "Smoke run" in md and "| loop / simulator |" in md
