@@ -52,21 +52,6 @@ if TYPE_CHECKING:
   from fedjax_dro.privacy.wrapper import private
   from fedjax_dro.records.history import History
 
-_SUBPACKAGES = (
-  "algorithms",
-  "compare",
-  "core",
-  "data",
-  "engine",
-  "experimental",
-  "model_selection",
-  "models",
-  "ot",
-  "privacy",
-  "records",
-  "reproduce",
-  "solvers",
-)
 # name -> the module it lives in
 _HOMES = {
   "Algorithm": "fedjax_dro.algorithms",
@@ -96,10 +81,10 @@ _HOMES = {
 
 
 def __getattr__(name):
-  if name in _SUBPACKAGES:
-    value = importlib.import_module(f"fedjax_dro.{name}")
-  elif name in _HOMES:
+  if name in _HOMES:
     value = getattr(importlib.import_module(_HOMES[name]), name)
+  elif name in __all__:  # a subpackage (every other public name is in _HOMES or defined here)
+    value = importlib.import_module(f"fedjax_dro.{name}")
   else:
     raise AttributeError(f"module 'fedjax_dro' has no attribute {name!r}")
   globals()[name] = value
@@ -107,7 +92,7 @@ def __getattr__(name):
 
 
 def __dir__():
-  return sorted(set(globals()) | set(_SUBPACKAGES) | set(_HOMES))
+  return sorted(set(globals()) | set(__all__))
 
 
 __all__ = [
