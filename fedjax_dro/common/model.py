@@ -39,6 +39,21 @@ class Model(NamedTuple):
     factored_apply: ``(params, x, corrections) -> outputs``: ``apply`` in which the output of
       each layer of ``dense_layers`` whose path is a key of ``corrections`` gains
       ``corrections[path](x_in)`` (``x_in`` the layer's input); None: no factored form.
+    train_apply: ``(params, x, mask, rng) -> (outputs, state)``: the model in training mode
+      (dropout drawn from the PRNG key ``rng``; batch statistics of the minibatch), returning
+      with its outputs the new model state: a dict of the ``state_keys`` entries of ``params``
+      (the running statistics after this minibatch; ``{}`` without state). ``mask [m]`` marks
+      the minibatch's valid rows. ``apply`` is then the inference mode (running statistics, no
+      dropout), the form every evaluation uses. None (default): training and inference are the
+      same deterministic ``apply``.
+    state_keys: the top-level keys of ``params`` (then a dict) holding model state rather than
+      trainable weights (``("batch_stats",)``): never moved by a gradient (their gradient is
+      zero, they are outside the ridge penalty), replaced after every local step by what
+      ``train_apply`` returns, and handled by the federation as the algorithm's
+      ``model_state`` setting says.
+    state_masked: whether ``train_apply``'s batch statistics leave out the rows where ``mask`` is
+      False; a model whose statistics would include padding rows is refused the local steps
+      that contain them (full-batch steps and the last batch of an epoch).
   """
 
   init: Callable[[Array], Params]
@@ -52,6 +67,9 @@ class Model(NamedTuple):
   input_size: Optional[int] = None
   dense_layers: tuple = ()
   factored_apply: Optional[Callable] = None
+  train_apply: Optional[Callable] = None
+  state_keys: tuple = ()
+  state_masked: bool = False
 
 
 def model_identity(model: Model) -> str:
@@ -68,6 +86,58 @@ def _sq_norm(tree) -> Array:
   return sum(jnp.vdot(leaf, leaf).real for leaf in jax.tree.leaves(tree))
 
 
+DROPOUT_STREAM = 0x44524F50
+"""The tag folded into a client's local-round key to derive its dropout keys: step ``j`` of a
+client draws from ``fold_in(fold_in(client_key, DROPOUT_STREAM), j)``, a function of (run key,
+round, client, step) only, so results do not depend on the backend or the chunking."""
+
+
+def trainable(model: Model, params: Params) -> Params:
+  """``params`` without the model's state entries (``Model.state_keys``)."""
+  if not model.state_keys:
+    return params
+  return {k: v for k, v in params.items() if k not in model.state_keys}
+
+
+def with_state(model: Model, params: Params, state) -> Params:
+  """``params`` with its state entries replaced by ``state`` (None: unchanged)."""
+  if state is None or not model.state_keys:
+    return params
+  return {**params, **{k: state[k] for k in model.state_keys}}
+
+
+def step_rng(key: Array, j) -> Array:
+  """The dropout key of local step ``j`` of the client whose local-round key is ``key``."""
+  return jax.random.fold_in(jax.random.fold_in(key, DROPOUT_STREAM), j)
+
+
+def train_loss(model: Model, params: Params, x: Array, y: Array, mask: Array, rng=None):
+  """``(loss, state)``: the client objective of one minibatch in training mode.
+
+  A model without ``train_apply`` gives :func:`client_loss` and no state (None). Otherwise the
+  objective of ``train_apply`` (dropout from ``rng``) with the state entries held constant (no
+  gradient reaches them) and outside the ridge penalty, and the new state it returns."""
+  if model.train_apply is None:
+    return client_loss(model, params, x, y, mask), None
+  if model.state_keys:
+    params = {
+      k: jax.lax.stop_gradient(v) if k in model.state_keys else v for k, v in params.items()
+    }
+  out, state = model.train_apply(params, x, mask, rng)
+  loss = masked_mean(model, out, y, mask)
+  if model.l2:
+    loss = loss + 0.5 * model.l2 * _sq_norm(trainable(model, params))
+  return loss, state
+
+
+def train_value_and_grad(model: Model, params: Params, x, y, mask, rng=None):
+  """``(loss, grad, state)`` of :func:`train_loss` (the gradient of the state entries is 0)."""
+  (loss, state), g = jax.value_and_grad(
+    lambda p: train_loss(model, p, x, y, mask, rng), has_aux=True
+  )(params)
+  return loss, g, state
+
+
 def masked_mean(model: Model, outputs: Array, y: Array, mask: Array) -> Array:
   """The mean of ``model.loss`` over the rows where ``mask`` is True (0 where none is)."""
   per_example = model.loss(outputs, y)
@@ -79,7 +149,7 @@ def client_loss(model: Model, params: Params, x: Array, y: Array, mask: Array) -
   """Masked mean loss of one client plus the ridge penalty (padded rows contribute nothing)."""
   loss = masked_mean(model, model.apply(params, x), y, mask)
   if model.l2:
-    loss = loss + 0.5 * model.l2 * _sq_norm(params)
+    loss = loss + 0.5 * model.l2 * _sq_norm(trainable(model, params))
   return loss
 
 
@@ -105,8 +175,15 @@ def client_loss_and_grad(
   key: Array,
   batch_size: Optional[int],
 ):
-  """``(loss, grad)`` of one client's objective on a sampled minibatch (or the full data)."""
+  """``(loss, grad)`` of one client's objective on a sampled minibatch (or the full data).
+
+  A model with a training mode (``Model.train_apply``) is trained in it, its dropout drawn from
+  :func:`step_rng` of ``key`` (step 0) and its new state dropped: an algorithm built on this
+  one-gradient form keeps the model state where it was (``model_state="frozen"``)."""
   bx, by, bmask = sample_batch(key, x, y, num_examples, batch_size)
+  if model.train_apply is not None:
+    loss, g, _ = train_value_and_grad(model, params, bx, by, bmask, step_rng(key, 0))
+    return loss, g
   return jax.value_and_grad(lambda p: client_loss(model, p, bx, by, bmask))(params)
 
 
