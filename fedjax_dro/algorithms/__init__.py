@@ -25,6 +25,8 @@ from fedjax_dro.algorithms.fedadagrad import fedadagrad
 from fedjax_dro.algorithms.fedadam import fedadam
 from fedjax_dro.algorithms.fedavg import fedavg
 from fedjax_dro.algorithms.fedavg_momentum import fedavg_momentum
+from fedjax_dro.algorithms.fedbn import fedbn
+from fedjax_dro.algorithms.fedper import fedper
 from fedjax_dro.algorithms.fedprox import fedprox
 from fedjax_dro.algorithms.fedsgd import fedsgd
 from fedjax_dro.algorithms.fedyogi import fedyogi
@@ -69,6 +71,8 @@ __all__ = [
   "fedadam",
   "fedavg",
   "fedavg_momentum",
+  "fedbn",
+  "fedper",
   "fedprox",
   "fedsgd",
   "fedyogi",

@@ -31,6 +31,7 @@ import numpy as np
 
 from fedjax_dro.common.model import Model
 from fedjax_dro.core.hparams import HParam
+from fedjax_dro.core.model_state import check_model_state, policy_model
 from fedjax_dro.core.precision import model_precision, validate_precision, with_precision
 from fedjax_dro.core.settings import (
   DECLARED,
@@ -171,6 +172,7 @@ def build_algorithm(
   personalized: bool = False,
   cost: Optional[Callable] = None,
   releases=None,
+  model_states: Sequence[str] = ("frozen",),
   **config,
 ) -> Algorithm:
   """The :class:`Algorithm` a factory returns, its ``config`` the round ``settings`` (if any)
@@ -184,7 +186,16 @@ def build_algorithm(
   :func:`global_params`); a personalized one passes its ``client_models`` and
   ``personalized=True``. ``cost(data) -> Costs`` states what a round spends
   (:mod:`fedjax_dro.core.costs`).
+
+  ``model_states``: the ``model_state`` choices the algorithm honours for a model with state
+  (:mod:`fedjax_dro.core.model_state`); the others are refused by name. ``"frozen"`` (the
+  default) asks nothing of the algorithm; ``model_state`` is recorded in ``config`` only for a
+  model with state.
   """
+  check_model_state(name, model, settings, model_states)
+  recorded = {} if settings is None else settings._asdict()
+  if not model.state_keys:
+    recorded.pop("model_state", None)
   return Algorithm(
     name=name,
     model=model,
@@ -193,7 +204,7 @@ def build_algorithm(
     client_models=client_models,
     hparams=hparams,
     personalized=personalized,
-    config={**(settings._asdict() if settings is not None else {}), **config},
+    config={**recorded, **config},
     cost=cost,
     settings=settings,
     releases=releases,
@@ -360,6 +371,8 @@ def with_settings(
   """
   names = tuple(names)
   defaults, fixed = dict(defaults or {}), dict(fixed or {})
+  if "model_state" not in names and "model_state" not in fixed:
+    names = names + ("model_state",)  # every factory says what it does with model state
   unknown = [n for n in (*names, *defaults, *fixed) if n not in DECLARED]
   if unknown or set(defaults) - set(names) or set(fixed) & set(names):
     raise ValueError(
@@ -399,7 +412,8 @@ def with_settings(
         chosen.get("local_steps", declared.get("local_steps")), declared.get("local_steps")
       ):
         chosen["local_steps"] = None
-      return factory(model, common_settings(**{**declared, **chosen, **fixed}), **kwargs)
+      settings = common_settings(**{**declared, **chosen, **fixed})
+      return factory(policy_model(model, settings), settings, **kwargs)
 
     shared = [
       inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=d) for n, d in declared.items()

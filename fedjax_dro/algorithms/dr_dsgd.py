@@ -28,6 +28,7 @@ import jax.numpy as jnp
 from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register, with_settings
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import stateful_local_round, stateful_round_metrics
+from fedjax_dro.core.model_state import AVERAGED
 from fedjax_dro.core.release import PLAIN, Releases
 from fedjax_dro.core.settings import CommonSettings, round_zero, state_init
 from fedjax_dro.solvers.dro import kl
@@ -89,5 +90,13 @@ def dr_dsgd(model, settings: CommonSettings) -> Algorithm:
 
   cost = local_training_costs(model, settings)
   return build_algorithm(
-    "dr_dsgd", model, settings, init, round_fn, HPARAMS, cost=cost, releases=RELEASES
+    "dr_dsgd",
+    model,
+    settings,
+    init,
+    round_fn,
+    HPARAMS,
+    cost=cost,
+    releases=RELEASES,
+    model_states=AVERAGED,
   )

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from fedjax_dro.algorithms.base import Algorithm, build_algorithm, register, with_settings
 from fedjax_dro.core.fedopt import adaptive_fedopt, fedopt_hparams
+from fedjax_dro.core.model_state import AVERAGED
 from fedjax_dro.core.release import Releases
 from fedjax_dro.core.settings import LOCAL_TRAINING, CommonSettings
 
@@ -55,5 +56,14 @@ def fedadagrad(model, settings: CommonSettings, *, initial_v: float = 0.0) -> Al
     "fedadagrad", "adagrad", model, settings, server_update=SERVER_UPDATE, initial_v=initial_v
   )
   return build_algorithm(
-    "fedadagrad", model, settings, init, round_fn, HPARAMS, cost=cost, releases=RELEASES, **config
+    "fedadagrad",
+    model,
+    settings,
+    init,
+    round_fn,
+    HPARAMS,
+    cost=cost,
+    releases=RELEASES,
+    **config,
+    model_states=AVERAGED,
   )

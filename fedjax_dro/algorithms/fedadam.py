@@ -44,6 +44,7 @@ import numpy as np
 
 from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register, with_settings
 from fedjax_dro.core.fedopt import adaptive_fedopt, fedopt_hparams
+from fedjax_dro.core.model_state import AVERAGED
 from fedjax_dro.core.release import Releases
 from fedjax_dro.core.settings import LOCAL_TRAINING, CommonSettings
 
@@ -110,5 +111,14 @@ def fedadam(
     initial_v=initial_v,
   )
   return build_algorithm(
-    "fedadam", model, settings, init, round_fn, HPARAMS, cost=cost, releases=RELEASES, **config
+    "fedadam",
+    model,
+    settings,
+    init,
+    round_fn,
+    HPARAMS,
+    cost=cost,
+    releases=RELEASES,
+    **config,
+    model_states=AVERAGED,
   )

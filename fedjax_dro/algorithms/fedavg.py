@@ -17,9 +17,21 @@ from __future__ import annotations
 
 import functools
 
-from fedjax_dro.algorithms.base import Algorithm, build_algorithm, register, with_settings
+from fedjax_dro.algorithms.base import (
+  Algorithm,
+  build_algorithm,
+  build_personalized,
+  register,
+  with_settings,
+)
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import local_round, round_metrics
+from fedjax_dro.core.model_state import default_partition
+from fedjax_dro.core.partitioned import (
+  HPARAMS as PARTITIONED_HPARAMS,
+  RELEASES as PARTITIONED_RELEASES,
+  partitioned_fedavg,
+)
 from fedjax_dro.core.release import PLAIN, Releases
 from fedjax_dro.core.server import FEDAVG_HPARAMS, global_model_setup, server_update
 from fedjax_dro.core.settings import LOCAL_TRAINING, CommonSettings
@@ -64,6 +76,27 @@ def fedavg(
     averaged model difference, default 1.0; 1 is plain averaging).
   """
 
+  if model.state_keys and settings.model_state == "local":
+    # the statistics kept by each client (SiloBN's), the rest averaged: FedAvg over a partition
+    if server_optimizer is not None or client_optimizer is not None:
+      raise ValueError(
+        'fedavg with model_state="local" takes no server_optimizer or client_optimizer'
+      )
+    fns = partitioned_fedavg(
+      model, settings, lambda params: default_partition("state", model, params, None)
+    )
+    return build_personalized(
+      "fedavg",
+      model,
+      settings,
+      fns.init,
+      fns.round,
+      PARTITIONED_HPARAMS,
+      client_models=fns.client_models,
+      cost=local_training_costs(model, settings),
+      releases=PARTITIONED_RELEASES,
+      model_states=("local",),
+    )
   server_optimizer, client_optimizer, init, extra = global_model_setup(
     "fedavg", settings, server_optimizer, client_optimizer
   )
@@ -74,10 +107,20 @@ def fedavg(
 
   def round_fn(state, data, key, hparams, release=PLAIN):
     update = train(state.params, data, key, hparams["client_lr"], release=release)
-    new = server_update(server_optimizer, state, state.params, update.deltas, hparams["server_lr"])
+    lr = hparams["server_lr"]
+    new = server_update(server_optimizer, state, state.params, update.deltas, lr, model)
     return new, round_metrics(update)
 
   cost = local_training_costs(model, settings)
   return build_algorithm(
-    "fedavg", model, settings, init, round_fn, HPARAMS, cost=cost, releases=RELEASES, **extra
+    "fedavg",
+    model,
+    settings,
+    init,
+    round_fn,
+    HPARAMS,
+    cost=cost,
+    releases=RELEASES,
+    model_states=("average", "local", "frozen"),
+    **extra,
   )

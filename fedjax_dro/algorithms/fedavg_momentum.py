@@ -32,6 +32,7 @@ from fedjax_dro.core.aggregation import tree_zeros_like
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.fgdro import MOMENTUM_HPARAMS, momentum_step
 from fedjax_dro.core.local import stateful_local_round, stateful_round_metrics
+from fedjax_dro.core.model_state import AVERAGED
 from fedjax_dro.core.release import PLAIN, Releases
 from fedjax_dro.core.settings import CommonSettings, round_zero, state_init
 
@@ -102,5 +103,13 @@ def fedavg_momentum(model, settings: CommonSettings) -> Algorithm:
 
   cost = local_training_costs(model, settings, models=2)  # w_i and m_i
   return build_algorithm(
-    "fedavg_momentum", model, settings, init, round_fn, HPARAMS, cost=cost, releases=RELEASES
+    "fedavg_momentum",
+    model,
+    settings,
+    init,
+    round_fn,
+    HPARAMS,
+    cost=cost,
+    releases=RELEASES,
+    model_states=AVERAGED,
   )

@@ -71,10 +71,20 @@ def fedprox(
       lambda gi, wi, ci: gi + hparams["mu"] * (wi - ci), g, w, center
     )
     update = train(center, data, key, hparams["client_lr"], grad_transform=prox, release=release)
-    new = server_update(server_optimizer, state, center, update.deltas, hparams["server_lr"])
+    lr = hparams["server_lr"]
+    new = server_update(server_optimizer, state, center, update.deltas, lr, model)
     return new, round_metrics(update)
 
   cost = local_training_costs(model, settings)
   return build_algorithm(
-    "fedprox", model, settings, init, round_fn, HPARAMS, cost=cost, releases=RELEASES, **extra
+    "fedprox",
+    model,
+    settings,
+    init,
+    round_fn,
+    HPARAMS,
+    cost=cost,
+    releases=RELEASES,
+    model_states=("average", "frozen"),
+    **extra,
   )

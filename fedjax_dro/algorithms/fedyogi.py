@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, register, with_settings
 from fedjax_dro.core.fedopt import adaptive_fedopt, fedopt_hparams
+from fedjax_dro.core.model_state import AVERAGED
 from fedjax_dro.core.release import Releases
 from fedjax_dro.core.settings import LOCAL_TRAINING, CommonSettings
 
@@ -62,5 +63,14 @@ def fedyogi(model, settings: CommonSettings, *, initial_v: float = 0.0) -> Algor
     "fedyogi", "yogi", model, settings, server_update=SERVER_UPDATE, initial_v=initial_v
   )
   return build_algorithm(
-    "fedyogi", model, settings, init, round_fn, HPARAMS, cost=cost, releases=RELEASES, **config
+    "fedyogi",
+    model,
+    settings,
+    init,
+    round_fn,
+    HPARAMS,
+    cost=cost,
+    releases=RELEASES,
+    **config,
+    model_states=AVERAGED,
   )

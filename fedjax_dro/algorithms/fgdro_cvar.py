@@ -45,6 +45,7 @@ from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, regis
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.fgdro import estimator_round
 from fedjax_dro.core.local import stateful_round_metrics
+from fedjax_dro.core.model_state import AVERAGED
 from fedjax_dro.core.release import PLAIN, Releases
 from fedjax_dro.core.settings import CommonSettings, round_zero, state_init
 
@@ -128,5 +129,13 @@ def fgdro_cvar(model, settings: CommonSettings) -> Algorithm:
 
   cost = local_training_costs(model, settings, scalars=1)  # w_i and s_i
   return build_algorithm(
-    "fgdro_cvar", model, settings, init, round_fn, HPARAMS, cost=cost, releases=RELEASES
+    "fgdro_cvar",
+    model,
+    settings,
+    init,
+    round_fn,
+    HPARAMS,
+    cost=cost,
+    releases=RELEASES,
+    model_states=AVERAGED,
   )

@@ -32,6 +32,7 @@ from fedjax_dro.core.fgdro import (
   kl_initial,
   kl_round,
 )
+from fedjax_dro.core.model_state import AVERAGED
 from fedjax_dro.core.release import PLAIN, Releases
 from fedjax_dro.core.settings import CommonSettings, round_zero, state_init
 from fedjax_dro.solvers.dro import kl
@@ -104,5 +105,13 @@ def fgdro_kl_adam(model, settings: CommonSettings) -> Algorithm:
 
   cost = local_training_costs(model, settings, models=3, scalars=1)  # w_i, m_i, q_i and v_i
   return build_algorithm(
-    "fgdro_kl_adam", model, settings, init, round_fn, HPARAMS, cost=cost, releases=RELEASES
+    "fgdro_kl_adam",
+    model,
+    settings,
+    init,
+    round_fn,
+    HPARAMS,
+    cost=cost,
+    releases=RELEASES,
+    model_states=AVERAGED,
   )

@@ -33,7 +33,7 @@ NO_SERVER = Refused("it has no server: nothing leaves a client, so there is noth
 
 
 @register("local", family="personalized")
-@with_settings(defaults={"local_steps": 1})
+@with_settings(defaults={"local_steps": 1, "model_state": "local"})
 def local(model, settings: CommonSettings) -> Algorithm:
   """Local training: one model per client, no communication.
 
@@ -78,6 +78,7 @@ def local(model, settings: CommonSettings) -> Algorithm:
     round_fn,
     HPARAMS,
     cost=local_training_costs(model, settings, models=0),  # nothing is uploaded
+    model_states=("local", "frozen"),  # each client's statistics are its own
     client_models=lambda s: s.client_params,
     personalized=True,
     releases=NO_SERVER,

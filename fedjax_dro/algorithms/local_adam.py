@@ -30,6 +30,7 @@ from fedjax_dro.core.aggregation import tree_zeros_like
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.fgdro import ADAM_HPARAMS, adam_step
 from fedjax_dro.core.local import stateful_local_round, stateful_round_metrics
+from fedjax_dro.core.model_state import AVERAGED
 from fedjax_dro.core.release import PLAIN, Releases
 from fedjax_dro.core.settings import CommonSettings, round_zero, state_init
 
@@ -104,5 +105,13 @@ def local_adam(model, settings: CommonSettings) -> Algorithm:
 
   cost = local_training_costs(model, settings, models=3)  # w_i, m_i and q_i
   return build_algorithm(
-    "local_adam", model, settings, init, round_fn, HPARAMS, cost=cost, releases=RELEASES
+    "local_adam",
+    model,
+    settings,
+    init,
+    round_fn,
+    HPARAMS,
+    cost=cost,
+    releases=RELEASES,
+    model_states=AVERAGED,
   )

@@ -37,6 +37,7 @@ from fedjax_dro.algorithms.base import Algorithm, HParam, build_algorithm, regis
 from fedjax_dro.core.aggregation import tree_add, tree_stack, tree_zeros_like
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import local_round, round_metrics
+from fedjax_dro.core.model_state import AVERAGED, averaged_state
 from fedjax_dro.core.release import PLAIN, Releases
 from fedjax_dro.core.schedule import local_step_counts
 from fedjax_dro.core.server import (
@@ -152,6 +153,7 @@ def scaffold(model, settings: CommonSettings, *, server_optimizer=None) -> Algor
     params, opt_state = server_move(
       server_optimizer, state, state.params, mean_delta, hparams["server_lr"]
     )
+    params = averaged_state(model, params, state.params, mean_delta)
     # weighted mean of c_i+ - c_i = -c - delta_i / (J eta_l) over the participants: from the
     # weighted mean delta (a private round: post-processing of the released mean)
     dc = jax.tree.map(lambda c, d: -c - d / (settings.local_steps * lr), state.control, mean_delta)
@@ -216,6 +218,7 @@ def scaffold(model, settings: CommonSettings, *, server_optimizer=None) -> Algor
     params, opt_state = server_move(
       server_optimizer, state, state.params, mean_delta, hparams["server_lr"]
     )
+    params = averaged_state(model, params, state.params, mean_delta)
     control = tree_add(state.control, dc, share(update, data, s / n, release))
     return next_state(state, opt_state, params, control, controls), metrics
 
@@ -232,5 +235,14 @@ def scaffold(model, settings: CommonSettings, *, server_optimizer=None) -> Algor
   cost = local_training_costs(model, settings, models=2)  # delta_i and c_i+ - c_i
   extra = optimizer_config(server_optimizer)
   return build_algorithm(
-    "scaffold", model, settings, init, round_fn, HPARAMS, cost=cost, releases=RELEASES, **extra
+    "scaffold",
+    model,
+    settings,
+    init,
+    round_fn,
+    HPARAMS,
+    cost=cost,
+    releases=RELEASES,
+    **extra,
+    model_states=AVERAGED,
   )

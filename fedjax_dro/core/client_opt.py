@@ -18,20 +18,24 @@ from typing import Callable, Optional
 
 import jax
 
-from fedjax_dro.common.model import Model, client_loss
+from fedjax_dro.common.model import Model, client_loss, train_value_and_grad, with_state
 
 
 def optimizer_step(model: Model, optimizer, lr, grad_transform: Optional[Callable] = None):
   """``step((w, state), bx, by, bmask) -> ((w', state'), loss)``: one local step of
   ``optimizer`` (an optax transformation at rate 1, its update scaled by ``lr``)."""
 
-  def step(carry, bx, by, bmask):
+  def step(carry, bx, by, bmask, rng=None):
     w, state = carry
-    loss, g = jax.value_and_grad(lambda p: client_loss(model, p, bx, by, bmask))(w)
+    if model.train_apply is None:
+      loss, g = jax.value_and_grad(lambda p: client_loss(model, p, bx, by, bmask))(w)
+      model_state = None
+    else:  # training mode: dropout from the step's key, the new model state kept
+      loss, g, model_state = train_value_and_grad(model, w, bx, by, bmask, rng)
     if grad_transform is not None:
       g = grad_transform(w, g)
     updates, state = optimizer.update(g, state, w)
     w = jax.tree.map(lambda a, u: (a + lr * u).astype(a.dtype), w, updates)
-    return (w, state), loss
+    return (with_state(model, w, model_state), state), loss
 
   return step

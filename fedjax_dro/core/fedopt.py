@@ -20,6 +20,7 @@ from fedjax_dro.core.aggregation import tree_zeros_like
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.hparams import HParam
 from fedjax_dro.core.local import local_round, round_metrics
+from fedjax_dro.core.model_state import averaged_state
 from fedjax_dro.core.release import PLAIN
 from fedjax_dro.core.server import adaptive_step
 from fedjax_dro.core.settings import round_zero, state_init
@@ -85,6 +86,7 @@ def adaptive_fedopt(
     t = (state.round + 1).astype(jnp.result_type(b1)) if bias_correction else None
     m, v, step = adaptive_step(kind, state.m, state.v, update.deltas, b1=b1, b2=b2, tau=tau, t=t)
     params = jax.tree.map(lambda x, s: (x + eta * s).astype(x.dtype), state.params, step)
+    params = averaged_state(model, params, state.params, update.deltas)
     return FedAdamState(params, m, v, state.round + 1), round_metrics(update)
 
   return AdaptiveFedOpt(

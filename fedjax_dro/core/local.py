@@ -10,7 +10,15 @@ from typing import Any, Callable, NamedTuple, Optional, Tuple
 import jax
 import jax.numpy as jnp
 
-from fedjax_dro.common.model import Model, client_loss, masked_mean
+from fedjax_dro.common.model import (
+  Model,
+  client_loss,
+  masked_mean,
+  step_rng,
+  train_loss,
+  train_value_and_grad,
+  with_state,
+)
 from fedjax_dro.core.client_opt import optimizer_step
 from fedjax_dro.core.clients import map_clients, map_clients_weighted_sum
 from fedjax_dro.core.participants import client_plan
@@ -60,6 +68,11 @@ def local_sgd(
       step (SCAFFOLD's ``g - c_i + c``, FedProx's ``g + mu (w - w_global)``, ...).
     optimizer: an optax step in place of the SGD step (:mod:`fedjax_dro.core.client_opt`).
 
+  A model with a training mode (``Model.train_apply``) takes every step in it: step ``j``'s
+  dropout drawn from :func:`~fedjax_dro.common.model.step_rng` ``(key, j)``, the gradient of
+  the state entries zero and the state entries replaced by the state the step returns (so the
+  final params carry the client's batch statistics after its last step).
+
   Returns:
     ``(final_params, losses[T])`` where ``losses[k]`` is the minibatch loss at step ``k``
     (``losses[0]`` is the loss at the received model; 0 for steps the client does not take).
@@ -85,11 +98,22 @@ def local_sgd(
     g, loss = jax.grad(scaled, has_aux=True)(w)
     return jax.tree.map(lambda a, b: (a + b).astype(a.dtype), w, g), loss
 
+  rng = None if model.train_apply is None else key  # dropout keys: step_rng(key, j)
   if optimizer is not None:
     opt_step = optimizer_step(model, optimizer, lr, grad_transform)
     carry = (params, optimizer.init(params))
-    (w, _), losses = scan_schedule(opt_step, carry, schedule, x, y, num_examples)
+    (w, _), losses = scan_schedule(opt_step, carry, schedule, x, y, num_examples, rng=rng)
     return w, losses
+  if rng is not None:  # training mode: dropout keys, the model state replaced after each step
+
+    def train_step(w, bx, by, bmask, step_key):
+      loss, g, state = train_value_and_grad(model, w, bx, by, bmask, step_key)
+      if grad_transform is not None:
+        g = grad_transform(w, g)
+      w = jax.tree.map(lambda a, b: (a - lr * b).astype(a.dtype), w, g)
+      return with_state(model, w, state), loss
+
+    return scan_schedule(train_step, params, schedule, x, y, num_examples, rng=rng)
   if grad_transform is None and factored_dense():
     # wide dense layers kept as W_0 + A^T G over the local steps (experimental.factored)
     rows = schedule.num_steps * (x.shape[0] if batch_size is None else batch_size)
@@ -170,6 +194,7 @@ def local_round(
   state_update: Optional[Callable] = None,
   client_optimizer=None,
   release=PLAIN,
+  personal_start: Optional[Callable] = None,
 ) -> LocalRound:
   """Samples participants and runs local SGD on each of them (the FedAvg skeleton, steps 1-3).
 
@@ -195,6 +220,9 @@ def local_round(
     release: the round's release mechanism (:mod:`fedjax_dro.core.release`): :data:`PLAIN`, or
       a private one, whose participants are its draw, whose deltas are clipped (``mean_only``:
       summed over the expected participants and noised) and whose metrics are returned.
+    personal_start: ``(params, state_row) -> w0``: the model a participant starts from, built
+      from the global ``params`` and its row of ``client_state`` (the parameters it keeps,
+      :mod:`fedjax_dro.core.partitioned`); None: ``params`` (or its row of ``client_params``).
   """
   if state_update is not None and client_state is None:
     raise ValueError("state_update needs the client_state it updates")
@@ -212,6 +240,8 @@ def local_round(
 
   def client_update(x, y, nex, k, start, row):
     w0 = params if start is None else start
+    if personal_start is not None:
+      w0 = personal_start(params, row)
     transform = None if grad_transform is None else (lambda w, g: grad_transform(w, g, row))
     epochs = None if num_steps is not None else settings.local_epochs
     steps = None if epochs is not None else (num_steps or settings.local_steps)
@@ -295,6 +325,8 @@ def federated_gradient(model: Model, settings, params, data, key, release=PLAIN)
     else:
       rows = step_rows(k, nex, settings.batch_size, 1)[0]
       bx, by, bmask = x[rows], y[rows], jnp.ones(rows.shape, bool)
+    if model.train_apply is not None:  # training mode, step 0's dropout key; the state kept
+      return train_loss(model, p, bx, by, bmask, step_rng(k, 0))[0]
     return client_loss(model, p, bx, by, bmask)
 
   def client_update(x, y, nex, k):  # the per-client form (memory planning)
@@ -425,7 +457,17 @@ def _stateful_update(model, settings, start, step, batch_step, num_steps):
   """``(x, y, nex, key, row) -> (carry, first loss)``: one participant's stateful local round."""
 
   def client_update(x, y, nex, k, row):
-    def one_step(carry, bx, by, bmask):
+    def one_step(carry, bx, by, bmask, step_key=None):
+      if model.train_apply is not None:  # training mode (see local_sgd)
+        if batch_step is not None:  # several gradients on one minibatch: the state kept
+
+          def objective(p):
+            return train_value_and_grad(model, p, bx, by, bmask, step_key)[:2]
+
+          return batch_step(carry, objective)
+        loss, g, state = train_value_and_grad(model, carry["params"], bx, by, bmask, step_key)
+        carry = step(carry, loss, g)
+        return {**carry, "params": with_state(model, carry["params"], state)}, loss
       objective = jax.value_and_grad(lambda p: client_loss(model, p, bx, by, bmask))
       if batch_step is not None:
         return batch_step(carry, objective)
@@ -433,7 +475,8 @@ def _stateful_update(model, settings, start, step, batch_step, num_steps):
       return step(carry, loss, g), loss
 
     schedule = settings_schedule(settings, k, nex, x.shape[0], num_steps)
-    carry, losses = scan_schedule(one_step, start(row), schedule, x, y, nex)
+    rng = None if model.train_apply is None else k
+    carry, losses = scan_schedule(one_step, start(row), schedule, x, y, nex, rng=rng)
     return carry, losses[0]
 
   return client_update

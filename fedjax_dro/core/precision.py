@@ -156,8 +156,9 @@ def with_precision(model: Model, precision) -> Model:
     setattr(wrapped, _TAG, precision)
     return wrapped
 
-  factored = model.factored_apply
+  factored, train = model.factored_apply, model.train_apply
   return model._replace(
     apply=under_policy(model.apply),
     factored_apply=None if factored is None else under_policy(factored),
+    train_apply=None if train is None else under_policy(train),
   )

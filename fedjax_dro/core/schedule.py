@@ -10,6 +10,7 @@ from typing import Any, Callable, NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
+from fedjax_dro.common.model import step_rng
 from fedjax_dro.core.ragged import epoch_loop
 from fedjax_dro.core.sampling import (
   epoch_permutations,
@@ -119,7 +120,7 @@ def schedule_batch(schedule: LocalSchedule, j, x, y, num_examples, step_key=None
 
 
 def scan_schedule(
-  step: Callable, carry, schedule: LocalSchedule, x, y, num_examples, masked_step=None
+  step: Callable, carry, schedule: LocalSchedule, x, y, num_examples, masked_step=None, rng=None
 ):
   """The loop of ``step(carry, bx, by, bmask) -> (carry, loss)`` over the minibatches of
   ``schedule``. Returns ``(final carry, losses[T])``: ``losses[j]`` is step ``j``'s minibatch
@@ -135,7 +136,14 @@ def scan_schedule(
   ``masked_step(j, active, carry, bx, by, bmask) -> (carry, loss)``, optional: step ``j``,
   keeping the carry itself where ``active`` is False (see :func:`~fedjax_dro.core.ragged.
   epoch_loop`).
+
+  ``rng``: the client's local-round key of a model with a training mode: ``step`` then takes a
+  fifth argument, step ``j``'s dropout key :func:`~fedjax_dro.common.model.step_rng` ``(rng, j)``
+  (a function of the step's index, so the same under every loop form), and ``masked_step`` is
+  not used.
   """
+  if rng is not None:
+    return _keyed_scan(step, carry, schedule, x, y, num_examples, rng)
   if schedule.steps is None:
 
     def body(c, step_key):
@@ -147,6 +155,24 @@ def scan_schedule(
     return schedule_batch(schedule, j, x, y, num_examples)
 
   return epoch_loop(step, batch, schedule.steps, schedule.num_steps, carry, masked_step)
+
+
+def _keyed_scan(step, carry, schedule, x, y, num_examples, rng):
+  """:func:`scan_schedule` of a ``step(carry, bx, by, bmask, step_key)`` (dropout keys)."""
+  if schedule.steps is None:
+
+    def body(c, inputs):
+      j, step_key = inputs
+      batch = schedule_batch(schedule, None, x, y, num_examples, step_key)
+      return step(c, *batch, step_rng(rng, j))
+
+    inputs = (jnp.arange(schedule.num_steps), schedule.step_keys)
+    return jax.lax.scan(body, carry, inputs, length=schedule.num_steps)
+
+  def batch(j):
+    return (*schedule_batch(schedule, j, x, y, num_examples), step_rng(rng, j))
+
+  return epoch_loop(step, batch, schedule.steps, schedule.num_steps, carry)
 
 
 def local_step_counts(settings, num_examples, num_steps: Optional[int] = None):

@@ -35,6 +35,7 @@ import optax
 from fedjax_dro.common.checks import is_real
 from fedjax_dro.core.aggregation import tree_add
 from fedjax_dro.core.hparams import HParam
+from fedjax_dro.core.model_state import averaged_state
 from fedjax_dro.core.settings import round_zero, state_init
 
 KINDS = ("adagrad", "adam", "yogi")
@@ -273,10 +274,14 @@ def next_state(state, opt_state, *fields):
   return type(state)(*fields, state.round + 1)
 
 
-def server_update(server_optimizer, state, center, delta, server_lr):
+def server_update(server_optimizer, state, center, delta, server_lr, model=None):
   """The next state of a FedAvg-type server: ``center + server_lr * delta`` (the plain step), or
-  ``server_optimizer``'s step on the pseudo-gradient ``-delta`` from ``center``."""
+  ``server_optimizer``'s step on the pseudo-gradient ``-delta`` from ``center``. A ``model``
+  with state gets the participants' mean statistics ``center + delta`` whatever the step
+  (``model_state="average"``: :func:`~fedjax_dro.core.model_state.averaged_state`)."""
   params, opt_state = server_move(server_optimizer, state, center, delta, server_lr)
+  if model is not None:
+    params = averaged_state(model, params, center, delta)
   return next_state(state, opt_state, params)
 
 

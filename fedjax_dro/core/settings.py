@@ -37,10 +37,12 @@ class CommonSettings(NamedTuple):
   chunk_size: Optional[int]
   weighting: str
   local_epochs: Optional[int] = None
+  model_state: str = "average"
 
 
 MAX_COUNT = 2**31 - 1  # counts become int32 shapes and indices on the device
 WEIGHTINGS = ("num_examples", "uniform")
+MODEL_STATES = ("average", "local", "frozen")
 
 
 def common_settings(
@@ -52,6 +54,7 @@ def common_settings(
   chunk_size=None,
   weighting="num_examples",
   local_epochs=None,
+  model_state="average",
 ) -> CommonSettings:
   """Validates the settings; ``local_steps`` and ``local_epochs`` are exclusive (neither given:
   one local step)."""
@@ -78,8 +81,16 @@ def common_settings(
   )
   validate_backend(backend, chunk_size)
   choice(weighting, "weighting", WEIGHTINGS)
+  choice(model_state, "model_state", MODEL_STATES)
   return CommonSettings(
-    clients_per_round, local_steps, batch_size, backend, chunk_size, weighting, local_epochs
+    clients_per_round,
+    local_steps,
+    batch_size,
+    backend,
+    chunk_size,
+    weighting,
+    local_epochs,
+    model_state,
   )
 
 
@@ -136,8 +147,21 @@ DECLARED: Dict[str, Declared] = {
     str,
     WEIGHTINGS,
   ),
+  "model_state": Declared(
+    "average",
+    "what the federation does with a model's state (batch statistics; ignored for a model "
+    'without): ``"average"`` (aggregated like the parameters: at the server, the participants\' '
+    'statistics averaged with the parameters\' weights), ``"local"`` (each client keeps its '
+    'own, FedBN-style, and is evaluated with it) or ``"frozen"`` (the statistics the run starts '
+    "from, pretrained or initial, never updated: training steps normalize with the minibatch's "
+    "statistics and discard them); an algorithm that cannot honour a choice refuses it by name "
+    "(default ``{default}``).",
+    str,
+    MODEL_STATES,
+  ),
 }
-"""The shared settings a factory can expose, in the order its signature lists them."""
+"""The shared settings a factory can expose, in the order its signature lists them. Every
+factory exposes ``model_state`` (:func:`fedjax_dro.algorithms.base.with_settings` adds it)."""
 
 LOCAL_TRAINING = (
   "clients_per_round",

@@ -3,7 +3,7 @@ Equinox modules, and a zoo of the field's architectures as Flax linen modules (R
 pfl-research's CIFAR-10 CNN, LSTM language models, GPT-2, DistilBERT) with loaders of their
 published weights' key names."""
 
-from fedjax_dro.common.model import Model, client_loss, num_parameters
+from fedjax_dro.common.model import Model, client_loss, num_parameters  # noqa: F401 (importable, not public)
 from fedjax_dro.models.adapters import from_equinox, from_nnx
 from fedjax_dro.models.builtin import (
   cnn,
@@ -31,8 +31,6 @@ __all__ = [
   "from_flax",
   "from_nnx",
   "from_equinox",
-  "client_loss",
-  "num_parameters",
   "resnet18",
   "resnet50",
   "densenet121",
