@@ -189,7 +189,13 @@ def _nnx_with_batch_norm(rngs):
 
 _STRATEGY = '[[strategy]]\nlabel = "A"\nalgorithm = "fedavg"\n'
 
+
 # description: (callable, exception type, fragment naming the argument)
+def _stateful_model():
+  """A model declaring batch statistics (what the settings' checks read)."""
+  return linreg(2)._replace(name="bn_model", state_keys=("batch_stats",), state_masked=True)
+
+
 CASES = {
   "from_flax of a module with batch statistics (BatchNorm)": (
     lambda: models.from_flax(
@@ -424,6 +430,21 @@ CASES = {
   "negative local steps": (lambda: A.fedavg(linreg(2), local_steps=-3), ValueError, "local_steps"),
   "batch size zero": (lambda: A.fedavg(linreg(2), batch_size=0), ValueError, "batch_size"),
   "bad weighting": (lambda: A.fedavg(linreg(2), weighting="size"), ValueError, "weighting"),
+  "unknown model_state": (
+    lambda: A.fedavg(linreg(2), model_state="global"),
+    ValueError,
+    "model_state must be one of",
+  ),
+  "a model_state the algorithm cannot honour": (
+    lambda: A.drfa(_stateful_model(), batch_size=4),
+    ValueError,
+    "drfa cannot honour model_state='average'",
+  ),
+  "batch statistics over padding rows (full-batch steps)": (
+    lambda: A.fedavg(_stateful_model()._replace(state_masked=False)),
+    ValueError,
+    "padding rows",
+  ),
   "Karula dissimilarity of the wrong size": (
     lambda: run(A.karula(linreg(2), dissimilarity=1.0 - np.eye(3)), dataset(DATA), rounds=1),
     ValueError,

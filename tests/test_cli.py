@@ -462,7 +462,7 @@ def test_a_setting_the_algorithm_does_not_take_is_refused_naming_its_flag(capsys
     for setting, flag in flags.items():
       if setting in accepted:
         continue
-      value = "uniform" if setting == "weighting" else "2"
+      value = {"weighting": "uniform", "model_state": "frozen"}.get(setting, "2")
       err = _one_error_line(["--algorithm", name, flag, value], capsys)
       takes = ", ".join(f for s, f in flags.items() if s in accepted)
       assert err.startswith(f"{flag}: {name} takes no {setting} (its settings: {takes};"), err

@@ -62,7 +62,9 @@ def check_model_state(name: str, model: Model, settings, supported: Sequence[str
   state, and batch statistics that would include padding rows (a model whose training pass does
   not leave out masked rows, ``Model.state_masked`` False, with full-batch steps or
   ``local_epochs``, whose last batch of an epoch is partly padding)."""
-  if not model.state_keys or settings is None:
+  if not model.state_keys:
+    return
+  if settings is None:  # no shared settings: its one-gradient steps drop the new statistics
     return
   if settings.model_state not in supported:
     raise ValueError(

@@ -77,6 +77,7 @@ def test_the_wrapper_leaves_other_factories_alone():
     "batch_size",
     "backend",
     "chunk_size",
+    "model_state",
   ]
   assert inspect.signature(both).parameters["local_steps"].default == 7
   # the docstring: own entries kept, the declared ones added, all in the signature's order

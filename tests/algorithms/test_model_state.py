@@ -304,3 +304,23 @@ def test_evaluation_uses_the_running_statistics_without_dropout():
 
   got = float(evaluate_clients(alg.model, params, data, personalized=False)["loss"][0])
   np.testing.assert_allclose(got, expected, rtol=1e-10)
+
+
+def test_private_rounds_release_the_statistics_with_the_parameters():
+  """Under ``fd.private`` the averaged statistics are part of each participant's clipped update:
+  at noise 0 and an unreachable clip the run is the plain one; with a small clip the statistics
+  move less than in the plain run (they are clipped with the parameters)."""
+  from fedjax_dro.privacy import private
+
+  model, data = bn_model(), _data()
+  plain = A.fedavg(model, weighting="uniform", backend="vmap", **SETUP)
+  ref = run(plain, dataset(data), rounds=2, seed=1, hparams=HP, eval_every=2)
+  loose = private(plain, 1e12, 0.0, sampling="fixed")
+  got = run(loose, dataset(data), rounds=2, seed=1, hparams=HP, eval_every=2)
+  _close(got.final_state.params, ref.final_state.params)
+  tight = private(plain, 1e-3, 0.0, sampling="fixed")
+  clipped = run(tight, dataset(data), rounds=2, seed=1, hparams=HP, eval_every=2)
+  moved = lambda h: float(  # noqa: E731
+    np.max(np.abs(np.asarray(h.final_state.params["batch_stats"]["bn"]["var"]) - 1))
+  )
+  assert moved(clipped) < 0.1 * moved(ref)

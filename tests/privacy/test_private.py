@@ -102,7 +102,7 @@ def test_each_update_is_clipped_before_the_sum(task):
 def _settings(alg):
   from fedjax_dro.core.settings import CommonSettings
 
-  return CommonSettings(**{k: alg.config[k] for k in CommonSettings._fields})
+  return CommonSettings(**{k: alg.config[k] for k in CommonSettings._fields if k in alg.config})
 
 
 @pytest.mark.parametrize("sampling", ["fixed", "poisson"])

@@ -61,7 +61,7 @@ def _diff(a, b):
 
 
 def _settings(alg):
-  return CommonSettings(**{k: alg.config[k] for k in CommonSettings._fields})
+  return CommonSettings(**{k: alg.config[k] for k in CommonSettings._fields if k in alg.config})
 
 
 def _accountant_eps(event, delta, relation=dpa.NeighboringRelation.ADD_OR_REMOVE_ONE):

@@ -65,7 +65,7 @@ def _flat(tree, rows=None):
 
 
 def _settings(alg):
-  return CommonSettings(**{k: alg.config[k] for k in CommonSettings._fields})
+  return CommonSettings(**{k: alg.config[k] for k in CommonSettings._fields if k in alg.config})
 
 
 def _accountant_eps(event, rounds, delta):
