@@ -178,7 +178,9 @@ def test_unsupported_variables_and_non_modules_are_refused_by_name():
     models.from_nnx(3)
   with pytest.raises(TypeError, match="the constructor returned"):
     models.from_nnx(lambda rngs: 3)
-  with pytest.raises(TypeError, match="module must be an equinox.Module or a constructor"):
+  with pytest.raises(
+    TypeError, match="module must be an equinox.Module, a pair .* or a constructor"
+  ):
     models.from_equinox("mlp")
   with pytest.raises(TypeError, match="per_example must be a bool"):
     models.from_equinox(EqxMLP, per_example=1)
