@@ -146,7 +146,8 @@ def from_nnx(
     no dropout);
   * ``Model.train_apply(params, x, mask, rng)`` calls a copy set to ``train()`` (batch
     statistics of the minibatch, dropout) whose every RNG stream is re-seeded from ``rng`` (the
-    ``i``-th stream's key ``fold_in(rng, i)``, its count 0: the result depends on ``rng`` only),
+    ``i``-th stream's key, in the order of the pure dict's leaves, ``fold_in(rng, i)``, its count
+    0: the result depends on ``rng`` only),
     and returns its outputs and the updated ``{"batch_stats": ...}`` (``{}`` without batch
     statistics). When ``__call__`` takes a ``mask`` keyword, a module with batch statistics is
     passed the minibatch's valid rows ``[m]`` there (e.g. for
@@ -216,7 +217,9 @@ def from_nnx(
     return {"params": pure(state_params), "batch_stats": pure(state_stats)}
 
   stream_leaves, stream_def = jax.tree.flatten(pure(streams))
-  stream_kinds = [jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key) for a in stream_leaves]
+  # The i-th key (in the order of the pure dict's leaves) is seeded fold_in(rng, i); counts: -1.
+  is_key = [jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key) for a in stream_leaves]
+  stream_index = [sum(is_key[:j]) if k else -1 for j, k in enumerate(is_key)]
 
   def module_of(p, rng):
     """A fresh module of the weights and statistics ``p``, its RNG streams seeded from ``rng``."""
@@ -229,8 +232,8 @@ def from_nnx(
     if random:
       key = _typed_key(rng)
       seeded = [
-        jax.random.fold_in(key, i) if is_key else jnp.zeros(a.shape, a.dtype)
-        for i, (a, is_key) in enumerate(zip(stream_leaves, stream_kinds))
+        jax.random.fold_in(key, i) if i >= 0 else jnp.zeros(a.shape, a.dtype)
+        for a, i in zip(stream_leaves, stream_index)
       ]
       nnx.replace_by_pure_dict(state_streams, jax.tree.unflatten(stream_def, seeded))
     return nnx.merge(graphdef, state_params, state_stats, state_streams)
