@@ -66,7 +66,7 @@ def build(arch, cfg, n, seed=0):
       module = models.resnet18(10, norm="group", groups=min(32, w), stem="cifar", num_filters=w)
       desc = f"ResNet-18, GroupNorm, CIFAR stem, width {w}; 32x32x3 -> 10"
     else:
-      module = models.cifar_cnn(10)
+      module = models.cifar_cnn(10, dropout=0.0, dense_dropout=0.0)
       desc = "pfl-research CIFAR CNN (no dropout); 32x32x3 -> 10"
     model = models.from_flax(module, x[0, :2], name=arch)
     return model, from_client_arrays(list(x), list(y)), desc

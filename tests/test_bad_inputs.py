@@ -173,18 +173,29 @@ def _optax():
   return optax
 
 
-def _nnx_with_batch_norm(rngs):
+def _nnx_with_cache(rngs):
   from flax import nnx
 
-  class WithBatchNorm(nnx.Module):
+  class WithCache(nnx.Module):
     def __init__(self, rngs):
       self.lin = nnx.Linear(2, 2, rngs=rngs)
-      self.bn = nnx.BatchNorm(2, rngs=rngs)
+      self.seen = nnx.Cache(jnp.zeros(2))
 
     def __call__(self, x):
-      return self.bn(self.lin(x))
+      return self.lin(x)
 
-  return WithBatchNorm(rngs)
+  return WithCache(rngs)
+
+
+def _linen_batch_norm_without_train_flag():
+  import flax.linen as nn
+
+  class NoTrainFlag(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      return nn.BatchNorm(use_running_average=True)(nn.Dense(2)(x))
+
+  return NoTrainFlag()
 
 
 _STRATEGY = '[[strategy]]\nlabel = "A"\nalgorithm = "fedavg"\n'
@@ -197,12 +208,10 @@ def _stateful_model():
 
 
 CASES = {
-  "from_flax of a module with batch statistics (BatchNorm)": (
-    lambda: models.from_flax(
-      models.resnet18(3, stem="cifar", num_filters=2), np.zeros((1, 8, 8, 3), np.float32)
-    ),
+  "from_flax of a module with batch statistics (BatchNorm) and no train keyword": (
+    lambda: models.from_flax(_linen_batch_norm_without_train_flag(), np.zeros((1, 2), np.float32)),
     ValueError,
-    "batch_stats",
+    "train",
   ),
   # ---- building federated data ----
   "ragged feature shapes": (
@@ -594,10 +603,10 @@ CASES = {
     TypeError,
     "client_optimizer",
   ),
-  "NNX module with batch statistics": (
-    lambda: models.from_nnx(_nnx_with_batch_norm),
+  "NNX module with a variable other than Param, BatchStat and RNG streams": (
+    lambda: models.from_nnx(_nnx_with_cache),
     ValueError,
-    "BatchStat",
+    "Cache",
   ),
   # ---- run arguments ----
   "data wrong type": (lambda: run(_fedavg(), {"x": 1}, rounds=1), TypeError, "data"),

@@ -3,10 +3,12 @@ and an adapter for any user flax (linen) module."""
 
 from __future__ import annotations
 
+import inspect
 import math
 import re
 from typing import Callable, Optional, Sequence, Union
 
+import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -372,6 +374,23 @@ def from_flax(
 ) -> Model:
   """Adapts a flax.linen module to a :class:`Model`.
 
+  Training mode (dropout, batch statistics) follows Flax's ImageNet example: ``__call__`` takes a
+  ``train`` keyword (``nn.BatchNorm(use_running_average=not train)``,
+  ``nn.Dropout(rate, deterministic=not train)``), or a ``deterministic`` keyword (False in
+  training, as the zoo's GPT-2 and DistilBERT). ``Model.apply`` is then the inference mode
+  (``train=False``) and ``Model.train_apply(params, x, mask, rng)`` the training mode
+  (``train=True``, dropout from ``rngs={"dropout": rng}``, ``batch_stats`` mutable): its
+  outputs and the updated ``{"batch_stats": ...}`` (``{}`` without batch statistics). A module
+  with batch statistics has the parameters ``{"params": ..., "batch_stats": ...}`` and
+  ``Model.state_keys == ("batch_stats",)``; when its ``__call__`` also takes a ``mask`` keyword
+  it is passed the minibatch's valid rows ``[m]`` in training (for
+  ``nn.BatchNorm(...)(x, mask=...)``: statistics of the valid rows only, ``Model.state_masked``).
+  A module whose training mode neither draws dropout nor holds batch statistics, or that has no
+  such keyword, is adapted as a deterministic function (no ``train_apply``; its dense layers
+  may then be kept in factored form, :mod:`fedjax_dro.experimental.factored`). Variable
+  collections other than ``params`` and ``batch_stats`` are refused, and so are batch
+  statistics without a ``train`` (or ``deterministic``) keyword.
+
   Args:
     module: a ``flax.linen.Module`` whose ``__call__(x)`` maps a batch of inputs to outputs.
     sample_input: a batch ``[m, *feature_shape]`` used to initialise parameters.
@@ -383,7 +402,8 @@ def from_flax(
     name: the model's name in results (default: the module's class name).
 
   Returns:
-    A :class:`~fedjax_dro.common.model.Model` whose parameters are the module's.
+    A :class:`~fedjax_dro.common.model.Model` whose parameters are the module's ``params``
+    (with batch statistics: ``{"params": ..., "batch_stats": ...}``).
   """
   if not isinstance(module, nn.Module):
     raise TypeError(f"module must be a flax.linen.Module, got {type(module).__name__}")
@@ -395,27 +415,56 @@ def from_flax(
   if sample.ndim < 1 or sample.shape[0] < 1:
     raise ValueError(f"sample_input must be a batch [m >= 1, *feature_shape], got {sample.shape}")
   sample_input = jnp.asarray(sample_input)
-  collections = sorted(jax.eval_shape(module.init, jax.random.PRNGKey(0), sample_input))
-  state = [c for c in collections if c != "params"]
-  if state:
+  flag, takes_mask = _mode_flag(module)
+  eval_mode = {} if flag is None else {flag: flag == "deterministic"}
+  shapes = jax.eval_shape(
+    lambda k: module.init(k, sample_input, **eval_mode), jax.random.PRNGKey(0)
+  )
+  collections = sorted(shapes)
+  other = [c for c in collections if c not in ("params", "batch_stats")]
+  if other:
     raise ValueError(
-      f"from_flax: the module {type(module).__name__} holds the variable collections {state} "
-      "beside 'params' (e.g. BatchNorm's running statistics in 'batch_stats'); the simulator's "
-      "models carry parameters only for now: build it with GroupNorm or LayerNorm instead (for "
-      "the zoo's ResNets, norm='group')"
+      f"from_flax: the module {type(module).__name__} holds the variable collections {other} "
+      "beside 'params' and 'batch_stats'; the simulator's models carry trainable parameters and "
+      "batch statistics only (drop the variables of these collections, or sow them only in a "
+      "call the model does not make)"
     )
+  stateful = "batch_stats" in collections
+  if stateful and flag is None:
+    raise ValueError(
+      f"from_flax: the module {type(module).__name__} holds batch statistics ('batch_stats') but "
+      "its __call__ takes no `train` keyword: write it as Flax's ImageNet example does, "
+      "`__call__(self, x, train: bool = False)` with `nn.BatchNorm(use_running_average=not "
+      "train)` (and `nn.Dropout(rate, deterministic=not train)`), so that the model can run in "
+      "training mode (batch statistics of the minibatch, updated running averages) and in "
+      "inference mode (the running averages)"
+    )
+  if not stateful and flag is not None and not _draws_dropout(module, flag, shapes, sample_input):
+    flag = None  # a training mode that is the inference mode: the stateless form below
+  if flag is None:
+    # Compiled as one program: run op by op, every initializer of another shape compiles its own
+    # random-number program (the digits CNN: 2.1 s on first use, 1.4 s as one program; the values
+    # are bit for bit those of the op-by-op init, tested).
+    @jax.jit
+    def init(key):
+      return module.init(key, sample_input)["params"]
 
-  # Compiled as one program: run op by op, every initializer of another shape compiles its own
-  # random-number program (the digits CNN: 2.1 s on first use, 1.4 s as one program; the values
-  # are bit for bit those of the op-by-op init, tested).
-  @jax.jit
-  def init(key):
-    return module.init(key, sample_input)["params"]
+    def apply(params, x):
+      return module.apply({"params": params}, x)
 
-  def apply(params, x):
-    return module.apply({"params": params}, x)
+    layers = dense_layers(module, init, sample_input)
+    train_apply = None
+  else:
+    train_apply, layers = _flax_train_apply(module, flag, stateful, takes_mask), ()
+    keys = ("params", "batch_stats") if stateful else ("params",)
 
-  layers = dense_layers(module, init, sample_input)
+    @jax.jit
+    def init(key):
+      variables = module.init(key, sample_input, **eval_mode)
+      return {k: variables[k] for k in keys} if stateful else variables["params"]
+
+    def apply(params, x):
+      return module.apply(params if stateful else {"params": params}, x, **eval_mode)
 
   return Model(
     init,
@@ -428,7 +477,60 @@ def from_flax(
     identity=_flax_identity(module, sample_input, loss, metrics),
     dense_layers=layers,
     factored_apply=factored_apply(module) if layers else None,
+    train_apply=train_apply,
+    state_keys=("batch_stats",) if stateful else (),
+    state_masked=bool(stateful and takes_mask),
   )
+
+
+def _mode_flag(module: nn.Module):
+  """``(flag, takes_mask)``: the keyword of ``module.__call__`` that selects training mode
+  (``"train"``, True in training, else ``"deterministic"``, False in training; None: neither)
+  and whether it takes a ``mask`` keyword (the minibatch's valid rows)."""
+  try:
+    names = {
+      name
+      for name, p in inspect.signature(module.__call__).parameters.items()
+      if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    }
+  except (TypeError, ValueError):  # pragma: no cover - a __call__ without a signature
+    return None, False
+  flag = "train" if "train" in names else "deterministic" if "deterministic" in names else None
+  return flag, "mask" in names
+
+
+def _draws_dropout(module: nn.Module, flag: str, shapes, sample_input) -> bool:
+  """Whether ``module`` in training mode draws from the ``"dropout"`` PRNG stream (traced
+  abstractly, without the stream: flax's InvalidRngError says it asked)."""
+  try:
+    jax.eval_shape(
+      lambda v: module.apply(v, sample_input, **{flag: flag == "train"}),
+      {"params": shapes["params"]},
+    )
+  except flax.errors.InvalidRngError:
+    return True
+  return False
+
+
+def _flax_train_apply(module: nn.Module, flag: str, stateful: bool, takes_mask: bool):
+  """``Model.train_apply`` of a linen module with a training flag: the flag set to training
+  mode, dropout drawn from ``rng`` (the ``"dropout"`` stream), and with batch statistics the
+  updated ``batch_stats`` returned (the row mask passed as ``mask=`` when ``__call__`` takes
+  it)."""
+  train_mode = {flag: flag == "train"}
+
+  def train_apply(params, x, mask, rng):
+    kwargs = dict(train_mode)
+    if rng is not None:
+      kwargs["rngs"] = {"dropout": rng}
+    if not stateful:
+      return module.apply({"params": params}, x, **kwargs), {}
+    if takes_mask:
+      kwargs["mask"] = mask
+    out, new = module.apply(params, x, mutable=["batch_stats"], **kwargs)
+    return out, {"batch_stats": new["batch_stats"]}
+
+  return train_apply
 
 
 def _flax_identity(module, sample_input, loss, metrics) -> str:

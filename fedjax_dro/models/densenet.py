@@ -7,8 +7,9 @@ ReLU and 3x3/2 max pool stem; dense blocks of (6, 12, 24, 16) layers, each layer
 concatenated to its input; transitions BN-ReLU-1x1 conv (compression 0.5)-2x2 average pool; a final
 BatchNorm, ReLU, global average pool and the classifier.
 
-Written as Flax's ImageNet example writes its ResNet: NHWC inputs, a ``train`` flag, BatchNorm's
-running averages in ``batch_stats`` (momentum 0.9, eps 1e-5 as torchvision; Flax's running
+Written as Flax's ImageNet example writes its ResNet: NHWC inputs, a ``train`` flag (and a
+``mask [m]`` of the rows BatchNorm's training statistics count, as ``models.from_flax`` passes
+it), BatchNorm's running averages in ``batch_stats`` (momentum 0.9, eps 1e-5 as torchvision; Flax's running
 variance averages the biased batch variance, PyTorch's the unbiased one). Submodules are named
 after torchvision's (``conv0``, ``denseblock1`` / ``denselayer1`` / ``norm1``, ``transition1``,
 ``norm5``, ``classifier``): :func:`densenet_variables_from_torchvision` loads torchvision's state
@@ -24,13 +25,16 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from fedjax_dro.models.resnet import conv_init, in_channels_of, variables_from_torch
+from fedjax_dro.models.resnet import conv_init, in_channels_of, rows, variables_from_torch
 
 
-def _bn(train: bool, name: str) -> nn.BatchNorm:
-  return nn.BatchNorm(
+def _bn(train: bool, name: str, mask=None):
+  """BatchNorm ``name`` as a function of its input; its training statistics are those of the
+  rows where ``mask [m]`` is True (None: all rows)."""
+  bn = nn.BatchNorm(
     use_running_average=not train, momentum=0.9, epsilon=1e-5, use_fast_variance=False, name=name
   )
+  return lambda y: bn(y, mask=rows(mask, y))
 
 
 class DenseLayer(nn.Module):
@@ -41,11 +45,11 @@ class DenseLayer(nn.Module):
   bn_size: int
 
   @nn.compact
-  def __call__(self, x, train: bool = False):
+  def __call__(self, x, train: bool = False, mask=None):
     conv = partial(nn.Conv, use_bias=False, kernel_init=conv_init)
-    y = nn.relu(_bn(train, "norm1")(x))
+    y = nn.relu(_bn(train, "norm1", mask)(x))
     y = conv(self.bn_size * self.growth_rate, (1, 1), name="conv1")(y)
-    y = nn.relu(_bn(train, "norm2")(y))
+    y = nn.relu(_bn(train, "norm2", mask)(y))
     y = conv(self.growth_rate, (3, 3), padding=((1, 1), (1, 1)), name="conv2")(y)
     return jnp.concatenate([x, y], axis=-1)
 
@@ -58,9 +62,11 @@ class DenseBlock(nn.Module):
   bn_size: int
 
   @nn.compact
-  def __call__(self, x, train: bool = False):
+  def __call__(self, x, train: bool = False, mask=None):
     for i in range(self.num_layers):
-      x = DenseLayer(self.growth_rate, self.bn_size, name=f"denselayer{i + 1}")(x, train=train)
+      x = DenseLayer(self.growth_rate, self.bn_size, name=f"denselayer{i + 1}")(
+        x, train=train, mask=mask
+      )
     return x
 
 
@@ -70,8 +76,8 @@ class Transition(nn.Module):
   features: int
 
   @nn.compact
-  def __call__(self, x, train: bool = False):
-    x = nn.relu(_bn(train, "norm")(x))
+  def __call__(self, x, train: bool = False, mask=None):
+    x = nn.relu(_bn(train, "norm", mask)(x))
     x = nn.Conv(self.features, (1, 1), use_bias=False, kernel_init=conv_init, name="conv")(x)
     return nn.avg_pool(x, (2, 2), strides=(2, 2))
 
@@ -98,7 +104,7 @@ class DenseNet(nn.Module):
   num_classes: int = 1000
 
   @nn.compact
-  def __call__(self, x, train: bool = False):
+  def __call__(self, x, train: bool = False, mask=None):
     x = nn.Conv(
       self.num_init_features,
       (7, 7),
@@ -108,18 +114,18 @@ class DenseNet(nn.Module):
       kernel_init=conv_init,
       name="conv0",
     )(x)
-    x = nn.relu(_bn(train, "norm0")(x))
+    x = nn.relu(_bn(train, "norm0", mask)(x))
     x = nn.max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))
     features = self.num_init_features
     for i, num_layers in enumerate(self.block_config):
       x = DenseBlock(num_layers, self.growth_rate, self.bn_size, name=f"denseblock{i + 1}")(
-        x, train=train
+        x, train=train, mask=mask
       )
       features += num_layers * self.growth_rate
       if i != len(self.block_config) - 1:
         features = int(features * self.compression)
-        x = Transition(features, name=f"transition{i + 1}")(x, train=train)
-    x = nn.relu(_bn(train, "norm5")(x))  # torchvision's name, whatever the block count
+        x = Transition(features, name=f"transition{i + 1}")(x, train=train, mask=mask)
+    x = nn.relu(_bn(train, "norm5", mask)(x))  # torchvision's name, whatever the block count
     x = jnp.mean(x, axis=(1, 2))
     return nn.Dense(self.num_classes, bias_init=nn.initializers.zeros, name="classifier")(x)
 

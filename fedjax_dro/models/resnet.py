@@ -7,7 +7,9 @@ blocks (1x1, 3x3, 1x1 with 4x expansion) whose stride sits on the 3x3 convolutio
 Normalization", ECCV 2018 (arXiv:1803.08494).
 
 Written as Flax's ImageNet example writes its ResNet: NHWC inputs, a ``train`` flag, and BatchNorm's
-running averages in the ``batch_stats`` collection (``mutable=["batch_stats"]`` when training).
+running averages in the ``batch_stats`` collection (``mutable=["batch_stats"]`` when training); a
+``mask [m]`` keyword restricts BatchNorm's training statistics to the rows where it is True (as
+``models.from_flax`` passes it).
 BatchNorm uses torchvision's momentum and epsilon (a running average ``0.9 * old + 0.1 * batch``,
 eps 1e-5); one difference remains: Flax's running variance averages the batch's biased variance,
 PyTorch's the unbiased one (``n / (n - 1)`` times it), which matters for training only.
@@ -32,11 +34,19 @@ import numpy as np
 conv_init = nn.initializers.variance_scaling(2.0, "fan_out", "normal")
 
 
-def _norm(norm: str, groups: int, train: bool, name: str) -> nn.Module:
+def rows(mask, y):
+  """The row mask ``[m]`` broadcast against ``y [m, ...]`` (None: every row)."""
+  return None if mask is None else mask.reshape((-1,) + (1,) * (y.ndim - 1))
+
+
+def _norm(norm: str, groups: int, train: bool, name: str, mask=None):
+  """The norm layer ``name`` as a function of its input; BatchNorm's training statistics are
+  those of the rows where ``mask [m]`` is True (None: all rows)."""
   if norm == "batch":
-    return nn.BatchNorm(
+    bn = nn.BatchNorm(
       use_running_average=not train, momentum=0.9, epsilon=1e-5, use_fast_variance=False, name=name
     )
+    return lambda y: bn(y, mask=rows(mask, y))
   if norm == "group":
     return nn.GroupNorm(num_groups=groups, epsilon=1e-5, use_fast_variance=False, name=name)
   raise ValueError(f'norm must be "batch" or "group", got {norm!r}')
@@ -53,9 +63,9 @@ class BasicBlock(nn.Module):
   expansion = 1
 
   @nn.compact
-  def __call__(self, x, train: bool = False):
+  def __call__(self, x, train: bool = False, mask=None):
     conv = partial(nn.Conv, use_bias=False, kernel_init=conv_init)
-    norm = partial(_norm, self.norm, self.groups, train)
+    norm = partial(_norm, self.norm, self.groups, train, mask=mask)
     s = (self.strides, self.strides)
     y = conv(self.filters, (3, 3), s, padding=((1, 1), (1, 1)), name="conv1")(x)
     y = nn.relu(norm("bn1")(y))
@@ -79,9 +89,9 @@ class Bottleneck(nn.Module):
   expansion = 4
 
   @nn.compact
-  def __call__(self, x, train: bool = False):
+  def __call__(self, x, train: bool = False, mask=None):
     conv = partial(nn.Conv, use_bias=False, kernel_init=conv_init)
-    norm = partial(_norm, self.norm, self.groups, train)
+    norm = partial(_norm, self.norm, self.groups, train, mask=mask)
     s = (self.strides, self.strides)
     y = nn.relu(norm("bn1")(conv(self.filters, (1, 1), name="conv1")(x)))
     y = conv(self.filters, (3, 3), s, padding=((1, 1), (1, 1)), name="conv2")(y)
@@ -124,15 +134,15 @@ class ResNet(nn.Module):
   features_only: bool = False
 
   @nn.compact
-  def __call__(self, x, train: bool = False):
+  def __call__(self, x, train: bool = False, mask=None):
     conv = partial(nn.Conv, use_bias=False, kernel_init=conv_init)
     if self.stem == "imagenet":
       x = conv(self.num_filters, (7, 7), (2, 2), padding=((3, 3), (3, 3)), name="conv1")(x)
-      x = nn.relu(_norm(self.norm, self.groups, train, "bn1")(x))
+      x = nn.relu(_norm(self.norm, self.groups, train, "bn1", mask)(x))
       x = nn.max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))
     elif self.stem == "cifar":
       x = conv(self.num_filters, (3, 3), padding=((1, 1), (1, 1)), name="conv1")(x)
-      x = nn.relu(_norm(self.norm, self.groups, train, "bn1")(x))
+      x = nn.relu(_norm(self.norm, self.groups, train, "bn1", mask)(x))
     else:
       raise ValueError(f'stem must be "imagenet" or "cifar", got {self.stem!r}')
     for i, size in enumerate(self.stage_sizes):
@@ -144,7 +154,7 @@ class ResNet(nn.Module):
           norm=self.norm,
           groups=self.groups,
           name=f"layer{i + 1}_{j}",
-        )(x, train=train)
+        )(x, train=train, mask=mask)
     x = jnp.mean(x, axis=(1, 2))
     if self.features_only:
       return x

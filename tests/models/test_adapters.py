@@ -157,40 +157,30 @@ def test_constructor_draws_from_the_key_and_an_instance_keeps_its_weights():
     assert all(np.array_equal(x, y) for x, y in zip(a, b))
 
 
-class NnxWithState(nnx.Module):
+class NnxWithCache(nnx.Module):
   def __init__(self, rngs):
     self.lin = nnx.Linear(6, 3, rngs=rngs)
-    self.bn = nnx.BatchNorm(3, rngs=rngs)
+    self.seen = nnx.Cache(jnp.zeros(3))
     self.drop = nnx.Dropout(0.5, rngs=rngs)
 
   def __call__(self, x):
-    return self.drop(self.bn(self.lin(x)))
+    return self.drop(self.lin(x))
 
 
-class EqxWithState(eqx.Module):
-  lin: eqx.nn.Linear
-  bn: eqx.nn.BatchNorm
-
-  def __init__(self, key):
-    self.lin = eqx.nn.Linear(6, 3, key=key)
-    self.bn = eqx.nn.BatchNorm(3, axis_name="batch", mode="batch")
-
-  def __call__(self, x, state):
-    return self.bn(self.lin(x), state)
-
-
-def test_modules_with_state_and_non_modules_are_refused_by_name():
-  with pytest.raises(
-    ValueError, match=r"NNX module holds state.*\['bn'\]\['mean'\] \(BatchStat\).*RngKey"
-  ):
-    models.from_nnx(NnxWithState)
-  with pytest.raises(ValueError, match=r"Equinox module holds state.*\.bn\..* \(StateIndex\)"):
-    models.from_equinox(EqxWithState)
+def test_unsupported_variables_and_non_modules_are_refused_by_name():
+  # Batch statistics and RNG streams are accepted (tests/models/test_adapters_state.py); other
+  # mutable variables are not.
+  with pytest.raises(ValueError, match=r"NNX module holds state.*\['seen'\] \(Cache\)"):
+    models.from_nnx(NnxWithCache)
+  with pytest.raises(TypeError, match="the constructor returned tuple"):
+    models.from_equinox(lambda key: (EqxMLP(key), 3))
   with pytest.raises(TypeError, match="module must be a flax.nnx.Module or a constructor"):
     models.from_nnx(3)
   with pytest.raises(TypeError, match="the constructor returned"):
     models.from_nnx(lambda rngs: 3)
-  with pytest.raises(TypeError, match="module must be an equinox.Module or a constructor"):
+  with pytest.raises(
+    TypeError, match="module must be an equinox.Module, a pair .* or a constructor"
+  ):
     models.from_equinox("mlp")
   with pytest.raises(TypeError, match="per_example must be a bool"):
     models.from_equinox(EqxMLP, per_example=1)

@@ -1,0 +1,133 @@
+"""Models with batch statistics and dropout train through the simulator: the zoo's ResNet-18 with
+BatchNorm and pfl-research's CIFAR CNN with its dropout (from ``from_flax``), a user's own NNX
+module with BatchNorm and Dropout and a user's NNX character LSTM (``nnx.RNN``, which holds an RNG
+stream) on integer tokens run through ``fd.run`` and ``fd.sweep``; a second sweep of the same
+shapes traces nothing (``chex.assert_max_traces``), and the batch statistics move."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+import fedjax_dro as fd
+from fedjax_dro import algorithms as A, data, models
+from fedjax_dro.models.cifar_cnn import cifar_cnn
+from fedjax_dro.models.resnet import resnet18
+
+CLASSES = 5
+
+
+def _images(n=4, size=8, seed=0):
+  rng = np.random.default_rng(seed)
+  sizes = [4 + i % 3 for i in range(n)]
+  xs = [rng.normal(size=(m, size, size, 3)).astype(np.float32) for m in sizes]
+  ys = [rng.integers(0, CLASSES, size=m) for m in sizes]
+  train = data.from_client_arrays(xs, ys)
+  return xs, data.FederatedDataset(train=train, test=train, name="cifar-shaped")
+
+
+def _counted(model):
+  """``model`` whose training form counts its traces with ``chex.assert_max_traces``."""
+  return model._replace(train_apply=chex.assert_max_traces(model.train_apply, n=1))
+
+
+def _moved(before, after):
+  return max(
+    float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after))
+  )
+
+
+def test_resnet18_with_batch_norm_runs_and_sweeps_compiling_once():
+  chex.clear_trace_counter()
+  xs, ds = _images()
+  net = resnet18(CLASSES, norm="batch", stem="cifar", num_filters=4)
+  model = models.from_flax(net, xs[0][:2], name="resnet18-bn")
+  assert model.state_keys == ("batch_stats",) and model.state_masked
+  alg = A.fedavg(_counted(model), local_steps=2, batch_size=2, clients_per_round=2)
+  hist = fd.run(alg, ds, rounds=2, hparams={"client_lr": 0.05})
+  start = model.init(jax.random.PRNGKey(0))["batch_stats"]
+  assert _moved(start, hist.final_state.params["batch_stats"]) > 1e-4
+  res = fd.sweep(alg, ds, rounds=2, grid={"client_lr": [0.01, 0.1]}, seeds=[0, 1])
+  assert len(res.configs) == 4
+  assert all(np.isfinite(s["accuracy"]["mean"]) for s in res.final_summary)
+  fd.sweep(alg, ds, rounds=2, grid={"client_lr": [0.02, 0.05]}, seeds=[0, 1])  # no new trace
+  fedbn = A.fedbn(model, local_steps=1, batch_size=2)  # the normalization layers local
+  hist = fd.run(fedbn, ds, rounds=1, hparams={"client_lr": 0.05})
+  assert hist.final_state.local[0].shape[0] == 4
+
+
+def test_cifar_cnn_trains_with_its_dropout():
+  xs, ds = _images(size=8)
+  model = models.from_flax(cifar_cnn(CLASSES), xs[0][:2], name="cifar-cnn")
+  assert model.train_apply is not None and model.state_keys == ()
+  params = model.init(jax.random.PRNGKey(0))
+  x = jnp.asarray(xs[0])
+  mask = jnp.ones(len(x), bool)
+  one, _ = model.train_apply(params, x, mask, jax.random.PRNGKey(1))
+  two, _ = model.train_apply(params, x, mask, jax.random.PRNGKey(2))
+  assert float(jnp.max(jnp.abs(one - two))) > 0  # dropout draws from the key
+  hist = fd.run(A.fedavg(model, local_steps=2, batch_size=2), ds, rounds=2)
+  assert np.isfinite(hist.final_summary["accuracy"]["mean"])
+
+
+class _UserNet(nnx.Module):
+  """A user's own NNX module with a BatchNorm and a Dropout."""
+
+  def __init__(self, rngs):
+    self.conv = nnx.Conv(3, 4, (3, 3), rngs=rngs)
+    self.bn = nnx.BatchNorm(4, rngs=rngs)
+    self.drop = nnx.Dropout(0.3, rngs=rngs)
+    self.out = nnx.Linear(4, CLASSES, rngs=rngs)
+
+  def __call__(self, x):
+    h = self.drop(nnx.relu(self.bn(self.conv(x))))
+    return self.out(h.mean(axis=(1, 2)))
+
+
+def test_a_users_nnx_module_with_batch_norm_and_dropout_runs_and_sweeps_compiling_once():
+  chex.clear_trace_counter()
+  _, ds = _images()
+  model = models.from_nnx(_UserNet, name="user-bn")
+  assert model.state_keys == ("batch_stats",)
+  alg = A.fedavg(_counted(model), local_steps=2, batch_size=2)
+  hist = fd.run(alg, ds, rounds=2, hparams={"client_lr": 0.05})
+  start = model.init(jax.random.PRNGKey(0))["batch_stats"]
+  assert _moved(start, hist.final_state.params["batch_stats"]) > 1e-4
+  fd.sweep(alg, ds, rounds=1, grid={"client_lr": [0.01, 0.1]}, seeds=[0])
+  fd.sweep(alg, ds, rounds=1, grid={"client_lr": [0.02, 0.05]}, seeds=[0])
+
+
+VOCAB, LENGTH = 12, 6
+
+
+class _CharLSTM(nnx.Module):
+  """A user's character LSTM built on ``nnx.RNN(nnx.OptimizedLSTMCell)`` (an RNG stream)."""
+
+  def __init__(self, rngs):
+    self.embed = nnx.Embed(VOCAB, 4, rngs=rngs)
+    self.rnn = nnx.RNN(nnx.OptimizedLSTMCell(4, 8, rngs=rngs), rngs=rngs)
+    self.drop = nnx.Dropout(0.2, rngs=rngs)
+    self.out = nnx.Linear(8, VOCAB, rngs=rngs)
+
+  def __call__(self, tokens):
+    return self.out(self.drop(self.rnn(self.embed(tokens))))
+
+
+def test_a_users_nnx_lstm_trains_on_integer_tokens_and_sweeps_compiling_once():
+  chex.clear_trace_counter()
+  rng = np.random.default_rng(0)
+  seqs = [rng.integers(1, VOCAB, size=(3 + i, LENGTH + 1)) for i in range(3)]
+  xs = [s[:, :-1] for s in seqs]
+  ys = [s[:, 1:] for s in seqs]
+  train = data.from_client_arrays(xs, ys, dtype=np.int32)
+  ds = data.FederatedDataset(train=train, test=train, name="tokens")
+  model = models.from_nnx(
+    _CharLSTM, loss=models.lm_loss_and_metrics()[0], metrics=models.lm_loss_and_metrics()[1]
+  )
+  assert model.train_apply is not None and model.state_keys == ()
+  alg = A.fedavg(_counted(model), local_steps=2, batch_size=2)
+  hist = fd.run(alg, ds, rounds=2, hparams={"client_lr": 0.5})
+  assert np.isfinite(hist.final_summary["loss"]["mean"])
+  fd.sweep(alg, ds, rounds=1, grid={"client_lr": [0.1, 0.5]}, seeds=[0])
+  fd.sweep(alg, ds, rounds=1, grid={"client_lr": [0.2, 0.3]}, seeds=[0])
