@@ -376,6 +376,21 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     help="keep client data in host memory; only the sampled clients' rows go to the device",
   )
   p.add_argument(
+    "--model",
+    default=None,
+    metavar="NAME",
+    help="a zoo model in place of the dataset's default, for image datasets: resnet18, "
+    "resnet50, densenet121, cifar_cnn (see docs/models.md)",
+  )
+  p.add_argument(
+    "--weights",
+    default=None,
+    metavar="FILE",
+    help="start --model from this .safetensors file under the publishers' names (torchvision's "
+    "or timm's resnet18 / resnet50 / densenet121), the classification head drawn fresh; pickles "
+    "(.pth, .pt, .bin, .pkl, .ckpt) are refused",
+  )
+  p.add_argument(
     "--option",
     action="append",
     default=[],
@@ -453,7 +468,15 @@ def _factory_options(args) -> dict:
 
 def _build(args):
   """``(algorithm, dataset)`` of a run or sweep from its flags, private under ``--dp-*``."""
-  alg, ds = build(args.algorithm, args.dataset, args.data_seed, _factory_options(args))
+  if getattr(args, "weights", None) is not None and args.model is None:
+    raise ValueError("--weights: give the --model the file is for (resnet18, resnet50, ...)")
+  alg, ds = build(
+    args.algorithm,
+    args.dataset,
+    args.data_seed,
+    _factory_options(args),
+    model=None if args.model is None else (args.model, args.weights),
+  )
   return _private(args, alg, ds.num_clients), ds
 
 
@@ -478,15 +501,26 @@ def _server_optimizer(args):
     raise ValueError(f"--server-optimizer: {e}") from None
 
 
-def build(algorithm: str, dataset: str, seed: int, options: dict):
-  """(algorithm, dataset) from registry names, with the dataset's default model."""
+def build(algorithm: str, dataset: str, seed: int, options: dict, model=None):
+  """(algorithm, dataset) from registry names, with the dataset's default model, or with
+  ``model = (zoo name, weights file or None)`` a zoo image model (``--model``, ``--weights``)."""
   from fedjax_dro.algorithms import get_algorithm
   from fedjax_dro.data import get_dataset
 
   entry = get_algorithm(algorithm)
   ds_entry = get_dataset(dataset)
   ds = ds_entry.load(seed)
-  model = ds_entry.default_model(ds)
+  if model is None:
+    model = ds_entry.default_model(ds)
+  else:
+    import numpy as np
+
+    from fedjax_dro.models.start import image_model
+
+    name, weights = model
+    if not ds.num_classes:
+      raise ValueError(f"--model {name}: {dataset} is not a classification dataset")
+    model = image_model(name, np.asarray(ds.train.x[0]), ds.num_classes, weights)
   accepted = inspect.signature(entry.factory).parameters
   unknown = [k for k in options if k not in accepted]
   if unknown:

@@ -26,7 +26,11 @@ from fedjax_dro.engine.sweeps import sweep
 from fedjax_dro.privacy.wrapper import private
 from tests.helpers import dataset, linreg, regression_clients
 
-OPTIONS = {"karula": {"dissimilarity": "ones"}}
+OPTIONS = {
+  "karula": {"dissimilarity": "ones"},
+  "fedbn": {"local": "^b$"},
+  "fedper": {"head": "^b$"},
+}
 # the algorithms with a private form, and what their private form needs besides clip and noise
 PRIVATE = {
   "afl": {"loss_bound": 5.0},

@@ -5,9 +5,10 @@ Personalization Layers", 2019 (arXiv:1912.00818): the base layers are trained by
 averaging, the personalization layers (the top of the network) by each client alone, and each
 client is evaluated with its own personalization layers.
 
-The personalization layers are, by default, the model's last layer (the last entry of its
-trainable parameters, which the zoo's and Flax's modules create last); ``head=`` a regular
-expression over the leaf paths (``params/fc/kernel``) names others. The mechanics are FedAvg's over
+The personalization layers are, by default, the model's output layer (an entry of its trainable
+parameters named like the zoo's heads, ``fc``, ``classifier``..., or Flax's last ``Dense_k``:
+:func:`~fedjax_dro.core.model_state.last_layer`); ``head=`` a regular expression over the leaf
+paths (``params/fc/kernel``) names others. The mechanics are FedAvg's over
 a partition (:mod:`fedjax_dro.core.partitioned`); the base layers' batch statistics follow
 ``model_state``.
 """
@@ -29,7 +30,7 @@ def fedper(model, settings: CommonSettings, *, head=None) -> Algorithm:
   Args:
     model: the :class:`~fedjax_dro.common.model.Model` trained.
     head: a regular expression searched in each leaf's path (keys joined by ``/``) naming the
-      personalization layers, or a predicate on the path; None (default): the last layer.
+      personalization layers, or a predicate on the path; None (default): the output layer.
     model_state: what the base layers' batch statistics do: ``"average"`` (default),
       ``"local"`` (kept by each client with its head) or ``"frozen"``.
 

@@ -26,7 +26,7 @@ client (``"average"``) is part of the clipped and noised update, like the parame
 A **parameter partition** names the leaves of the parameters that stay on the clients
 (:func:`local_leaves`): a predicate on the leaf's path (the keys joined by ``/``,
 ``params/bn1/scale``) or the defaults of FedBN (the normalization layers that hold batch
-statistics, and the statistics) and FedPer (the last layer).
+statistics, and the statistics) and FedPer (the output layer).
 """
 
 from __future__ import annotations
@@ -155,17 +155,28 @@ def norm_layers(model: Model, params) -> Tuple[bool, ...]:
   return tuple(local(p) for p in paths)
 
 
+HEAD_NAMES = ("fc", "classifier", "head", "lm_head", "dense2", "out", "output", "logits")
+"""The names of an output layer FedPer finds by itself: the zoo's (``fc`` of the ResNets,
+``classifier`` of DenseNet and DistilBERT, ``dense2`` of the CIFAR CNN) and common ones."""
+
+
 def last_layer(model: Model, params) -> Tuple[bool, ...]:
-  """FedPer's default local leaves: the last layer (the last entry, in the parameters' own
-  order, of the trainable parameters: ``params["params"]`` of a model with state, else
-  ``params``), which the model zoo and Flax's modules create last."""
+  """FedPer's default local leaves: the output layer, an entry of the trainable parameters
+  (``params["params"]`` of a model with state, else ``params``) named in :data:`HEAD_NAMES`, else
+  the ``Dense_k`` of largest ``k`` (Flax's automatic names, in creation order). The parameters'
+  own order cannot say which layer is last: JAX sorts a dict's keys when it rebuilds one."""
   tree = params["params"] if model.state_keys else params
-  if not isinstance(tree, dict) or not tree:
+  keys = list(tree) if isinstance(tree, dict) else []
+  named = [k for k in HEAD_NAMES if k in keys]
+  dense = sorted(
+    (int(m.group(1)), k) for k in keys for m in [re.fullmatch(r"Dense_(\d+)", str(k))] if m
+  )
+  head = named[0] if named else dense[-1][1] if dense else None
+  if head is None:
     raise ValueError(
-      "fedper: the model's parameters are not a dict of layers, so its last layer cannot be "
-      "found: give head= a regular expression over the leaf paths"
+      f"fedper: no output layer among the parameters' entries {keys[:8]} (none is named "
+      f"{', '.join(HEAD_NAMES)} or Dense_k): give head= a regular expression over the leaf paths"
     )
-  head = list(tree)[-1]
   prefix = f"params/{head}" if model.state_keys else str(head)
   return tuple(p == prefix or p.startswith(prefix + "/") for p in leaf_paths(params))
 

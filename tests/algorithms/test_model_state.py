@@ -324,3 +324,23 @@ def test_private_rounds_release_the_statistics_with_the_parameters():
     np.max(np.abs(np.asarray(h.final_state.params["batch_stats"]["bn"]["var"]) - 1))
   )
   assert moved(clipped) < 0.1 * moved(ref)
+
+
+def test_fedper_finds_the_output_layer_by_name_not_by_order():
+  """JAX rebuilds dicts with sorted keys, so the head is found by its name: the zoo's (``fc``...)
+  or Flax's last ``Dense_k`` (by its number, not its place among sorted keys); else refused."""
+  from fedjax_dro.core.model_state import last_layer
+
+  model = bn_model()._replace(state_keys=())
+  dense = {f"Dense_{k}": {"kernel": jnp.zeros(2)} for k in (0, 2, 10)}
+  assert last_layer(model, dense) == (False, True, False)  # sorted: Dense_0, Dense_10, Dense_2
+  assert last_layer(model, {"body": jnp.zeros(2), "fc": jnp.zeros(2)}) == (False, True)
+  with pytest.raises(ValueError, match="give head="):
+    last_layer(model, {"w": jnp.zeros(2), "b": jnp.zeros(())})
+  A.fedper(linreg_model(), head="^b$")  # a regular expression names it
+
+
+def linreg_model():
+  from tests.helpers import linreg
+
+  return linreg(3)
