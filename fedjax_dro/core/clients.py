@@ -336,6 +336,8 @@ def plan_clients(
       chunk = plan_chunk_size(n, per_client, budget, shared_bytes=reserved)
     if chunk is not None and (cap is None or chunk < cap):
       cap = chunk
+    if chunk == 1:  # one client at a time: refused before compiling if even that cannot fit
+      _refuse_beyond_memory(per_client, shared + n * out_bytes, how)
   if cap is not None and tuning.client_shards > 1:  # cap is per device: lay out sharded chunks
     cap = sharded_chunk_size(n, cap, tuning.client_shards)
   if cap is None:
@@ -346,6 +348,27 @@ def plan_clients(
     ClientPlan(n, plan[0], plan[1], per_client, shared + n * out_bytes, budget, how)
   )
   return plan
+
+
+def _refuse_beyond_memory(per_client: int, reserved: int, how: str) -> None:
+  """Refuses a round whose single client's update (``per_client`` bytes, with ``reserved``
+  bytes of shared inputs and stacked outputs) exceeds the device's whole free memory (or the
+  budget :func:`memory_budget_limit` sets), shared by a sweep's rows, naming the sizes, before
+  anything compiles."""
+  tuning = current()
+  free = tuning.memory_budget if tuning.memory_budget is not None else free_memory()
+  if free is None:
+    return
+  free = free // max(1, tuning.memory_share)
+  if per_client + reserved <= free:
+    return
+  gb = lambda b: f"{b / 2**30:.1f} GB"  # noqa: E731
+  raise ValueError(
+    f"one client's local update needs {gb(per_client)} ({'measured by XLA' if how == 'compiled' else 'estimated from its program'}) "
+    f"beside {gb(reserved)} of shared inputs and outputs, and the device has {gb(free)} free: "
+    "no backend fits it; give a smaller batch_size, shorter sequences or smaller images, or a "
+    "smaller model"
+  )
 
 
 # The name of the client axis of map_clients' vmaps: code traced per client can reduce over the

@@ -344,3 +344,15 @@ def linreg_model():
   from tests.helpers import linreg
 
   return linreg(3)
+
+
+def test_a_client_beyond_the_memory_is_refused_before_compiling():
+  """The auto plan refuses a round whose one client's update cannot fit, naming the sizes."""
+  from fedjax_dro.core.clients import memory_budget_limit
+
+  model, data = bn_model(), _data()
+  alg = A.fedavg(model, local_steps=3, batch_size=4)  # backend "auto"
+  with memory_budget_limit(2_000), pytest.raises(ValueError, match="no backend fits it"):
+    run(alg, dataset(data), rounds=1, hparams=HP)
+  with memory_budget_limit(2**30):
+    run(alg, dataset(data), rounds=1, hparams=HP)
