@@ -438,3 +438,16 @@ def test_speed_zoo_quick(tmp_path):
   assert saved["meta"]["quick"] and len(saved["rows"]) == 4
   md = (tmp_path / "speed_zoo.md").read_text()
   assert "Smoke run" in md and "| loop / simulator |" in md
+
+
+def test_zoo_flops_quick(tmp_path):
+  """benchmarks/zoo_flops.py --quick: parameter counts equal the modules', FLOPs per example from
+  XLA's cost analysis, within 20% of the closed form for the CIFAR CNN's layers."""
+  bench = load_benchmark("zoo_flops")
+  bench.main(["--quick", "--out", str(tmp_path)])
+  rows = {r["model"]: r for r in json.loads((tmp_path / "zoo_flops.json").read_text())["rows"]}
+  cnn = rows["cifar_cnn, 32x32x3, 10 classes"]
+  assert cnn["parameters"] == 1_626_442
+  # 2 x multiply-adds: conv 3->32 on 30x30, conv 32->64 on 28x28, dense 12544->128, 128->10
+  macs = 30 * 30 * 9 * 3 * 32 + 28 * 28 * 9 * 32 * 64 + 12544 * 128 + 128 * 10
+  assert cnn["forward_flops_per_example"] == pytest.approx(2 * macs, rel=0.2)

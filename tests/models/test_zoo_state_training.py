@@ -142,3 +142,33 @@ def test_a_users_nnx_lstm_trains_on_integer_tokens_and_sweeps_compiling_once():
   hist = fd.run(alg, ds, rounds=2, hparams={"client_lr": 0.5})
   assert np.isfinite(hist.final["loss"]["mean"])
   _sweeps_trace_once(alg, ds, traces, [{"client_lr": [0.1, 0.5]}, {"client_lr": [0.2, 0.3]}])
+
+
+def test_the_transformers_train_with_their_dropout():
+  """GPT-2 (``deterministic``) and DistilBERT in their tiny forms, with dropout: a training form
+  whose outputs depend on the key, through fd.run on integer tokens."""
+  from fedjax_dro.models import distilbert, gpt2
+
+  rng = np.random.default_rng(1)
+  toks = [rng.integers(1, 90, size=(3 + i, 9)) for i in range(3)]
+  loss, metrics = models.lm_loss_and_metrics()
+  lm = models.from_flax(
+    gpt2("tiny", dropout=0.1), toks[0][:2, :-1], loss=loss, metrics=metrics, task="classification"
+  )
+  labels = [rng.integers(0, 2, size=len(t)) for t in toks]
+  clf = models.from_flax(distilbert("tiny", dropout=0.1), toks[0][:2], name="distilbert-tiny")
+  for model, xs, ys in [
+    (lm, [t[:, :-1] for t in toks], [t[:, 1:] for t in toks]),
+    (clf, toks, labels),
+  ]:
+    assert model.train_apply is not None
+    params = model.init(jax.random.PRNGKey(0))
+    x = jnp.asarray(xs[0])
+    mask = jnp.ones(len(x), bool)
+    one = model.train_apply(params, x, mask, jax.random.PRNGKey(1))[0]
+    two = model.train_apply(params, x, mask, jax.random.PRNGKey(2))[0]
+    assert float(jnp.max(jnp.abs(one - two))) > 0
+    train = data.from_client_arrays(xs, ys, dtype=np.int32)
+    ds = data.FederatedDataset(train=train, test=train, name="tokens")
+    hist = fd.run(A.fedavg(model, local_steps=2, batch_size=2), ds, rounds=1)
+    assert np.isfinite(hist.final["loss"]["mean"])
