@@ -356,3 +356,23 @@ def test_a_client_beyond_the_memory_is_refused_before_compiling():
     run(alg, dataset(data), rounds=1, hparams=HP)
   with memory_budget_limit(2**30):
     run(alg, dataset(data), rounds=1, hparams=HP)
+
+
+@pytest.mark.parametrize("name", ["fedavg", "fedbn"])
+def test_a_resumed_run_with_batch_statistics_equals_the_uninterrupted_one(tmp_path, name):
+  """The statistics (global, or each client's under FedBN) are checkpointed with the state."""
+  model, data = bn_model(), _data()
+  alg = A.get_algorithm(name).factory(model, backend="vmap", **SETUP)
+  ckpt = tmp_path / "ckpt"
+  whole = run(
+    alg, dataset(data), rounds=4, seed=5, hparams=HP, eval_every=2, checkpoint_dir=str(ckpt)
+  )
+  for newest in ckpt.glob("ckpt-00000004.*"):  # as if killed before round 4's checkpoint
+    newest.unlink()
+  assert sorted(p.name for p in ckpt.glob("ckpt-*.npz")) == ["ckpt-00000002.npz"]
+  resumed = run(
+    alg, dataset(data), rounds=4, seed=5, hparams=HP, eval_every=2, checkpoint_dir=str(ckpt)
+  )
+  assert [e["round"] for e in resumed.evaluations][-1] == 4
+  for a, b in zip(jax.tree.leaves(resumed.final_state), jax.tree.leaves(whole.final_state)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
