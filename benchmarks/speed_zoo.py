@@ -1,4 +1,4 @@
-"""The model zoo's stateless architectures through the simulator against a per-client loop:
+"""The model zoo's architectures through the simulator against a per-client loop:
 FedAvg rounds of ``fd.compile_rounds`` (the clients side by side under ``vmap``) and a Python
 loop over the clients of the same jitted single-client update, side by side in one process.
 
@@ -6,8 +6,10 @@ Architectures (each adapted with ``models.from_flax``):
 
 * ``resnet18``: ``models.resnet18(classes, norm="group", stem="cifar", num_filters=--width)`` on
   CIFAR-shaped 32x32x3 images (10 classes);
-* ``cifar_cnn``: ``models.cifar_cnn(10)`` in its default form (``train=False``: no dropout) on
-  32x32x3 images;
+* ``resnet18_bn``: the same ResNet-18 with BatchNorm (the batch statistics threaded through the
+  local steps and averaged, ``model_state="average"``);
+* ``cifar_cnn``: ``models.cifar_cnn(10)`` without dropout on 32x32x3 images;
+* ``cifar_cnn_dropout``: the same with its dropouts (0.25 and 0.5), a key per local step;
 * ``lstm``: ``models.lstm_language_model("shakespeare")`` on integer tokens (sequence length 80,
   vocabulary 90), ``models.lm_loss_and_metrics()``'s loss;
 * ``gpt2``: ``models.gpt2("tiny")`` on integer tokens (its 16 positions, vocabulary 97), the same
@@ -16,8 +18,9 @@ Architectures (each adapted with ``models.from_flax``):
 Both sides run FedAvg (``LOCAL_STEPS`` local SGD steps of ``BATCH`` examples, full participation,
 float32): the simulator's round is ``fedavg(..., backend="vmap")`` compiled by
 ``fd.compile_rounds`` and timed by its ``.time()``; the loop is one ``jax.jit`` of a client's
-local steps (``client_loss_and_grad``, the simulator's own step) called once per client, then
-the example-weighted average of the clients' models. Each side gets a warm-up call (its
+local steps (the simulator's own step: ``client_loss_and_grad``, or for a model with a training
+form ``train_value_and_grad`` with its dropout key, the new statistics kept) called once per
+client, then the example-weighted average of the clients' models (statistics included). Each side gets a warm-up call (its
 compilation), then ``--repeats`` timed calls in interleaved passes (simulator, loop, simulator,
 ...), the best call kept (as ``speed.py``: the best, not the median, on a shared machine).
 
@@ -47,10 +50,15 @@ from speedlib.workloads import float32_params, meta_line, run_meta
 import fedjax_dro as fd
 from fedjax_dro import models
 from fedjax_dro.algorithms import fedavg
-from fedjax_dro.common.model import client_loss_and_grad
+from fedjax_dro.common.model import (
+  client_loss_and_grad,
+  sample_batch,
+  train_value_and_grad,
+  with_state,
+)
 from fedjax_dro.data import from_client_arrays
 
-ARCHS = ("resnet18", "cifar_cnn", "lstm", "gpt2")
+ARCHS = ("resnet18", "resnet18_bn", "cifar_cnn", "cifar_cnn_dropout", "lstm", "gpt2")
 LR = 0.05
 
 
@@ -58,16 +66,20 @@ def build(arch, cfg, n, seed=0):
   """``(model, data of n clients, description)`` of one architecture (random data: speed only)."""
   rng = np.random.default_rng(seed)
   m = cfg["examples"]
-  if arch in ("resnet18", "cifar_cnn"):
+  if arch in ("resnet18", "resnet18_bn", "cifar_cnn", "cifar_cnn_dropout"):
     x = rng.standard_normal((n, m, 32, 32, 3), dtype=np.float32)
     y = rng.integers(0, 10, (n, m)).astype(np.int32)
-    if arch == "resnet18":
+    if arch.startswith("resnet18"):
       w = cfg["width"]
-      module = models.resnet18(10, norm="group", groups=min(32, w), stem="cifar", num_filters=w)
-      desc = f"ResNet-18, GroupNorm, CIFAR stem, width {w}; 32x32x3 -> 10"
-    else:
+      norm = "batch" if arch == "resnet18_bn" else "group"
+      module = models.resnet18(10, norm=norm, groups=min(32, w), stem="cifar", num_filters=w)
+      desc = f"ResNet-18, {'BatchNorm' if norm == 'batch' else 'GroupNorm'}, CIFAR stem, width {w}; 32x32x3 -> 10"
+    elif arch == "cifar_cnn":
       module = models.cifar_cnn(10, dropout=0.0, dense_dropout=0.0)
       desc = "pfl-research CIFAR CNN (no dropout); 32x32x3 -> 10"
+    else:
+      module = models.cifar_cnn(10)
+      desc = "pfl-research CIFAR CNN (dropout 0.25, 0.5); 32x32x3 -> 10"
     model = models.from_flax(module, x[0, :2], name=arch)
     return model, from_client_arrays(list(x), list(y)), desc
   if arch == "lstm":
@@ -95,8 +107,12 @@ def loop_round(model, data, params, local_steps, batch):
   @jax.jit
   def client_update(w0, x, y, nex, key):
     def step(w, k):
-      _, g = client_loss_and_grad(model, w, x, y, nex, k, batch)
-      return jax.tree.map(lambda a, b: a - LR * b, w, g), None
+      if model.train_apply is None:
+        _, g = client_loss_and_grad(model, w, x, y, nex, k, batch)
+        return jax.tree.map(lambda a, b: a - LR * b, w, g), None
+      bx, by, bmask = sample_batch(k, x, y, nex, batch)
+      _, g, state = train_value_and_grad(model, w, bx, by, bmask, k)
+      return with_state(model, jax.tree.map(lambda a, b: a - LR * b, w, g), state), None
 
     return jax.lax.scan(step, w0, jax.random.split(key, local_steps))[0]
 

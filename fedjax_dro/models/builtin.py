@@ -3,12 +3,10 @@ and an adapter for any user flax (linen) module."""
 
 from __future__ import annotations
 
-import inspect
 import math
 import re
 from typing import Callable, Optional, Sequence, Union
 
-import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -19,6 +17,7 @@ from fedjax_dro.common.checks import integer, is_real
 from fedjax_dro.common.model import Model
 from fedjax_dro.common.tuning import current, platform_defaults
 from fedjax_dro.models.dense_layers import dense_layers, factored_apply
+from fedjax_dro.models.linen_modes import draws_dropout, flax_train_apply, mode_flag
 
 
 def _check_shape(shape, name, ndims=None):
@@ -415,7 +414,7 @@ def from_flax(
   if sample.ndim < 1 or sample.shape[0] < 1:
     raise ValueError(f"sample_input must be a batch [m >= 1, *feature_shape], got {sample.shape}")
   sample_input = jnp.asarray(sample_input)
-  flag, takes_mask = _mode_flag(module)
+  flag, takes_mask = mode_flag(module)
   eval_mode = {} if flag is None else {flag: flag == "deterministic"}
   shapes = jax.eval_shape(
     lambda k: module.init(k, sample_input, **eval_mode), jax.random.PRNGKey(0)
@@ -439,7 +438,7 @@ def from_flax(
       "training mode (batch statistics of the minibatch, updated running averages) and in "
       "inference mode (the running averages)"
     )
-  if not stateful and flag is not None and not _draws_dropout(module, flag, shapes, sample_input):
+  if not stateful and flag is not None and not draws_dropout(module, flag, shapes, sample_input):
     flag = None  # a training mode that is the inference mode: the stateless form below
   if flag is None:
     # Compiled as one program: run op by op, every initializer of another shape compiles its own
@@ -455,7 +454,7 @@ def from_flax(
     layers = dense_layers(module, init, sample_input)
     train_apply = None
   else:
-    train_apply, layers = _flax_train_apply(module, flag, stateful, takes_mask), ()
+    train_apply, layers = flax_train_apply(module, flag, stateful, takes_mask), ()
     keys = ("params", "batch_stats") if stateful else ("params",)
 
     @jax.jit
@@ -481,56 +480,6 @@ def from_flax(
     state_keys=("batch_stats",) if stateful else (),
     state_masked=bool(stateful and takes_mask),
   )
-
-
-def _mode_flag(module: nn.Module):
-  """``(flag, takes_mask)``: the keyword of ``module.__call__`` that selects training mode
-  (``"train"``, True in training, else ``"deterministic"``, False in training; None: neither)
-  and whether it takes a ``mask`` keyword (the minibatch's valid rows)."""
-  try:
-    names = {
-      name
-      for name, p in inspect.signature(module.__call__).parameters.items()
-      if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-    }
-  except (TypeError, ValueError):  # pragma: no cover - a __call__ without a signature
-    return None, False
-  flag = "train" if "train" in names else "deterministic" if "deterministic" in names else None
-  return flag, "mask" in names
-
-
-def _draws_dropout(module: nn.Module, flag: str, shapes, sample_input) -> bool:
-  """Whether ``module`` in training mode draws from the ``"dropout"`` PRNG stream (traced
-  abstractly, without the stream: flax's InvalidRngError says it asked)."""
-  try:
-    jax.eval_shape(
-      lambda v: module.apply(v, sample_input, **{flag: flag == "train"}),
-      {"params": shapes["params"]},
-    )
-  except flax.errors.InvalidRngError:
-    return True
-  return False
-
-
-def _flax_train_apply(module: nn.Module, flag: str, stateful: bool, takes_mask: bool):
-  """``Model.train_apply`` of a linen module with a training flag: the flag set to training
-  mode, dropout drawn from ``rng`` (the ``"dropout"`` stream), and with batch statistics the
-  updated ``batch_stats`` returned (the row mask passed as ``mask=`` when ``__call__`` takes
-  it)."""
-  train_mode = {flag: flag == "train"}
-
-  def train_apply(params, x, mask, rng):
-    kwargs = dict(train_mode)
-    if rng is not None:
-      kwargs["rngs"] = {"dropout": rng}
-    if not stateful:
-      return module.apply({"params": params}, x, **kwargs), {}
-    if takes_mask:
-      kwargs["mask"] = mask
-    out, new = module.apply(params, x, mutable=["batch_stats"], **kwargs)
-    return out, {"batch_stats": new["batch_stats"]}
-
-  return train_apply
 
 
 def _flax_identity(module, sample_input, loss, metrics) -> str:

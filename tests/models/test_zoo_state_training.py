@@ -4,6 +4,7 @@ module with BatchNorm and Dropout and a user's NNX character LSTM (``nnx.RNN``, 
 stream) on integer tokens run through ``fd.run`` and ``fd.sweep``; a second sweep of the same
 shapes traces nothing, and the batch statistics move."""
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -144,6 +145,7 @@ def test_a_users_nnx_lstm_trains_on_integer_tokens_and_sweeps_compiling_once():
   _sweeps_trace_once(alg, ds, traces, [{"client_lr": [0.1, 0.5]}, {"client_lr": [0.2, 0.3]}])
 
 
+@pytest.mark.slow  # ~25 s on two cores: two transformers compiled twice each
 def test_the_transformers_train_with_their_dropout():
   """GPT-2 (``deterministic``) and DistilBERT in their tiny forms, with dropout: a training form
   whose outputs depend on the key, through fd.run on integer tokens."""
@@ -172,3 +174,26 @@ def test_the_transformers_train_with_their_dropout():
     ds = data.FederatedDataset(train=train, test=train, name="tokens")
     hist = fd.run(A.fedavg(model, local_steps=2, batch_size=2), ds, rounds=1)
     assert np.isfinite(hist.final["loss"]["mean"])
+
+
+class _LinenUserNet(nn.Module):
+  """A user's own linen module with BatchNorm and Dropout under Flax's ``train`` convention."""
+
+  @nn.compact
+  def __call__(self, x, train: bool = False):
+    h = nn.Conv(4, (3, 3))(x)
+    h = nn.BatchNorm(use_running_average=not train, momentum=0.9)(h)
+    h = nn.Dropout(0.3, deterministic=not train)(nn.relu(h))
+    return nn.Dense(CLASSES)(h.mean(axis=(1, 2)))
+
+
+def test_a_users_linen_module_with_batch_norm_and_dropout_runs_and_sweeps_compiling_once():
+  xs, ds = _images()
+  model = models.from_flax(_LinenUserNet(), xs[0][:2], name="user-linen-bn")
+  assert model.state_keys == ("batch_stats",) and not model.state_masked
+  traces = {"n": 0}
+  alg = A.fedavg(_counted(model, traces), local_steps=2, batch_size=2)
+  hist = fd.run(alg, ds, rounds=2, hparams={"client_lr": 0.05})
+  start = model.init(jax.random.PRNGKey(0))["batch_stats"]
+  assert _moved(start, hist.final_state.params["batch_stats"]) > 1e-4
+  _sweeps_trace_once(alg, ds, traces, [{"client_lr": [0.01, 0.1]}, {"client_lr": [0.02, 0.05]}])

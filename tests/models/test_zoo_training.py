@@ -62,7 +62,7 @@ def test_resnet18_gn_fedavg_round_equals_the_per_client_loop():
 
 
 def test_resnet18_gn_sweeps_compile_once():
-  xs, ys = _cifar_shaped()
+  xs, ys = _cifar_shaped(n=100)  # CIFAR-shaped clients, n = 100
   ds = data.FederatedDataset(
     train=data.from_client_arrays(xs, ys), test=data.from_client_arrays(xs, ys), name="cifar"
   )
