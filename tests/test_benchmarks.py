@@ -451,3 +451,16 @@ def test_zoo_flops_quick(tmp_path):
   # 2 x multiply-adds: conv 3->32 on 30x30, conv 32->64 on 28x28, dense 12544->128, 128->10
   macs = 30 * 30 * 9 * 3 * 32 + 28 * 28 * 9 * 32 * 64 + 12544 * 128 + 128 * 10
   assert cnn["forward_flops_per_example"] == pytest.approx(2 * macs, rel=0.2)
+
+
+def test_conv_loops_quick(tmp_path):
+  """benchmarks/conv_loops.py --quick: each workload timed in both forms and by the loop, the
+  ratios derived from them, the smoke run labelled."""
+  bench = load_benchmark("conv_loops")
+  result = bench.main(["--quick", "--out", str(tmp_path), "--workloads", "resnet18_gn,user_nnx"])
+  for r in result["rows"]:
+    assert r["loop_over_simulator"] == pytest.approx(r["loop_s"] / r["simulator_canonical_s"])
+    assert r["xla_over_canonical"] == pytest.approx(
+      r["simulator_xla_s"] / r["simulator_canonical_s"]
+    )
+  assert "a smoke run" in (tmp_path / "conv_loops.md").read_text()

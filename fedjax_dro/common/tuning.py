@@ -74,6 +74,10 @@ class Tuning:
     conv_bf16: the same in bfloat16 / float16 compute.
     head_transposed_max_classes: ``models.softmax_regression(head="auto")`` reads its weights
       transposed for at most this many classes (0: never).
+    canonical_conv: a model's convolutions, forward and backward, computed on operands laid out
+      explicitly in canonical layout (:mod:`fedjax_dro.common.conv`) wherever the simulator
+      differentiates it: XLA:CPU then runs the gradients' convolutions inside loops at its
+      top-level speed.
     factored_dense: experimental: local SGD keeps a model's wide dense layers as ``W_0 + A^T
       G`` over the local steps (:mod:`fedjax_dro.experimental.factored`); on no platform yet.
     memory_share: rows of a vmapped sweep that run side by side on each device (set by
@@ -90,6 +94,7 @@ class Tuning:
   conv_bf16: Optional[str] = None
   head_transposed_max_classes: Optional[int] = None
   factored_dense: Optional[bool] = None
+  canonical_conv: Optional[bool] = None
   memory_share: Optional[int] = None
   client_shards: Optional[int] = None
 
@@ -97,6 +102,7 @@ class Tuning:
     _check_count(self.memory_budget, "memory_budget", minimum=0)
     _check_flag(self.folded_step, "folded_step")
     _check_flag(self.factored_dense, "factored_dense")
+    _check_flag(self.canonical_conv, "canonical_conv")
     for name in ("step_block", "epoch_groups", "epoch_chunk", "memory_share", "client_shards"):
       _check_count(getattr(self, name), name)
     _check_count(self.head_transposed_max_classes, "head_transposed_max_classes", minimum=0)
@@ -120,6 +126,7 @@ PLATFORM_FIELDS = (
   "conv_bf16",
   "head_transposed_max_classes",
   "factored_dense",
+  "canonical_conv",
 )
 
 
@@ -135,16 +142,18 @@ def _platform(*values) -> Tuning:
 # conv / conv_bf16: the faster form of the built-in CNN with per-client weights under vmap.
 # head_transposed_max_classes: the most classes for which the transposed head was faster.
 # factored_dense: faster on no platform measured yet (experimental).
+# canonical_conv: on the CPU, a ResNet-18-GN round 8-20x faster (benchmarks/conv_loops.py); XLA's
+# GPU layouts are cuDNN's already (unmeasured there: off).
 _DEFAULTS = types.MappingProxyType(
   {
     # folded_step, step_block, epoch_groups, conv, conv_bf16, head_transposed_max_classes,
-    # factored_dense
-    "cpu": _platform(False, 1, 1, "patches", "patches", 16, False),
-    "gpu": _platform(True, 1, 2, "patches", "lax", 0, False),
+    # factored_dense, canonical_conv
+    "cpu": _platform(False, 1, 1, "patches", "patches", 16, False, True),
+    "gpu": _platform(True, 1, 2, "patches", "lax", 0, False, False),
   }
 )
 # a platform without measurements (e.g. TPU): XLA's native forms, nothing folded or sorted
-_UNMEASURED = _platform(False, 1, 1, "lax", "lax", 0, False)
+_UNMEASURED = _platform(False, 1, 1, "lax", "lax", 0, False, False)
 
 
 def platform_name(platform: Optional[str] = None) -> str:
