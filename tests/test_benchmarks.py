@@ -453,6 +453,7 @@ def test_zoo_flops_quick(tmp_path):
   assert cnn["forward_flops_per_example"] == pytest.approx(2 * macs, rel=0.2)
 
 
+@pytest.mark.slow  # ~45 s on two cores: XLA's own form is the slow one it measures
 def test_conv_loops_quick(tmp_path):
   """benchmarks/conv_loops.py --quick: each workload timed in both forms and by the loop, the
   ratios derived from them, the smoke run labelled."""

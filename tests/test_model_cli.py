@@ -107,6 +107,7 @@ def test_a_zoo_model_with_dropout_runs_from_the_command_line(tmp_path, capsys):
   assert (tmp_path / "out" / "summary.json").exists()
 
 
+@pytest.mark.slow  # ~20 s on two cores: a full-width ResNet-18 compiled
 def test_the_pretrained_resnet18_runs_from_the_command_line(resnet18_file, rgb_dataset, tmp_path):
   path, _ = resnet18_file
   argv = ["run", "--dataset", rgb_dataset, "--model", "resnet18", "--weights", str(path)]
