@@ -465,3 +465,12 @@ def test_conv_loops_quick(tmp_path):
       r["simulator_xla_s"] / r["simulator_canonical_s"]
     )
   assert "a smoke run" in (tmp_path / "conv_loops.md").read_text()
+
+
+def test_overhead_quick(tmp_path):
+  """benchmarks/overhead.py --quick: a round and the plain steps timed, their ratio derived."""
+  bench = load_benchmark("overhead")
+  result = bench.main(["--quick", "--out", str(tmp_path), "--models", "gpt2", "--repeats", "1"])
+  (row,) = result["rows"]
+  assert row["overhead"] == pytest.approx(row["round_s"] / row["plain_steps_s"])
+  assert "a smoke run" in (tmp_path / "overhead.md").read_text()
