@@ -224,6 +224,31 @@ def build_personalized(*args, client_models: Callable = personal_models, **optio
   return build_algorithm(*args, client_models=client_models, personalized=True, **options)
 
 
+def build_partitioned(
+  name: str, model: Model, settings, mask_of: Callable, model_states, **config
+) -> Algorithm:
+  """The personalized :class:`Algorithm` of FedAvg over the parameter partition ``mask_of(params)
+  -> per-leaf bools`` (True: the leaf stays on the clients; :mod:`fedjax_dro.core.partitioned`):
+  FedBN, FedPer and FedAvg with ``model_state="local"``."""
+  from fedjax_dro.core.costs import local_training_costs
+  from fedjax_dro.core.partitioned import HPARAMS, RELEASES, partitioned_fedavg
+
+  fns = partitioned_fedavg(model, settings, mask_of)
+  return build_personalized(
+    name,
+    model,
+    settings,
+    fns.init,
+    fns.round,
+    HPARAMS,
+    client_models=fns.client_models,
+    cost=local_training_costs(model, settings),
+    releases=RELEASES,
+    model_states=model_states,
+    **config,
+  )
+
+
 def algorithm_cost(alg: Algorithm, data: FederatedData):
   """``alg``'s :class:`~fedjax_dro.core.costs.Costs` on ``data``: per round (expected over the
   client sampling) and once at setup, in uploads (clients and floats), client gradient

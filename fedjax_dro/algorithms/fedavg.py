@@ -20,18 +20,13 @@ import functools
 from fedjax_dro.algorithms.base import (
   Algorithm,
   build_algorithm,
-  build_personalized,
+  build_partitioned,
   register,
   with_settings,
 )
 from fedjax_dro.core.costs import local_training_costs
 from fedjax_dro.core.local import local_round, round_metrics
 from fedjax_dro.core.model_state import default_partition
-from fedjax_dro.core.partitioned import (
-  HPARAMS as PARTITIONED_HPARAMS,
-  RELEASES as PARTITIONED_RELEASES,
-  partitioned_fedavg,
-)
 from fedjax_dro.core.release import PLAIN, Releases
 from fedjax_dro.core.server import FEDAVG_HPARAMS, global_model_setup, server_update
 from fedjax_dro.core.settings import LOCAL_TRAINING, CommonSettings
@@ -82,19 +77,11 @@ def fedavg(
       raise ValueError(
         'fedavg with model_state="local" takes no server_optimizer or client_optimizer'
       )
-    fns = partitioned_fedavg(
-      model, settings, lambda params: default_partition("state", model, params, None)
-    )
-    return build_personalized(
+    return build_partitioned(
       "fedavg",
       model,
       settings,
-      fns.init,
-      fns.round,
-      PARTITIONED_HPARAMS,
-      client_models=fns.client_models,
-      cost=local_training_costs(model, settings),
-      releases=PARTITIONED_RELEASES,
+      lambda params: default_partition("state", model, params, None),
       model_states=("local",),
     )
   server_optimizer, client_optimizer, init, extra = global_model_setup(

@@ -14,10 +14,8 @@ The mechanics are FedAvg's over a partition (:mod:`fedjax_dro.core.partitioned`)
 
 from __future__ import annotations
 
-from fedjax_dro.algorithms.base import Algorithm, build_personalized, register, with_settings
-from fedjax_dro.core.costs import local_training_costs
-from fedjax_dro.core.model_state import default_partition
-from fedjax_dro.core.partitioned import HPARAMS, RELEASES, partitioned_fedavg
+from fedjax_dro.algorithms.base import Algorithm, build_partitioned, register, with_settings
+from fedjax_dro.core.model_state import default_partition, described
 from fedjax_dro.core.settings import LOCAL_TRAINING, CommonSettings
 
 
@@ -40,21 +38,11 @@ def fedbn(model, settings: CommonSettings, *, local=None) -> Algorithm:
     the shared leaves with its own local ones. Hyper-parameters: ``client_lr`` (default 0.1) and
     ``server_lr`` (default 1.0; 1 is plain averaging of the shared leaves).
   """
-  fns = partitioned_fedavg(model, settings, lambda p: default_partition("norm", model, p, local))
-  return build_personalized(
+  return build_partitioned(
     "fedbn",
     model,
     settings,
-    fns.init,
-    fns.round,
-    HPARAMS,
-    client_models=fns.client_models,
-    cost=local_training_costs(model, settings),
-    releases=RELEASES,
+    lambda p: default_partition("norm", model, p, local),
     model_states=("local", "frozen"),
-    local=_shown(local),
+    local=described(local),
   )
-
-
-def _shown(local) -> str:
-  return "default" if local is None else getattr(local, "__qualname__", None) or str(local)

@@ -15,10 +15,8 @@ a partition (:mod:`fedjax_dro.core.partitioned`); the base layers' batch statist
 
 from __future__ import annotations
 
-from fedjax_dro.algorithms.base import Algorithm, build_personalized, register, with_settings
-from fedjax_dro.core.costs import local_training_costs
-from fedjax_dro.core.model_state import default_partition, state_leaves
-from fedjax_dro.core.partitioned import HPARAMS, RELEASES, partitioned_fedavg
+from fedjax_dro.algorithms.base import Algorithm, build_partitioned, register, with_settings
+from fedjax_dro.core.model_state import default_partition, described, state_leaves
 from fedjax_dro.core.settings import LOCAL_TRAINING, CommonSettings
 
 
@@ -46,17 +44,11 @@ def fedper(model, settings: CommonSettings, *, head=None) -> Algorithm:
       mask = tuple(a or b for a, b in zip(mask, state_leaves(model, params)))
     return mask
 
-  fns = partitioned_fedavg(model, settings, mask_of)
-  return build_personalized(
+  return build_partitioned(
     "fedper",
     model,
     settings,
-    fns.init,
-    fns.round,
-    HPARAMS,
-    client_models=fns.client_models,
-    cost=local_training_costs(model, settings),
-    releases=RELEASES,
+    mask_of,
     model_states=("average", "local", "frozen"),
-    head="default" if head is None else getattr(head, "__qualname__", None) or str(head),
+    head=described(head),
   )

@@ -92,14 +92,13 @@ client draws from ``fold_in(fold_in(client_key, DROPOUT_STREAM), j)``, a functio
 round, client, step) only, so results do not depend on the backend or the chunking."""
 
 
-def differentiated(model: Model, fn: Callable) -> Callable:
+def differentiated(fn: Callable) -> Callable:
   """``fn`` (the model's ``apply`` or ``train_apply``) as the simulator differentiates it: its
   convolutions in canonical layout where the traced program's tuning asks
   (``Tuning.canonical_conv``: the CPU's default; :mod:`fedjax_dro.common.conv`)."""
   from fedjax_dro.common.conv import canonical_convs
   from fedjax_dro.common.tuning import current
 
-  del model
   return canonical_convs(fn) if current().canonical_conv else fn
 
 
@@ -134,7 +133,7 @@ def train_loss(model: Model, params: Params, x: Array, y: Array, mask: Array, rn
     params = {
       k: jax.lax.stop_gradient(v) if k in model.state_keys else v for k, v in params.items()
     }
-  out, state = differentiated(model, model.train_apply)(params, x, mask, rng)
+  out, state = differentiated(model.train_apply)(params, x, mask, rng)
   loss = masked_mean(model, out, y, mask)
   if model.l2:
     loss = loss + 0.5 * model.l2 * _sq_norm(trainable(model, params))
@@ -158,7 +157,7 @@ def masked_mean(model: Model, outputs: Array, y: Array, mask: Array) -> Array:
 
 def client_loss(model: Model, params: Params, x: Array, y: Array, mask: Array) -> Array:
   """Masked mean loss of one client plus the ridge penalty (padded rows contribute nothing)."""
-  loss = masked_mean(model, differentiated(model, model.apply)(params, x), y, mask)
+  loss = masked_mean(model, differentiated(model.apply)(params, x), y, mask)
   if model.l2:
     loss = loss + 0.5 * model.l2 * _sq_norm(trainable(model, params))
   return loss

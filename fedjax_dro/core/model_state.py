@@ -181,6 +181,14 @@ def last_layer(model: Model, params) -> Tuple[bool, ...]:
   return tuple(p == prefix or p.startswith(prefix + "/") for p in leaf_paths(params))
 
 
+def described(partition: Optional[Partition]) -> str:
+  """How ``Algorithm.config`` records a partition argument: ``"default"``, the regular
+  expression, or the predicate's name."""
+  if partition is None:
+    return "default"
+  return getattr(partition, "__qualname__", None) or str(partition)
+
+
 def split_leaves(params, mask: Sequence[bool]):
   """``(shared leaves, local leaves)`` of ``params`` by ``mask`` (lists, ``jax.tree`` order)."""
   leaves = jax.tree.leaves(params)
