@@ -18,8 +18,8 @@ READERS = {
   "civilcomments": "fedjax_dro.data._sources.civilcomments",
   "pile": "fedjax_dro.data._sources.pile",
   "shakespeare": "fedjax_dro.data._sources.shakespeare",
-  "fedcifar100": "fedjax_dro.data._sources.tff",
-  "stackoverflow": "fedjax_dro.data._sources.tff",
+  "fedcifar100": "fedjax_dro.data._sources.fedcifar100",
+  "stackoverflow": "fedjax_dro.data._sources.stackoverflow",
 }
 
 
