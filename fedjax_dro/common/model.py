@@ -11,6 +11,8 @@ from typing import Any, Callable, NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
+from fedjax_dro.common import rows as client_rows
+
 Array = Any
 Params = Any
 
@@ -171,9 +173,9 @@ def sample_batch(key: Array, x: Array, y: Array, num_examples: Array, batch_size
   not depend on how much padding follows.
   """
   if batch_size is None:
-    return x, y, jnp.arange(x.shape[0]) < num_examples
-  rows = jax.random.randint(key, (batch_size,), 0, jnp.maximum(num_examples, 1))
-  return x[rows], y[rows], jnp.ones((batch_size,), bool)
+    return client_rows.whole(x, y, num_examples)
+  drawn = jax.random.randint(key, (batch_size,), 0, jnp.maximum(num_examples, 1))
+  return (*client_rows.take(x, y, drawn), jnp.ones((batch_size,), bool))
 
 
 def client_loss_and_grad(

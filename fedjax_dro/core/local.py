@@ -10,6 +10,7 @@ from typing import Any, Callable, NamedTuple, Optional, Tuple
 import jax
 import jax.numpy as jnp
 
+from fedjax_dro.common import rows as client_rows
 from fedjax_dro.common.model import (
   Model,
   client_loss,
@@ -321,10 +322,10 @@ def federated_gradient(model: Model, settings, params, data, key, release=PLAIN)
   def client_loss_at(p, x, y, nex, k):
     # local_sgd's key schedule for one step (local_steps=1)
     if settings.batch_size is None:
-      bx, by, bmask = x, y, jnp.arange(x.shape[0]) < nex
+      bx, by, bmask = client_rows.whole(x, y, nex)
     else:
       rows = step_rows(k, nex, settings.batch_size, 1)[0]
-      bx, by, bmask = x[rows], y[rows], jnp.ones(rows.shape, bool)
+      bx, by, bmask = (*client_rows.take(x, y, rows), jnp.ones(rows.shape, bool))
     if model.train_apply is not None:  # training mode, step 0's dropout key; the state kept
       return train_loss(model, p, bx, by, bmask, step_rng(k, 0))[0]
     return client_loss(model, p, bx, by, bmask)
@@ -517,10 +518,10 @@ def participant_losses(model: Model, settings, params, data, idx):
   """
   clients = data.take_clients(jnp.minimum(idx, data.num_clients - 1))  # a private round's slots
   return map_clients(
-    lambda xd, yd, md: client_loss(model, params, xd, yd, md),
+    lambda xd, yd, nex: client_loss(model, params, *client_rows.whole(xd, yd, nex)),
     clients.x,
     clients.y,
-    clients.mask,
+    clients.num_examples,
     backend=backend_for(settings, params),
     chunk_size=settings.chunk_size,
   )

@@ -10,6 +10,7 @@ from typing import Any, Callable, NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
+from fedjax_dro.common import rows as client_rows
 from fedjax_dro.common.model import step_rng
 from fedjax_dro.core.ragged import epoch_loop
 from fedjax_dro.core.sampling import (
@@ -112,11 +113,21 @@ def schedule_batch(schedule: LocalSchedule, j, x, y, num_examples, step_key=None
   key under ``local_steps``)."""
   if step_key is not None:  # step_rows' draw of this step
     rows = jax.random.randint(step_key, (schedule.batch_size,), 0, schedule.bound)
-    return x[rows], y[rows], jnp.ones(rows.shape, bool)
+    return (*client_rows.take(x, y, rows), jnp.ones(rows.shape, bool))
   if schedule.perm is not None:
     rows, bmask = epoch_step_rows(schedule.perm, j, num_examples, schedule.batch_size)
-    return x[rows], y[rows], bmask
-  return x, y, jnp.arange(x.shape[0]) < num_examples
+    return (*client_rows.take(x, y, rows), bmask)
+  return client_rows.whole(x, y, num_examples)
+
+
+def _read_ahead(schedule: LocalSchedule, x, y, num_examples):
+  """A streamed client's ``local_steps`` minibatches, read before the loop with one host call:
+  ``(bx [T, B, ...], by [T, B, ...])`` of the rows :func:`schedule_batch` draws from each step
+  key (the same draws), or the whole client once for full-batch steps."""
+  if schedule.step_keys is None:
+    return client_rows.whole(x, y, num_examples)
+  draw = lambda k: jax.random.randint(k, (schedule.batch_size,), 0, schedule.bound)
+  return client_rows.take(x, y, jax.vmap(draw)(schedule.step_keys))
 
 
 def scan_schedule(
@@ -144,6 +155,12 @@ def scan_schedule(
   """
   if rng is not None:
     return _keyed_scan(step, carry, schedule, x, y, num_examples, rng)
+  if schedule.steps is None and client_rows.is_rows(x):  # streamed: the rows read ahead
+    batches = _read_ahead(schedule, x, y, num_examples)
+    if schedule.step_keys is None:
+      return jax.lax.scan(lambda c, _: step(c, *batches), carry, None, length=schedule.num_steps)
+    ones = jnp.ones((schedule.batch_size,), bool)
+    return jax.lax.scan(lambda c, b: step(c, *b, ones), carry, batches)
   if schedule.steps is None:
 
     def body(c, step_key):
@@ -159,6 +176,14 @@ def scan_schedule(
 
 def _keyed_scan(step, carry, schedule, x, y, num_examples, rng):
   """:func:`scan_schedule` of a ``step(carry, bx, by, bmask, step_key)`` (dropout keys)."""
+  if schedule.steps is None and client_rows.is_rows(x):  # streamed: the rows read ahead
+    batches = _read_ahead(schedule, x, y, num_examples)
+    steps = jnp.arange(schedule.num_steps)
+    if schedule.step_keys is None:
+      return jax.lax.scan(lambda c, j: step(c, *batches, step_rng(rng, j)), carry, steps)
+    ones = jnp.ones((schedule.batch_size,), bool)
+    body = lambda c, inputs: step(c, *inputs[1], ones, step_rng(rng, inputs[0]))
+    return jax.lax.scan(body, carry, (steps, batches))
   if schedule.steps is None:
 
     def body(c, inputs):

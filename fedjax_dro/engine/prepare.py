@@ -248,6 +248,8 @@ def _abstractly(fn, *args, refusal):
 
 def _host_arrays(data):
   """``(x, y, mask)`` as host arrays (HostFederatedData: its store; mask from num_examples)."""
+  if getattr(data, "streamed", False):  # a prepared split: specs and the labels' range
+    return data.store.check_arrays()
   if getattr(data, "host_resident", False):
     store = data.store
     mask = np.arange(store.x.shape[1])[None, :] < store.num_examples[:, None]

@@ -344,7 +344,8 @@ def run_chunks(plan: RunPlan, state, status, history: History, loggers=()) -> Hi
     for c in range(first_chunk, plan.num_chunks):
       start = c * chunk
       t0 = time.perf_counter()
-      if plan.host_data:  # prefetch hint: the participants of this chunk's rounds
+      if plan.host_data and not getattr(train, "streamed", False):  # prefetch hint: the
+        # participants of this chunk's rounds (streamed data reads its rows inside the round)
         train.store.expect(
           predicted_participants(alg, train.num_clients, run_key, range(start, start + chunk))
         )
