@@ -6,6 +6,9 @@
   handwritten digits, FGDRO's image setting), ``femnist_digits`` (the digits by writer, a
   FEMNIST-like federation), ``heart_disease`` (four hospitals), ``standins`` (labelled stand-ins
   of users' files), and ``registry`` (the datasets by name);
+* datasets larger than memory: ``prepared`` (the on-disk format, ``prepare`` and the readers of
+  natural-split datasets: WILDS, the Pile, LEAF Shakespeare, TFF's FedCIFAR-100 and
+  StackOverflow) and ``load_prepared`` (a prepared split streamed into rounds, ``streamed``);
 * readers of the user's files: ``user_arrays`` (npz, LEAF JSON), ``user_cifar`` (CIFAR binary),
   ``user_files`` (features files, TinyImageNet, and their shared types), each with the writer of
   its format for tests and stand-ins.
@@ -14,6 +17,7 @@ Metrics live in :mod:`fedjax_dro.core.metrics`.
 """
 
 from fedjax_dro.core.metrics import class_weighted_accuracy
+from fedjax_dro.data import prepared
 from fedjax_dro.data.digits import digits_dirichlet_with_extras, load_digits
 from fedjax_dro.data.federated import (
   FederatedData,
@@ -24,9 +28,9 @@ from fedjax_dro.data.federated import (
   validate_data,
 )
 from fedjax_dro.data.femnist_digits import digits_by_writer, load_femnist_digits
-from fedjax_dro.data.host import load_npy_dir, save_npy_dir
 from fedjax_dro.data.partition import dirichlet_partition
 from fedjax_dro.data.registry import get_dataset, list_datasets, register_dataset
+from fedjax_dro.data.streamed import load_prepared
 from fedjax_dro.data.synthetic import synthetic_classification, synthetic_ridge, synthetic_shift
 from fedjax_dro.data.user_arrays import load_leaf_json, load_npz
 from fedjax_dro.data.user_cifar import load_cifar10, load_cifar100
@@ -58,6 +62,6 @@ __all__ = [
   "load_cifar10",
   "load_cifar100",
   "load_tiny_imagenet",
-  "load_npy_dir",
-  "save_npy_dir",
+  "prepared",
+  "load_prepared",
 ]

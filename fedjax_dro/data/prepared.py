@@ -1,5 +1,12 @@
 """The prepared format: a dataset written once as client-sorted, unpadded, memory-mapped arrays.
 
+:func:`prepare` writes it from a reader of a natural-split dataset (:data:`READERS`: WILDS
+Camelyon17, iWildCam, PovertyMap and CivilComments, the uncopyrighted Pile, LEAF Shakespeare,
+TFF's FedCIFAR-100 and StackOverflow), from a :class:`Source` of the user's own (a dataset larger
+than memory, read client by client), or from in-memory data (:func:`federated_source`);
+:func:`fedjax_dro.data.load_prepared` streams a split of it into rounds.
+:func:`write_standin` writes a reader's tiny stand-in directory in the publisher's exact layout.
+
 ``prepare(SOURCE, DIR, out)`` (``fedjax-dro prepare SOURCE DIR --out PREPARED``) reads a dataset
 in its publisher's layout through its reader (:mod:`fedjax_dro.data._sources`) and writes::
 
@@ -42,9 +49,21 @@ from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
-from fedjax_dro.data._sources import reader
-from fedjax_dro.data._sources.base import Source, SourceError
+from fedjax_dro.data._sources import READERS, reader
+from fedjax_dro.data._sources.base import Source, SourceError, SplitSource
 from fedjax_dro.records.files import DirectoryLock, atomic_write
+
+__all__ = [
+  "prepare",
+  "read_manifest",
+  "federated_source",
+  "write_standin",
+  "READERS",
+  "Source",
+  "SplitSource",
+  "SourceError",
+  "PreparedError",
+]
 
 FORMAT = "fedjax_dro.prepared.v1"
 MANIFEST = "manifest.json"
@@ -421,7 +440,6 @@ def federated_source(data, *, dataset: str = "custom", chunk: int = 256) -> Sour
   test and validation splits where present, named ``"train"``, ``"test"``, ``"validation"``) or
   one :class:`~fedjax_dro.data.federated.FederatedData` (``"train"``). Each client's valid rows,
   in order; one group ``"all"``."""
-  from fedjax_dro.data._sources.base import SplitSource
   from fedjax_dro.data.federated import FederatedData, FederatedDataset
 
   if isinstance(data, FederatedData):
@@ -458,3 +476,11 @@ def federated_source(data, *, dataset: str = "custom", chunk: int = 256) -> Sour
     splits=tuple(split_source(k, v) for k, v in splits.items()),
     info={"task": getattr(data, "task", None), "num_classes": getattr(data, "num_classes", None)},
   )
+
+
+def write_standin(name: str, path) -> str:
+  """Writes the reader ``name``'s stand-in, a tiny generated directory in the publisher's exact
+  on-disk layout (its quirks included: zero-padded patient ids, split strings, labels absent from
+  a split, a removed Pile subset), at ``path``; returns the path to give :func:`prepare`. For
+  tests and ``--quick`` runs: its numbers mean nothing."""
+  return reader(name).write_standin(os.fspath(path))
