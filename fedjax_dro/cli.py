@@ -1211,6 +1211,57 @@ def image_features(module, variables, images, *, batch_size=256, image_size=None
   return np.concatenate(out)
 
 
+def _option_value(text: str):
+  """A ``--option KEY=VALUE`` value: an int, a float, true / false / none, or the string."""
+  low = text.lower()
+  if low in ("true", "false"):
+    return low == "true"
+  if low == "none":
+    return None
+  for kind in (int, float):
+    try:
+      return kind(text)
+    except ValueError:
+      pass
+  return text
+
+
+def cmd_prepare(args) -> int:
+  """``fedjax-dro prepare SOURCE DIR --out PREPARED``: a dataset written once in the prepared
+  format (:mod:`fedjax_dro.data.prepared`); resumable, never replacing a finished --out."""
+  from fedjax_dro.data import prepared
+
+  options = {}
+  for item in args.option:
+    key, sep, value = item.partition("=")
+    if not sep or not key.strip():
+      raise ValueError(f"--option must be KEY=VALUE, got {item!r}")
+    options[key.strip().replace("-", "_")] = _option_value(value.strip())
+  if args.source not in prepared.READERS:
+    raise ValueError(f"SOURCE must be one of {sorted(prepared.READERS)}, got {args.source!r}")
+  path = args.dir
+  if args.standin:
+    path = prepared.write_standin(args.source, args.dir)
+    print(f"prepare: wrote the {args.source} STAND-IN (generated, tiny; not the dataset) in {path}")
+  out = prepared.prepare(
+    args.source,
+    path,
+    args.out,
+    overwrite=args.overwrite,
+    progress=not args.no_progress and sys.stderr.isatty(),
+    **options,
+  )
+  manifest = prepared.read_manifest(out, verify=False)
+  print(f"prepare: {manifest['dataset']} -> {out}")
+  for name, split in manifest["splits"].items():
+    size = sum(a["bytes"] for a in split["arrays"].values())
+    print(
+      f"  {name}: {len(split['clients'])} clients, {split['total_rows']:,} rows, "
+      f"{size / 2**20:,.1f} MiB"
+    )
+  return 0
+
+
 def cmd_features(args) -> int:
   """``fedjax-dro features``: the pooled features of --model (``fc``'s input) on every image of
   --dataset, train then test, written to --out as a features file (``split``: the test images
@@ -1521,6 +1572,39 @@ def build_parser() -> argparse.ArgumentParser:
     action="store_true",
     help="no progress bar (there is none when stderr is not a terminal)",
   )
+  p_prep = add_parser(
+    "prepare",
+    help="write a dataset once as client-sorted, unpadded, memory-mapped arrays (resumable) "
+    "for streamed rounds (fedjax_dro.data.load_prepared)",
+  )
+  p_prep.add_argument(
+    "source",
+    help="the reader: camelyon17, iwildcam, poverty, civilcomments (WILDS), pile (the "
+    "uncopyrighted Pile), shakespeare (LEAF), fedcifar100, stackoverflow (TFF's HDF5)",
+  )
+  p_prep.add_argument("dir", help="the dataset's directory, in its publisher's layout")
+  p_prep.add_argument("--out", required=True, help="the prepared directory to write")
+  p_prep.add_argument(
+    "--option",
+    action="append",
+    default=[],
+    metavar="KEY=VALUE",
+    help="a reader option, repeatable (image_size=448, clients=10, seq_len=1024, "
+    "tokenizer=FILE, dtype=float16, ...; see the reader's docs)",
+  )
+  p_prep.add_argument(
+    "--standin",
+    action="store_true",
+    help="first write the reader's generated stand-in (tiny, the publisher's layout) into DIR "
+    "and prepare that: for a smoke test only",
+  )
+  p_prep.add_argument(
+    "--overwrite",
+    action="store_true",
+    help="replace a finished --out (only once the new one is complete), or restart an "
+    "interrupted prepare of another configuration",
+  )
+  p_prep.add_argument("--no-progress", action="store_true", help="no progress bar")
   p_plot = add_parser("plot", help="PNG plots of run / sweep output directories")
   p_plot.add_argument("dirs", nargs="+", help="run directories (seeds) and/or sweep directories")
   p_plot.add_argument("--out", default=None, help="output directory (default: the first dir)")
@@ -1638,6 +1722,7 @@ def _dispatch(args) -> int:
     "reproduce": cmd_reproduce,
     "compare": cmd_compare,
     "features": cmd_features,
+    "prepare": cmd_prepare,
   }[args.command]
   try:
     if args.command not in ("run", "sweep"):
