@@ -50,9 +50,10 @@ def test_civilcomments_matches_its_standin_exactly(tmp_path):
   assert any(r["black"] == "" for r in records) and any(r["male"] == "0.5" for r in records)
   assert any("\n" in r["comment_text"] for r in records)
   names = ("black=0,toxic=0", "black=0,toxic=1", "black=1,toxic=0", "black=1,toxic=1")
-  assert src.groups == names and src.y_shape == (9,) and src.x_shape == (max_len,)
+  assert src.y_shape == () and src.x_shape == (max_len,) and len(src.groups) == 512
+  assert src.groups[0] == "toxic=0" and src.groups[2 * 2**6 + 1] == "toxic=1,black"
   assert [s.name for s in src.splits] == ["train", "val", "test"]
-  assert src.info["identity_columns"] == IDENTITIES and src.info["label_index"] == 0
+  assert src.info["identity_columns"] == IDENTITIES
   json.dumps(src.info)
   for split in src.splits:
     assert split.clients == names
@@ -72,8 +73,12 @@ def test_civilcomments_matches_its_standin_exactly(tmp_path):
         ids = [cls] + ids[: max_len - 2] + [sep]
         assert x[row].tolist() == ids + [pad] * (max_len - len(ids))
         bits = [int(_frac(r[k]) >= 0.5) for k in IDENTITIES]
-        assert y[row].tolist() == [toxic] + bits
-      assert x.dtype == np.int32 and y.dtype == np.int32 and g.tolist() == [c] * len(want)
+        assert y[row] == toxic
+        assert g[row] == toxic + 2 * sum(b << k for k, b in enumerate(bits))
+        members = civilcomments.eval_membership()[g[row]]
+        want_members = [bool(bits[k]) and toxic == t for k in range(8) for t in (0, 1)]
+        assert members.tolist() == want_members
+      assert x.dtype == np.int32 and y.dtype == np.int32
   # the folder itself works as well, and the default max_len is WILDS' 300
   inner = civilcomments.source(
     os.path.join(root, "civilcomments_v1.0"), tokenizer=os.path.join(root, "tokenizer.json")

@@ -22,15 +22,17 @@ Rows (as WILDS' ``CivilCommentsDataset``, ``wilds/datasets/civilcomments_dataset
 
 Arrays: ``x`` ``[max_len]`` int32, the comment's token ids with the tokenizer's own special tokens
 (DistilBERT's ``[CLS] ... [SEP]``), truncated to ``max_len`` (default 300, WILDS'
-``max_token_length`` for civilcomments) and padded with the tokenizer's ``[PAD]`` id. ``y``
-``[9]`` int32: ``y[0]`` the label, ``y[1:]`` the 8 identity bits in the order above
-(``info["label_index"] == 0``, ``info["identity_columns"]``): WILDS' worst-group accuracy over
-its 16 groups (identity = 1) x (label 0, 1) is computed from them (a comment may be in several).
+``max_token_length`` for civilcomments) and padded with the tokenizer's ``[PAD]`` id. ``y`` the
+label (int32). ``group`` = ``label + 2 * sum_k 2^k identity_k`` over the 8 identity bits in the
+order above (:func:`group_id`; ``groups`` names the 512 combinations, e.g.
+``"toxic=1,black,white"``): a comment may belong to several of WILDS' 16 evaluation groups
+(identity = 1) x (label 0, 1), and worst-group accuracy over them is computed from these ids
+(:func:`eval_membership`).
 
 Clients: FGDRO's federation, ``black`` x label: ``black=0,toxic=0``, ``black=0,toxic=1``,
 ``black=1,toxic=0``, ``black=1,toxic=1`` (WILDS' training ``groupby_fields: ['black', 'y']``).
-Every split has these four clients (val and test hold each group's held-out rows); ``group`` is
-the client's index, ``groups`` their names. Rows keep the file's order within a client.
+Every split has these four clients (val and test hold each group's held-out rows). Rows keep
+the file's order within a client.
 
 Sizes (WILDS v1.0): 448,000 comments; train 269,038, val 45,180, test 133,782.
 """
@@ -65,6 +67,29 @@ IDENTITIES = (
 SPLITS = ("train", "val", "test")
 CLIENTS = ("black=0,toxic=0", "black=0,toxic=1", "black=1,toxic=0", "black=1,toxic=1")
 DEFAULT_MAX_LEN = 300
+
+
+def group_id(label, bits) -> np.ndarray:
+  """``[k]`` int32 group ids: ``label + 2 * sum_j 2^j bits[:, j]`` (bits ``[k, 8]`` in the order
+  of :data:`IDENTITIES`)."""
+  weights = 2 ** np.arange(len(IDENTITIES), dtype=np.int64)
+  return (np.asarray(label, np.int64) + 2 * (np.asarray(bits, np.int64) @ weights)).astype(np.int32)
+
+
+GROUPS = tuple(
+  f"toxic={g % 2}" + "".join(f",{name}" for k, name in enumerate(IDENTITIES) if (g >> 1) >> k & 1)
+  for g in range(2 ** (len(IDENTITIES) + 1))
+)
+
+
+def eval_membership() -> np.ndarray:
+  """``[512, 16]`` bool: group id ``g`` belongs to WILDS' evaluation group ``2 k + t`` (identity
+  ``k`` = 1 and label ``t``), in the order of ``info["eval_groups"]``."""
+  g = np.arange(len(GROUPS))
+  label, bits = g % 2, g >> 1
+  cols = [((bits >> k) & 1 == 1) & (label == t) for k in range(len(IDENTITIES)) for t in (0, 1)]
+  return np.stack(cols, axis=1)
+
 
 CITATION = (
   "Borkan, Dixon, Sorensen, Thain, Vasserman. Nuanced metrics for measuring unintended bias "
@@ -104,10 +129,11 @@ def source(path, tokenizer=None, max_len: int = DEFAULT_MAX_LEN) -> Source:
   columns = read_csv(file, ("comment_text", "toxicity", "split") + IDENTITIES)
   texts = columns["comment_text"]
   label = _fractions(file, "toxicity", columns["toxicity"], empty_is_zero=False) >= 0.5
-  y = np.zeros((len(texts), 1 + len(IDENTITIES)), np.int32)
-  y[:, 0] = label
+  bits = np.zeros((len(texts), len(IDENTITIES)), np.int32)
   for k, name in enumerate(IDENTITIES):
-    y[:, 1 + k] = _fractions(file, name, columns[name], empty_is_zero=True) >= 0.5
+    bits[:, k] = _fractions(file, name, columns[name], empty_is_zero=True) >= 0.5
+  y = label.astype(np.int32)
+  group = group_id(y, bits)
   split_of = columns["split"]
   unknown = [i for i, s in enumerate(split_of) if s not in SPLITS]
   if unknown:
@@ -119,7 +145,7 @@ def source(path, tokenizer=None, max_len: int = DEFAULT_MAX_LEN) -> Source:
   pad_id = int(tok.token_to_id("[PAD]"))
   from fedjax_dro.data.text import encode_batch
 
-  client_of = 2 * y[:, 1 + IDENTITIES.index("black")] + y[:, 0]  # black x label
+  client_of = 2 * bits[:, IDENTITIES.index("black")] + y  # black x label
   split_arr = np.asarray(split_of)
   del columns
 
@@ -131,7 +157,7 @@ def source(path, tokenizer=None, max_len: int = DEFAULT_MAX_LEN) -> Source:
       for s in chunked(len(idx)):
         part = idx[s]
         x = encode_batch([texts[j] for j in part], tok, max_len, pad_id=pad_id)
-        yield x, y[part], np.full(len(part), i, np.int32)
+        yield x, y[part], group[part]
 
     return SplitSource(name, CLIENTS, rows, tuple(len(m) for m in members))
 
@@ -139,8 +165,8 @@ def source(path, tokenizer=None, max_len: int = DEFAULT_MAX_LEN) -> Source:
     "task": "classification",
     "num_classes": 2,
     "label_names": ["non_toxic", "toxic"],
-    "label_index": 0,
     "identity_columns": list(IDENTITIES),
+    "group_encoding": "label + 2 * sum_k 2^k [identity_columns[k] >= 0.5]",
     "eval_groups": [f"{name}=1,toxic={t}" for name in IDENTITIES for t in (0, 1)],
     "metrics": ["accuracy", "worst_group_accuracy"],
     "tokenizer": os.path.abspath(tokenizer_file),
@@ -149,11 +175,11 @@ def source(path, tokenizer=None, max_len: int = DEFAULT_MAX_LEN) -> Source:
       "label: toxicity >= 0.5 (WILDS)",
       "identities male, female, LGBTQ, christian, muslim, other_religions, black, white: value"
       " >= 0.5, an empty value (NaN) counted 0 (WILDS' comparison with NaN is False)",
-      "y = [label, 8 identity bits] int32: WILDS' worst-group accuracy over (identity = 1) x"
-      " label, 16 groups, is computed from y[1:] and y[0]",
+      "y = the label; group = label + 2 * (the 8 identity bits as a number): WILDS' worst-group"
+      " accuracy over (identity = 1) x label, 16 overlapping groups, is computed from it",
       "splits: WILDS' official train / val / test from the split column",
       "clients: FGDRO's four groups black x label (WILDS' groupby_fields ['black', 'y']), the"
-      " same four in every split; group = the client's index; file order within a client",
+      " same four in every split; file order within a client",
       f"x: the tokenizer's [CLS] ... [SEP] encoding truncated to max_len={max_len} tokens (WILDS'"
       " max_token_length 300) and padded with [PAD]",
     ],
@@ -163,9 +189,9 @@ def source(path, tokenizer=None, max_len: int = DEFAULT_MAX_LEN) -> Source:
     dataset="civilcomments",
     x_shape=(max_len,),
     x_dtype="int32",
-    y_shape=(1 + len(IDENTITIES),),
+    y_shape=(),
     y_dtype="int32",
-    groups=CLIENTS,
+    groups=GROUPS,
     splits=tuple(make_split(name) for name in SPLITS),
     info=info,
   )
