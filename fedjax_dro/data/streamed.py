@@ -269,6 +269,13 @@ class StreamedFederatedData:
       rows = np.concatenate([np.arange(start, stop), np.full(size - (stop - start), stop - 1)])
       yield start, self._padded(rows)
 
+  def evaluate(self, model, params, *, batch_size: int = 256, personalized: bool = False) -> dict:
+    """``params`` evaluated on every row of this split, batch by batch: per client, per group
+    and the dataset's own metrics (:func:`fedjax_dro.core.split_eval.evaluate_split`)."""
+    from fedjax_dro.core.split_eval import evaluate_split
+
+    return evaluate_split(model, params, self, batch_size=batch_size, personalized=personalized)
+
   def to_device(self) -> FederatedData:
     """The whole split as device-resident, padded :class:`FederatedData` (if it fits)."""
     return self._padded(np.arange(self.num_clients))

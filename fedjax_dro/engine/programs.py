@@ -133,6 +133,7 @@ def make_eval_fn(alg: Algorithm, true_params):
 # Host-resident data: evaluation in chunks of clients, and the sampler's predicted participants
 # ----------------------------------------------------------------------------------------------
 EVAL_CHUNK_CLIENTS = 1024
+EVAL_ROWS = 1 << 18  # padded rows of a chunk of clients above which streamed clients go by batches
 
 
 def evaluate_host(alg: Algorithm, state, data, true_params, *, batched: bool = False):
@@ -147,6 +148,8 @@ def evaluate_host(alg: Algorithm, state, data, true_params, *, batched: bool = F
   size = min(EVAL_CHUNK_CLIENTS, n)
   true_params = None if true_params is None else np.asarray(true_params)
   axis = 1 if batched else 0
+  if getattr(data, "streamed", False) and size * data.max_examples > EVAL_ROWS:
+    return _evaluate_streamed(alg, state, data, batched)
 
   def chunk_eval(params, chunk, true_rows):
     out = evaluate_clients(alg.model, params, chunk, alg.personalized)
@@ -170,6 +173,27 @@ def evaluate_host(alg: Algorithm, state, data, true_params, *, batched: bool = F
     out = jax.device_get(chunk_eval(p, chunk, t))
     outs.append({k: np.take(v, np.arange(stop - start), axis=axis) for k, v in out.items()})
   return {k: np.concatenate([o[k] for o in outs], axis=axis) for k in outs[0]}
+
+
+def _evaluate_streamed(alg: Algorithm, state, data, batched: bool):
+  """Per-client metrics of a streamed split whose padded clients are too many rows to evaluate
+  in chunks of clients: each client's rows in batches
+  (:func:`~fedjax_dro.core.split_eval.evaluate_split`; the loss and the model's metrics, a
+  configuration at a time with ``batched``)."""
+  from fedjax_dro.core.split_eval import evaluate_split
+
+  params = jax.device_get(
+    jax.jit(jax.vmap(alg.client_models) if batched else alg.client_models)(state)
+  )
+  configs = jax.tree.leaves(params)[0].shape[0] if batched else None
+  outs = []
+  for c in range(configs or 1):
+    p = jax.tree.map(lambda a, c=c: a[c], params) if batched else params
+    out = evaluate_split(alg.model, p, data, personalized=alg.personalized)["per_client"]
+    outs.append({k: np.asarray(v, np.float32) for k, v in out.items() if k != "rows"})
+  if not batched:
+    return outs[0]
+  return {k: np.stack([o[k] for o in outs]) for k in outs[0]}
 
 
 def predicted_participants(alg: Algorithm, num_clients: int, run_key, rounds) -> np.ndarray:

@@ -267,3 +267,18 @@ def test_encoded_images_are_decoded_at_read_time(tmp_path):
   np.testing.assert_array_equal(x[1], pixels[2][[6, 1]])
   xf, _ = load_prepared(out).store.gather(np.array([2]), np.array([[3]]))
   np.testing.assert_array_equal(xf[0, 0], pixels[2][3].astype(np.float32) / 255.0)
+
+
+def test_large_streamed_clients_are_evaluated_in_batches(problem, monkeypatch):
+  import fedjax_dro.engine.programs as programs
+
+  streamed, resident, model, _ = problem
+  alg = fd.algorithms.fedavg(model, clients_per_round=3, local_steps=2, batch_size=4)
+  base = fd.run(alg, resident, rounds=2, seed=1, eval_every=2)
+  monkeypatch.setattr(programs, "EVAL_ROWS", 1)  # every split counts as large
+  got = fd.run(alg, streamed, rounds=2, seed=1, eval_every=2)
+  _leaves_equal(got.final_state, base.final_state)
+  for k in ("loss", "accuracy"):
+    np.testing.assert_allclose(
+      got.evaluations[-1]["per_client"][k], base.evaluations[-1]["per_client"][k], rtol=1e-5
+    )
