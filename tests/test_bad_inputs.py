@@ -30,6 +30,7 @@ from fedjax_dro.data import (
   write_features,
 )
 from fedjax_dro.data.user_cifar import write_cifar10_bin, write_cifar100_bin
+from tests.data import hostile_prepared as H
 from tests.helpers import dataset, linreg, regression_clients
 from tests.records.test_checkpoint_manifest import CHECKPOINT_CASES, resume_line_behaviour
 from tests.records.test_io_errors import disk_full_behaviour
@@ -859,6 +860,31 @@ CASES = {
     ValueError,
     "'split'",
   ),
+  # ---- prepared datasets (fedjax-dro prepare, load_prepared) ----
+  "prepare: a truncated PNG patch (Camelyon17)": (H.truncated_png, ValueError, ".png"),
+  "prepare: a truncated JPEG (iWildCam)": (H.truncated_jpeg, ValueError, ".jpg"),
+  "prepare: a truncated npz tile (PovertyMap)": (H.truncated_npz, ValueError, ".npz"),
+  "prepare: metadata.csv without a required column": (
+    H.csv_without_a_column,
+    ValueError,
+    "metadata.csv",
+  ),
+  "prepare: metadata.csv with an unknown split string": (
+    H.unknown_split_string,
+    ValueError,
+    "metadata.csv",
+  ),
+  "prepare: a Pile line that is not JSON": (H.pile_line_not_json, ValueError, "val.jsonl.zst"),
+  "prepare: a finished prepared directory as --out again": (
+    H.finished_directory_again,
+    ValueError,
+    "overwrite",
+  ),
+  "load_prepared: an array whose checksum does not match": (
+    H.changed_prepared_array,
+    ValueError,
+    "x.npy",
+  ),
   # ---- differential privacy (fd.private) ----
   "private: negative clip": (
     lambda: P.private(_uniform_fedavg(), -1.0, 1.0, rate=0.5),
@@ -911,6 +937,11 @@ CASES = {
 # description: (argv, fragment naming the flag); each must exit with status 2 and "error: ..."
 _SAME_DIR = os.path.join("never-created", "same")  # refused before anything is made
 CLI_CASES = {
+  "prepare with an unknown SOURCE": (["prepare", "wilds", "/tmp", "--out", "/tmp/p"], "SOURCE"),
+  "prepare --option without =": (
+    ["prepare", "camelyon17", "/tmp", "--out", "/tmp/p", "--option", "image_size"],
+    "--option",
+  ),
   "unknown --server-optimizer": (["run", "--server-optimizer", "rmsprop"], "--server-optimizer"),
   "--server-option without --server-optimizer": (
     ["run", "--server-option", "b2=0.9"],
@@ -1121,6 +1152,11 @@ def _numpy_float_settings():
 
 # description: (check that raises AssertionError if the documented behaviour breaks, behaviour)
 BEHAVIOURS = {
+  "a full disk while prepare writes a prepared directory": (
+    H.disk_full_behaviour,
+    "one line `OSError`: the disk filled while writing `OUT.partial/SPLIT`, `OUT` unchanged (the "
+    "finished directory stays byte for byte); the same command, rerun, resumes and finishes",
+  ),
   "a client whose test responses are constant (or one row)": (
     _constant_client_r2,
     "its r2 is NaN (undefined), left out of the r2 summary, counted as `undefined`",

@@ -348,6 +348,11 @@ def prepare(
         split_state = state["splits"].setdefault(split.name, {})
         directory = os.path.join(partial, split.name)
         counts = _write_split(split, src, directory, split_state, save, bar)
+      except SourceError as e:  # a bad input file met while writing: the work so far kept
+        raise SourceError(
+          f"{e} (prepare stopped: {out} unchanged, the rows before it kept in {partial}; fix "
+          "the file and run again to resume)"
+        ) from None
       except OSError as e:
         if e.errno == errno.ENOSPC:
           raise OSError(
