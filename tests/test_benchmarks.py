@@ -474,3 +474,17 @@ def test_overhead_quick(tmp_path):
   (row,) = result["rows"]
   assert row["overhead"] == pytest.approx(row["round_s"] / row["plain_steps_s"])
   assert "a smoke run" in (tmp_path / "overhead.md").read_text()
+
+
+def test_streaming_quick(tmp_path):
+  """benchmarks/streaming.py --quick: both forms timed on a prepared directory, ratios derived."""
+  bench = load_benchmark("streaming")
+  result = bench.main(["--quick", "--out", str(tmp_path), "--workloads", "cnn"])
+  (row,) = result["rows"]
+  assert row["streamed_over_resident"] == pytest.approx(
+    row["streamed_round_s"] / row["resident_round_s"]
+  )
+  assert row["reader_over_consumed"] == pytest.approx(
+    row["reader_rows_per_s"] / row["consumed_rows_per_s"]
+  )
+  assert "a smoke run" in (tmp_path / "streaming.md").read_text()

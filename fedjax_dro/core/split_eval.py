@@ -21,8 +21,7 @@ domains: the per-domain mean token loss of a language model's fixed-length seque
 
 from __future__ import annotations
 
-import importlib
-from typing import Any, Dict, Optional
+from typing import Any, Dict
 
 import jax
 import jax.numpy as jnp
@@ -47,18 +46,6 @@ def _batch_fn(model):
     return loss, metrics, pred
 
   return jax.jit(fn)
-
-
-def _membership(store) -> Optional[np.ndarray]:
-  """``[groups, G']`` evaluation-group membership of a dataset whose rows may belong to several
-  groups (its reader's ``eval_membership``), else None."""
-  from fedjax_dro.data._sources import READERS
-
-  name = store.manifest.get("dataset")
-  if name not in READERS or "eval_groups" not in store.manifest.get("info", {}):
-    return None
-  module = importlib.import_module(READERS[name])
-  return module.eval_membership() if hasattr(module, "eval_membership") else None
 
 
 def evaluate_split(
@@ -132,7 +119,7 @@ def evaluate_split(
     summary["pearson_r"] = sm.overall_pearson_r(moment)
     summary["worst_group_pearson_r"] = sm.worst_group_pearson_r(moment)
   if confusion is not None and num_groups > 1:
-    member = _membership(store)
+    member = store.eval_membership()
     if member is not None:  # rows in several groups (CivilComments)
       hits, counts = correct_g @ member, rows_g @ member
       per_group["eval_groups"] = list(info["eval_groups"])

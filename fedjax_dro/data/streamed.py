@@ -151,6 +151,20 @@ class PreparedStore:
     y = np.asarray(self.y[index.reshape(-1)]).reshape(index.shape + self.y_shape)
     return self._inputs(index), y
 
+  def eval_membership(self) -> Optional[np.ndarray]:
+    """``[groups, G']`` bool: which of the dataset's evaluation groups each group id belongs to,
+    for a dataset whose rows may belong to several (its reader's ``eval_membership``:
+    CivilComments' 16 identity x label groups), else None."""
+    import importlib
+
+    from fedjax_dro.data._sources import READERS
+
+    name = self.manifest.get("dataset")
+    if name not in READERS or "eval_groups" not in self.manifest.get("info", {}):
+      return None
+    module = importlib.import_module(READERS[name])
+    return module.eval_membership() if hasattr(module, "eval_membership") else None
+
   def check_arrays(self):
     """``(x, y, mask)`` for the model-data check before compiling: ``x`` and ``y`` carry the
     rows' shapes and dtypes (``[1, max_examples, ...]``), ``y`` holds the split's smallest and

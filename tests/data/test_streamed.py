@@ -282,3 +282,25 @@ def test_large_streamed_clients_are_evaluated_in_batches(problem, monkeypatch):
     np.testing.assert_allclose(
       got.evaluations[-1]["per_client"][k], base.evaluations[-1]["per_client"][k], rtol=1e-5
     )
+
+
+def test_a_wilds_standin_prepared_trained_streamed_and_evaluated_on_a_held_out_hospital(tmp_path):
+  from fedjax_dro import cli
+
+  src, out = str(tmp_path / "c17"), str(tmp_path / "prepared")
+  argv = ["prepare", "camelyon17", src, "--out", out, "--standin", "--no-progress"]
+  assert cli.main(argv) == 0
+  assert cli.main(argv[:-2] + ["--no-progress"]) == 2  # a finished --out is refused
+  assert cli.main(argv[:5] + ["--option", "size", "--no-progress"]) == 2
+  train, val = load_prepared(out, "train"), load_prepared(out, "val")
+  assert train.client_names == ("hospital_0", "hospital_3", "hospital_4")
+  assert val.client_names == ("hospital_1",)
+  model = fd.models.cnn((96, 96, 3), 2, features=(4,), dense=None)
+  alg = fd.algorithms.fgdro_cvar(model, clients_per_round=3, local_steps=2, batch_size=2)
+  h = fd.run(alg, train, rounds=2, seed=0)
+  got = val.evaluate(model, h.final_state.params, batch_size=2)
+  x = np.asarray(val.store.x, np.float32) / 255.0
+  y = np.asarray(val.store.y)
+  pred = np.asarray(model.apply(h.final_state.params, x)).argmax(-1)
+  assert got["summary"]["accuracy"] == pytest.approx(np.mean(pred == y), abs=1e-6)
+  np.testing.assert_array_equal(got["per_client"]["rows"], [len(y)])
