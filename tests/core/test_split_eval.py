@@ -4,10 +4,9 @@ against ``sklearn.metrics.f1_score`` over the labels present, Pearson r per grou
 ``scipy.stats.pearsonr``, worst-group accuracy (one group a row, and CivilComments' overlapping
 groups) against loops written out here."""
 
+import jax
 import numpy as np
 import pytest
-
-import jax
 
 import fedjax_dro as fd
 from fedjax_dro.core.metrics import evaluate_clients
