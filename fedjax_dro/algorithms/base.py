@@ -261,7 +261,7 @@ def algorithm_cost(alg: Algorithm, data: FederatedData):
   if not isinstance(alg, Algorithm):
     raise TypeError(f"alg must be an Algorithm, got {type(alg).__name__}")
   data = getattr(data, "train", data)
-  if not isinstance(data, FederatedData):
+  if not (isinstance(data, FederatedData) or getattr(data, "host_resident", False)):
     raise TypeError(f"data must be a FederatedData or FederatedDataset, got {type(data).__name__}")
   if alg.cost is None:
     raise ValueError(

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from fedjax_dro.algorithms.base import Algorithm, algorithm_cost
 from fedjax_dro.common.model import Model, model_identity
 from fedjax_dro.common.version import __version__
+from fedjax_dro.compare.domains import domain_digest, domain_points, split_summary
 from fedjax_dro.compare.protocol import Budget, Experiment, Strategy
 from fedjax_dro.compare.report import ComparisonResult, summarize_rows
 from fedjax_dro.compare.resume import RunRecords, data_digest, round_trip, run_key
@@ -142,7 +143,7 @@ def _signed(score: float, higher: bool) -> float:
 
 
 def _selection_splits(protocol, ds: FederatedDataset, seed):
-  if protocol.selection == "validation":
+  if protocol.selection in ("validation", "domains"):
     if ds.validation is None:
       raise ValueError(
         f"selection='validation' needs data({seed}) to return a FederatedDataset with a "
@@ -197,6 +198,10 @@ def select(
 
     def evaluate(subgrid, _grid=grid):
       options = [k for k in subgrid if k not in hp_names]
+      if protocol.selection == "domains":
+        return _domain_evaluate(
+          build, strategy, train, splits, subgrid, options, rounds, seed, metric
+        )
       try:
         cv = cross_validate(
           build if options else build(),
@@ -256,6 +261,33 @@ def select(
   }
 
 
+def _domain_evaluate(build, strategy, train, splits, subgrid, options, rounds, seed, metric):
+  """``select``'s scores of ``subgrid`` under ``selection="domains"``: each combination of the
+  factory options, its hyper-parameter grid in one sweep on the training clients, scored on the
+  held-out domains (:func:`fedjax_dro.compare.domains.domain_points`)."""
+  names = list(subgrid)
+  hp = [k for k in names if k not in options]
+  points = []
+  for combo in itertools.product(*[subgrid[k] for k in options]) or [()]:
+    opts = {k: _integral(v) for k, v in zip(options, combo)}
+    found = domain_points(
+      build(**opts),
+      train,
+      splits[0][1],
+      {k: [float(v) for v in subgrid[k]] for k in hp},
+      rounds=rounds,
+      seed=seed,
+      metric=metric,
+      hparams=dict(strategy.fixed) or None,
+    )
+    points += [{**p, "hparams": {**opts, **p["hparams"]}} for p in found]
+  order = {tuple(p["hparams"][k] for k in names): p for p in points}
+  return [
+    order[tuple(_integral(v) if k in options else float(v) for k, v in zip(names, c))]
+    for c in itertools.product(*subgrid.values())
+  ]
+
+
 def _stacked_models(alg: Algorithm, state, num_clients: int):
   models = alg.client_models(state)
   if not alg.personalized:
@@ -269,6 +301,11 @@ def _train_and_score(experiment, alg, hparams, ds, *, rounds, seed, costs):
 
   metric = experiment.protocol.metric
   every = experiment.protocol.curve_every or max(1, rounds // 10)
+  if experiment.protocol.selection == "domains":  # reported on the test split's domains
+    hist = run(alg, ds.train, rounds=rounds, seed=seed, hparams=hparams or None, eval_every=rounds)
+    summary = split_summary(alg, hist.final_state, ds.test)
+    extra = {k: v for k, v in summary.items() if k != metric.name}
+    return summary[metric.name], extra, []
   hist = run(
     alg, ds, rounds=rounds, seed=seed, hparams=hparams or None, eval_every=min(every, rounds)
   )
@@ -361,7 +398,8 @@ def compare(
     if budget.match is not None:
       ref_costs = algorithm_cost(builders[budget.match](), ds.train)
       amount = getattr(ref_costs.spent(budget.rounds), budget.field)
-    data = data_digest(ds) if out_dir is not None else None
+    digest_of = domain_digest if protocol.selection == "domains" else data_digest
+    data = digest_of(ds) if out_dir is not None else None
     for strategy in experiment.strategies:
       build = builders[strategy.label]
       digest, key = run_key(

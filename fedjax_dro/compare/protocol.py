@@ -17,7 +17,7 @@ from fedjax_dro.model_selection import STATS
 BUDGET_KINDS = ("rounds", "uploads", "gradients", "plateau")
 # the RoundCost field an equal-cost budget spends
 BUDGET_FIELD = {"uploads": "upload_floats", "gradients": "gradient_evaluations"}
-SELECTIONS = ("kfold", "holdout", "validation")
+SELECTIONS = ("kfold", "holdout", "validation", "domains")
 FAILURE_POLICIES = ("drop_seed", "score")
 
 
@@ -53,8 +53,12 @@ class Metric:
   """The per-client test metric the table reports, and that selection scores on held-out rows.
 
   Attributes:
-    name: a metric the model reports per client (``accuracy``, ``loss``, ``mse``, ``r2``, ...).
-    stat: its summary over clients (``mean``, ``weighted_mean``, ``worst20``, ...).
+    name: a metric the model reports per client (``accuracy``, ``loss``, ``mse``, ``r2``, ...);
+      with ``stat="split"``, a metric of a whole held-out split (``selection="domains"``:
+      ``accuracy``, ``macro_f1``, ``worst_group_accuracy``, ``worst_group_pearson_r``,
+      ``worst_log_perplexity``, ..., :func:`fedjax_dro.core.split_eval.evaluate_split`).
+    stat: its summary over clients (``mean``, ``weighted_mean``, ``worst20``, ...), or
+      ``"split"``.
   """
 
   name: str = "loss"
@@ -62,12 +66,14 @@ class Metric:
 
   def __post_init__(self):
     _name("metric name", self.name)
-    if self.stat not in STATS:
-      raise ValueError(f"metric stat must be one of {STATS}, got {self.stat!r}")
+    if self.stat not in STATS + ("split",):
+      raise ValueError(f"metric stat must be one of {STATS + ('split',)}, got {self.stat!r}")
 
   @property
   def higher_is_better(self) -> bool:
-    return HIGHER_IS_BETTER.get(self.name, True)
+    from fedjax_dro.compare.domains import higher_is_better
+
+    return HIGHER_IS_BETTER.get(self.name, higher_is_better(self.name))
 
   @property
   def label(self) -> str:
@@ -256,7 +262,10 @@ class Protocol:
     selection: ``"kfold"`` (``folds``-fold split of every client's training rows),
       ``"holdout"`` (``holdout`` of every client's training rows held out), within each seed, or
       ``"validation"`` (trained on all training rows, scored on the data's own validation split,
-      :attr:`FederatedDataset.validation <fedjax_dro.data.FederatedDataset>`).
+      :attr:`FederatedDataset.validation <fedjax_dro.data.FederatedDataset>`), or ``"domains"``
+      (trained on all training clients, the global model scored on a validation split of other
+      clients and reported on a test split of others: WILDS' out-of-distribution protocol,
+      :mod:`fedjax_dro.compare.domains`; the metric's ``stat`` is ``"split"``).
     folds: K of ``"kfold"``.
     holdout: the held-out share of ``"holdout"``.
     selection_rounds: rounds of every selection run (default: the budget's rounds of the
@@ -317,12 +326,20 @@ class Protocol:
       _number("failure_score", self.failure_score)
     if self.curve_every is not None:
       _positive_int("curve_every", self.curve_every)
+    if (self.selection == "domains") != (self.metric.stat == "split"):
+      raise ValueError(
+        "selection='domains' and Metric(stat='split') go together (a held-out split's metric), "
+        f"got selection={self.selection!r} with stat={self.metric.stat!r}"
+      )
+    if self.selection == "domains" and self.budget.kind == "plateau":
+      raise ValueError("selection='domains' takes a fixed budget, not 'plateau'")
 
   def describe(self) -> Dict[str, Any]:
     sel = {
       "kfold": f"{self.folds}-fold CV over each client's training rows",
       "holdout": f"a hold-out of {self.holdout:g} of each client's training rows",
       "validation": "each client's validation rows (the data's validation split)",
+      "domains": "the global model on the held-out domains of the validation split",
     }[self.selection]
     return {
       "seeds": list(self.seeds),

@@ -1,0 +1,112 @@
+"""Comparisons judged on held-out domains: selection and report on other clients than training's.
+
+WILDS' protocol (Koh et al., "WILDS: A Benchmark of in-the-Wild Distribution Shifts", ICML 2021)
+trains on some domains and selects and reports on others: Camelyon17's hospital 1 validates and
+hospital 2 tests a model trained on hospitals 0, 3 and 4; iWildCam's and PovertyMap's
+out-of-distribution splits hold other camera traps and other countries. With
+``Protocol(selection="domains")`` an experiment's ``data(seed)`` returns a
+:class:`~fedjax_dro.data.FederatedDataset` whose ``train`` is the training federation and whose
+``validation`` and ``test`` are splits of *other* clients (prepared splits streamed by
+:func:`~fedjax_dro.data.load_prepared`, or device-resident data). Each configuration is trained on
+the training federation and its global model is scored on the validation split by the
+dataset's own metric (:func:`fedjax_dro.core.split_eval.evaluate_split`: ``accuracy``,
+``macro_f1``, ``worst_group_accuracy``, ``worst_group_pearson_r``, ``worst_log_perplexity``, ...,
+named by ``Metric(name, stat="split")``); the chosen configuration's final run is scored the same
+way on the test split, with every other metric of the split as extra columns.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from typing import Any, Dict, List
+
+import jax
+import numpy as np
+
+from fedjax_dro.core.metrics import HIGHER_IS_BETTER
+
+# The dataset metrics of split evaluation and their direction (besides core.metrics' own).
+SPLIT_HIGHER_IS_BETTER = {
+  "macro_f1": True,
+  "pearson_r": True,
+  "worst_group_pearson_r": True,
+  "worst_group_accuracy": True,
+  "worst_log_perplexity": False,
+  "average_log_perplexity": False,
+  "worst_client_accuracy": True,
+  "mean_client_accuracy": True,
+  "worst_client_loss": False,
+  "mean_client_loss": False,
+}
+
+
+def higher_is_better(name: str) -> bool:
+  return SPLIT_HIGHER_IS_BETTER.get(name, HIGHER_IS_BETTER.get(name, True))
+
+
+def _streamed(data):
+  """``data`` as a streamed split (device-resident data wrapped by nothing: refused)."""
+  if not getattr(data, "streamed", False):
+    raise TypeError(
+      "selection='domains' evaluates prepared splits: data(seed).validation and .test must be "
+      f"load_prepared(...) splits, got {type(data).__name__}"
+    )
+  return data
+
+
+def split_summary(alg, state, data, *, batch_size: int = 256) -> Dict[str, float]:
+  """The dataset metrics of ``state``'s global model on the split ``data`` (every row)."""
+  from fedjax_dro.core.split_eval import evaluate_split
+
+  params = alg.client_models(state)
+  if alg.personalized:
+    raise ValueError(
+      f"{alg.name} is personalized: its per-client models have no model for held-out domains "
+      "(selection='domains' compares global models)"
+    )
+  out = evaluate_split(alg.model, params, _streamed(data), batch_size=batch_size)
+  return {k: float(v) for k, v in out["summary"].items()}
+
+
+def domain_points(
+  alg, train, validation, grid: Dict[str, List[float]], *, rounds, seed, metric, hparams
+) -> List[Dict[str, Any]]:
+  """Every point of the product ``grid`` (hyper-parameters of ``alg``) trained on ``train`` in one
+  vmapped sweep and scored on ``validation`` by ``metric.name``: ``[{"hparams", "score", "se"}]``
+  in grid order (a diverged configuration scores NaN)."""
+  from fedjax_dro.engine.sweeps import sweep
+
+  res = sweep(
+    alg, train, rounds=rounds, grid=grid, seeds=[seed], hparams=hparams, eval_every=rounds
+  )
+  out = []
+  for r, (config, diverged) in enumerate(zip(res.configs, res.diverged)):
+    state = jax.tree.map(lambda a, r=r: a[r], res.final_state)
+    score = math.nan
+    if not diverged:
+      summary = split_summary(alg, state, validation)
+      if metric.name not in summary:
+        raise ValueError(
+          f"metric {metric.name!r} is not a metric of this split; available: {sorted(summary)}"
+        )
+      score = summary[metric.name]
+    out.append({"hparams": dict(config["hparams"]), "score": float(score), "se": math.nan})
+  return out
+
+
+def domain_digest(ds) -> str:
+  """SHA-256 over the prepared splits' manifests (their arrays' checksums) of ``ds``."""
+  h = hashlib.sha256()
+  for part in (ds.train, ds.validation, ds.test):
+    store = getattr(part, "store", None)
+    if store is None:
+      for leaf in jax.tree.leaves(part):
+        a = np.ascontiguousarray(np.asarray(leaf))
+        h.update(f"{a.dtype.str}{a.shape}".encode() + a.tobytes())
+      continue
+    entry = store.manifest["splits"][store.split]
+    h.update(store.split.encode())
+    for name in sorted(entry["arrays"]):
+      h.update(f"{name}:{entry['arrays'][name]['sha256']}".encode())
+  return h.hexdigest()
