@@ -28,8 +28,10 @@ row; and the table says what each strategy spent. An experiment declares its str
 
 Per seed ``s``: the data are ``data(s)``; every strategy's grid is scored by K-fold
 cross-validation (or a hold-out) over each client's *training* rows, hyper-parameters vmapped in
-one program per fold (:func:`fedjax_dro.model_selection.cross_validate`), geometric axes widened
-while the choice sits on an edge (:func:`fedjax_dro.model_selection.widen_at_edges`); the chosen
+one program per fold (:func:`fedjax_dro.model_selection.cross_validate`), every geometric axis
+widened while the choice sits on its edge, up to ``max_widenings`` values per axis
+(:func:`fedjax_dro.model_selection.widen_at_edges`; an axis split across sub-grids is judged on
+the union of its values and its edge reported, not widened); the chosen
 configuration is trained on all training rows for the rounds the budget gives it
 (:func:`budget_rounds`, from the costs the algorithms state: :mod:`fedjax_dro.core.costs`) and
 scored on the test rows. The record holds the per-seed rows (choices, scores, rounds, spent

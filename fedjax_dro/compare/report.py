@@ -245,7 +245,8 @@ def comparison_markdown(result: Dict[str, Any]) -> str:
       "none."
       if not result["edges"]
       else "; ".join(
-        f"{e['strategy']} seed {e['seed']} {e['axis']}={e['value']:.3g} ({e['edge']})"
+        f"{e['strategy']} seed {e['seed']} {e['axis']}={e['value']:.3g} ({e['edge']}"
+        + (", across sub-grids)" if e.get("across") else ")")
         for e in result["edges"]
       )
       + "."
