@@ -36,7 +36,9 @@ configuration is trained on all training rows for the rounds the budget gives it
 (:func:`budget_rounds`, from the costs the algorithms state: :mod:`fedjax_dro.core.costs`) and
 scored on the test rows. The record holds the per-seed rows (choices, scores, rounds, spent
 budget, tuning cost, curves), mean +- 2 SE over seeds, paired differences against a reference
-strategy with win counts, the choices left on grid edges, and failures.
+strategy (paired t-test p-value and 95% t-interval, win counts with a one-sided sign test,
+Holm-adjusted p-values when a table has more than three comparisons), the choices left on grid
+edges, and failures.
 
 From the command line: ``fedjax-dro compare CONFIG.toml`` (:mod:`fedjax_dro.compare.config`).
 """

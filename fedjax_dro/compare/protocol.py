@@ -336,7 +336,9 @@ class Protocol:
       "max_widenings": self.max_widenings,
       "on_failure": self.on_failure
       + (f" (a failed run scores {self.failure_score:g})" if self.on_failure == "score" else ""),
-      "spread": "mean +- 2 SE over seeds (ddof=1); paired differences against the reference",
+      "spread": "mean +- 2 SE over seeds (ddof=1); paired differences against the reference "
+      "(paired t-test p and 95% t-interval, one-sided sign test of the wins; p Holm-adjusted "
+      "when a table has more than three comparisons)",
     }
 
 

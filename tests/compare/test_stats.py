@@ -2,6 +2,7 @@
 p-value and 95% interval, the sign test, and Holm's adjustment (against a hand computation)."""
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -74,3 +75,80 @@ def test_verdicts_in_words():
   )
   old = {"difference": 1.0, "difference_2se": 0.1, "t": 3.0, "wins": 3, "losses": 0}
   assert verdict(old, higher_is_better=True) == "within noise"
+
+
+# ----------------------------------------------------------------------------------------------
+# the record and its markdown
+# ----------------------------------------------------------------------------------------------
+
+
+def _rows(values, seeds):
+  from fedjax_dro.core.costs import COST_FIELDS
+
+  return [
+    {
+      "seed": s,
+      "failed": False,
+      "value": float(v),
+      "extra": {},
+      "chosen": {"lr": 0.1},
+      "selection_score": float(v),
+      "rounds": 5,
+      "configurations": 3,
+      "spent": {f: 1.0 for f in COST_FIELDS},
+      "edges": [],
+    }
+    for s, v in zip(seeds, values)
+  ]
+
+
+def _summary(num_strategies, rng):
+  from fedjax_dro.compare.report import summarize_rows
+
+  seeds = (0, 1, 2, 3, 4)
+  labels = [f"S{i}" for i in range(num_strategies)]
+  exp = C.Experiment(
+    "stats",
+    lambda seed: None,
+    None,
+    [C.Strategy(k, lambda m: None, grid={"lr": [0.1, 0.2]}) for k in labels],
+    C.Protocol(seeds=seeds, metric=C.Metric("mse")),
+  )
+  base = rng.normal(size=len(seeds))
+  rows = {
+    k: _rows(base + 0.8 * i + 0.3 * rng.normal(size=len(seeds)), seeds)
+    for i, k in enumerate(labels)
+  }
+  return summarize_rows(exp, rows, wall_time=0.0), rows
+
+
+def test_holm_is_applied_above_three_comparisons_and_the_markdown_shows_the_tests():
+  rng = np.random.default_rng(3)
+  res, rows = _summary(5, rng)  # four comparisons against S0
+  paired = res.paired["mse"]
+  raw = [paired[k]["p_value"] for k in ("S1", "S2", "S3", "S4")]
+  np.testing.assert_allclose([paired[k]["holm_p"] for k in ("S1", "S2", "S3", "S4")], holm(raw))
+  for k in ("S1", "S2", "S3", "S4"):
+    a = [r["value"] for r in rows[k]]
+    b = [r["value"] for r in rows["S0"]]
+    np.testing.assert_allclose(paired[k]["p_value"], scipy_stats.ttest_rel(a, b).pvalue)
+  md = res.to_markdown()
+  assert "| p | 95% CI | Holm p |" in md
+  for k in ("S1", "S2", "S3", "S4"):  # mse: larger is worse, each row is shifted up
+    assert f"{k} {verdict(paired[k], higher_is_better=False)}" in md
+  assert "behind (p = " in md or "within noise (p = " in md
+  small, _ = _summary(3, np.random.default_rng(4))  # two comparisons: no Holm
+  assert all("holm_p" not in d for d in small.paired["mse"].values())
+  assert "Holm p" not in small.to_markdown() and "| p | 95% CI |" in small.to_markdown()
+
+
+def test_an_old_record_without_the_tests_still_renders():
+  res, _ = _summary(2, np.random.default_rng(5))
+  old = res.to_json()
+  for d in old["paired"]["mse"].values():
+    for key in ("p_value", "ci95_low", "ci95_high", "sign_p"):
+      d.pop(key)
+  md = C.comparison_markdown(old)
+  assert "S1 within noise." in md and re.search(r"\| \d of 5 \|", md)
+  new_md = C.comparison_markdown(res.to_json())
+  assert "of 5 (" in new_md and "of 5 (" not in md
