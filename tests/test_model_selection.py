@@ -319,3 +319,12 @@ def test_widen_at_edges_limit_one_each_and_a_single_axis_total_unchanged():
   )
   assert [a for a, _ in widened] == ["a", "b"] and len(calls) == 3
   assert grid["a"] == pytest.approx([1.0, 2.0, 4.0]) and grid["b"] == pytest.approx([1.0, 3.0, 9.0])
+
+
+def test_grid_edge_on_log_and_linear_scales():
+  """Positive grids match on a log scale (a float32 round trip still matches); a grid holding 0
+  or negatives matches on a linear scale instead of failing; duplicates count once."""
+  assert grid_edge([0.1, 0.3, 1.0], np.float32(1.0)) == "high"
+  assert grid_edge([0.1, 0.3, 1.0], 0.3) is None and grid_edge([0.1, 0.3], 0.1) == "low"
+  assert grid_edge([0.0, 0.1, 1.0], 0.0) == "low" and grid_edge([-1.0, 0.0, 1.0], 0.0) is None
+  assert grid_edge([2.0, 2.0], 2.0) is None
