@@ -418,14 +418,19 @@ def select_hparams(
 
 
 def grid_edge(values: Sequence[float], value: float) -> Optional[str]:
-  """``"low"`` or ``"high"`` when ``value`` is the smallest or largest of the positive grid
-  ``values`` (matched to the nearest value on a log scale, so float32 round trips still match),
-  ``None`` when it is an interior value or the grid has fewer than two values."""
-  values = sorted(float(v) for v in values)
+  """``"low"`` or ``"high"`` when ``value`` is the smallest or largest of the grid ``values``
+  (matched to the nearest value on a log scale when every value is positive, so float32 round
+  trips still match; on a linear scale otherwise), ``None`` when it is an interior value or the
+  grid has fewer than two distinct values."""
+  values = sorted({float(v) for v in values})
   if len(values) < 2:
     return None
   at = float(value)
-  nearest = min(range(len(values)), key=lambda i: abs(math.log(values[i] / at)))
+  if values[0] > 0 and at > 0:
+    dist = lambda i: abs(math.log(values[i] / at))
+  else:
+    dist = lambda i: abs(values[i] - at)
+  nearest = min(range(len(values)), key=dist)
   return "low" if nearest == 0 else ("high" if nearest == len(values) - 1 else None)
 
 
@@ -441,21 +446,24 @@ def widen_at_edges(
 
   ``evaluate(subgrid)`` runs the product grid ``subgrid`` (a dict of value lists, every axis of
   ``grid``) and returns one result per point, each a dict with ``"hparams"`` (the point's values).
-  After the first evaluation of ``grid``, while the best result (the largest ``key(result)``)
-  takes the smallest or largest value of an axis named in ``axes`` (in ``axes`` order), that
-  axis gains one more value beyond the edge, in the ratio of its two outermost values
-  (``[0.1, 0.3, 1.0]`` at its high edge gains ``3.33``), and only the new points (the new value
-  with every value of the other axes) are evaluated. It stops when the best point is interior on
-  every axis of ``axes`` or after ``max_widenings`` widenings: a grid chosen too narrow for a
-  problem (a step size grid in units of a loose smoothness bound) is corrected by evidence, and
-  a choice still on an edge at the end is visible in the returned grid.
+  After the first evaluation of ``grid``, and after every widening step, the best result (the
+  largest ``key(result)``) is found; EVERY axis named in ``axes`` on which it takes the smallest
+  or largest value, and which has gained fewer than ``max_widenings`` values so far, gains one
+  more value beyond that edge, in the ratio of its two outermost values (``[0.1, 0.3, 1.0]`` at
+  its high edge gains ``3.33``). The axes of one step are widened one after another (in
+  ``axes`` order), each evaluating only its new points: the new value with every current value
+  of the other axes (so two axes widened in one step also evaluate their new corner). It stops
+  when the best point is interior on every axis of ``axes`` that has not reached its limit: a
+  grid chosen too narrow for a problem (a step size grid in units of a loose smoothness bound)
+  is corrected by evidence, and a choice still on an edge at the end is visible in the returned
+  grid.
 
   Args:
     evaluate: ``subgrid -> [result]`` as above.
     grid: the initial grid; every axis of ``axes`` has at least two distinct positive values.
     axes: the axes that may be widened (geometric: step sizes, penalty strengths).
     key: the score of a result, larger is better (ties go to the earlier result).
-    max_widenings: the most values added in all (0: a plain grid search).
+    max_widenings: the most values added to each axis of ``axes`` (0: a plain grid search).
 
   Returns:
     ``(results, grid, widened)``: every result in evaluation order, the final grid (each axis
@@ -466,6 +474,7 @@ def widen_at_edges(
   if not is_int(max_widenings) or max_widenings < 0:
     raise ValueError(f"max_widenings must be a non-negative integer, got {max_widenings!r}")
   grid = {k: sorted(float(v) for v in values) for k, values in grid.items()}
+  axes = list(dict.fromkeys(axes))
   for name in axes:
     if name not in grid:
       raise ValueError(f"axes names {name!r}, which is not an axis of grid {sorted(grid)}")
@@ -477,25 +486,25 @@ def widen_at_edges(
       )
   results = list(evaluate({k: list(v) for k, v in grid.items()}))
   widened: List[Tuple[str, float]] = []
-  while len(widened) < max_widenings and results:
+  used = {name: 0 for name in axes}
+  while results:
     best = max(results, key=key)  # the first of equal scores
-    step = None
+    steps = []
     for name in axes:
       values = grid[name]
-      edge = grid_edge(values, best["hparams"][name])
+      edge = grid_edge(values, best["hparams"][name]) if used[name] < max_widenings else None
       if edge == "high":
-        step = (name, values[-1] * (values[-1] / values[-2]))
+        steps.append((name, values[-1] * (values[-1] / values[-2])))
       elif edge == "low":
-        step = (name, values[0] * (values[0] / values[1]))
-      if step is not None:
-        break
-    if step is None:
+        steps.append((name, values[0] * (values[0] / values[1])))
+    if not steps:
       break
-    name, value = step
-    subgrid = {k: ([value] if k == name else list(v)) for k, v in grid.items()}
-    results += list(evaluate(subgrid))
-    grid[name] = sorted(grid[name] + [value])
-    widened.append((name, value))
+    for name, value in steps:
+      subgrid = {k: ([value] if k == name else list(v)) for k, v in grid.items()}
+      results += list(evaluate(subgrid))
+      grid[name] = sorted(grid[name] + [value])
+      used[name] += 1
+      widened.append((name, value))
   return results, grid, widened
 
 

@@ -10,7 +10,7 @@ import pytest
 from fedjax_dro import models, run
 from fedjax_dro.algorithms import fedavg, karula
 from fedjax_dro.data import from_client_arrays
-from fedjax_dro.model_selection import cross_validate, kfold_split, widen_at_edges
+from fedjax_dro.model_selection import cross_validate, grid_edge, kfold_split, widen_at_edges
 from tests.helpers import dataset
 
 D = 3
@@ -263,3 +263,68 @@ def test_widen_at_edges_bad_inputs(grid, axes, kwargs, error, match):
   with pytest.raises(error, match=match):
     widen_at_edges(evaluate, grid, axes=axes, key=lambda r: r["score"], **kwargs)
   assert calls == []
+
+
+def test_widen_at_edges_widens_every_axis_on_an_edge_up_to_its_own_limit():
+  """The optimum (lr = 1e-3, mu = 100) lies beyond both initial axes: with the best point on an
+  edge of both, both gain values in the same step (the new corner evaluated once); each axis
+  stops at ``max_widenings`` of its own, so ``mu``, three decades away, ends on its edge after
+  two values while ``lr`` reaches its interior optimum after two as well; with four, ``mu``
+  walks on to its interior optimum while ``lr`` gains nothing more."""
+  score = lambda p: -((np.log10(p["lr"]) + 3) ** 2) - (np.log10(p["mu"]) - 4) ** 2
+  evaluate, calls = _recording(score)
+  results, grid, widened = widen_at_edges(
+    evaluate,
+    {"lr": [0.1, 0.01], "mu": [1.0, 10.0]},
+    axes=["lr", "mu"],
+    key=lambda r: r["score"],
+    max_widenings=2,
+  )
+  axes = [a for a, _ in widened]
+  assert axes.count("lr") == 2 and axes.count("mu") == 2
+  assert axes[:2] == ["lr", "mu"]  # one step widens both axes
+  assert grid["lr"] == pytest.approx([1e-4, 1e-3, 1e-2, 1e-1])
+  assert grid["mu"] == pytest.approx([1.0, 10.0, 100.0, 1000.0])
+  points = [(r["hparams"]["lr"], r["hparams"]["mu"]) for r in results]
+  assert len(points) == len(set(points)) == 16  # the full product, every point once
+  best = max(results, key=lambda r: r["score"])["hparams"]
+  assert grid_edge(grid["mu"], best["mu"]) == "high" and grid_edge(grid["lr"], best["lr"]) is None
+  assert {k: len(v) for k, v in calls[1].items()} == {"lr": 1, "mu": 2}
+  assert {k: len(v) for k, v in calls[2].items()} == {"lr": 3, "mu": 1}
+  # the limit holds per axis: with more room mu walks on to its optimum 1e4, lr stays put
+  evaluate, calls = _recording(score)
+  _, grid, widened = widen_at_edges(
+    evaluate,
+    {"lr": [0.1, 0.01], "mu": [1.0, 10.0]},
+    axes=["lr", "mu"],
+    key=lambda r: r["score"],
+    max_widenings=4,
+  )
+  assert [a for a, _ in widened].count("mu") == 4 and [a for a, _ in widened].count("lr") == 2
+  assert grid["mu"] == pytest.approx([1.0, 10.0, 100.0, 1e3, 1e4, 1e5])
+  best = max(_product(grid), key=score)
+  assert best["mu"] == pytest.approx(1e4) and grid_edge(grid["mu"], best["mu"]) is None
+
+
+def test_widen_at_edges_limit_one_each_and_a_single_axis_total_unchanged():
+  """``max_widenings=1`` on two edge axes adds exactly one value to each (the old behaviour
+  added one value in all)."""
+  evaluate, calls = _recording(lambda p: p["a"] + p["b"])
+  _, grid, widened = widen_at_edges(
+    evaluate,
+    {"a": [1.0, 2.0], "b": [1.0, 3.0]},
+    axes=["a", "b"],
+    key=lambda r: r["score"],
+    max_widenings=1,
+  )
+  assert [a for a, _ in widened] == ["a", "b"] and len(calls) == 3
+  assert grid["a"] == pytest.approx([1.0, 2.0, 4.0]) and grid["b"] == pytest.approx([1.0, 3.0, 9.0])
+
+
+def test_grid_edge_on_log_and_linear_scales():
+  """Positive grids match on a log scale (a float32 round trip still matches); a grid holding 0
+  or negatives matches on a linear scale instead of failing; duplicates count once."""
+  assert grid_edge([0.1, 0.3, 1.0], np.float32(1.0)) == "high"
+  assert grid_edge([0.1, 0.3, 1.0], 0.3) is None and grid_edge([0.1, 0.3], 0.1) == "low"
+  assert grid_edge([0.0, 0.1, 1.0], 0.0) == "low" and grid_edge([-1.0, 0.0, 1.0], 0.0) is None
+  assert grid_edge([2.0, 2.0], 2.0) is None

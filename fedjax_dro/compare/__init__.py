@@ -28,13 +28,17 @@ row; and the table says what each strategy spent. An experiment declares its str
 
 Per seed ``s``: the data are ``data(s)``; every strategy's grid is scored by K-fold
 cross-validation (or a hold-out) over each client's *training* rows, hyper-parameters vmapped in
-one program per fold (:func:`fedjax_dro.model_selection.cross_validate`), geometric axes widened
-while the choice sits on an edge (:func:`fedjax_dro.model_selection.widen_at_edges`); the chosen
+one program per fold (:func:`fedjax_dro.model_selection.cross_validate`), every geometric axis
+widened while the choice sits on its edge, up to ``max_widenings`` values per axis
+(:func:`fedjax_dro.model_selection.widen_at_edges`; an axis split across sub-grids is judged on
+the union of its values and its edge reported, not widened); the chosen
 configuration is trained on all training rows for the rounds the budget gives it
 (:func:`budget_rounds`, from the costs the algorithms state: :mod:`fedjax_dro.core.costs`) and
 scored on the test rows. The record holds the per-seed rows (choices, scores, rounds, spent
 budget, tuning cost, curves), mean +- 2 SE over seeds, paired differences against a reference
-strategy with win counts, the choices left on grid edges, and failures.
+strategy (paired t-test p-value and 95% t-interval, win counts with a one-sided sign test,
+Holm-adjusted p-values when a table has more than three comparisons), the choices left on grid
+edges, and failures.
 
 From the command line: ``fedjax-dro compare CONFIG.toml`` (:mod:`fedjax_dro.compare.config`).
 """

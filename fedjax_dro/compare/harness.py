@@ -1,5 +1,9 @@
 """The comparison loop: per seed, select every strategy's configuration on its training rows,
 train it under the budget, score it on the test rows; then the table and the paired differences.
+
+The selection (:func:`select`) widens every geometric axis of each sub-grid while the choice sits
+on its edge, up to ``max_widenings`` values per axis, and judges an axis split across sub-grids
+(one value in each) on the union of its values: its edge is reported, it is not widened.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from fedjax_dro.compare.resume import RunRecords, data_digest, round_trip, run_k
 from fedjax_dro.core.costs import Costs, RoundCost
 from fedjax_dro.data.federated import FederatedDataset
 from fedjax_dro.model_selection import (
+  _norm,
   cross_validate,
   grid_edge,
   holdout_split,
@@ -168,6 +173,14 @@ def select(
   """Per-seed selection of ``strategy``'s configuration on ``splits`` of the seed's training
   rows (``train``; the test rows are never seen), widening geometric axes at edges.
 
+  Every sub-grid of ``strategy.grids`` is searched with :func:`widen_at_edges` (each of its
+  geometric axes widened up to ``protocol.max_widenings`` times); the best point over all
+  sub-grids is chosen. Its edges are judged per axis: an axis with two or more values in the
+  winning (widened) sub-grid on that sub-grid's values; an axis split across sub-grids (one
+  value in the winning sub-grid, like pFedMe's ``lam``) on the union of its values over the
+  sub-grids that hold it. A split axis is reported but not widened: its partner values (the
+  inner step that follows ``lam``) are the strategy's, not the harness's, to set.
+
   Returns ``{"chosen", "score", "configurations", "widened", "edges", "points"}``; raises
   :class:`SelectionFailed` when every configuration diverged.
   """
@@ -184,11 +197,11 @@ def select(
     }
   hp_names = set(build().hparams)
   points: List[Dict[str, Any]] = []
-  widened_all, edges = [], []
+  widened_all, edges, finals = [], [], []
   best = None
   for grid in strategy.grids:
-    if strategy.widen is not None:
-      axes = [a for a in strategy.widen if a in grid]
+    if strategy.widen is not None:  # a split axis (one value in this sub-grid) is not widened
+      axes = [a for a in strategy.widen if a in grid and len({_norm(x) for x in grid[a]}) >= 2]
     else:
       axes = [
         k
@@ -241,6 +254,7 @@ def select(
     )
     points += results
     widened_all += [{"axis": a, "value": v} for a, v in widened]
+    finals.append(final_grid)
     top = max(results, key=lambda r: _signed(r["score"], higher))
     if best is None or _signed(top["score"], higher) > _signed(best[0]["score"], higher):
       best = (top, final_grid)
@@ -248,9 +262,15 @@ def select(
   if not math.isfinite(top["score"]):
     raise SelectionFailed(f"every configuration of {strategy.label!r} diverged on some fold")
   for axis, values in final_grid.items():
-    edge = grid_edge(values, top["hparams"][axis]) if len(values) >= 2 else None
+    split = len(set(values)) < 2
+    if split:  # one value here: judged on the union of the axis over the sub-grids
+      values = sorted({v for g in finals if axis in g for v in g[axis]})
+    edge = grid_edge(values, top["hparams"][axis]) if len(set(values)) >= 2 else None
     if edge is not None:
-      edges.append({"axis": axis, "edge": edge, "value": top["hparams"][axis]})
+      edges.append(
+        {"axis": axis, "edge": edge, "value": top["hparams"][axis]}
+        | ({"across": "sub-grids"} if split else {})
+      )
   return {
     "chosen": dict(top["hparams"]),
     "score": float(top["score"]),

@@ -201,7 +201,9 @@ class Strategy:
       inner step with ``lam``). ``{}``: nothing to choose.
     fixed: hyper-parameters every run of this strategy uses.
     widen: grid axes widened geometrically while the choice sits on their edge; default: every
-      hyper-parameter axis with at least two positive values (factory options are never widened).
+      hyper-parameter axis with at least two positive values (factory options are never widened;
+      an axis split across sub-grids, one value in each, is not widened, but its edge over the
+      union of its values is reported).
     note: why this strategy's grid has a different number of configurations than the others
       (required when it does and the protocol asks for equal grids).
     paper: ``False`` for a baseline the paper did not run (marked in the table).
@@ -270,8 +272,9 @@ class Protocol:
     holdout: the held-out share of ``"holdout"``.
     selection_rounds: rounds of every selection run (default: the budget's rounds of the
       strategy; the cap for ``"plateau"``).
-    max_widenings: the most values added to a strategy's grid per seed
-      (:func:`fedjax_dro.model_selection.widen_at_edges`); 0: plain grids.
+    max_widenings: the most values added to each widened axis of each of a strategy's
+      (sub-)grids per seed (:func:`fedjax_dro.model_selection.widen_at_edges`: every axis on
+      an edge is widened, each up to this limit); 0: plain grids.
     equal_grids: every strategy's grid has as many configurations as the others, unless its
       ``note`` says why not.
     on_failure: ``"drop_seed"`` (a seed where any strategy failed is left out of every row's
@@ -350,7 +353,9 @@ class Protocol:
       "max_widenings": self.max_widenings,
       "on_failure": self.on_failure
       + (f" (a failed run scores {self.failure_score:g})" if self.on_failure == "score" else ""),
-      "spread": "mean +- 2 SE over seeds (ddof=1); paired differences against the reference",
+      "spread": "mean +- 2 SE over seeds (ddof=1); paired differences against the reference "
+      "(paired t-test p and 95% t-interval, one-sided sign test of the wins; p Holm-adjusted "
+      "when a table has more than three comparisons)",
     }
 
 

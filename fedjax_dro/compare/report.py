@@ -1,5 +1,7 @@
-"""The record of a comparison: per-seed rows, the table (mean +- 2 SE), paired differences, the
-budget each strategy spent, the edges its choices sit on, failures; JSON, markdown and plots."""
+"""The record of a comparison: per-seed rows, the table (mean +- 2 SE), paired differences (with
+the paired t-test's p-value and 95% interval, the sign test, Holm-adjusted p-values above three
+comparisons), the budget each strategy spent, the edges its choices sit on, failures; JSON,
+markdown and plots."""
 
 from __future__ import annotations
 
@@ -10,8 +12,10 @@ from typing import Any, Dict, List
 
 import numpy as np
 
-from fedjax_dro.compare.stats import mean_2se, paired_difference
+from fedjax_dro.compare.stats import holm, mean_2se, paired_difference, verdict
 from fedjax_dro.core.costs import COST_FIELDS
+
+HOLM_ABOVE = 3  # a metric with more comparisons than this gets Holm-adjusted p-values
 
 COST_LABELS = {
   "uploading_clients": "uploads (messages)",
@@ -37,7 +41,10 @@ class ComparisonResult:
       ``configurations``, ``widened``, ``edges``, ``curve``, ``seconds``.
     table: ``{label: {...}}``: ``mean`` and ``two_se`` of the metric over the seeds the failure
       policy keeps, the same for every extra metric, the mean budget spent, ``failures``.
-    paired: ``{metric: {label: paired_difference}}`` against ``reference``.
+    paired: ``{metric: {label: paired_difference}}`` against ``reference`` (mean, 2 SE, t,
+      ``p_value``, ``ci95_low`` / ``ci95_high``, wins / losses / ties, ``sign_p``); when a
+      metric has more than three comparisons (``HOLM_ABOVE``), each also has ``holm_p``, its
+      p-value Holm-adjusted over that metric's comparisons.
     kept_seeds: the seeds every row's statistics use.
     edges: ``[{"strategy", "seed", "axis", "edge", "value"}]``: choices left on a grid edge.
     failures: ``[{"strategy", "seed", "failure"}]``.
@@ -122,6 +129,11 @@ def summarize_rows(experiment, rows, *, wall_time: float) -> ComparisonResult:
     entry["failures"] = sum(r["failed"] for r in rows[label])
     entry["seeds"] = len(values(label, lambda r: r["value"]))
     table[label] = entry
+  for family in paired.values():
+    if len(family) > HOLM_ABOVE:
+      adjusted = holm([d["p_value"] for d in family.values()])
+      for d, h in zip(family.values(), adjusted):
+        d["holm_p"] = h
   edges = [
     {"strategy": k, "seed": r["seed"], **e}
     for k in labels
@@ -168,6 +180,17 @@ def _pm(m, s, digits=4) -> str:
   return f"{m:.{digits}g}" + ("" if not math.isfinite(s) else f" +- {s:.2g}")
 
 
+def _p(v) -> str:
+  return "-" if v is None or not math.isfinite(v) else f"{v:.2g}"
+
+
+def _ci(d) -> str:
+  low, high = d.get("ci95_low"), d.get("ci95_high")
+  if low is None or not (math.isfinite(low) and math.isfinite(high)):
+    return "-"
+  return f"[{low:.3g}, {high:.3g}]"
+
+
 def comparison_markdown(result: Dict[str, Any]) -> str:
   """The markdown of a :class:`ComparisonResult` (as its JSON dict): the protocol, the table
   with the budget columns and paired differences, the per-seed choices, edges and failures.
@@ -187,7 +210,10 @@ def comparison_markdown(result: Dict[str, Any]) -> str:
   lines += [f"- {k.replace('_', ' ')}: {v}" for k, v in p.items() if v is not None]
   lines += [f"- statistics over seeds {result['kept_seeds']}", ""]
   head = ["strategy", f"test {name} (+-2SE)"] + [f"{e} (+-2SE)" for e in extras]
-  head += [f"minus {ref} (paired +-2SE)", "better in", "rounds"]
+  paired = result["paired"][metric["name"]]
+  with_holm = any("holm_p" in d for d in paired.values())
+  head += [f"minus {ref} (paired +-2SE)", "p", "95% CI"] + (["Holm p"] if with_holm else [])
+  head += ["better in (sign p)", "rounds"]
   head += [COST_LABELS[f] for f in COST_FIELDS if f != "uploading_clients"]
   head += ["configs", "failures"]
   lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -198,11 +224,14 @@ def comparison_markdown(result: Dict[str, Any]) -> str:
     cells = [label + ("" if s["paper"] else " (not in the paper)")]
     cells.append(_pm(t[metric["name"]]["mean"], t[metric["name"]]["two_se"]))
     cells += [_pm(t[e]["mean"], t[e]["two_se"]) for e in extras]
-    d = result["paired"][metric["name"]].get(label)
+    d = paired.get(label)
     if d is None:
-      cells += ["(reference)", "-"]
+      cells += ["(reference)", "-", "-"] + (["-"] if with_holm else []) + ["-"]
     else:
-      cells += [_pm(d["difference"], d["difference_2se"]), f"{d['wins']} of {d['seeds']}"]
+      cells += [_pm(d["difference"], d["difference_2se"]), _p(d.get("p_value")), _ci(d)]
+      cells += [_p(d.get("holm_p"))] if with_holm else []
+      sign = "" if d.get("sign_p") is None else f" ({_p(d['sign_p'])})"
+      cells.append(f"{d['wins']} of {d['seeds']}{sign}")
     cells.append("-" if not math.isfinite(t["rounds"]) else f"{t['rounds']:.4g}")
     cells += [
       "-" if not math.isfinite(t["spent"][f]) else f"{t['spent'][f]:.4g}"
@@ -216,6 +245,20 @@ def comparison_markdown(result: Dict[str, Any]) -> str:
     lines.append("| " + " | ".join(cells) + " |")
     if s["note"]:
       notes.append(f"- {label}: {s['note']}")
+  said = [
+    f"{s['label']} {verdict(paired[s['label']], higher_is_better=metric['higher_is_better'])}"
+    for s in result["strategies"]
+    if s["label"] in paired
+  ]
+  if said:
+    lines += [
+      "",
+      f"Against {ref} (paired t-test over seeds, two-sided"
+      + (", Holm-adjusted over the table's comparisons" if with_holm else "")
+      + "; 'within noise': p >= 0.05): "
+      + "; ".join(said)
+      + ".",
+    ]
   if notes:
     lines += ["", "Grids:"] + notes
   lines += ["", "Per-seed choices (test metric; rounds):", ""]
@@ -245,7 +288,8 @@ def comparison_markdown(result: Dict[str, Any]) -> str:
       "none."
       if not result["edges"]
       else "; ".join(
-        f"{e['strategy']} seed {e['seed']} {e['axis']}={e['value']:.3g} ({e['edge']})"
+        f"{e['strategy']} seed {e['seed']} {e['axis']}={e['value']:.3g} ({e['edge']}"
+        + (", across sub-grids)" if e.get("across") else ")")
         for e in result["edges"]
       )
       + "."
