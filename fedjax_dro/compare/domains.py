@@ -110,3 +110,18 @@ def domain_digest(ds) -> str:
     for name in sorted(entry["arrays"]):
       h.update(f"{name}:{entry['arrays'][name]['sha256']}".encode())
   return h.hexdigest()
+
+
+def _from_split(models, dataset):
+  raise ValueError(
+    "a split metric is computed by the harness from the held-out split (selection='domains'); "
+    "it cannot be computed from the models alone"
+  )
+
+
+def split_metric(name: str):
+  """An :class:`~fedjax_dro.compare.ExtraMetric` column of a further metric of the held-out
+  test split (``selection="domains"``: e.g. ``pearson_r`` beside ``worst_group_pearson_r``)."""
+  from fedjax_dro.compare.protocol import ExtraMetric
+
+  return ExtraMetric(name, _from_split, higher_is_better=higher_is_better(name))

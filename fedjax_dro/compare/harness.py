@@ -324,8 +324,12 @@ def _train_and_score(experiment, alg, hparams, ds, *, rounds, seed, costs):
   if experiment.protocol.selection == "domains":  # reported on the test split's domains
     hist = run(alg, ds.train, rounds=rounds, seed=seed, hparams=hparams or None, eval_every=rounds)
     summary = split_summary(alg, hist.final_state, ds.test)
-    extra = {k: v for k, v in summary.items() if k != metric.name}
-    return summary[metric.name], extra, []
+    missing = [e.name for e in experiment.extra_metrics if e.name not in summary]
+    if missing:
+      raise ValueError(
+        f"extra metrics {missing} are not metrics of the test split: {sorted(summary)}"
+      )
+    return summary[metric.name], {e.name: summary[e.name] for e in experiment.extra_metrics}, []
   hist = run(
     alg, ds, rounds=rounds, seed=seed, hparams=hparams or None, eval_every=min(every, rounds)
   )

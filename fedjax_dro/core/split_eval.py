@@ -87,7 +87,7 @@ def evaluate_split(
       loss, metrics, pred = jax.device_get(fn(p, x[0], y[0]))
       values = {"loss": loss, **metrics}
       for name, v in values.items():
-        v = np.asarray(v, np.float64).reshape(batch_size, -1).mean(axis=1) * valid
+        v = np.where(valid, np.asarray(v, np.float64).reshape(batch_size, -1).mean(axis=1), 0.0)
         sums.setdefault(name, np.zeros(n))[i] += v.sum()
         group_sums.setdefault(name, np.zeros(num_groups))
         np.add.at(group_sums[name], group[valid], v[valid])
