@@ -1028,12 +1028,18 @@ def _reproduce_claimed(args, claim) -> int:
     if name not in inspect.signature(EXPERIMENTS[args.experiment]).parameters:
       raise ValueError(f"{option}: reproduce {args.experiment} reads no such input")
     inputs[name] = value
+  if args.part is not None:
+    if "part" not in inspect.signature(EXPERIMENTS[args.experiment]).parameters:
+      raise ValueError(f"--part: reproduce {args.experiment} does not split into parts yet")
+    if args.out is None:
+      raise ValueError("--part needs --out: a part records its runs there for fedjax-dro merge")
+    inputs["part"] = args.part
   config = {
     "experiment": args.experiment,
     "rounds": args.rounds,
     "quick": args.quick,
     "seed": args.seed,
-    "inputs": {k: os.path.abspath(v) for k, v in inputs.items()},
+    "inputs": {k: v if k == "part" else os.path.abspath(v) for k, v in inputs.items()},
   }
   claim.check(config, overwrite=args.overwrite)  # the same one again: its finished runs resume
   reproduce(
@@ -1045,6 +1051,67 @@ def _reproduce_claimed(args, claim) -> int:
     **inputs,
   )
   claim.finish()
+  return 0
+
+
+def cmd_merge(args) -> int:
+  """``fedjax-dro merge --out OUT PART...``: the run records of the parts of one ``reproduce``
+  or ``compare`` (``--part i/N``) joined in --out, and the table written from them (no run is
+  computed again; the table equals one run of the whole)."""
+  import json
+
+  from fedjax_dro.compare.resume import merge_runs
+
+  found = []
+  for part in args.parts:
+    records = [
+      (c, os.path.join(part, f".fedjax-dro-{c}.json"))
+      for c in ("reproduce", "compare")
+      if os.path.isfile(os.path.join(part, f".fedjax-dro-{c}.json"))
+    ]
+    if not records:
+      raise ValueError(f"PART {part}: no reproduce or compare job record; not a part's --out")
+    command, path = records[0]
+    with open(path) as f:
+      job = json.load(f)
+    config = dict(job.get("config", {}))
+    inputs = dict(config.get("inputs", {}))
+    inputs.pop("part", None)
+    config.pop("part", None)
+    if "inputs" in config:
+      config["inputs"] = inputs
+    found.append((command, config))
+  if len({json.dumps(f, sort_keys=True) for f in found}) != 1:
+    raise ValueError(
+      "PART: the parts are not of one command and configuration (their --part aside)"
+    )
+  command, config = found[0]
+  if args.out is None:
+    raise ValueError("--out: none given; the folder the merged table goes to")
+  _check_paths(args)
+  with _claim(args, command) as claim:
+    claim.check(config, overwrite=args.overwrite)
+    copied = merge_runs(args.out, args.parts)
+    print(f"merge: {copied} run records from {len(args.parts)} parts into {args.out}")
+    if command == "reproduce":
+      from fedjax_dro.reproduce import reproduce
+
+      result = reproduce(
+        config["experiment"],
+        out_dir=args.out,
+        rounds=config["rounds"],
+        quick=config["quick"],
+        seed=config["seed"],
+        **config["inputs"],
+      )
+    else:
+      from fedjax_dro.compare import compare
+      from fedjax_dro.compare.config import experiment_from_config
+
+      result = compare(experiment_from_config(config), out_dir=args.out, progress=False)
+    if result is None:
+      raise ValueError("PART: the parts given do not hold every run of the table")
+    claim.finish()
   return 0
 
 
@@ -1060,9 +1127,10 @@ def cmd_compare(args) -> int:
     args.out = f"compare-{experiment.name}"
   _check_paths(args)
   with _claim(args, "compare", results=(f"{experiment.name}.json",)) as claim:
-    claim.check(config, overwrite=args.overwrite)  # the same one again: its finished runs resume
+    recorded = config if args.part is None else {**config, "part": args.part}
+    claim.check(recorded, overwrite=args.overwrite)  # the same again: its finished runs resume
     _compile_cache(args)
-    compare(experiment, out_dir=args.out, progress=not args.no_progress)
+    compare(experiment, out_dir=args.out, progress=not args.no_progress, part=args.part)
     claim.finish()
   return 0
 
@@ -1486,6 +1554,13 @@ def build_parser() -> argparse.ArgumentParser:
     "--rounds", type=int, default=None, help="communication rounds (default: the experiment's)"
   )
   p_rep.add_argument(
+    "--part",
+    default=None,
+    metavar="i/N",
+    help="run only every N-th run of the table, starting with run i (N machines or a Slurm "
+    "array: --part $((SLURM_ARRAY_TASK_ID+1))/N); fedjax-dro merge joins the parts",
+  )
+  p_rep.add_argument(
     "--quick",
     action="store_true",
     help="tiny grids, few rounds, small data: a smoke run, labelled quick in its tables",
@@ -1511,6 +1586,13 @@ def build_parser() -> argparse.ArgumentParser:
     "compare", help="a fair comparison of strategies declared in a TOML file (JSON + MD + PNG)"
   )
   p_cmp.add_argument("config", help="the TOML file (see fedjax_dro.compare.config)")
+  p_cmp.add_argument(
+    "--part",
+    default=None,
+    metavar="i/N",
+    help="run only every N-th run of the table, starting with run i; fedjax-dro merge joins "
+    "the parts",
+  )
   _add_output(
     p_cmp, "NAME.json, NAME.md and NAME.png (default: compare-NAME)", "comparison", bar=False
   )
@@ -1571,6 +1653,16 @@ def build_parser() -> argparse.ArgumentParser:
     "--no-progress",
     action="store_true",
     help="no progress bar (there is none when stderr is not a terminal)",
+  )
+  p_merge = add_parser(
+    "merge",
+    help="join the parts of a reproduce / compare run with --part i/N (their --out folders) "
+    "into --out and write the table from their records",
+  )
+  p_merge.add_argument("parts", nargs="+", metavar="PART", help="the parts' --out folders")
+  p_merge.add_argument("--out", default=None, help="the folder of the merged table")
+  p_merge.add_argument(
+    "--overwrite", action="store_true", help="replace a finished table of another configuration"
   )
   p_prep = add_parser(
     "prepare",
@@ -1722,6 +1814,7 @@ def _dispatch(args) -> int:
     "reproduce": cmd_reproduce,
     "compare": cmd_compare,
     "features": cmd_features,
+    "merge": cmd_merge,
     "prepare": cmd_prepare,
   }[args.command]
   try:

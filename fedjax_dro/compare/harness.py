@@ -26,7 +26,7 @@ from fedjax_dro.common.version import __version__
 from fedjax_dro.compare.domains import domain_digest, domain_points, split_summary
 from fedjax_dro.compare.protocol import Budget, Experiment, Strategy
 from fedjax_dro.compare.report import ComparisonResult, summarize_rows
-from fedjax_dro.compare.resume import RunRecords, data_digest, round_trip, run_key
+from fedjax_dro.compare.resume import RunRecords, check_part, data_digest, round_trip, run_key
 from fedjax_dro.core.costs import Costs, RoundCost
 from fedjax_dro.data.federated import FederatedDataset
 from fedjax_dro.model_selection import (
@@ -374,7 +374,8 @@ def compare(
   log: Optional[Callable[[str], None]] = None,
   selections: Optional[Dict[Any, Dict[str, Any]]] = None,
   progress: bool = True,
-) -> ComparisonResult:
+  part: Optional[Tuple[int, int]] = None,
+) -> Optional[ComparisonResult]:
   """Runs ``experiment`` (see :mod:`fedjax_dro.compare`) and returns its
   :class:`ComparisonResult`; with ``out_dir``, writes ``NAME.json``, ``NAME.md`` and
   ``NAME.png`` there.
@@ -394,10 +395,17 @@ def compare(
       seed is stored there under ``(label, seed, selection rounds)`` and reused, so the tables
       at several budgets rest on one selection.
     progress: a progress bar over the runs on a terminal (with ``verbose``).
+    part: ``(i, N)``: run only part ``i`` of ``N`` of the table's runs (the runs, seed by seed
+      and strategy by strategy, numbered from 0, whose number is ``i - 1`` modulo ``N``), for
+      independent machines (a Slurm array, N shells on N GPUs); each part records its runs in
+      its ``out_dir``. A part returns ``None`` unless every run of the table is recorded there;
+      :func:`fedjax_dro.compare.resume.merge_runs` (``fedjax-dro merge``) joins the parts'
+      records, and the table is then written from them, equal to one run of the whole.
   """
   if not isinstance(experiment, Experiment):
     raise TypeError(f"experiment must be a compare.Experiment, got {type(experiment).__name__}")
   protocol, budget = experiment.protocol, experiment.protocol.budget
+  part = check_part(part, out_dir)
   say = log or (print if verbose else (lambda *a, **k: None))
   t_start = time.perf_counter()
   first = _load(experiment, protocol.seeds[0])
@@ -415,6 +423,7 @@ def compare(
     "a final run" + (f"; finished runs are recorded in {records.directory}" if out_dir else "")
   )
   bar = _progress_bar(total, experiment.name, verbose and progress)
+  number, missing = -1, 0
   for seed in protocol.seeds:
     ds = first if seed == protocol.seeds[0] else _load(experiment, seed)
     splits = _selection_splits(protocol, ds, seed)
@@ -437,7 +446,11 @@ def compare(
         budget_amount=amount,
         version=__version__,
       )
+      number += 1
       found = records.get(digest, key)
+      if found is None and part is not None and number % part[1] != part[0] - 1:
+        missing += 1  # another part's run
+        continue
       if found is not None:
         row = found["row"]
         if selections is not None and found["selection"] is not None:
@@ -460,6 +473,13 @@ def compare(
         bar.update(1)
   if bar is not None:
     bar.close()
+  if missing:
+    say(
+      f"[{experiment.name}] part {part[0]}/{part[1]}: its runs are recorded in "
+      f"{records.directory}; {missing} runs belong to the other parts (fedjax-dro merge joins "
+      "the parts' directories and writes the table)"
+    )
+    return None
   result = summarize_rows(experiment, rows, wall_time=time.perf_counter() - t_start)
   say(result.to_markdown())
   if out_dir is not None:

@@ -117,3 +117,59 @@ class RunRecords:
     os.makedirs(self.directory, exist_ok=True)
     record = {"key": key, "payload": encode(payload)}
     atomic_write(self._path(digest), json.dumps(record, default=json_default) + "\n")
+
+
+def check_part(part, out_dir) -> Optional[Tuple[int, int]]:
+  """``part`` as ``(i, N)`` with ``1 <= i <= N`` (a ``"i/N"`` string accepted); a part needs an
+  ``out_dir`` to record its runs in."""
+  if part is None:
+    return None
+  if isinstance(part, str):
+    i, sep, n = part.partition("/")
+    try:
+      part = (int(i), int(n)) if sep else None
+    except ValueError:
+      part = None
+    if part is None:
+      raise ValueError(f"part must be i/N (e.g. 2/4), got {part!r}")
+  if (
+    not isinstance(part, tuple)
+    or len(part) != 2
+    or not all(isinstance(v, int) and not isinstance(v, bool) for v in part)
+    or not 1 <= part[0] <= part[1]
+  ):
+    raise ValueError(f"part must be (i, N) with 1 <= i <= N, got {part!r}")
+  if out_dir is None:
+    raise ValueError("part needs out_dir: a part records its runs there for the merge")
+  return part
+
+
+def merge_runs(out_dir: str, part_dirs) -> int:
+  """Copies the run records of the parts ``part_dirs`` (each a ``compare`` / ``reproduce``
+  output folder: ``runs/NAME/*.json``) into ``out_dir``; returns how many were copied. A record
+  present in two places with different contents is refused, naming the file (two parts of
+  different configurations); identical copies are fine."""
+
+  copied = 0
+  for part in part_dirs:
+    runs = os.path.join(os.fspath(part), "runs")
+    if not os.path.isdir(runs):
+      raise ValueError(f"{part} holds no runs/ folder: not the output folder of a part")
+    for root, _, files in os.walk(runs):
+      for name in sorted(files):
+        if not name.endswith(".json"):
+          continue
+        source = os.path.join(root, name)
+        target = os.path.join(out_dir, "runs", os.path.relpath(source, runs))
+        data = open(source, "rb").read()
+        if os.path.exists(target):
+          if open(target, "rb").read() != data:
+            raise ValueError(
+              f"{source} differs from the record already in {target}: the parts are not of "
+              "one configuration"
+            )
+          continue
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        atomic_write(target, data)
+        copied += 1
+  return copied

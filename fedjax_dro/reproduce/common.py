@@ -21,8 +21,9 @@ def run_tables(
   *,
   selections: Optional[dict] = None,
   quick: bool = False,
+  part=None,
   **meta,
-) -> Dict[str, Any]:
+) -> Optional[Dict[str, Any]]:
   """Runs every :class:`~fedjax_dro.compare.Experiment` of a paper's table on the harness (each
   record written to ``out_dir`` as ``<its name>.{json,md,png}``), then writes the paper's
   combined table ``markdown(result)`` and the result as ``<experiment>.{json,md}`` (the name
@@ -37,15 +38,21 @@ def run_tables(
     selections: shared between the experiments (:func:`fedjax_dro.compare.compare`): the same
       strategies and data under several budgets rest on one selection per seed.
     quick: a ``--quick`` smoke run (its combined table says so).
+    part: ``(i, N)``: only part ``i`` of ``N`` of every table's runs
+      (:func:`fedjax_dro.compare.compare`); returns ``None`` (nothing combined) unless every
+      run is recorded in ``out_dir``.
     meta: further entries of the result (the data's description, ...).
   """
   from fedjax_dro.compare import compare
 
   t0 = time.perf_counter()
-  results = {
-    key: compare(e, out_dir, verbose=verbose, selections=selections).to_json()
+  found = {
+    key: compare(e, out_dir, verbose=verbose, selections=selections, part=part)
     for key, e in experiments.items()
   }
+  if any(r is None for r in found.values()):
+    return None  # a part: the combined table waits for the merge
+  results = {key: r.to_json() for key, r in found.items()}
   result = {"experiment": experiment, **meta, "results": results}
   result["wall_time_s"] = time.perf_counter() - t0
   md = (QUICK_BANNER if quick else "") + markdown(result)

@@ -146,8 +146,9 @@ def fgdro_table3(
   data_dir: Optional[str] = None,
   datasets: Sequence[str] = DATASETS,
   algorithms: Optional[Sequence[str]] = None,
+  part=None,
   verbose: bool = True,
-) -> Dict[str, Any]:
+) -> Optional[Dict[str, Any]]:
   """Runs FGDRO's Table 3 on the harness (see the module docstring); writes
   ``fgdro_table3.{json,md}`` and each dataset's comparison to ``out_dir``.
 
@@ -161,6 +162,8 @@ def fgdro_table3(
     datasets: a subset of the table's datasets.
     algorithms: a subset of the rows by label (default: all nine; FGDRO-KL, the reference, is
       always run).
+    part: ``(i, N)`` or ``"i/N"``: only every N-th run of the table, for N machines
+      (``--part``); ``fedjax-dro merge`` joins the parts (returns ``None`` for a part).
     verbose: print progress and the tables.
   """
   from fedjax_dro import compare as C
@@ -207,6 +210,7 @@ def fgdro_table3(
     out_dir,
     verbose,
     quick=quick,
+    part=part,
     stand_in=stand_in,
     rounds=rounds,
     local_steps=local_steps,
