@@ -116,7 +116,8 @@ def local_sgd_with_snapshot(
     j, step_key = inp
     snap = jax.tree.map(lambda a, b: jnp.where(j == snapshot_step, a, b), w, snap)
     loss, g = client_loss_and_grad(model, w, x, y, num_examples, step_key, batch_size)
-    return (jax.tree.map(lambda a, b: a - lr * b, w, g), snap), loss
+    # keep each leaf's dtype (float32 params with a float64 step size stay float32)
+    return (jax.tree.map(lambda a, b: (a - lr * b).astype(a.dtype), w, g), snap), loss
 
   (w, snap), losses = jax.lax.scan(
     step, (params, params), (jnp.arange(num_steps), jax.random.split(key, num_steps))
