@@ -70,7 +70,9 @@ def paired_difference(entry: Optional[Dict[str, Any]], digits: int = 3) -> str:
   if entry is None:
     return "(reference)"
   d, f = entry, digits
-  return f"{d['difference']:+.{f}f} +- {d['difference_2se']:.{f}f} ({d['wins']} of {d['seeds']})"
+  spread = d.get("difference_2se")
+  two_se = "" if spread is None or spread != spread else f" +- {spread:.{f}f}"  # one seed: none
+  return f"{d['difference']:+.{f}f}{two_se} ({d['wins']} of {d['seeds']})"
 
 
 def write_result(

@@ -241,7 +241,8 @@ def _cell(entry, digits=3) -> str:
   if entry is None or entry.get("mean") is None:
     return "-"
   two_se = entry.get("two_se")
-  return f"{entry['mean']:.{digits}f}" + ("" if two_se is None else f" +- {two_se:.{digits}f}")
+  shown = two_se is not None and np.isfinite(two_se)  # one seed: no spread
+  return f"{entry['mean']:.{digits}f}" + (f" +- {two_se:.{digits}f}" if shown else "")
 
 
 def _markdown(result: Dict[str, Any], stand_in: bool) -> str:
