@@ -15,6 +15,8 @@ table) to ``out_dir``. One module per paper:
 * ``fgdro-table3`` (:mod:`fedjax_dro.reproduce.fgdro_wilds`): FGDRO, Table 3, WILDS images on
   the harness with held-out-domain selection (``--data-dir``: the prepared WILDS directories;
   without it, the readers' stand-ins).
+* ``fgdro-figure1`` (:mod:`fedjax_dro.reproduce.fgdro_figure1`): FGDRO, Figure 1, the
+  communication interval and local Adam steps on Camelyon17, on the same protocol.
 
 * ``privacy-fairness`` (:mod:`fedjax_dro.reproduce.privacy_fairness`): FedAvg, AFL, DR-DSGD and
   AgnosticFedAvg under client-level DP at matched epsilon (this package's own experiment).
@@ -27,6 +29,7 @@ from __future__ import annotations
 from typing import Any, Callable, Dict
 
 from fedjax_dro.reproduce.fgdro import fgdro_table7
+from fedjax_dro.reproduce.fgdro_figure1 import fgdro_figure1
 from fedjax_dro.reproduce.fgdro_wilds import fgdro_table3
 from fedjax_dro.reproduce.karula import karula_heart, karula_synthetic
 from fedjax_dro.reproduce.karula_femnist import karula_femnist
@@ -39,6 +42,7 @@ EXPERIMENTS: Dict[str, Callable[..., Dict[str, Any]]] = {
   "scaffpd-table1": scaffpd_table1,
   "fgdro-table7": fgdro_table7,
   "fgdro-table3": fgdro_table3,
+  "fgdro-figure1": fgdro_figure1,
   "karula-synthetic": karula_synthetic,
   "karula-heart": karula_heart,
   "karula-femnist": karula_femnist,
@@ -55,6 +59,8 @@ RUN_TIMES: Dict[str, str] = {
   "fgdro-table3": "FGDRO Table 3 (prepared WILDS Camelyon17, iWildCam, PovertyMap, or their "
   "stand-ins): the stand-in about 10 minutes (--quick); the real table's runs are GPU jobs, "
   "not yet timed",
+  "fgdro-figure1": "FGDRO Figure 1 ablations on Camelyon17 (prepared directory or stand-in): the "
+  "stand-in a few minutes (--quick); the real runs are GPU jobs, not yet timed",
   "karula-synthetic": "Karula Table 1a (synthetic ridge, both readings): about 76 minutes",
   "karula-heart": "Karula Table 1b (UCI heart disease, shipped): about 8 minutes",
   "karula-femnist": "Karula by-writer digits / LEAF FEMNIST, three budgets: about 45 minutes",

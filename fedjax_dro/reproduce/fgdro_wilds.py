@@ -115,13 +115,13 @@ def _strategies(quick: bool, local_steps: int, batch: int, clients: int, only=No
   return out
 
 
-def _stand_in_dirs(out_dir: Optional[str]) -> Dict[str, str]:
+def _stand_in_dirs(out_dir: Optional[str], names: Sequence[str] = DATASETS) -> Dict[str, str]:
   """The readers' stand-ins, prepared (iWildCam at 32 x 32 and 2 clients, for speed)."""
   from fedjax_dro.data import prepared
 
   base = os.path.join(out_dir, "stand-in-data") if out_dir else tempfile.mkdtemp()
   dirs = {}
-  for name in DATASETS:
+  for name in names:
     target = os.path.join(base, name)
     if not os.path.exists(os.path.join(target, "manifest.json")):
       raw = prepared.write_standin(name, os.path.join(base, "raw", name))
@@ -193,7 +193,11 @@ def fgdro_table3(
   if unknown:
     raise ValueError(f"datasets must be among {DATASETS}, got {unknown}")
   stand_in = data_dir is None
-  dirs = _stand_in_dirs(out_dir) if stand_in else {d: os.path.join(data_dir, d) for d in datasets}
+  dirs = (
+    _stand_in_dirs(out_dir, datasets)
+    if stand_in
+    else {d: os.path.join(data_dir, d) for d in datasets}
+  )
   local_steps, batch = (2, 2) if quick else (LOCAL_STEPS, BATCH)
   rounds = rounds or (2 if quick else ROUNDS)
   seeds = (seed,) if quick else (seed, seed + 1, seed + 2)
