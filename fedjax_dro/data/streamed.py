@@ -43,6 +43,7 @@ import numpy as np
 
 from fedjax_dro.common.rows import ClientRows
 from fedjax_dro.data.federated import FederatedData
+from fedjax_dro.data.host import HostFederatedData
 from fedjax_dro.data.prepared import PreparedError, read_manifest
 
 
@@ -187,7 +188,7 @@ class PreparedStore:
 
 
 @jax.tree_util.register_pytree_node_class
-class StreamedFederatedData:
+class StreamedFederatedData(HostFederatedData):
   """A prepared split streamed by rounds (see the module docstring); build it with
   :func:`load_prepared`.
 
@@ -197,19 +198,7 @@ class StreamedFederatedData:
   resident form. Reading ``x`` / ``y`` / ``mask`` of the whole federation raises.
   """
 
-  host_resident = True
-  streamed = True
-
-  def __init__(self, store: PreparedStore, num_examples):
-    self.store = store
-    self.num_examples = num_examples
-
-  def tree_flatten(self):
-    return (self.num_examples,), self.store
-
-  @classmethod
-  def tree_unflatten(cls, store, children):
-    return cls(store, children[0])
+  streamed = True  # (host_resident, the pytree form and x / y / mask refused: inherited)
 
   @property
   def num_clients(self) -> int:
@@ -238,18 +227,6 @@ class StreamedFederatedData:
       "device-resident data (.to_device(), if it fits) for algorithms that touch every client "
       "in every round (e.g. Karula, SCAFF-PD, AFL)"
     )
-
-  @property
-  def x(self):
-    self._whole("x")
-
-  @property
-  def y(self):
-    self._whole("y")
-
-  @property
-  def mask(self):
-    self._whole("mask")
 
   def take_clients(self, idx) -> FederatedData:
     """The participants ``idx``: row handles (:class:`ClientRows`) and their counts."""
