@@ -224,7 +224,7 @@ def _resolve(make_alg, grid):
       raise TypeError(f"grid[{name!r}] must be a list of values")
     if len(values) == 0:
       raise ValueError(f"grid[{name!r}] is empty")
-    if len({_norm(v) for v in values}) != len(values):
+    if len({normalized_value(v) for v in values}) != len(values):
       raise ValueError(f"grid[{name!r}] has duplicate values: {values}")
     if name in base.hparams:
       hp_names.append(name)
@@ -368,10 +368,11 @@ def cross_validate(
 
 
 def _key(point, names):
-  return tuple(_norm(point[k]) for k in names)
+  return tuple(normalized_value(point[k]) for k in names)
 
 
-def _norm(v):
+def normalized_value(v):
+  """A grid value as compared: numbers as floats (so 1 and 1.0 are one value), others as they are."""
   return (
     float(v)
     if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)

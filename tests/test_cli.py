@@ -223,7 +223,17 @@ def test_every_flag_has_help_and_defaults_are_shown(capsys):
 
   parser = cli.build_parser()
   sub = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)][0]
-  assert set(sub.choices) == {"run", "sweep", "compare", "reproduce", "features", "plot", "list"}
+  assert set(sub.choices) == {
+    "run",
+    "sweep",
+    "compare",
+    "reproduce",
+    "features",
+    "prepare",
+    "merge",
+    "plot",
+    "list",
+  }
   for name, command in sub.choices.items():
     for action in command._actions:
       assert action.help, (name, action.option_strings or action.dest)

@@ -18,31 +18,14 @@ way on the test split, with every other metric of the split as extra columns.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 from typing import Any, Dict, List
 
 import jax
 import numpy as np
 
-from fedjax_dro.core.metrics import HIGHER_IS_BETTER
-
-# The dataset metrics of split evaluation and their direction (besides core.metrics' own).
-SPLIT_HIGHER_IS_BETTER = {
-  "macro_f1": True,
-  "pearson_r": True,
-  "worst_group_pearson_r": True,
-  "worst_group_accuracy": True,
-  "worst_log_perplexity": False,
-  "average_log_perplexity": False,
-  "worst_client_accuracy": True,
-  "mean_client_accuracy": True,
-  "worst_client_loss": False,
-  "mean_client_loss": False,
-}
-
-
-def higher_is_better(name: str) -> bool:
-  return SPLIT_HIGHER_IS_BETTER.get(name, HIGHER_IS_BETTER.get(name, True))
+from fedjax_dro.compare.protocol import ExtraMetric, higher_is_better, integral
 
 
 def _streamed(data):
@@ -95,6 +78,33 @@ def domain_points(
   return out
 
 
+def domain_evaluate(build, strategy, train, splits, subgrid, options, rounds, seed, metric):
+  """``select``'s scores of ``subgrid`` under ``selection="domains"``: each combination of the
+  factory options, its hyper-parameter grid in one sweep on the training clients, scored on the
+  held-out domains (:func:`fedjax_dro.compare.domains.domain_points`)."""
+  names = list(subgrid)
+  hp = [k for k in names if k not in options]
+  points = []
+  for combo in itertools.product(*[subgrid[k] for k in options]) or [()]:
+    opts = {k: integral(v) for k, v in zip(options, combo)}
+    found = domain_points(
+      build(**opts),
+      train,
+      splits[0][1],
+      {k: [float(v) for v in subgrid[k]] for k in hp},
+      rounds=rounds,
+      seed=seed,
+      metric=metric,
+      hparams=dict(strategy.fixed) or None,
+    )
+    points += [{**p, "hparams": {**opts, **p["hparams"]}} for p in found]
+  order = {tuple(p["hparams"][k] for k in names): p for p in points}
+  return [
+    order[tuple(integral(v) if k in options else float(v) for k, v in zip(names, c))]
+    for c in itertools.product(*subgrid.values())
+  ]
+
+
 def domain_digest(ds) -> str:
   """SHA-256 over the prepared splits' manifests (their arrays' checksums) of ``ds``."""
   h = hashlib.sha256()
@@ -122,6 +132,4 @@ def _from_split(models, dataset):
 def split_metric(name: str):
   """An :class:`~fedjax_dro.compare.ExtraMetric` column of a further metric of the held-out
   test split (``selection="domains"``: e.g. ``pearson_r`` beside ``worst_group_pearson_r``)."""
-  from fedjax_dro.compare.protocol import ExtraMetric
-
   return ExtraMetric(name, _from_split, higher_is_better=higher_is_better(name))

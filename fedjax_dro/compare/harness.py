@@ -23,18 +23,18 @@ import jax.numpy as jnp
 from fedjax_dro.algorithms.base import Algorithm, algorithm_cost
 from fedjax_dro.common.model import Model, model_identity
 from fedjax_dro.common.version import __version__
-from fedjax_dro.compare.domains import domain_digest, domain_points, split_summary
-from fedjax_dro.compare.protocol import Budget, Experiment, Strategy
+from fedjax_dro.compare.domains import domain_digest, domain_evaluate, split_summary
+from fedjax_dro.compare.protocol import Budget, Experiment, Strategy, integral as _integral
 from fedjax_dro.compare.report import ComparisonResult, summarize_rows
 from fedjax_dro.compare.resume import RunRecords, check_part, data_digest, round_trip, run_key
 from fedjax_dro.core.costs import Costs, RoundCost
 from fedjax_dro.data.federated import FederatedDataset
 from fedjax_dro.model_selection import (
-  _norm,
   cross_validate,
   grid_edge,
   holdout_split,
   kfold_split,
+  normalized_value,
   widen_at_edges,
 )
 
@@ -137,12 +137,6 @@ class _Builder:
     return options, {k: float(v) for k, v in point.items() if k in hp}
 
 
-def _integral(v):
-  if isinstance(v, float) and v.is_integer():
-    return int(v)
-  return v
-
-
 def _signed(score: float, higher: bool) -> float:
   return (score if higher else -score) if math.isfinite(score) else -math.inf
 
@@ -201,7 +195,9 @@ def select(
   best = None
   for grid in strategy.grids:
     if strategy.widen is not None:  # a split axis (one value in this sub-grid) is not widened
-      axes = [a for a in strategy.widen if a in grid and len({_norm(x) for x in grid[a]}) >= 2]
+      axes = [
+        a for a in strategy.widen if a in grid and len({normalized_value(x) for x in grid[a]}) >= 2
+      ]
     else:
       axes = [
         k
@@ -212,7 +208,7 @@ def select(
     def evaluate(subgrid, _grid=grid):
       options = [k for k in subgrid if k not in hp_names]
       if protocol.selection == "domains":
-        return _domain_evaluate(
+        return domain_evaluate(
           build, strategy, train, splits, subgrid, options, rounds, seed, metric
         )
       try:
@@ -279,33 +275,6 @@ def select(
     "edges": edges,
     "points": points,
   }
-
-
-def _domain_evaluate(build, strategy, train, splits, subgrid, options, rounds, seed, metric):
-  """``select``'s scores of ``subgrid`` under ``selection="domains"``: each combination of the
-  factory options, its hyper-parameter grid in one sweep on the training clients, scored on the
-  held-out domains (:func:`fedjax_dro.compare.domains.domain_points`)."""
-  names = list(subgrid)
-  hp = [k for k in names if k not in options]
-  points = []
-  for combo in itertools.product(*[subgrid[k] for k in options]) or [()]:
-    opts = {k: _integral(v) for k, v in zip(options, combo)}
-    found = domain_points(
-      build(**opts),
-      train,
-      splits[0][1],
-      {k: [float(v) for v in subgrid[k]] for k in hp},
-      rounds=rounds,
-      seed=seed,
-      metric=metric,
-      hparams=dict(strategy.fixed) or None,
-    )
-    points += [{**p, "hparams": {**opts, **p["hparams"]}} for p in found]
-  order = {tuple(p["hparams"][k] for k in names): p for p in points}
-  return [
-    order[tuple(_integral(v) if k in options else float(v) for k, v in zip(names, c))]
-    for c in itertools.product(*subgrid.values())
-  ]
 
 
 def _stacked_models(alg: Algorithm, state, num_clients: int):

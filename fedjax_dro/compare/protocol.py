@@ -21,6 +21,33 @@ SELECTIONS = ("kfold", "holdout", "validation", "domains")
 FAILURE_POLICIES = ("drop_seed", "score")
 
 
+# The dataset metrics of split evaluation and their direction (besides core.metrics' own).
+SPLIT_HIGHER_IS_BETTER = {
+  "macro_f1": True,
+  "pearson_r": True,
+  "worst_group_pearson_r": True,
+  "worst_group_accuracy": True,
+  "worst_log_perplexity": False,
+  "average_log_perplexity": False,
+  "worst_client_accuracy": True,
+  "mean_client_accuracy": True,
+  "worst_client_loss": False,
+  "mean_client_loss": False,
+}
+
+
+def higher_is_better(name: str) -> bool:
+  """Whether a larger value of the metric ``name`` is better (per client, or of a split)."""
+  return HIGHER_IS_BETTER.get(name, SPLIT_HIGHER_IS_BETTER.get(name, True))
+
+
+def integral(v):
+  """A float grid value that is a whole number as an int (a factory option such as a count)."""
+  if isinstance(v, float) and v.is_integer():
+    return int(v)
+  return v
+
+
 def _positive_int(name: str, value, low: int = 1) -> int:
   if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < low:
     raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
@@ -71,9 +98,7 @@ class Metric:
 
   @property
   def higher_is_better(self) -> bool:
-    from fedjax_dro.compare.domains import higher_is_better
-
-    return HIGHER_IS_BETTER.get(self.name, higher_is_better(self.name))
+    return higher_is_better(self.name)
 
   @property
   def label(self) -> str:

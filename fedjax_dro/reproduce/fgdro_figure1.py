@@ -67,17 +67,17 @@ def fgdro_figure1(
   from fedjax_dro import compare as C
   from fedjax_dro.data import FederatedDataset, load_prepared
   from fedjax_dro.reproduce.common import run_tables
-  from fedjax_dro.reproduce.fgdro_wilds import PAPER_BETAS, PAPER_LRS, _model, _stand_in_dirs
+  from fedjax_dro.reproduce.fgdro_wilds import PAPER_BETAS, PAPER_LRS, stand_in_dirs, wilds_model
 
   stand_in = data_dir is None
   path = (
-    _stand_in_dirs(out_dir, ("camelyon17",))["camelyon17"]
+    stand_in_dirs(out_dir, ("camelyon17",))["camelyon17"]
     if stand_in
     else os.path.join(data_dir, "camelyon17")
   )
   splits = {s: load_prepared(path, s) for s in ("train", "val", "test")}
   train = splits["train"]
-  model = _model("camelyon17", train.store, quick)
+  model = wilds_model("camelyon17", train.store, quick)
   intervals, batch = ((1, 2, 4), 2) if quick else (INTERVALS, 32)
   reference_steps = 2 if quick else 32
   rounds = rounds or (4 if quick else ITERATIONS // reference_steps)

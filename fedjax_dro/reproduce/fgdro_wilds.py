@@ -115,7 +115,7 @@ def _strategies(quick: bool, local_steps: int, batch: int, clients: int, only=No
   return out
 
 
-def _stand_in_dirs(out_dir: Optional[str], names: Sequence[str] = DATASETS) -> Dict[str, str]:
+def stand_in_dirs(out_dir: Optional[str], names: Sequence[str] = DATASETS) -> Dict[str, str]:
   """The readers' stand-ins, prepared (iWildCam at 32 x 32 and 2 clients, for speed)."""
   from fedjax_dro.data import prepared
 
@@ -131,7 +131,7 @@ def _stand_in_dirs(out_dir: Optional[str], names: Sequence[str] = DATASETS) -> D
   return dirs
 
 
-def _model(name: str, store, quick: bool):
+def wilds_model(name: str, store, quick: bool):
   from fedjax_dro import models
 
   shape = tuple(store.x_shape)
@@ -194,7 +194,7 @@ def fgdro_table3(
     raise ValueError(f"datasets must be among {DATASETS}, got {unknown}")
   stand_in = data_dir is None
   dirs = (
-    _stand_in_dirs(out_dir, datasets)
+    stand_in_dirs(out_dir, datasets)
     if stand_in
     else {d: os.path.join(data_dir, d) for d in datasets}
   )
@@ -206,7 +206,7 @@ def fgdro_table3(
     path = dirs[name]
     splits = {s: load_prepared(path, s) for s in ("train", "val", "test")}
     train = splits["train"]
-    model = _model(name, train.store, quick)
+    model = wilds_model(name, train.store, quick)
     experiments[name] = C.Experiment(
       name=f"fgdro_table3_{name}" + ("_standin" if stand_in else ""),
       data=lambda s, splits=splits: FederatedDataset(

@@ -42,11 +42,11 @@ def test_the_reported_metric_is_the_test_splits_metric_of_the_final_model(tmp_pa
   sklearn_metrics = pytest.importorskip("sklearn.metrics")
   from fedjax_dro import algorithms as A
   from fedjax_dro.compare.domains import split_summary
-  from fedjax_dro.reproduce.fgdro_wilds import _model, _stand_in_dirs
+  from fedjax_dro.reproduce.fgdro_wilds import stand_in_dirs, wilds_model
 
-  path = _stand_in_dirs(str(tmp_path))["iwildcam"]
+  path = stand_in_dirs(str(tmp_path))["iwildcam"]
   train, test = fd.data.load_prepared(path, "train"), fd.data.load_prepared(path, "test")
-  model = _model("iwildcam", train.store, quick=True)
+  model = wilds_model("iwildcam", train.store, quick=True)
   alg = A.fedavg(model, local_steps=2, batch_size=2, clients_per_round=train.num_clients)
   h = fd.run(alg, train, rounds=2, seed=0)
   got = split_summary(alg, h.final_state, test)
