@@ -161,6 +161,7 @@ def site(tmp_path_factory):
   return out_dir
 
 
+@pytest.mark.slow  # builds the site (CI's strict docs build runs the hook's check too)
 def test_every_math_element_of_the_built_site_is_well_formed(site):
   pages = sorted(site.rglob("*.html"))
   formulas, bad = 0, {}
@@ -179,6 +180,7 @@ def test_every_math_element_of_the_built_site_is_well_formed(site):
   assert text.count("arg&#x02009;min") + text.count("arg&#x02009;max") >= 5
 
 
+@pytest.mark.slow  # builds the site (CI's strict docs build runs the hook's check too)
 def test_display_math_scrolls_inside_the_content_column(site):
   css = (site / "stylesheets" / "math.css").read_text()
   rule = re.search(r"\.math-display\s*\{([^}]*)\}", css).group(1)
@@ -228,10 +230,11 @@ def _chromium():
 
 
 @pytest.mark.parametrize("page", ["index.html", *(f"{p}/index.html" for p in ALGORITHM_PAGES)])
-def test_pages_render_in_headless_chromium(site, page, tmp_path):
+def test_pages_render_in_headless_chromium(request, page, tmp_path):
   browser = _chromium()
   if browser is None:
     pytest.skip("no chromium or chromium-browser on PATH")
+  site = request.getfixturevalue("site")  # built only where a browser can show it
   shot = tmp_path / "page.png"
   subprocess.run(
     [

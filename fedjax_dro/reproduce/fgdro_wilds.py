@@ -116,7 +116,8 @@ def _strategies(quick: bool, local_steps: int, batch: int, clients: int, only=No
 
 
 def stand_in_dirs(out_dir: Optional[str], names: Sequence[str] = DATASETS) -> Dict[str, str]:
-  """The readers' stand-ins, prepared (iWildCam at 32 x 32 and 2 clients, for speed)."""
+  """The readers' stand-ins, prepared (iWildCam at 32 x 32, for speed, on the paper's 8 clients
+  where the stand-in has that many locations)."""
   from fedjax_dro.data import prepared
 
   base = os.path.join(out_dir, "stand-in-data") if out_dir else tempfile.mkdtemp()
