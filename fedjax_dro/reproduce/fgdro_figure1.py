@@ -26,19 +26,14 @@ INTERVALS = (8, 32, 128)
 ITERATIONS = 20000  # local iterations of every run
 
 
-def _row(label, name, model_steps, batch, clients, grid):
-  from fedjax_dro import algorithms as A
-  from fedjax_dro.compare import Strategy
+def _row(label, name, steps, batch, clients, grid):
+  from fedjax_dro.reproduce.fgdro_wilds import fgdro_strategy
 
-  factory = A.get_algorithm(name).factory
-
-  def make(model):
-    alg = factory(model, local_steps=model_steps, batch_size=batch, clients_per_round=clients)
-    if name == "fgdro_kl_adam":  # the moving-average weights tuned as one
-      return A.with_tied_hparams(alg, beta2=("beta1", 1.0, 1), beta3=("beta1", 1.0, 1))
-    return alg
-
-  return Strategy(label, make, grid=grid)
+  # FGDRO-KL-Adam's moving-average weights tuned as one (beta2 and beta3 tied to beta1)
+  ties = (
+    {"beta2": ("beta1", 1.0, 1), "beta3": ("beta1", 1.0, 1)} if name == "fgdro_kl_adam" else None
+  )
+  return fgdro_strategy(label, name, steps, batch, clients, grid, ties)
 
 
 def fgdro_figure1(

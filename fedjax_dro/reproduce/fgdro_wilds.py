@@ -91,28 +91,34 @@ LOCAL_STEPS, BATCH, ROUNDS = 32, 32, 625  # I = 32, minibatch 32, 20K local iter
 
 
 def _strategies(quick: bool, local_steps: int, batch: int, clients: int, only=None):
-  from fedjax_dro import algorithms as A
-  from fedjax_dro.compare import Strategy
-
   lrs = PAPER_LRS[2:] if quick else PAPER_LRS
   out = []
   for label, name in ROWS:
     if only is not None and label not in only and label != "FGDRO-KL":
       continue
-    factory = A.get_algorithm(name).factory
     axis, values = SECOND_AXES[label]
     values = values[1:3] if quick else values
     # the KL variants' moving-average weights tuned as one (the paper's "beta"): beta2 and
     # beta3 tied to beta1
     ties = {b: (axis[0], 1.0, 1) for b in axis[1:]} if isinstance(axis, tuple) else {}
     grid = {"client_lr": list(lrs), (axis[0] if ties else axis): list(values)}
-
-    def make(model, factory=factory, ties=ties):
-      alg = factory(model, local_steps=local_steps, batch_size=batch, clients_per_round=clients)
-      return A.with_tied_hparams(alg, **ties) if ties else alg
-
-    out.append(Strategy(label, make, grid=grid))
+    out.append(fgdro_strategy(label, name, local_steps, batch, clients, grid, ties))
   return out
+
+
+def fgdro_strategy(label, name, local_steps, batch, clients, grid, ties=None):
+  """A row: the registered algorithm ``name`` with ``local_steps`` of ``batch`` rows and every
+  client each round, hyper-parameters ``ties`` tied (``with_tied_hparams``), ``grid`` searched."""
+  from fedjax_dro import algorithms as A
+  from fedjax_dro.compare import Strategy
+
+  factory = A.get_algorithm(name).factory
+
+  def make(model):
+    alg = factory(model, local_steps=local_steps, batch_size=batch, clients_per_round=clients)
+    return A.with_tied_hparams(alg, **ties) if ties else alg
+
+  return Strategy(label, make, grid=grid)
 
 
 def stand_in_dirs(out_dir: Optional[str], names: Sequence[str] = DATASETS) -> Dict[str, str]:
