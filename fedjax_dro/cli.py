@@ -1021,6 +1021,7 @@ def _reproduce_claimed(args, claim) -> int:
     ("--data-dir", "data_dir"),
     ("--features", "features"),
     ("--leaf-dir", "leaf_dir"),
+    ("--weights-dir", "weights_dir"),
   ):
     value = getattr(args, name)
     if value is None:
@@ -1580,6 +1581,12 @@ def build_parser() -> argparse.ArgumentParser:
   )
   p_rep.add_argument(
     "--leaf-dir", default=None, help="folder of LEAF FEMNIST JSON files the experiment reads"
+  )
+  p_rep.add_argument(
+    "--weights-dir",
+    default=None,
+    help="folder of published .safetensors weights the experiment starts from (fgdro-table3, "
+    "fgdro-figure1: densenet121, resnet50; fgdro-table2: distilbert-base-uncased)",
   )
   _add_compile_cache(p_rep)
   p_cmp = add_parser(

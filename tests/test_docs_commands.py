@@ -29,7 +29,10 @@ NOT_RUN = [
   (r"mkdocs build", "the docs build is a step of .ci/run"),
   (r"^(\S+=\S+ )*(tensorboard|mlflow ui)\b", "a server: tests/records/test_viewers.py serves one"),
   (r"--data-dir|--features|--leaf-dir", "reads the user's data files"),
-  (r"^fedjax-dro prepare \S+ '?~/|WILDS_DIR|--data-dir prepared", "reads the user's data files"),
+  (
+    r"^fedjax-dro prepare \S+ '?~/|WILDS_DIR|PILE_DIR|--data-dir prepared",
+    "reads the user's data files",
+  ),
   (r"^fedjax-dro (reproduce \S+ .*--part|merge)", "a split table: tests/compare/test_parts.py"),
   (r"^(nice -n \d+ )?python benchmarks/", "a benchmark: tests/test_benchmarks.py runs them quick"),
 ]

@@ -8,7 +8,8 @@ and the worst class / worst client accuracies of a label-skewed federation
 (:func:`with_class_weighted_accuracy`). They are small combinators over
 :func:`with_round_metrics`; the reproductions apply them to the algorithms they compare.
 :func:`with_tied_hparams` instead ties hyper-parameters to others (``tau = J * client_lr``), so
-that a grid searches the free ones only.
+that a grid searches the free ones only, and :func:`with_fixed_domain_weights` stops an FGDRO
+algorithm's weight estimators after a first phase (the Pile protocol of FGDRO's Table 2).
 
 The held-out arrays are closed over by the round, so they are constants of its compiled program:
 fine for the held-out sets of a paper's table (thousands of rows), not for large ones.
@@ -84,6 +85,69 @@ def with_tied_hparams(alg, **ties):
   free = {k: v for k, v in alg.hparams.items() if k not in spec}
   config = {**alg.config, "tied_hparams": {k: list(v) for k, v in spec.items()}}
   return alg._replace(round=round_fn, hparams=free, config=config)
+
+
+def with_fixed_domain_weights(alg, weight_rounds: int, estimators: Sequence[str]):
+  """``alg`` whose domain weights are learned for ``weight_rounds`` rounds, then kept fixed.
+
+  FGDRO's Pile protocol (Guo and Yang, arXiv:2410.06369, Sec. 7: "our FGDRO algorithms for Pile
+  initially train for 20K iterations to obtain domain weights, which are then fixed during
+  subsequent training phases", following DoReMi, Xie et al. 2023). The FGDRO algorithms weight
+  client ``i``'s gradient by estimators they carry in their state: FGDRO-KL and FGDRO-KL-Adam by
+  ``exp(u_i / lambda) / v_bar`` (``u_i`` the client's moving-average loss, ``v_bar`` the
+  estimate of ``mean_j exp(u_j / lambda)``), FGDRO-CVaR by ``1[u_i > s]`` (``s`` the averaged
+  threshold). From round ``weight_rounds`` on (the state's ``round`` counter, so a resumed run
+  switches at the same round) the moving-average weights that advance those estimators,
+  ``estimators``, are set to 0: ``u``, ``v_bar`` and ``s`` keep their values at the end of the
+  first phase exactly (``(1 - 0) u + 0 l = u``; ``log v`` through ``logaddexp(log v, -inf)``), and
+  every later round is the same algorithm, from the same model and moments, on the fixed weights.
+
+  Readings (stated with the Pile table): the weights are the algorithm's own at the end of the
+  first phase, not renormalised and not averaged over that phase (DoReMi averages its proxy
+  model's weights over its steps; FGDRO's ``u`` and ``v`` are already moving averages); training
+  continues from the first phase's model (the paper's "subsequent training phases"), within the
+  same budget of rounds as every other row. The round metric ``weights_fixed`` is 1 in the
+  rounds with fixed weights.
+
+  Args:
+    alg: an :class:`~fedjax_dro.algorithms.Algorithm` whose state has a ``round`` counter.
+    weight_rounds: rounds of the first phase (>= 0; 0: fixed from the start, at their initial
+      values).
+    estimators: hyper-parameters of ``alg`` set to 0 after the first phase: ``("beta1",
+      "beta2")`` for FGDRO-KL and FGDRO-KL-Adam, ``("beta1", "threshold_lr")`` for FGDRO-CVaR.
+  """
+  from fedjax_dro.algorithms.base import Algorithm
+  from fedjax_dro.common.checks import is_int
+
+  if not isinstance(alg, Algorithm):
+    raise TypeError(f"alg must be an Algorithm, got {type(alg).__name__}")
+  if not is_int(weight_rounds) or weight_rounds < 0:
+    raise ValueError(f"weight_rounds must be an integer >= 0, got {weight_rounds!r}")
+  if isinstance(estimators, str) or not estimators:
+    raise TypeError(f"estimators must be a non-empty sequence of names, got {estimators!r}")
+  unknown = [k for k in estimators if k not in alg.hparams]
+  if unknown:
+    raise ValueError(
+      f"estimators {unknown} are not hyper-parameters of {alg.name!r} ({sorted(alg.hparams)})"
+    )
+  estimators = tuple(estimators)
+  weight_rounds = int(weight_rounds)
+
+  def round_fn(state, data, key, hparams, **release):  # the release passed on (fd.private)
+    if not hasattr(state, "round"):
+      raise TypeError(f"with_fixed_domain_weights: {alg.name}'s state has no round counter")
+    fixed = state.round >= weight_rounds
+    full = dict(hparams)
+    for k in estimators:
+      full[k] = jnp.where(fixed, jnp.zeros_like(hparams[k]), hparams[k])
+    state, metrics = alg.round(state, data, key, full, **release)
+    return state, {**metrics, "weights_fixed": fixed.astype(jnp.int32)}
+
+  config = {
+    **alg.config,
+    "fixed_domain_weights": {"weight_rounds": weight_rounds, "estimators": list(estimators)},
+  }
+  return alg._replace(round=round_fn, config=config)
 
 
 def with_distances(alg, x_stars: Sequence[Any], prefix: str = "dist_to_opt"):

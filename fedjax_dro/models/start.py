@@ -115,3 +115,61 @@ def image_model(name: str, sample_x, num_classes: int, weights: Optional[str] = 
     return jax.tree.map(lambda a, f: jnp.asarray(a, dtype=f.dtype), out, fresh)
 
   return model._replace(init=init, identity=f"{model.identity}; weights={weights}")
+
+
+def text_classifier(
+  sample_x,
+  num_labels: int,
+  *,
+  vocab_size: int,
+  pad_id: int,
+  weights: Optional[str] = None,
+  size: str = "base",
+) -> Model:
+  """DistilBERT (:func:`~fedjax_dro.models.distilbert`, ``size`` ``"base"`` or ``"tiny"``) for
+  token rows like ``sample_x [m, T]`` (int), ``num_labels`` classes, the attention mask
+  ``tokens != pad_id``; with ``weights`` (a ``.safetensors`` file with Hugging Face's names,
+  ``distilbert-base-uncased``'s ``model.safetensors``) every run starts from the file's tensors,
+  and a head the file lacks (the base checkpoint has none) is drawn fresh from the run's key, as
+  WILDS fine-tunes it.
+
+  Raises:
+    ValueError: rows that are not ``[m, T]`` integers, or a file that does not fit the model
+      (every missing, unexpected and mis-shaped tensor named; the file's vocabulary must be the
+      tokenizer's ``vocab_size``).
+  """
+  from fedjax_dro.models.builtin import from_flax
+  from fedjax_dro.models.distilbert import distilbert, distilbert_params_from_hf
+  from fedjax_dro.models.weights import read_safetensors, refuse_pickle_formats
+
+  sample = np.asarray(sample_x)
+  if sample.ndim != 2 or not np.issubdtype(sample.dtype, np.integer):
+    raise ValueError(
+      f"text_classifier takes integer token rows [m, T]; got {sample.dtype} of shape "
+      f"{list(sample.shape)}"
+    )
+  positions = max(512, int(sample.shape[1])) if size == "base" else int(sample.shape[1])
+  module = distilbert(
+    size,
+    vocab_size=int(vocab_size),
+    num_labels=int(num_labels),
+    pad_token_id=int(pad_id),
+    max_position_embeddings=positions,
+  )
+  model = from_flax(module, sample[:2], name=f"DistilBERT-{size}")
+  if weights is None:
+    return model
+  refuse_pickle_formats(weights)
+  try:
+    pretrained, fresh_names = distilbert_params_from_hf(read_safetensors(weights), module.config)
+  except ValueError as e:
+    raise ValueError(f"weights {weights}: {e}") from None
+  head = {name.split(".")[0] for name in fresh_names}  # pre_classifier, classifier
+  fresh_init = model.init
+
+  def init(key):  # no batch statistics: the parameters themselves
+    fresh = fresh_init(key)
+    params = {k: (v if k in head else pretrained[k]) for k, v in fresh.items()}
+    return jax.tree.map(lambda a, f: jnp.asarray(a, dtype=f.dtype), params, fresh)
+
+  return model._replace(init=init, identity=f"{model.identity}; weights={weights}")

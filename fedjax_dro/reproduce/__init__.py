@@ -12,6 +12,10 @@ table) to ``out_dir``. One module per paper:
 * ``fgdro-table7`` (:mod:`fedjax_dro.reproduce.fgdro`, settings and grids in
   :mod:`fedjax_dro.reproduce.fgdro_protocol`): FGDRO, Appendix G, Table 7 (``--data-dir``: the
   paper's CIFAR-10 protocol; without it, the digits stand-in).
+* ``fgdro-table2`` (:mod:`fedjax_dro.reproduce.fgdro_language`): FGDRO, Table 2, the Pile (GPT-2)
+  and CivilComments (DistilBERT) on the harness, the Pile's FGDRO rows with the paper's
+  domain-weight phase (``--data-dir``: the prepared directories; ``--weights-dir``:
+  distilbert-base-uncased; without them, the readers' stand-ins).
 * ``fgdro-table3`` (:mod:`fedjax_dro.reproduce.fgdro_wilds`): FGDRO, Table 3, WILDS images on
   the harness with held-out-domain selection (``--data-dir``: the prepared WILDS directories;
   without it, the readers' stand-ins).
@@ -30,6 +34,7 @@ from typing import Any, Callable, Dict
 
 from fedjax_dro.reproduce.fgdro import fgdro_table7
 from fedjax_dro.reproduce.fgdro_figure1 import fgdro_figure1
+from fedjax_dro.reproduce.fgdro_language import fgdro_table2
 from fedjax_dro.reproduce.fgdro_wilds import fgdro_table3
 from fedjax_dro.reproduce.karula import karula_heart, karula_synthetic
 from fedjax_dro.reproduce.karula_femnist import karula_femnist
@@ -41,6 +46,7 @@ EXPERIMENTS: Dict[str, Callable[..., Dict[str, Any]]] = {
   "scaffpd-synthetic": scaffpd_synthetic,
   "scaffpd-table1": scaffpd_table1,
   "fgdro-table7": fgdro_table7,
+  "fgdro-table2": fgdro_table2,
   "fgdro-table3": fgdro_table3,
   "fgdro-figure1": fgdro_figure1,
   "karula-synthetic": karula_synthetic,
@@ -56,6 +62,8 @@ RUN_TIMES: Dict[str, str] = {
   "scaffpd-synthetic": "SCAFF-PD Fig. 2 (synthetic shift): a few minutes",
   "scaffpd-table1": "SCAFF-PD Table 1 and Fig. 3 (features file or stand-in): about 95 minutes",
   "fgdro-table7": "FGDRO Table 7 (CIFAR-10 files or digits stand-in): about 17 minutes",
+  "fgdro-table2": "FGDRO Table 2 (prepared Pile and CivilComments, or their stand-ins): the "
+  "stand-in about 7 minutes (--quick); the real table's runs are GPU jobs, not yet timed",
   "fgdro-table3": "FGDRO Table 3 (prepared WILDS Camelyon17, iWildCam, PovertyMap, or their "
   "stand-ins): the stand-in about 10 minutes (--quick); the real table's runs are GPU jobs, "
   "not yet timed",

@@ -44,6 +44,7 @@ def fgdro_figure1(
   seed: int = 0,
   data_dir: Optional[str] = None,
   part=None,
+  weights_dir: Optional[str] = None,
   verbose: bool = True,
 ) -> Optional[Dict[str, Any]]:
   """Runs Figure 1 (a) and (b) (see the module docstring); writes ``fgdro_figure1.{json,md,png}``
@@ -57,6 +58,8 @@ def fgdro_figure1(
     seed: the first seed (``seed, seed + 1, seed + 2``).
     data_dir: the folder holding the prepared ``camelyon17`` directory (``None``: the stand-in).
     part: ``(i, N)``: only every N-th run (``--part``; ``fedjax-dro merge`` joins the parts).
+    weights_dir: a folder holding ``densenet121.safetensors`` (torchvision's ImageNet weights):
+      DenseNet-121 starts from it, as in WILDS (``None``: random initialisation).
     verbose: print progress and the tables.
   """
   from fedjax_dro import compare as C
@@ -72,7 +75,7 @@ def fgdro_figure1(
   )
   splits = {s: load_prepared(path, s) for s in ("train", "val", "test")}
   train = splits["train"]
-  model = wilds_model("camelyon17", train.store, quick)
+  model = wilds_model("camelyon17", train.store, quick, weights_dir)
   intervals, batch = ((1, 2, 4), 2) if quick else (INTERVALS, 32)
   reference_steps = 2 if quick else 32
   rounds = rounds or (4 if quick else ITERATIONS // reference_steps)
@@ -149,6 +152,7 @@ def fgdro_figure1(
     stand_in=stand_in,
     intervals=list(intervals),
     local_iterations=rounds * reference_steps,
+    pretrained=weights_dir is not None,
   )
   if result is not None and out_dir is not None:
     result["png_path"] = _plot(result, os.path.join(out_dir, "fgdro_figure1.png"), stand_in)

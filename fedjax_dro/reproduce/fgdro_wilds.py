@@ -23,9 +23,11 @@ size (Camelyon17 96 x 96, iWildCam 448 x 448, PovertyMap 224 x 224 x 8), no augm
 weight decay; iWildCam's 243 training locations on 8 clients as the paper's Table 4 counts them
 (``prepare iwildcam ... --option clients=8``: the reader's stated rule, locations sorted by size
 and dealt round-robin, since the paper does not say how); PovertyMap's
-"region" read as WILDS' urban / rural; every model from random initialisation (WILDS starts
-DenseNet-121 and ResNet-50 from ImageNet weights: loading them here is not wired yet, so the
-record says ``pretrained: false``); PovertyMap's ResNet-50 (the paper's text) on 8 bands.
+"region" read as WILDS' urban / rural; models from random initialisation by default (WILDS starts
+DenseNet-121 and ResNet-50 from ImageNet weights: ``--weights-dir DIR`` with torchvision's
+``densenet121.safetensors`` and ``resnet50.safetensors`` does the same, the head drawn fresh, and
+the record says ``pretrained: true``); PovertyMap's ResNet-50 (the paper's text) on 8 bands from
+random initialisation (ImageNet weights take 3 channels).
 
 ``--data-dir DIR``: the prepared directories ``DIR/camelyon17``, ``DIR/iwildcam``,
 ``DIR/poverty`` (``fedjax-dro prepare camelyon17 WILDS_DIR --out DIR/camelyon17``, ...).
@@ -90,7 +92,11 @@ ROWS = (
 LOCAL_STEPS, BATCH, ROUNDS = 32, 32, 625  # I = 32, minibatch 32, 20K local iterations
 
 
-def _strategies(quick: bool, local_steps: int, batch: int, clients: int, only=None):
+def table_strategies(quick: bool, local_steps: int, batch: int, clients: int, only=None, wrap=None):
+  """The nine rows of FGDRO's Tables 2 and 3 (:data:`ROWS`; ``only``: those labels and the
+  reference FGDRO-KL), each with the paper's step sizes times its :data:`SECOND_AXES` values
+  (two of each with ``quick``); ``wrap``: ``{label: alg -> alg}`` applied to a row's algorithm
+  before its ties (the Pile's fixed domain weights)."""
   lrs = PAPER_LRS[2:] if quick else PAPER_LRS
   out = []
   for label, name in ROWS:
@@ -102,13 +108,15 @@ def _strategies(quick: bool, local_steps: int, batch: int, clients: int, only=No
     # beta3 tied to beta1
     ties = {b: (axis[0], 1.0, 1) for b in axis[1:]} if isinstance(axis, tuple) else {}
     grid = {"client_lr": list(lrs), (axis[0] if ties else axis): list(values)}
-    out.append(fgdro_strategy(label, name, local_steps, batch, clients, grid, ties))
+    row_wrap = (wrap or {}).get(label)
+    out.append(fgdro_strategy(label, name, local_steps, batch, clients, grid, ties, row_wrap))
   return out
 
 
-def fgdro_strategy(label, name, local_steps, batch, clients, grid, ties=None):
+def fgdro_strategy(label, name, local_steps, batch, clients, grid, ties=None, wrap=None):
   """A row: the registered algorithm ``name`` with ``local_steps`` of ``batch`` rows and every
-  client each round, hyper-parameters ``ties`` tied (``with_tied_hparams``), ``grid`` searched."""
+  client each round, ``wrap(alg)`` applied (``None``: nothing), hyper-parameters ``ties`` tied
+  (``with_tied_hparams``), ``grid`` searched."""
   from fedjax_dro import algorithms as A
   from fedjax_dro.compare import Strategy
 
@@ -116,14 +124,24 @@ def fgdro_strategy(label, name, local_steps, batch, clients, grid, ties=None):
 
   def make(model):
     alg = factory(model, local_steps=local_steps, batch_size=batch, clients_per_round=clients)
+    alg = wrap(alg) if wrap is not None else alg
     return A.with_tied_hparams(alg, **ties) if ties else alg
 
   return Strategy(label, make, grid=grid)
 
 
+# the stand-ins' prepare options: iWildCam at 32 x 32 (for speed) on the paper's 8 clients, the
+# Pile's sequences of 16 tokens, CivilComments' comments cut at 32
+STANDIN_OPTIONS = {
+  "iwildcam": {"image_size": 32, "clients": IWILDCAM_CLIENTS},
+  "pile": {"seq_len": 16},
+  "civilcomments": {"max_len": 32},
+}
+
+
 def stand_in_dirs(out_dir: Optional[str], names: Sequence[str] = DATASETS) -> Dict[str, str]:
-  """The readers' stand-ins, prepared (iWildCam at 32 x 32, for speed, on the paper's 8 clients
-  where the stand-in has that many locations)."""
+  """The readers' stand-ins, prepared (:data:`STANDIN_OPTIONS`) under
+  ``out_dir/stand-in-data/<name>`` (a temporary folder without ``out_dir``); ``{name: path}``."""
   from fedjax_dro.data import prepared
 
   base = os.path.join(out_dir, "stand-in-data") if out_dir else tempfile.mkdtemp()
@@ -132,14 +150,36 @@ def stand_in_dirs(out_dir: Optional[str], names: Sequence[str] = DATASETS) -> Di
     target = os.path.join(base, name)
     if not os.path.exists(os.path.join(target, "manifest.json")):
       raw = prepared.write_standin(name, os.path.join(base, "raw", name))
-      options = {"image_size": 32, "clients": IWILDCAM_CLIENTS} if name == "iwildcam" else {}
+      options = STANDIN_OPTIONS.get(name, {})
       prepared.prepare(name, raw, target, progress=False, overwrite=True, **options)
     dirs[name] = target
   return dirs
 
 
-def wilds_model(name: str, store, quick: bool):
+# the published weights --weights-dir holds, by dataset (the WILDS protocol's ImageNet starts)
+WEIGHT_FILES = {"camelyon17": "densenet121.safetensors", "iwildcam": "resnet50.safetensors"}
+
+
+def weight_file(weights_dir: Optional[str], name: str) -> Optional[str]:
+  """``weights_dir/<WEIGHT_FILES[name]>`` (``None`` without a directory or a file for ``name``);
+  a missing file is a ``ValueError`` naming it."""
+  if weights_dir is None or name not in WEIGHT_FILES:
+    return None
+  path = os.path.join(os.path.expanduser(weights_dir), WEIGHT_FILES[name])
+  if not os.path.isfile(path):
+    raise ValueError(
+      f"--weights-dir: {path} not found; it holds {', '.join(sorted(WEIGHT_FILES.values()))} "
+      "(torchvision's ImageNet checkpoints saved as safetensors)"
+    )
+  return path
+
+
+def wilds_model(name: str, store, quick: bool, weights_dir: Optional[str] = None):
+  """The table's model for dataset ``name`` (DenseNet-121, ResNet-50; a tiny CNN with
+  ``quick``), from ``weights_dir``'s ImageNet weights where the WILDS protocol starts from them
+  (Camelyon17, iWildCam; the head fresh), else from random initialisation."""
   from fedjax_dro import models
+  from fedjax_dro.models.start import image_model
 
   shape = tuple(store.x_shape)
   sample = np.zeros((1,) + shape, np.float32)
@@ -151,6 +191,10 @@ def wilds_model(name: str, store, quick: bool):
       module, label = models.resnet50(1), f"ResNet-50 ({shape[-1]} bands)"
     return models.from_flax(module, sample, loss="squared_error", name=label)
   classes = int(info["num_classes"])
+  weights = weight_file(weights_dir, name)
+  if weights is not None:
+    arch = {"camelyon17": "densenet121", "iwildcam": "resnet50"}[name]
+    return image_model(arch, sample, classes, weights=weights)
   if quick:
     return models.cnn(shape, classes, features=(4,), dense=None)
   if name == "camelyon17":
@@ -172,6 +216,7 @@ def fgdro_table3(
   datasets: Sequence[str] = DATASETS,
   algorithms: Optional[Sequence[str]] = None,
   part=None,
+  weights_dir: Optional[str] = None,
   verbose: bool = True,
 ) -> Optional[Dict[str, Any]]:
   """Runs FGDRO's Table 3 on the harness (see the module docstring); writes
@@ -189,6 +234,9 @@ def fgdro_table3(
       always run).
     part: ``(i, N)`` or ``"i/N"``: only every N-th run of the table, for N machines
       (``--part``); ``fedjax-dro merge`` joins the parts (returns ``None`` for a part).
+    weights_dir: a folder holding ``densenet121.safetensors`` and ``resnet50.safetensors``
+      (torchvision's ImageNet weights): Camelyon17 and iWildCam start from them, as in WILDS
+      (``None``: random initialisation, recorded as ``pretrained: false``).
     verbose: print progress and the tables.
   """
   from fedjax_dro import compare as C
@@ -213,14 +261,14 @@ def fgdro_table3(
     path = dirs[name]
     splits = {s: load_prepared(path, s) for s in ("train", "val", "test")}
     train = splits["train"]
-    model = wilds_model(name, train.store, quick)
+    model = wilds_model(name, train.store, quick, weights_dir)
     experiments[name] = C.Experiment(
       name=f"fgdro_table3_{name}" + ("_standin" if stand_in else ""),
       data=lambda s, splits=splits: FederatedDataset(
         train=splits["train"], validation=splits["val"], test=splits["test"], name="wilds"
       ),
       model=model,
-      strategies=_strategies(quick, local_steps, batch, train.num_clients, algorithms),
+      strategies=table_strategies(quick, local_steps, batch, train.num_clients, algorithms),
       extra_metrics=[split_metric(e) for e in EXTRA[name]],
       protocol=C.Protocol(
         seeds=seeds,
@@ -244,11 +292,13 @@ def fgdro_table3(
     rounds=rounds,
     local_steps=local_steps,
     batch_size=batch,
-    pretrained=False,
+    pretrained=weights_dir is not None,
   )
 
 
-def _cell(entry, digits=3) -> str:
+def cell(entry, digits=3) -> str:
+  """A table cell ``mean +- 2 SE`` of a comparison record's row entry (``-`` when absent; one
+  seed: the mean alone)."""
   if entry is None or entry.get("mean") is None:
     return "-"
   two_se = entry.get("two_se")
@@ -256,11 +306,50 @@ def _cell(entry, digits=3) -> str:
   return f"{entry['mean']:.{digits}f}" + (f" +- {two_se:.{digits}f}" if shown else "")
 
 
+def dataset_sections(result: Dict[str, Any], paper: Dict[str, tuple], columns) -> list:
+  """The markdown lines of one section per dataset of ``result``: each row's reported metrics
+  (mean +- 2 SE over seeds), its paired difference to the reference, its configurations and
+  edges, and (``columns[name]``: indices into ``paper[label]``) the paper's (mean, std) beside."""
+  from fedjax_dro.reproduce.common import paired_difference
+
+  lines = []
+  for name, record in result["results"].items():
+    metric = record["metric"]["name"]
+    extras = [e["name"] if isinstance(e, dict) else e for e in record.get("extra_metrics", [])]
+    head = ["strategy", f"test {metric}"] + [f"test {e}" for e in extras]
+    head += [f"minus {record['reference']} (paired)", "configs", "edges"]
+    shown = list(columns.get(name, ()))
+    head += ["paper (mean, std)"] * len(shown)
+    lines += [f"## {name}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    paired = record["paired"].get(metric, {})
+    for label, row in record["table"].items():
+      edges = sum(1 for e in record["edges"] if e["strategy"] == label)
+      cells = [label, cell(row.get(metric))] + [cell(row.get(e)) for e in extras]
+      cells += [paired_difference(paired.get(label)), f"{row['configurations']:g}", str(edges)]
+      cells += [f"{paper[label][c][0]:g} ({paper[label][c][1]:g})" for c in shown]
+      lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+  return lines
+
+
+def paper_reference(paper: Dict[str, tuple], header: str) -> list:
+  """The paper's table as markdown lines under a STAND-IN table: for reference only (the
+  paper's digits)."""
+  lines = [
+    "The paper's table (real data, full-size models, A100), for reference only: never "
+    "comparable with the stand-in's numbers above.",
+    "",
+    header,
+    "|" + "---|" * (header.count("|") - 1),
+  ]
+  for label, cols in paper.items():
+    lines.append(f"| {label} | " + " | ".join(f"{m:g} ({d:g})" for m, d in cols) + " |")
+  return lines + [""]
+
+
 def _markdown(result: Dict[str, Any], stand_in: bool) -> str:
   """The paper's table layout: per dataset, each row's reported metrics (mean +- 2 SE over seeds)
   and its paired difference to FGDRO-KL, then the protocol's stated choices."""
-  from fedjax_dro.reproduce.common import paired_difference
-
   title = "# FGDRO Table 3: WILDS images, on the comparison harness"
   lines = [title + (" (STAND-IN: generated data, tiny models)" if stand_in else ""), ""]
   if stand_in:
@@ -269,40 +358,23 @@ def _markdown(result: Dict[str, Any], stand_in: bool) -> str:
       "the numbers show that the pipeline runs, not the paper's results.",
       "",
     ]
-  for name, record in result["results"].items():
-    metric = record["metric"]["name"]
-    extras = [e for e in record.get("extra_metrics", [])]
-    extra_names = [e["name"] if isinstance(e, dict) else e for e in extras]
-    head = ["strategy", f"test {metric}"] + [f"test {e}" for e in extra_names]
-    head += [f"minus {record['reference']} (paired)", "configs", "edges"]
-    paper = [] if stand_in else list(PAPER_COLUMNS[name])
-    head += ["paper (mean, std)"] * len(paper)
-    lines += [f"## {name}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    paired = record["paired"].get(metric, {})
-    for label, row in record["table"].items():
-      edges = sum(1 for e in record["edges"] if e["strategy"] == label)
-      cells = [label, _cell(row.get(metric))] + [_cell(row.get(e)) for e in extra_names]
-      cells += [paired_difference(paired.get(label)), f"{row['configurations']:g}", str(edges)]
-      cells += [f"{PAPER_TABLE3[label][c][0]:.4f} ({PAPER_TABLE3[label][c][1]:.4f})" for c in paper]
-      lines.append("| " + " | ".join(cells) + " |")
-    lines.append("")
+  lines += dataset_sections(result, PAPER_TABLE3, {} if stand_in else PAPER_COLUMNS)
   if stand_in:
-    lines += [
-      "The paper's Table 3 (real data, DenseNet-121 / ResNet-50, A100), for reference only: "
-      "never comparable with the stand-in's numbers above.",
-      "",
-      "| row | Camelyon17 acc | iWildCam macro-F1 | PovertyMap worst r | PovertyMap average r |",
-      "|---|---|---|---|---|",
-    ]
-    for label, cols in PAPER_TABLE3.items():
-      lines.append(f"| {label} | " + " | ".join(f"{m:.4f} ({d:.4f})" for m, d in cols) + " |")
-    lines.append("")
+    header = (
+      "| row | Camelyon17 acc | iWildCam macro-F1 | PovertyMap worst r | PovertyMap average r |"
+    )
+    lines += paper_reference(PAPER_TABLE3, header)
+  start = (
+    "ImageNet weights for DenseNet-121 and ResNet-50 (--weights-dir), the head fresh"
+    if result.get("pretrained")
+    else "models from random initialisation (no ImageNet start)"
+  )
   lines += [
     "Protocol: every row trained on the training domains (full participation), selected per "
     "seed on WILDS' out-of-distribution validation split by the reported metric, reported on "
     "the out-of-distribution test split; 16 configurations a row (the paper's step sizes times "
     "one second hyper-parameter of four values), widened at edges; "
     f"{result['rounds']} rounds of {result['local_steps']} local steps of {result['batch_size']} "
-    "rows; models from random initialisation (no ImageNet start).",
+    f"rows; {start}; PovertyMap's ResNet-50 on 8 bands from random initialisation.",
   ]
   return "\n".join(lines) + "\n"

@@ -35,8 +35,12 @@ def _loss(w, b, x, y, l2):
   return 0.5 * np.mean(r * r) + 0.5 * l2 * (w @ w + b * b)
 
 
-def _reference(name, data, rounds, seed, s, J, B, hp):
-  """The paper's pseudo-code in numpy, one client at a time, with the simulator's key schedule."""
+def _reference(name, data, rounds, seed, s, J, B, hp, fixed_after=None):
+  """The paper's pseudo-code in numpy, one client at a time, with the simulator's key schedule.
+
+  ``fixed_after``: from that round on, each client's gradient weight is the one its estimators
+  give at that round's start (``exp(u_i / lambda) / v_bar``, ``1[u_i > s_bar]``), and u, v and s
+  no longer move (FGDRO's Pile protocol: domain weights learned, then fixed)."""
   n, d = data.num_clients, data.x.shape[-1]
   x, y, nex = np.asarray(data.x), np.asarray(data.y), np.asarray(data.num_examples)
   _, _, run_key = jax.random.split(jax.random.PRNGKey(seed), 3)
@@ -44,7 +48,13 @@ def _reference(name, data, rounds, seed, s, J, B, hp):
   m_bar, q_bar = np.zeros(d + 1), np.zeros(d + 1)
   v_bar, s_bar = 1.0, 0.0
   u = np.zeros(n)
+  weight = None
   for r in range(rounds):
+    if fixed_after is not None and r == fixed_after:  # the weights, computed once
+      if name == "fgdro_cvar":
+        weight = (u - s_bar > 0).astype(float)
+      else:
+        weight = np.exp(u / hp["lam"]) / v_bar
     key = jax.random.fold_in(run_key, r)
     sample_key, local_key = jax.random.split(key)
     idx = np.asarray(sample_clients(sample_key, n, s))
@@ -61,7 +71,17 @@ def _reference(name, data, rounds, seed, s, J, B, hp):
         loss = _loss(w[:d], w[d], bx, by, L2)
         gw, gb = numpy_linreg_grad(w[:d], w[d], bx, by, L2)
         g = np.append(gw, gb)
-        if name == "fgdro_cvar":
+        if weight is not None and name == "fgdro_cvar":
+          w = w - hp["client_lr"] * weight[i] * g  # SGD on the fixed weights
+        elif weight is not None:
+          h = weight[i] * g
+          m = (1 - hp["beta3"]) * m + hp["beta3"] * h
+          if name == "fgdro_kl":
+            w = w - hp["client_lr"] * m
+          else:
+            q = (1 - hp["beta4"]) * q + hp["beta4"] * h * h
+            w = w - hp["client_lr"] * m / (np.sqrt(q) + hp["tau"])
+        elif name == "fgdro_cvar":
           u[i] = (1 - hp["beta1"]) * u[i] + hp["beta1"] * loss
           df = 1.0 if u[i] - thr > 0 else 0.0
           v_i = -df + hp["alpha"]
@@ -118,6 +138,57 @@ def test_matches_the_papers_pseudocode_in_a_numpy_loop(name, s, batch_size):
     np.testing.assert_allclose(float(st.threshold), ref["s"], rtol=0, atol=1e-10)
   if hasattr(st, "loss_estimates"):  # u stays on the clients: non-participants keep theirs
     np.testing.assert_allclose(np.asarray(st.loss_estimates), ref["u"], rtol=0, atol=1e-10)
+
+
+FROZEN = {
+  "fgdro_cvar": ("beta1", "threshold_lr"),
+  "fgdro_kl": ("beta1", "beta2"),
+  "fgdro_kl_adam": ("beta1", "beta2"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FROZEN))
+def test_domain_weights_fixed_after_a_first_phase_match_a_fixed_weight_loop(name):
+  """FGDRO's Pile protocol: 3 rounds learning the weights, then 3 rounds of the same local
+  optimizer on each client's gradient times its weight at the switch (a separate branch of the
+  numpy loop: plain weighted SGD / momentum / Adam steps), u, v and s unchanged."""
+  from fedjax_dro.algorithms.wrappers import with_fixed_domain_weights
+
+  data = regression_clients(n=5, d=3, seed=7, shift=0.5)
+  base = A.get_algorithm(name).factory(
+    linreg(3, l2=L2), clients_per_round=3, local_steps=4, batch_size=4, backend="vmap"
+  )
+  alg = with_fixed_domain_weights(base, 3, FROZEN[name])
+  hist = run(alg, dataset(data), rounds=6, seed=2, hparams=HP[name], eval_every=6)
+  theta, ref = _reference(name, data, 6, 2, 3, 4, 4, HP[name], fixed_after=3)
+  st = hist.final_state
+  np.testing.assert_allclose(_flat(st.params), theta, rtol=0, atol=1e-10)
+  np.testing.assert_allclose(np.asarray(st.loss_estimates), ref["u"], rtol=0, atol=1e-10)
+  if name == "fgdro_cvar":
+    np.testing.assert_allclose(float(st.threshold), ref["s"], rtol=0, atol=1e-10)
+  else:
+    np.testing.assert_allclose(float(np.exp(st.log_v)), ref["v"], rtol=1e-10)
+  assert list(np.asarray(hist.train_metrics["weights_fixed"])) == [0, 0, 0, 1, 1, 1]
+  # the first phase is the algorithm itself, and the phase matters
+  early = run(alg, dataset(data), rounds=3, seed=2, hparams=HP[name], eval_every=3)
+  plain3 = run(base, dataset(data), rounds=3, seed=2, hparams=HP[name], eval_every=3)
+  assert np.array_equal(_flat(early.final_state.params), _flat(plain3.final_state.params))
+  plain = run(base, dataset(data), rounds=6, seed=2, hparams=HP[name], eval_every=6)
+  assert np.abs(_flat(plain.final_state.params) - theta).max() > 1e-6
+
+
+def test_fixed_domain_weights_refuses_bad_arguments():
+  from fedjax_dro.algorithms.wrappers import with_fixed_domain_weights
+
+  alg = A.fgdro_kl(linreg(3), local_steps=2, batch_size=2)
+  with pytest.raises(ValueError, match="weight_rounds"):
+    with_fixed_domain_weights(alg, -1, ("beta1",))
+  with pytest.raises(ValueError, match="'gamma'"):
+    with_fixed_domain_weights(alg, 2, ("beta1", "gamma"))
+  with pytest.raises(TypeError, match="estimators"):
+    with_fixed_domain_weights(alg, 2, "beta1")
+  with pytest.raises(TypeError, match="alg must be an Algorithm"):
+    with_fixed_domain_weights(object(), 2, ("beta1",))
 
 
 def _offset_clients(centers):

@@ -537,3 +537,30 @@ def test_from_flax_accepts_integer_tokens_for_the_lstm_and_gpt2():
     assert out.shape[:2] == (2, 5)
     assert model.loss(out, jnp.asarray(tokens)).shape == (2,)
     assert set(model.metrics(out, jnp.asarray(tokens))) == {"accuracy", "log_perplexity"}
+
+
+def test_text_classifier_starts_from_the_file_with_a_fresh_head_per_key(tmp_path):
+  from fedjax_dro.models.start import text_classifier
+
+  cfg = DistilBertConfig.tiny(vocab_size=40, num_labels=2, max_position_embeddings=8)
+  w = hf_distilbert_tensors(cfg, head=False, mlm_head=True)
+  path = tmp_path / "model.safetensors"
+  write_safetensors(path, {k: v.astype(np.float32) for k, v in w.items()})
+  sample = np.ones((2, 8), np.int32)
+  model = text_classifier(sample, 2, vocab_size=40, pad_id=0, weights=str(path), size="tiny")
+  plain = text_classifier(sample, 2, vocab_size=40, pad_id=0, size="tiny")
+  a, b = model.init(jax.random.PRNGKey(1)), model.init(jax.random.PRNGKey(2))
+  emb = w["distilbert.embeddings.word_embeddings.weight"].astype(np.float32)
+  assert np.asarray(a["embeddings"]["word_embeddings"]["embedding"]).tobytes() == emb.tobytes()
+  q = w["distilbert.transformer.layer.1.attention.q_lin.weight"].astype(np.float32).T
+  assert np.array_equal(np.asarray(a["layer_1"]["attention"]["q_lin"]["kernel"]), q)
+  # the head: the run's own fresh draw, as the plain model draws it from the same key
+  fresh = plain.init(jax.random.PRNGKey(1))
+  for k in ("pre_classifier", "classifier"):
+    assert np.array_equal(np.asarray(a[k]["kernel"]), np.asarray(fresh[k]["kernel"]))
+  assert not np.array_equal(np.asarray(a["classifier"]["kernel"]), b["classifier"]["kernel"])
+  assert model.apply(a, jnp.asarray(sample)).shape == (2, 2)
+  with pytest.raises(ValueError, match="vocab|word_embeddings"):
+    text_classifier(sample, 2, vocab_size=41, pad_id=0, weights=str(path), size="tiny")
+  with pytest.raises(ValueError, match="integer token rows"):
+    text_classifier(np.ones((2, 8), np.float32), 2, vocab_size=40, pad_id=0, size="tiny")
