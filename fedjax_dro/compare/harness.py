@@ -75,6 +75,18 @@ def budget_rounds(budget: Budget, costs: Costs, amount: Optional[float], label: 
   return min(rounds, int(budget.cap)) if budget.cap is not None else rounds
 
 
+def reached_cap(budget: Budget, costs: Costs, amount: Optional[float], rounds: int) -> bool:
+  """Whether a run of ``rounds`` rounds stopped at the budget's ``cap`` rather than at its own
+  end: a plateau not found within the cap, or an equal spend that would pay for more rounds."""
+  if budget.cap is None or rounds < budget.cap:
+    return False
+  if budget.kind == "plateau":
+    return True
+  field = budget.field
+  per, setup = float(getattr(costs.round, field)), float(getattr(costs.setup, field))
+  return per <= 0 or int(math.floor((amount - setup) / per * (1 + 1e-12))) > budget.cap
+
+
 def plateau_round(
   rounds: List[int], values: List[float], *, higher: bool, patience: int, min_delta: float
 ) -> int:
@@ -521,6 +533,7 @@ def _run(experiment, build, strategy, ds, splits, seed, amount, *, selections):
       widened=sel["widened"],
       edges=sel["edges"],
       rounds=rounds,
+      at_cap=reached_cap(budget, costs, amount, rounds),
       selection_rounds=sel_rounds,
       spent=costs.spent(rounds).as_dict(),
       per_round=costs.round.as_dict(),

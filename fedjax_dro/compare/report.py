@@ -295,6 +295,17 @@ def comparison_markdown(result: Dict[str, Any]) -> str:
       + "."
     ),
   ]
+  capped = [
+    f"{s['label']} seed {r['seed']} ({r['rounds']} rounds)"
+    for s in result["strategies"]
+    for r in result["per_seed"][s["label"]]
+    if r.get("at_cap")
+  ]
+  if any("at_cap" in r for rows in result["per_seed"].values() for r in rows):
+    lines.append(
+      "Runs stopped by the budget's cap (no plateau within it, or an equal spend that would pay "
+      "for more rounds): " + ("none." if not capped else "; ".join(capped) + ".")
+    )
   lines += [
     "Failures: "
     + (

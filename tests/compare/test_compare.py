@@ -13,7 +13,8 @@ import scipy.stats
 
 from fedjax_dro import algorithms as A, compare as C
 from fedjax_dro.algorithms import algorithm_cost
-from fedjax_dro.compare.harness import budget_rounds, plateau_round
+from fedjax_dro.compare.harness import budget_rounds, plateau_round, reached_cap
+from fedjax_dro.compare.report import comparison_markdown
 from fedjax_dro.compare.stats import mean_2se
 from fedjax_dro.data import from_client_arrays
 from fedjax_dro.model_selection import cross_validate, kfold_split
@@ -154,6 +155,31 @@ def test_budget_rounds_spend_and_refusals():
     budget_rounds(b, local, b.amount, "Local")
   capped = C.Budget("uploads", amount=b.amount, cap=7)
   assert budget_rounds(capped, local, b.amount, "Local") == 7
+
+
+def test_a_run_stopped_by_the_cap_is_said_so():
+  costs = A.fedavg(MODEL, local_steps=3, clients_per_round=2).cost(_data(0).train)
+  per = costs.round.upload_floats
+  amount = 10 * per + 0.5 * per  # pays for 10 rounds
+  assert reached_cap(C.Budget("uploads", amount=amount, cap=7), costs, amount, 7)
+  assert not reached_cap(C.Budget("uploads", amount=amount, cap=10), costs, amount, 10)
+  assert not reached_cap(C.Budget("uploads", amount=amount), costs, amount, 10)
+  local = A.local(MODEL).cost(_data(0).train)  # uploads nothing: only the cap ends it
+  assert reached_cap(C.Budget("uploads", amount=amount, cap=7), local, amount, 7)
+  plateau = C.Budget("plateau", cap=60)
+  assert reached_cap(plateau, costs, None, 60) and not reached_cap(plateau, costs, None, 55)
+  assert not reached_cap(C.Budget("rounds", rounds=5), costs, None, 5)
+  # the table says which runs the cap stopped, and nothing for records without the field
+  res = C.compare(_experiment(budget=C.Budget("plateau", cap=4, every=2)), verbose=False).to_json()
+  rows = [(s, r) for s, rs in res["per_seed"].items() for r in rs]
+  assert all(r["at_cap"] == (r["rounds"] >= 4) for _, r in rows)
+  text = comparison_markdown(res)
+  line = next(x for x in text.splitlines() if x.startswith("Runs stopped by the budget's cap"))
+  for label, r in rows:
+    assert (f"{label} seed {r['seed']} ({r['rounds']} rounds)" in line) == r["at_cap"]
+  for _, r in rows:
+    del r["at_cap"]
+  assert "Runs stopped by the budget's cap" not in comparison_markdown(res)
 
 
 def test_plateau_round_rule():
