@@ -488,3 +488,18 @@ def test_streaming_quick(tmp_path):
     row["reader_rows_per_s"] / row["consumed_rows_per_s"]
   )
   assert "a smoke run" in (tmp_path / "streaming.md").read_text()
+
+
+def test_fgdro_real_size_quick(tmp_path):
+  """benchmarks/fgdro_real_size.py --quick: a table's model timed per local iteration, the
+  projection of the table's rounds derived from it, the device named."""
+  bench = load_benchmark("fgdro_real_size")
+  result = bench.main(["--quick", "--only", "camelyon17", "--out", str(tmp_path)])
+  (row,) = result["rows"]
+  assert row["dataset"] == "camelyon17" and row["clients"] == 3 and not result["errors"]
+  assert row["s_per_local_iteration"] == pytest.approx(row["s_per_round"] / row["local_steps"])
+  hours = row["compile_s"] / 3600 + 625 * row["s_per_round"] / 3600
+  assert row["projected_hours"]["625"] == pytest.approx(hours)
+  saved = json.loads((tmp_path / "fgdro_real_size.json").read_text())
+  assert saved["meta"]["device_kind"] and saved["rows"][0]["dataset"] == "camelyon17"
+  assert "Smoke run" in (tmp_path / "fgdro_real_size.md").read_text()
