@@ -59,3 +59,17 @@ def test_the_reported_metric_is_the_test_splits_metric_of_the_final_model(tmp_pa
   want = sklearn_metrics.f1_score(y, pred, average="macro", labels=np.unique(y))
   assert got["macro_f1"] == pytest.approx(want, abs=1e-12)
   assert x.shape[-3:] == (32, 32, 3)
+
+
+def test_weights_dir_names_the_missing_file_and_is_refused_where_unread(tmp_path, capsys):
+  from fedjax_dro import cli
+  from fedjax_dro.reproduce.fgdro_wilds import weight_file
+
+  with pytest.raises(ValueError, match="densenet121.safetensors not found"):
+    weight_file(str(tmp_path), "camelyon17")
+  assert weight_file(None, "camelyon17") is None and weight_file(str(tmp_path), "poverty") is None
+  (tmp_path / "resnet50.safetensors").write_bytes(b"")
+  assert weight_file(str(tmp_path), "iwildcam") == str(tmp_path / "resnet50.safetensors")
+  out = str(tmp_path / "out")
+  assert cli.main(["reproduce", "karula-heart", "--weights-dir", str(tmp_path), "--out", out]) != 0
+  assert "--weights-dir: reproduce karula-heart reads no such input" in capsys.readouterr().err
