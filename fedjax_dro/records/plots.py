@@ -2,7 +2,7 @@
 
 * Run directories (``fedjax-dro run --out DIR``): runs of the same algorithm are treated as seeds.
   ``curves.png``: the mean and the worst-20% of the main metric (accuracy for classification,
-  R^2 for regression, else the first metric) at every evaluation round, one colour per algorithm,
+  R^2 for regression, else the first metric) at every evaluation round, one style per algorithm,
   the line the mean over seeds and the band the range over seeds. ``clients.png``: the
   distribution of the per-client metric at the last evaluation (all seeds pooled; a histogram
   per algorithm, with each algorithm's worst-20% cut-off marked).
