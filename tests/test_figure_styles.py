@@ -197,3 +197,49 @@ def test_the_stand_in_check_can_fail():
       assert "no line of c" in found
     finally:
       plt.close(fig)
+
+
+def _seed(seed, xs=None, values=None, failed=False, rounds=4, value=0.5):
+  curve = [{"round": x, "uploads": 10.0 * x, "value": v} for x, v in zip(xs or [], values or [])]
+  return {
+    "seed": seed,
+    "failed": failed,
+    "curve": curve,
+    "rounds": rounds,
+    "value": value,
+    "spent": {"upload_floats": 10.0 * rounds},
+  }
+
+
+def test_plot_comparison_averages_seeds_and_keeps_rows_without_curves(tmp_path, monkeypatch):
+  """Seeds on different x points give one mean line with a band; a failed seed is left out; a
+  row whose seeds have no curve is drawn at its final value; a STAND-IN name is marked."""
+  record = {
+    "name": "tiny_standin",
+    "description": "A tiny comparison",
+    "metric": {"name": "accuracy", "stat": "worst20", "higher_is_better": True},
+    "strategies": [{"label": "A"}, {"label": "B"}, {"label": "C"}],
+    "per_seed": {
+      "A": [
+        _seed(0, [1, 2, 4], [0.1, 0.2, 0.4]),
+        _seed(1, [1, 3], [0.3, 0.5]),
+        _seed(2, [1, 2], [9.0, 9.0], failed=True),
+      ],
+      "B": [_seed(0), _seed(1, value=0.7)],
+      "C": [_seed(0, failed=True)],
+    },
+  }
+  fig = _draw(record, REPLOT.plot_comparison, tmp_path / "tiny.png", monkeypatch)
+  try:
+    assert style_problems(fig, rows=["A", "B"], stand_in=True) == []
+    line = next(ln for ln in fig.axes[0].get_lines() if ln.get_label() == "A")
+    assert line.get_xdata().tolist() == [1, 2, 3, 4]
+    assert line.get_ydata().tolist() == pytest.approx([0.2, 0.3, 0.4, 0.4])  # 9.0 left out
+    assert len(fig.axes[0].collections) == 2  # the bands of A and of B (B's: one x point)
+    line = next(ln for ln in fig.axes[0].get_lines() if ln.get_label() == "B")
+    assert line.get_xdata().tolist() == [4] and line.get_ydata().tolist() == [0.6]
+    assert "C" not in {label for _, label, _ in _row_lines(fig)}
+    assert "worst 20% of clients" in fig.axes[0].get_ylabel()
+    assert fig._suptitle.get_text() == "A tiny comparison"
+  finally:
+    plt.close(fig)
