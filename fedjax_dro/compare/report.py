@@ -321,8 +321,11 @@ def comparison_markdown(result: Dict[str, Any]) -> str:
 
 
 def plot_comparison(result: Dict[str, Any], path: str) -> str:
-  """The reported metric of every seed's final run against rounds and against uploaded floats
-  (one colour per strategy, one line per seed); returns ``path``.
+  """The reported metric against rounds and against uploaded floats: per strategy one line, the
+  mean over the seeds' final runs, with a band from their minimum to their maximum (one colour,
+  marker and line style per strategy, :func:`fedjax_dro.common.styles.row_styles`); a seed
+  without a curve contributes its final value at its final round. Titled with the record's
+  description, marked STAND-IN for a stand-in; returns ``path``.
 
   Args:
     result: ``ComparisonResult.to_json()``.
@@ -332,38 +335,48 @@ def plot_comparison(result: Dict[str, Any], path: str) -> str:
 
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+  import matplotlib.ticker
+
+  from fedjax_dro.common import styles
 
   metric = result["metric"]
-  fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
-  for j, s in enumerate(result["strategies"]):
-    first = True
-    for r in result["per_seed"][s["label"]]:
-      if r["failed"] or not r.get("curve"):
+  labels = [s["label"] for s in result["strategies"]]
+  row_style = styles.row_styles(labels)
+  fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+  seeds = set()
+  for label in labels:
+    curves: Dict[str, list] = {"round": [], "uploads": []}
+    for r in result["per_seed"].get(label, []):
+      if r.get("failed"):
         continue
-      c = r["curve"]
-      for ax, key in zip(axes, ("round", "uploads")):
-        points = [p for p in c if p[key] > 0]  # a strategy that uploads nothing has no x here
-        if not points:
-          continue
-        ax.plot(
-          [p[key] for p in points],
-          [p["value"] for p in points],
-          color=f"C{j % 10}",
-          lw=1,
-          alpha=0.8,
-          label=s["label"] if first and ax is axes[0] else None,
-          marker=".",
-          ms=3,
-        )
-      first = False
-  axes[0].set_xlabel("rounds")
-  axes[1].set_xlabel("uploaded floats")
+      points = r.get("curve") or []
+      if not points and r.get("value") is not None and r.get("rounds"):
+        uploads = (r.get("spent") or {}).get("upload_floats", 0.0)
+        points = [{"round": r["rounds"], "uploads": uploads, "value": r["value"]}]
+      if points:
+        seeds.add(r.get("seed"))
+      for key in curves:
+        kept = [p for p in points if p[key] > 0]  # a strategy that uploads nothing has no x here
+        if kept:
+          curves[key].append(([p[key] for p in kept], [p["value"] for p in kept]))
+    for ax, key in zip(axes, ("round", "uploads")):
+      styles.draw_mean_band(ax, curves[key], label, row_style[label])
+  axes[0].set_xlabel("communication rounds")
+  axes[1].set_xlabel("uploaded floats (all clients)")
   axes[1].set_xscale("log")
+  axes[1].xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+  axes[0].set_ylabel(styles.metric_words(metric["name"], metric["stat"]))
   for ax in axes:
-    ax.set_ylabel(f"test {metric['name']} ({metric['stat']})")
-  axes[0].legend(fontsize=8)
-  fig.suptitle(result["name"], fontsize=10)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
+    ax.grid(alpha=0.3)
+  styles.legend_outside(fig, axes)
+  fig.suptitle(styles.title_of(result), fontsize=10)
+  fig.text(
+    0.5, 0.90, f"line: mean over {len(seeds)} seed(s); band: minimum to maximum over seeds",
+    ha="center", fontsize=8, color="0.3",
+  )  # fmt: skip
+  if styles.is_stand_in(result):
+    styles.mark_stand_in(fig)
+  fig.tight_layout(rect=(0, 0.03, 1, 0.9))
+  fig.savefig(path, dpi=110, bbox_inches="tight")
   plt.close(fig)
   return path

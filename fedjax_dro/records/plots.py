@@ -2,7 +2,7 @@
 
 * Run directories (``fedjax-dro run --out DIR``): runs of the same algorithm are treated as seeds.
   ``curves.png``: the mean and the worst-20% of the main metric (accuracy for classification,
-  R^2 for regression, else the first metric) at every evaluation round, one colour per algorithm,
+  R^2 for regression, else the first metric) at every evaluation round, one style per algorithm,
   the line the mean over seeds and the band the range over seeds. ``clients.png``: the
   distribution of the per-client metric at the last evaluation (all seeds pooled; a histogram
   per algorithm, with each algorithm's worst-20% cut-off marked).
@@ -20,6 +20,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
+from fedjax_dro.common import styles
 from fedjax_dro.records.history import read_run, read_sweep
 
 MAIN_METRICS = ("accuracy", "r2", "loss", "mse")
@@ -53,7 +54,7 @@ def _main_metric(run: Dict, metric: Optional[str]) -> str:
 
 def _save(fig, path: str) -> str:
   tmp = path + ".tmp.png"
-  fig.savefig(tmp, dpi=120)
+  fig.savefig(tmp, dpi=120, bbox_inches="tight")
   os.replace(tmp, path)
   return path
 
@@ -70,8 +71,9 @@ def plot_runs(run_dirs: Sequence[str], out_dir: str, *, metric: Optional[str] = 
     groups.setdefault(label, []).append(run)
   plt = _pyplot()
   os.makedirs(out_dir, exist_ok=True)
+  row_style = styles.row_styles(list(groups))
   fig, axes = plt.subplots(1, 2, figsize=(11, 4), squeeze=False)
-  for color, (label, members) in enumerate(groups.items()):
+  for label, members in groups.items():
     for ax, stat in zip(axes[0], ("mean", "worst20")):
       curves = []
       for run in members:
@@ -81,16 +83,13 @@ def plot_runs(run_dirs: Sequence[str], out_dir: str, *, metric: Optional[str] = 
         keep = np.isfinite(values)
         curves.append((rounds[keep], values[keep]))
       common = sorted(set.intersection(*[set(r.tolist()) for r, _ in curves]))
-      table = np.array([[v[list(r).index(x)] for x in common] for r, v in curves])
-      x = np.asarray(common)
-      ax.plot(x, table.mean(0), color=f"C{color}", label=f"{label} (seeds: {len(members)})")
-      if len(members) > 1:
-        ax.fill_between(x, table.min(0), table.max(0), color=f"C{color}", alpha=0.2)
-  for ax, stat in zip(axes[0], ("mean", "worst-20%")):
+      table = [(common, [v[list(r).index(x)] for x in common]) for r, v in curves]
+      styles.draw_mean_band(ax, table, f"{label} (seeds: {len(members)})", row_style[label])
+  for ax, stat in zip(axes[0], ("mean", "worst20")):
     ax.set_xlabel("round")
-    ax.set_ylabel(f"{metric} ({stat} over clients)")
+    ax.set_ylabel(styles.metric_words(metric, stat, test=False))
     ax.grid(alpha=0.3)
-  axes[0][0].legend(fontsize=8)
+  styles.legend_outside(fig, axes)
   fig.suptitle(f"{metric}: mean over seeds, band = range over seeds")
   fig.tight_layout()
   paths = [_save(fig, os.path.join(out_dir, "curves.png"))]
@@ -98,20 +97,21 @@ def plot_runs(run_dirs: Sequence[str], out_dir: str, *, metric: Optional[str] = 
 
   fig, ax = plt.subplots(figsize=(6, 4))
   higher = HIGHER_IS_BETTER.get(metric, True)
-  for color, (label, members) in enumerate(groups.items()):
+  for label, members in groups.items():
+    color = row_style[label]["color"]
     values = []
     for run in members:
       clients = run["clients"]
       last = np.nanmax(clients["round"])
       values.append(clients[metric][clients["round"] == last])
     values = np.concatenate(values)
-    ax.hist(values, bins=30, alpha=0.45, color=f"C{color}", label=label)
+    ax.hist(values, bins=30, alpha=0.45, color=color, label=label)
     cut = np.quantile(values, 0.2 if higher else 0.8)
-    ax.axvline(cut, color=f"C{color}", ls="--", lw=1)
+    ax.axvline(cut, color=color, ls="--", lw=1)
   ax.set_xlabel(f"per-client {metric} at the last evaluation")
   ax.set_ylabel("clients")
   ax.set_title("dashed: the worst-20% cut-off")
-  ax.legend(fontsize=8)
+  styles.legend_outside(fig, [ax])
   fig.tight_layout()
   paths.append(_save(fig, os.path.join(out_dir, "clients.png")))
   plt.close(fig)

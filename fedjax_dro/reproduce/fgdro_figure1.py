@@ -155,7 +155,9 @@ def fgdro_figure1(
     pretrained=weights_dir is not None,
   )
   if result is not None and out_dir is not None:
-    result["png_path"] = _plot(result, os.path.join(out_dir, "fgdro_figure1.png"), stand_in)
+    result["png_path"] = plot_fgdro_figure1(
+      result, os.path.join(out_dir, "fgdro_figure1.png"), stand_in
+    )
   return result
 
 
@@ -195,16 +197,24 @@ def _markdown(result: Dict[str, Any], stand_in: bool) -> str:
   return "\n".join(lines) + "\n"
 
 
-def _plot(result: Dict[str, Any], path: str, stand_in: bool) -> str:
+def plot_fgdro_figure1(result: Dict[str, Any], path: str, stand_in: Optional[bool] = None) -> str:
+  """Panel (a): each row's test metric against the interval I (mean +- 2 SE over seeds); panel
+  (b): LocalAdam against FedAdam; marked STAND-IN for a stand-in (``stand_in``, by default the
+  result's own ``stand_in``)."""
   import matplotlib
 
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
+  from fedjax_dro.common import styles
+
   fig, axes = plt.subplots(1, 2, figsize=(11, 4))
   record = result["results"]["interval"]
   metric = record["metric"]["name"]
-  for label, marker, color in (("FGDRO-CVaR", "o", "tab:blue"), ("FGDRO-KL-Adam", "s", "tab:red")):
+  rows = ("FGDRO-CVaR", "FGDRO-KL-Adam")
+  bars = list(result["results"]["local_adam"]["table"])
+  row_style = styles.row_styles(list(rows) + bars)
+  for label in rows:
     xs, ys, es = [], [], []
     for steps in result["intervals"]:
       cell = record["table"].get(f"{label} I={steps}", {}).get(metric) or {}
@@ -213,21 +223,23 @@ def _plot(result: Dict[str, Any], path: str, stand_in: bool) -> str:
       xs.append(steps)
       ys.append(cell["mean"])
       es.append(cell.get("two_se") if np.isfinite(cell.get("two_se") or np.nan) else 0.0)
-    axes[0].errorbar(xs, ys, yerr=es, marker=marker, color=color, label=label, capsize=3)
+    axes[0].errorbar(xs, ys, yerr=es, label=label, capsize=3, **row_style[label])
   axes[0].set_xscale("log", base=2)
   axes[0].set_xlabel("communication interval I (local steps a round)")
-  axes[0].set_ylabel(f"test {metric} (held-out hospital)")
-  axes[0].set_title("(a) varying the interval, equal local iterations")
-  axes[0].legend(loc="best", fontsize=8)
+  axes[0].set_xticks(list(result["intervals"]), [str(i) for i in result["intervals"]])
+  axes[0].minorticks_off()
+  axes[0].set_ylabel(f"test {metric}, held-out hospitals")
+  axes[0].set_title("(a) the interval, equal local iterations (mean +- 2 SE)", fontsize=10)
   record = result["results"]["local_adam"]
-  labels = list(record["table"])
-  means = [(record["table"][k].get(metric) or {}).get("mean") or 0.0 for k in labels]
-  axes[1].bar(labels, means, color=["tab:green", "tab:gray"][: len(labels)])
-  axes[1].set_ylabel(f"test {metric}")
-  axes[1].set_title("(b) Adam locally or on the server")
-  if stand_in:
-    fig.suptitle("STAND-IN: generated data, tiny models (not the paper's experiment)", color="red")
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
+  means = [(record["table"][k].get(metric) or {}).get("mean") or 0.0 for k in bars]
+  axes[1].bar(bars, means, color=[row_style[k]["color"] for k in bars])
+  axes[1].set_ylabel(f"test {metric}, held-out hospitals")
+  axes[1].set_title("(b) Adam locally or on the server (mean over seeds)", fontsize=10)
+  styles.legend_outside(fig, axes[:1])
+  fig.suptitle("FGDRO Figure 1: the communication interval, and Adam locally or on the server")
+  if result.get("stand_in") if stand_in is None else stand_in:
+    styles.mark_stand_in(fig, "generated data, tiny models (not the paper's experiment)")
+  fig.tight_layout(rect=(0, 0.03, 1, 0.95))
+  fig.savefig(path, dpi=110, bbox_inches="tight")
   plt.close(fig)
   return path

@@ -364,12 +364,19 @@ def plot_privacy_fairness(result: Dict[str, Any], path: str) -> str:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
+  from fedjax_dro.common import styles
+
   data = rows(result)
   finite = [d[1] for d in data if math.isfinite(d[1])]
   right = 3 * max(finite) if finite else 1.0
+  labels = list(dict.fromkeys(d[2] for d in data))
+  row_style = styles.row_styles(labels)
   fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-  for ax, which, title in ((axes[0], 3, "worst-20% accuracy"), (axes[1], 4, "mean accuracy")):
-    for label in dict.fromkeys(d[2] for d in data):
+  for ax, which, title in (
+    (axes[0], 3, "test accuracy, worst 20% of clients"),
+    (axes[1], 4, "test accuracy, mean over clients"),
+  ):
+    for label in labels:
       pts = sorted(
         (d[1] if math.isfinite(d[1]) else right, d[which]) for d in data if d[2] == label
       )
@@ -377,19 +384,27 @@ def plot_privacy_fairness(result: Dict[str, Any], path: str) -> str:
         [p[0] for p in pts],
         [p[1]["mean"] for p in pts],
         yerr=[p[1]["two_se"] or 0.0 for p in pts],
-        marker="o",
         capsize=3,
         label=label,
+        ms=4,
+        **row_style[label],
       )
     ax.set_xscale("log")
     ticks = sorted(set(finite)) + [right]
     ax.set_xticks(ticks, [f"{t:.3g}" for t in ticks[:-1]] + ["inf\n(no noise)"])
     ax.minorticks_off()
     ax.set_xlabel(f"epsilon (delta {result['delta']:g})")
-    ax.set_title(title)
+    ax.set_ylabel(title)
     ax.grid(alpha=0.3)
-  axes[0].legend()
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
+  styles.legend_outside(fig, axes)
+  fig.suptitle(
+    f"Privacy and fairness at matched epsilon: {result['task']}\n(mean +- 2 SE over "
+    f"{len(result['seeds'])} seeds)",
+    fontsize=10,
+  )
+  if styles.is_stand_in(result):
+    styles.mark_stand_in(fig)
+  fig.tight_layout(rect=(0, 0, 1, 0.92))
+  fig.savefig(path, dpi=120, bbox_inches="tight")
   plt.close(fig)
   return path

@@ -332,17 +332,6 @@ def _scaffpd_synthetic(out_dir, *, rounds, quick, seed, rhos, plot, verbose) -> 
   return result
 
 
-STYLES = {
-  "SCAFF-PD": ("C0", "-"),
-  "SCAFF-PD (Cond. 5.2)": ("C0", "--"),
-  "DRFA-Prox": ("C3", "-"),
-  "DRFA-Prox (full part.)": ("C3", "--"),
-  "AFL": ("C2", "-."),
-  "FedAvg": ("C7", ":"),
-  "SCAFFOLD": ("C1", ":"),
-}
-
-
 def scaffpd_markdown(result: Dict[str, Any]) -> str:
   """The table of a :func:`scaffpd_synthetic` result: per rho (the paper's scale) and algorithm,
   the final squared distance ``||x^R - x*||^2`` to the saddle point and, in brackets, the first
@@ -373,29 +362,36 @@ def plot_scaffpd_synthetic(result: Dict[str, Any], path: str) -> str:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
+  from fedjax_dro.common import styles
+
   panels = result["panels"]
+  row_style = styles.row_styles([label for p in panels for label in p["algorithms"]])
   fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels) + 1.8, 3.8), squeeze=False)
   for ax, panel in zip(axes[0], panels):
     for label, a in panel["algorithms"].items():
-      color, ls = STYLES.get(label, (None, "-"))
       curve = np.maximum(np.asarray(a["curve"]), FLOOR)
-      ax.semilogy(np.arange(curve.size), curve, color=color, linestyle=ls, label=label, lw=1.6)
+      every = max(1, curve.size // 8)
+      ax.semilogy(
+        np.arange(curve.size), curve, label=label, lw=1.4, ms=4, markevery=every, **row_style[label]
+      )
     ax.axhline(TARGET, color="k", lw=0.6, alpha=0.4)
     ax.set_title(f"$\\rho$ = {panel['rho']:g}")
     ax.set_xlabel("communication rounds")
     ax.set_ylim(bottom=FLOOR * 10)
     ax.grid(True, which="major", alpha=0.3)
-  axes[0][0].set_ylabel(r"$\|x^r - x^*\|^2$")
-  axes[0][-1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+  axes[0][0].set_ylabel(r"squared distance to the saddle point $\|x^r - x^*\|^2$")
+  styles.legend_outside(fig, axes)
   s = result["setting"]
   fig.suptitle(
     f"SCAFF-PD Fig. 2 reproduction: N={s['num_clients']}, d={s['dim']}, "
     f"m={s['num_examples']}, {s['local_steps']} local steps, full-batch",
     fontsize=10,
   )
+  if styles.is_stand_in(result):
+    styles.mark_stand_in(fig)
   fig.tight_layout()
   tmp = path + ".tmp.png"
-  fig.savefig(tmp, dpi=120)
+  fig.savefig(tmp, dpi=120, bbox_inches="tight")
   plt.close(fig)
   os.replace(tmp, path)
   return path

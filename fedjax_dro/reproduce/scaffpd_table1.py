@@ -527,8 +527,8 @@ def markdown_table(result: Dict[str, Any]) -> str:
 
 def plot_scaffpd_fig3(result: Dict[str, Any], path: str) -> str:
   """Fig. 3 (b): SCAFF-PD's test worst-20% accuracy during the final runs for each rho, with
-  SCAFFOLD, one line per seed (:func:`fedjax_dro.compare.plot_comparison` of the Fig. 3
-  comparison)."""
+  SCAFFOLD, the mean over seeds with their range (:func:`fedjax_dro.compare.plot_comparison`
+  of the Fig. 3 comparison)."""
   from fedjax_dro.compare import plot_comparison
 
   return plot_comparison(result["fig3"], path)
