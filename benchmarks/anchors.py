@@ -51,12 +51,13 @@ reports its wall time, compilation included; otherwise the whole run is projecte
 ``compile + rounds x s_per_round`` and labelled a projection.
 
     python benchmarks/anchors.py                 # every workload, measured rounds + projection
-    python benchmarks/anchors.py --rounds 2 --workloads flute_lr_mnist,fedjax_emnist_conv
+    python benchmarks/anchors.py --rounds 2 --workloads flute_lr_mnist,fedjax_emnist_conv --merge
     python benchmarks/anchors.py --full          # the whole runs (meant for a GPU)
     python benchmarks/anchors.py --quick         # tiny sizes (smoke test, seconds)
     python benchmarks/anchors.py --full --factored-dense   # the dense layer kept factored
 
-Writes ``benchmarks/results/anchors.{json,md}`` (``--out``). Over 600 lines: the
+Writes ``benchmarks/results/anchors.{json,md}`` (``--out``; ``--merge`` keeps the file's rows of
+the workloads not measured in this call, and says which run measured them). Over 600 lines: the
 workloads' runs, their rooflines, traces and variants, the sweep against one run and their
 report are one script, as the GPU preset calls them.
 """
@@ -518,6 +519,7 @@ def markdown(result):
       else ""
     ),
     "",
+    *_kept_lines(meta),
     "Generated data of the workloads' shapes and client-size distributions, run through "
     "`fd.run`. 'measured' = the wall time of `rounds` rounds after a first run that compiled "
     "them; the whole run is measured where the table says so, otherwise projected as "
@@ -562,6 +564,19 @@ def markdown(result):
   lines.append("")
   lines += roofline_markdown(result)
   return "\n".join(lines)
+
+
+def _kept_lines(meta):
+  """The line saying which rows an earlier run measured (``--merge``), or none."""
+  k = meta.get("kept_from")
+  if not k:
+    return []
+  return [
+    f"Rows kept from an earlier run (`--merge`): {', '.join(k['workloads'])}, measured by "
+    f"`{k['command']}` on {k['device_kind']}, jax {k['jax']}, {k['date']} (load average "
+    f"{k['load_before']} / {k['load_after']}).",
+    "",
+  ]
 
 
 def _roofline_cells(r):
@@ -802,6 +817,29 @@ def meta(argv, load_before):
   }
 
 
+def merge_earlier(result, path):
+  """``result`` with the rows of ``path`` (an earlier run's JSON) whose workloads this call did
+  not measure, in the table's order, and where those rows came from (``meta["kept_from"]``)."""
+  if not os.path.exists(path):
+    return result
+  with open(path) as f:
+    earlier = json.load(f)
+  measured = {r["workload"] for r in result["rows"]}
+  kept = [r for r in earlier.get("rows", []) if r["workload"] not in measured]
+  if not kept:
+    return result
+  order = list(WORKLOADS)
+  rank = lambda r: order.index(r["workload"]) if r["workload"] in order else len(order)
+  result["rows"] = sorted(result["rows"] + kept, key=rank)
+  em = earlier.get("meta", {})
+  fields = ("command", "date", "jax", "device_kind", "load_before", "load_after")
+  result["meta"]["kept_from"] = {
+    "workloads": [r["workload"] for r in kept],
+    **{k: em.get(k) for k in fields},
+  }
+  return result
+
+
 def write(result, out):
   os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
   with open(out, "w") as f:
@@ -851,6 +889,11 @@ def main(argv=None):
     action="store_true",
     help="every run with the folded local step and wide dense layers kept factored "
     "(core.ragged.local_folded_step, experimental.factored.local_factored_dense)",
+  )
+  parser.add_argument(
+    "--merge",
+    action="store_true",
+    help="keep the rows of --out's workloads not measured in this call (their command noted)",
   )
   parser.add_argument("--out", default=os.path.join(HERE, "results", "anchors.json"))
   args = parser.parse_args(argv)
@@ -914,6 +957,8 @@ def _main(parser, args, argv):
         **({"lrs": SWEEP_LRS[:2], "seeds": 2} if args.quick else {}),
       )
     ]
+  if args.merge:
+    result = merge_earlier(result, args.out)
   md = write(result, args.out)
   print(markdown(result))
   print(f"wrote {args.out} and {md}")

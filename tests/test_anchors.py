@@ -239,3 +239,30 @@ def test_quick_factored_dense_run(tmp_path):
   assert result["meta"]["factored_dense"] is True
   assert result["rows"][0]["rounds_measured"] == 2
   assert "wide dense layer factored" in (tmp_path / "anchors.md").read_text()
+
+
+def test_merge_keeps_the_earlier_rows_of_workloads_not_measured(tmp_path):
+  """--merge: the rows of the --out file whose workloads this call did not measure stay, in the
+  table's order, and the markdown says which run measured them."""
+  import pathlib
+
+  a = load_benchmark("anchors")
+  saved = pathlib.Path(a.HERE) / "results" / "anchors.json"
+  earlier = json.loads(saved.read_text())
+  path = tmp_path / "anchors.json"
+  path.write_text(json.dumps(earlier))
+  new_row = dict(earlier["rows"][1], workload="flute_lr_mnist", title="LR row", published=[])
+  redone = dict(earlier["rows"][1], s_per_round=9.0)  # pfl_cifar10 measured again
+  result = {"meta": dict(earlier["meta"], command="now"), "rows": [new_row, redone]}
+  merged = a.merge_earlier(result, str(path))
+  assert [r["workload"] for r in merged["rows"]] == [
+    "flute_femnist",
+    "pfl_cifar10",
+    "flute_lr_mnist",
+  ]
+  assert merged["rows"][1]["s_per_round"] == 9.0  # this call's row, not the earlier one
+  assert merged["meta"]["kept_from"]["workloads"] == ["flute_femnist"]
+  md = a.markdown(merged)
+  assert "Rows kept from an earlier run (`--merge`): flute_femnist, measured by " in md
+  assert earlier["meta"]["command"] in md
+  assert a.merge_earlier({"meta": {}, "rows": []}, str(tmp_path / "none.json"))["rows"] == []
