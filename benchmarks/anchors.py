@@ -567,15 +567,16 @@ def markdown(result):
 
 
 def _kept_lines(meta):
-  """The line saying which rows an earlier run measured (``--merge``), or none."""
-  k = meta.get("kept_from")
-  if not k:
-    return []
+  """The lines saying which rows earlier runs measured (``--merge``), one a run."""
   return [
-    f"Rows kept from an earlier run (`--merge`): {', '.join(k['workloads'])}, measured by "
-    f"`{k['command']}` on {k['device_kind']}, jax {k['jax']}, {k['date']} (load average "
-    f"{k['load_before']} / {k['load_after']}).",
-    "",
+    line
+    for k in meta.get("kept_from") or []
+    for line in (
+      f"Rows kept from an earlier run (`--merge`): {', '.join(k['workloads'])}, measured by "
+      f"`{k['command']}` on {k['device_kind']}, jax {k['jax']}, {k['date']} (load average "
+      f"{k['load_before']} / {k['load_after']}).",
+      "",
+    )
   ]
 
 
@@ -819,7 +820,8 @@ def meta(argv, load_before):
 
 def merge_earlier(result, path):
   """``result`` with the rows of ``path`` (an earlier run's JSON) whose workloads this call did
-  not measure, in the table's order, and where those rows came from (``meta["kept_from"]``)."""
+  not measure, in the table's order, and where those rows came from (``meta["kept_from"]``: one
+  entry a run, the earlier file's own kept rows under the runs that measured them)."""
   if not os.path.exists(path):
     return result
   with open(path) as f:
@@ -832,11 +834,18 @@ def merge_earlier(result, path):
   rank = lambda r: order.index(r["workload"]) if r["workload"] in order else len(order)
   result["rows"] = sorted(result["rows"] + kept, key=rank)
   em = earlier.get("meta", {})
+  names = [r["workload"] for r in kept]
+  entries, claimed = [], set()
+  for e in em.get("kept_from") or []:  # rows the earlier file itself kept: their own runs
+    ws = [w for w in e["workloads"] if w in names]
+    if ws:
+      entries.append(dict(e, workloads=ws))
+      claimed.update(ws)
   fields = ("command", "date", "jax", "device_kind", "load_before", "load_after")
-  result["meta"]["kept_from"] = {
-    "workloads": [r["workload"] for r in kept],
-    **{k: em.get(k) for k in fields},
-  }
+  own = [w for w in names if w not in claimed]
+  if own:
+    entries.append({"workloads": own, **{k: em.get(k) for k in fields}})
+  result["meta"]["kept_from"] = entries
   return result
 
 

@@ -261,8 +261,17 @@ def test_merge_keeps_the_earlier_rows_of_workloads_not_measured(tmp_path):
     "flute_lr_mnist",
   ]
   assert merged["rows"][1]["s_per_round"] == 9.0  # this call's row, not the earlier one
-  assert merged["meta"]["kept_from"]["workloads"] == ["flute_femnist"]
+  assert [k["workloads"] for k in merged["meta"]["kept_from"]] == [["flute_femnist"]]
   md = a.markdown(merged)
   assert "Rows kept from an earlier run (`--merge`): flute_femnist, measured by " in md
   assert earlier["meta"]["command"] in md
+  # merged again after measuring pfl_cifar10 once more: flute_femnist stays under its own run,
+  # flute_lr_mnist under the run "now"
+  path.write_text(json.dumps(merged))
+  again = {"meta": dict(earlier["meta"], command="later"), "rows": [redone]}
+  kept = a.merge_earlier(again, str(path))["meta"]["kept_from"]
+  assert [(k["workloads"], k["command"]) for k in kept] == [
+    (["flute_femnist"], earlier["meta"]["command"]),
+    (["flute_lr_mnist"], "now"),
+  ]
   assert a.merge_earlier({"meta": {}, "rows": []}, str(tmp_path / "none.json"))["rows"] == []
