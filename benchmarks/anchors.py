@@ -1,26 +1,43 @@
-"""Whole-run wall time of two published federated workloads, beside the published figures.
+"""Whole-run wall time of eight published federated workloads, beside the published figures.
 
-* ``flute_femnist``: FLUTE's FedAvg on FEMNIST: a 2-conv CNN, 3400 clients, 10 per round, batch
-  20, 1 local epoch, 1500 rounds. FLUTE's README: 8 min 22 s on 4 GPUs (FLUTE), 5 h 50 min for
-  FedML on the same task.
+The workloads (their table, generated client sizes and models: ``anchor_workloads.py``), all
+FedAvg with one local epoch of SGD:
+
+* ``flute_femnist``: FLUTE's FEMNIST: a 2-conv CNN, 3400 clients, 10 per round, batch 20, 1500
+  rounds. FLUTE's README: 8 min 22 s on 4 GPUs (FLUTE), 5 h 50 min for FedML.
 * ``pfl_cifar10``: pfl-research's CIFAR-10 benchmark: a simple CNN, cohort 50, 50 points per user
-  (1000 users), batch 10, 1 local epoch, 1500 central iterations, one A100: the setting in which
-  pfl-research reports being 7-72x faster than other open-source frameworks.
+  (1000 users), batch 10, 1500 central iterations, one A100: the setting in which pfl-research
+  reports being 7-72x faster than other open-source frameworks.
+* ``flute_lr_mnist``: FLUTE's LR_MNIST: logistic regression 784 -> 10, 1000 clients, 10 per
+  round, batch 10, 100 rounds: FLUTE 1:35, FedML 3:09, Flower 1.0 30:14 (CPU).
+* ``flute_resnet_fedcifar100``: FLUTE's RESNET_FEDCIFAR100: ResNet-18 with GroupNorm and the CIFAR
+  stem, 500 clients of 100 images, 10 per round, batch 20, 4000 rounds: FLUTE 1:42:01, FedML
+  15:55:36.
+* ``flute_rnn_fedshakespeare``: FLUTE's RNN_FEDSHAKESPEARE: a 2-layer character LSTM (embedding
+  8, LSTM 256 x2, sequences of 80), 715 clients, 10 per round, batch 4, 1200 rounds: FLUTE 21:50,
+  FedML 6:46:21.
+* ``pfl_stackoverflow``: pfl-research's StackOverflow: a transformer (width 96, 8 heads,
+  feed-forward 1536, 3 layers, dropout 0.1, vocabulary 10,000, length 20), cohort 400, at most 64
+  sentences a user, batch 16, 2000 rounds; no wall time restated.
+* ``fedjax_emnist_conv``: FedJAX's EMNIST_CONV: FedJAX's EMNIST CNN, 3400 clients, 10 per round,
+  batch 10, 1500 rounds: "a few minutes" on a TPU.
+* ``fedjax_stackoverflow_word``: FedJAX's STACKOVERFLOW_WORD: the word LSTM (embedding 96, LSTM
+  670, vocabulary 10,000 + 4, sequences of 30), 50 per round, at most 500 steps, batch 16, 1500
+  rounds: "roughly an hour" on a TPU. The Stack Overflow federations are 4000 generated users
+  (342,477 in the real data).
 
-On generated data of the same shapes and client-size distributions: FEMNIST-like clients of
-28x28x1 images, 62 classes, sizes drawn from a lognormal of mean 226 (sigma 0.5: a heavy right
-tail, the largest of 3400 clients around 1,000 examples; LEAF's FEMNIST has a mean of about 226);
-CIFAR-like users of exactly 50 32x32x3 images, 10 classes. Pixels are one generated pool of
-``max_examples`` images shared by every client (3400 clients padded to the largest would be
-~10 GB of float32 pixels; the speed of a round does not depend on the pixel values), labels are
-drawn per client. Federations over ``--device-bytes`` of pixels stay on the host
-(``fedjax_dro.data.host``: only the sampled clients' rows go to the device each round), smaller
-ones are device-resident.
+On generated data of the same shapes and client-size distributions (nothing is downloaded):
+images, or integer token sequences whose labels are the next tokens. The examples are one
+generated pool of ``max_examples`` shared by every client (3400 FEMNIST clients padded to the
+largest would be ~10 GB of float32 pixels; the speed of a round does not depend on the values),
+image labels are drawn per client. Federations over ``--device-bytes`` of examples stay on the
+host (``fedjax_dro.data.host``: only the sampled clients' rows go to the device each round),
+smaller ones are device-resident.
 
-Models: ``models.cnn`` with its default ``conv="auto"``: FEMNIST, convolutions 32/64 and a 2048
-dense layer (LEAF's FEMNIST CNN layout, with 3x3 kernels where LEAF has 5x5); CIFAR-10,
-convolutions 32/64 and a 128 dense layer (a simple CNN; pfl's own layer sizes are not restated
-here).
+Models of the two CNN workloads: ``models.cnn`` with its default ``conv="auto"``: FEMNIST,
+convolutions 32/64 and a 2048 dense layer (LEAF's FEMNIST CNN layout, with 3x3 kernels where
+LEAF has 5x5); CIFAR-10, convolutions 32/64 and a 128 dense layer (a simple CNN; pfl's own layer
+sizes are not restated here). The others: ``anchor_workloads.WORKLOADS[name]["model_text"]``.
 
 Local work: one local epoch of batch B (``local_epochs=1``; each participant's loop stops at its
 own ceil(size / B) steps); ``--local-work steps`` runs ``local_steps = ceil(mean examples / B)``
@@ -29,18 +46,20 @@ minibatches drawn with replacement instead (12 for FEMNIST, 5 for CIFAR-10). The
 Timing, through :func:`fedjax_dro.run` (the user path): a first run of ``--rounds`` rounds
 (compiles the rounds and the evaluation: ``first_run_s``), then the same run with another seed
 (the compiled programs are reused: ``s_per_round`` = its wall time / rounds, one evaluation
-included). On an accelerator, ``--full`` runs the whole workload (1500 rounds) after that and
+included). On an accelerator, ``--full`` runs the whole workload (its rounds) after that and
 reports its wall time, compilation included; otherwise the whole run is projected as
-``compile + 1500 x s_per_round`` and labelled a projection.
+``compile + rounds x s_per_round`` and labelled a projection.
 
-    python benchmarks/anchors.py                 # both workloads, measured rounds + projection
+    python benchmarks/anchors.py                 # every workload, measured rounds + projection
+    python benchmarks/anchors.py --rounds 2 --workloads flute_lr_mnist,fedjax_emnist_conv --merge
     python benchmarks/anchors.py --full          # the whole runs (meant for a GPU)
     python benchmarks/anchors.py --quick         # tiny sizes (smoke test, seconds)
     python benchmarks/anchors.py --full --factored-dense   # the dense layer kept factored
 
-Writes ``benchmarks/results/anchors.{json,md}`` (``--out``). Over 600 lines: the two
-workloads, their rooflines, traces and variants, the sweep against one run and their report are
-one script, as the GPU preset calls them.
+Writes ``benchmarks/results/anchors.{json,md}`` (``--out``; ``--merge`` keeps the file's rows of
+the workloads not measured in this call, and says which run measured them). Over 600 lines: the
+workloads' runs, their rooflines, traces and variants, the sweep against one run and their
+report are one script, as the GPU preset calls them.
 """
 
 from __future__ import annotations
@@ -60,7 +79,6 @@ import jax.numpy as jnp
 import numpy as np
 
 import fedjax_dro as fd
-from fedjax_dro import models
 from fedjax_dro.algorithms import fedavg
 from fedjax_dro.core.ragged import (
   epoch_chunk,
@@ -83,96 +101,45 @@ from speedlib import (
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-WORKLOADS = {
-  "flute_femnist": {
-    "title": "FLUTE FEMNIST (FedAvg, 2-conv CNN)",
-    "num_clients": 3400,
-    "clients_per_round": 10,
-    "batch_size": 20,
-    "local_epochs": 1,
-    "rounds": 1500,
-    "image": (28, 28, 1),
-    "classes": 62,
-    "features": (32, 64),
-    "dense": 2048,
-    "sizes": {"kind": "lognormal", "mean": 226.0, "sigma": 0.5},
-    "published": [
-      {"framework": "FLUTE", "wall_s": 8 * 60 + 22, "hardware": "4 GPUs", "source": "FLUTE README"},
-      {
-        "framework": "FedML",
-        "wall_s": 5 * 3600 + 50 * 60,
-        "hardware": "the hardware of FLUTE's comparison",
-        "source": "FLUTE README",
-      },
-    ],
-  },
-  "pfl_cifar10": {
-    "title": "pfl-research CIFAR-10 (FedAvg, simple CNN)",
-    "num_clients": 1000,
-    "clients_per_round": 50,
-    "batch_size": 10,
-    "local_epochs": 1,
-    "rounds": 1500,
-    "image": (32, 32, 3),
-    "classes": 10,
-    "features": (32, 64),
-    "dense": 128,
-    "sizes": {"kind": "fixed", "mean": 50.0},
-    "published": [
-      {
-        "framework": "pfl-research",
-        "wall_s": None,
-        "hardware": "one A100",
-        "source": "pfl-research: 7-72x faster than other open-source frameworks in this setting",
-      }
-    ],
-  },
-}
-
-# The tiny stand-ins of --quick: the same code path in seconds on a CPU.
-QUICK = {  # 8x8 images (28x28 / 32x32 scaled down), 2 rounds
-  "num_clients": 12,
-  "clients_per_round": 3,
-  "features": (4, 8),
-  "dense": 16,
-  "mean": 12.0,
-}
+from anchor_workloads import (  # noqa: E402
+  QUICK,
+  WORKLOADS,
+  build_model,
+  client_sizes,
+  example_shape,
+  vocab,
+)
 
 
-def client_sizes(spec, num_clients, rng):
-  """Examples per client: a lognormal of the given mean (its median ``mean * exp(-sigma^2 / 2)``)
-  rounded and at least 1, or a fixed size."""
-  sizes = spec["sizes"]
-  if sizes["kind"] == "fixed":
-    return np.full(num_clients, int(sizes["mean"]), np.int32)
-  sigma = sizes["sigma"]
-  mu = math.log(sizes["mean"]) - sigma**2 / 2
-  return np.maximum(1, np.rint(rng.lognormal(mu, sigma, num_clients))).astype(np.int32)
-
-
-def federation(spec, num_clients, image, device_bytes, seed=0):
+def federation(spec, num_clients, example, device_bytes, seed=0, tokens=None):
   """``(train, eval_data, sizes, where)``: ``num_clients`` clients of the spec's sizes, one shared
-  pool of generated pixels, labels per client; ``eval_data`` is one example per client."""
+  pool of generated examples of shape ``example``: images with labels drawn per client, or
+  (``tokens``: a vocabulary size) integer sequences in ``[1, tokens)`` whose labels are the next
+  tokens (``y [m, T]``, no padding); ``eval_data`` is one example per client."""
   rng = np.random.default_rng(seed)
   sizes = client_sizes(spec, num_clients, rng)
   m = int(sizes.max())
-  pool = rng.standard_normal((m,) + image, dtype=np.float32)
-  x = np.broadcast_to(pool, (num_clients, m) + image)
-  y = rng.integers(0, spec["classes"], (num_clients, m)).astype(np.int32)
-  pixel_bytes = num_clients * m * pool[0].nbytes
-  if pixel_bytes > device_bytes:
+  if tokens:
+    seq = rng.integers(1, tokens, (m, example[0] + 1)).astype(np.int32)
+    pool, ypool = seq[:, :-1], seq[:, 1:]
+    y = np.broadcast_to(ypool, (num_clients,) + ypool.shape)
+  else:
+    pool = rng.standard_normal((m,) + tuple(example), dtype=np.float32)
+    y = rng.integers(0, spec["classes"], (num_clients, m)).astype(np.int32)
+  x = np.broadcast_to(pool, (num_clients,) + pool.shape)
+  data_bytes = num_clients * m * (pool[0].nbytes + (pool[0].nbytes if tokens else 0))
+  if data_bytes > device_bytes:
     train, where = HostFederatedData(HostStore(x, y, sizes), jnp.asarray(sizes)), "host"
   else:
     mask = np.arange(m)[None, :] < sizes[:, None]
-    # the pixels broadcast on the device (the same values as x, without ~10 GB through the host)
-    pixels = jnp.broadcast_to(jnp.asarray(pool), (num_clients, m) + image)
-    train = FederatedData(
-      x=pixels, y=jnp.asarray(y), mask=jnp.asarray(mask), num_examples=jnp.asarray(sizes)
-    )
+    # the examples broadcast on the device (the same values as x, without ~10 GB through the host)
+    dev_x = jnp.broadcast_to(jnp.asarray(pool), x.shape)
+    dev_y = jnp.broadcast_to(jnp.asarray(ypool), y.shape) if tokens else jnp.asarray(y)
+    train = FederatedData(x=dev_x, y=dev_y, mask=jnp.asarray(mask), num_examples=jnp.asarray(sizes))
     where = "device"
   eval_data = FederatedData(
-    x=jnp.asarray(np.broadcast_to(pool[:1], (num_clients, 1) + image)),
-    y=jnp.asarray(y[:, :1]),
+    x=jnp.asarray(np.broadcast_to(pool[:1], (num_clients, 1) + pool.shape[1:])),
+    y=jnp.asarray(np.ascontiguousarray(y[:, :1])),
     mask=jnp.ones((num_clients, 1), bool),
     num_examples=jnp.ones((num_clients,), jnp.int32),
   )
@@ -231,25 +198,24 @@ class Workload(NamedTuple):
 
 
 def workload(spec, quick, device_bytes, work="auto") -> Workload:
-  """The federation of ``spec`` (quick: :data:`QUICK` sizes on 8x8 images), its CNN, the
-  CNN's initial parameters and the factory's local-work arguments."""
+  """The federation of ``spec`` (quick: :data:`QUICK` sizes on the spec's tiny examples), its
+  model, the model's initial parameters and the factory's local-work arguments."""
   num_clients = QUICK["num_clients"] if quick else spec["num_clients"]
   cohort = QUICK["clients_per_round"] if quick else spec["clients_per_round"]
-  image = (8, 8, spec["image"][2]) if quick else spec["image"]
+  example = example_shape(spec, quick)
   spec_used = dict(spec)
   if quick:
     spec_used["sizes"] = dict(spec["sizes"], mean=QUICK["mean"])
-  train, eval_data, sizes, where = federation(spec_used, num_clients, image, device_bytes)
-  model = models.cnn(
-    image,
-    spec["classes"],
-    features=QUICK["features"] if quick else spec["features"],
-    dense=QUICK["dense"] if quick else spec["dense"],
+  train, eval_data, sizes, where = federation(
+    spec_used, num_clients, example, device_bytes, tokens=vocab(spec, quick)
   )
+  model = build_model(spec, example, quick)
   params = model.init(jax.random.PRNGKey(0))
-  kw, described = local_work(spec_used, float(spec_used["sizes"]["mean"]), work)
+  # capped sizes: the mean of the generated ones (the cap lowers it), else the distribution's
+  mean = float(sizes.mean()) if "cap" in spec["sizes"] else float(spec_used["sizes"]["mean"])
+  kw, described = local_work(spec_used, mean, work)
   return Workload(
-    num_clients, cohort, image, train, eval_data, sizes, where, model, params, kw, described
+    num_clients, cohort, example, train, eval_data, sizes, where, model, params, kw, described
   )
 
 
@@ -354,8 +320,11 @@ def measure(
     "local_kwargs": kw,
     "rounds_full": total_rounds,
     "image": list(image),
-    "classes": spec["classes"],
+    "classes": spec.get("classes"),
+    "vocab": vocab(spec, quick),
     "model": model.name,
+    "model_text": spec.get("model_text", model.name),
+    "note": spec.get("note"),
     "examples_per_client": {
       "mean": float(sizes.mean()),
       "median": float(np.median(sizes)),
@@ -550,21 +519,22 @@ def markdown(result):
       else ""
     ),
     "",
+    *_kept_lines(meta),
     "Generated data of the workloads' shapes and client-size distributions, run through "
     "`fd.run`. 'measured' = the wall time of `rounds` rounds after a first run that compiled "
     "them; the whole run is measured where the table says so, otherwise projected as "
     "compile + rounds x s/round (**a projection, not a measurement**).",
     "",
     "| workload | clients (per round) | examples / client: mean, max | local work | data | "
-    "measured rounds | s / round | compile s | whole run (1500 rounds) | published |",
+    "measured rounds | s / round | compile s | whole run (the workload's rounds) | published |",
     "|---|---|---|---|---|---|---|---|---|---|",
   ]
   for r in result["rows"]:
     e = r["examples_per_client"]
     if "full_run_s" in r:
-      whole = f"**{_fmt_s(r['full_run_s'])}** measured"
+      whole = f"{r['rounds_full']}: **{_fmt_s(r['full_run_s'])}** measured"
     else:
-      whole = f"{_fmt_s(r['projected_run_s'])} (projection)"
+      whole = f"{r['rounds_full']}: {_fmt_s(r['projected_run_s'])} (projection)"
     published = "; ".join(
       f"{p['framework']}: {_fmt_s(p['wall_s'])} on {p['hardware']}"
       if p["wall_s"] is not None
@@ -580,16 +550,34 @@ def markdown(result):
   lines += ["", "Ratios against the published whole runs (ours / theirs; below 1 is faster):", ""]
   for r in result["rows"]:
     ours = r.get("full_run_s", r["projected_run_s"])
-    kind = "measured" if "full_run_s" in r else "projected"
+    kind = "measured" if "full_run_s" in r else "projection"
     for p in r["published"]:
       if p["wall_s"]:
         lines.append(
           f"- {r['title']}: {kind} {_fmt_s(ours)} on {meta['device_kind']} / {p['framework']} "
           f"{_fmt_s(p['wall_s'])} on {p['hardware']} = {ours / p['wall_s']:.3g}"
         )
+  lines += ["", "Models and generated data:", ""]
+  for r in result["rows"]:
+    note = f"; {r['note']}" if r.get("note") else ""
+    lines.append(f"- {r['title']}: {r.get('model_text', r['model'])}{note}.")
   lines.append("")
   lines += roofline_markdown(result)
   return "\n".join(lines)
+
+
+def _kept_lines(meta):
+  """The lines saying which rows earlier runs measured (``--merge``), one a run."""
+  return [
+    line
+    for k in meta.get("kept_from") or []
+    for line in (
+      f"Rows kept from an earlier run (`--merge`): {', '.join(k['workloads'])}, measured by "
+      f"`{k['command']}` on {k['device_kind']}, jax {k['jax']}, {k['date']} (load average "
+      f"{k['load_before']} / {k['load_after']}).",
+      "",
+    )
+  ]
 
 
 def _roofline_cells(r):
@@ -830,6 +818,37 @@ def meta(argv, load_before):
   }
 
 
+def merge_earlier(result, path):
+  """``result`` with the rows of ``path`` (an earlier run's JSON) whose workloads this call did
+  not measure, in the table's order, and where those rows came from (``meta["kept_from"]``: one
+  entry a run, the earlier file's own kept rows under the runs that measured them)."""
+  if not os.path.exists(path):
+    return result
+  with open(path) as f:
+    earlier = json.load(f)
+  measured = {r["workload"] for r in result["rows"]}
+  kept = [r for r in earlier.get("rows", []) if r["workload"] not in measured]
+  if not kept:
+    return result
+  order = list(WORKLOADS)
+  rank = lambda r: order.index(r["workload"]) if r["workload"] in order else len(order)
+  result["rows"] = sorted(result["rows"] + kept, key=rank)
+  em = earlier.get("meta", {})
+  names = [r["workload"] for r in kept]
+  entries, claimed = [], set()
+  for e in em.get("kept_from") or []:  # rows the earlier file itself kept: their own runs
+    ws = [w for w in e["workloads"] if w in names]
+    if ws:
+      entries.append(dict(e, workloads=ws))
+      claimed.update(ws)
+  fields = ("command", "date", "jax", "device_kind", "load_before", "load_after")
+  own = [w for w in names if w not in claimed]
+  if own:
+    entries.append({"workloads": own, **{k: em.get(k) for k in fields}})
+  result["meta"]["kept_from"] = entries
+  return result
+
+
 def write(result, out):
   os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
   with open(out, "w") as f:
@@ -844,7 +863,7 @@ def main(argv=None):
   argv = list(sys.argv[1:] if argv is None else argv)
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
-  parser.add_argument("--full", action="store_true", help="also run the whole 1500 rounds")
+  parser.add_argument("--full", action="store_true", help="also run the whole workloads")
   parser.add_argument("--rounds", type=int, default=None, help="rounds measured (default 5 CPU)")
   parser.add_argument("--workloads", default=",".join(WORKLOADS))
   parser.add_argument(
@@ -879,6 +898,11 @@ def main(argv=None):
     action="store_true",
     help="every run with the folded local step and wide dense layers kept factored "
     "(core.ragged.local_folded_step, experimental.factored.local_factored_dense)",
+  )
+  parser.add_argument(
+    "--merge",
+    action="store_true",
+    help="keep the rows of --out's workloads not measured in this call (their command noted)",
   )
   parser.add_argument("--out", default=os.path.join(HERE, "results", "anchors.json"))
   args = parser.parse_args(argv)
@@ -942,6 +966,8 @@ def _main(parser, args, argv):
         **({"lrs": SWEEP_LRS[:2], "seeds": 2} if args.quick else {}),
       )
     ]
+  if args.merge:
+    result = merge_earlier(result, args.out)
   md = write(result, args.out)
   print(markdown(result))
   print(f"wrote {args.out} and {md}")

@@ -27,6 +27,82 @@ def test_workloads_are_the_published_settings():
   assert cifar["num_clients"] * cifar["sizes"]["mean"] == 50_000  # CIFAR-10's training set
 
 
+SETTINGS = {  # clients, per round, batch, rounds, one example's shape, published seconds
+  "flute_lr_mnist": (1000, 10, 10, 100, (784,), [95, 189, 1814]),
+  "flute_resnet_fedcifar100": (500, 10, 20, 4000, (32, 32, 3), [6121, 57336]),
+  "flute_rnn_fedshakespeare": (715, 10, 4, 1200, (80,), [1310, 24381]),
+  "pfl_stackoverflow": (4000, 400, 16, 2000, (20,), [None]),
+  "fedjax_emnist_conv": (3400, 10, 10, 1500, (28, 28, 1), [None]),
+  "fedjax_stackoverflow_word": (4000, 50, 16, 1500, (30,), [None]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SETTINGS))
+def test_the_six_other_anchors_are_the_published_settings(name):
+  a = load_benchmark("anchors")
+  spec = a.WORKLOADS[name]
+  clients, cohort, batch, rounds, example, published = SETTINGS[name]
+  assert (spec["num_clients"], spec["clients_per_round"], spec["batch_size"]) == (
+    clients,
+    cohort,
+    batch,
+  )
+  assert (spec["rounds"], spec["local_epochs"], spec["example"]) == (rounds, 1, example)
+  assert [p["wall_s"] for p in spec["published"]] == published
+  assert all(p["source"] for p in spec["published"])
+
+
+def test_the_full_size_models_have_the_sources_shapes():
+  """Parameter counts of the full-size models, worked from their layers."""
+  import jax
+
+  a = load_benchmark("anchors")
+
+  def count(name):
+    spec = a.WORKLOADS[name]
+    example = a.example_shape(spec, False)
+    shapes = jax.eval_shape(a.build_model(spec, example, False).init, jax.random.PRNGKey(0))
+    return sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(shapes))
+
+  assert count("flute_lr_mnist") == 784 * 10 + 10
+  conv = (3 * 3 * 1 * 32 + 32) + (3 * 3 * 32 * 64 + 64)
+  assert count("fedjax_emnist_conv") == conv + (12 * 12 * 64 * 128 + 128) + (128 * 62 + 62)
+  lstm = lambda i, h: 4 * (i * h + h * h + h)  # input and recurrent kernels, one bias a gate
+  assert count("flute_rnn_fedshakespeare") == 90 * 8 + lstm(8, 256) + lstm(256, 256) + 256 * 90 + 90
+  words = 10004
+  assert count("fedjax_stackoverflow_word") == (
+    words * 96 + lstm(96, 670) + (670 * 96 + 96) + (96 * words + words)
+  )
+  d, ff, v = 96, 1536, 10000
+  block = 2 * (2 * d) + 4 * (d * d + d) + (d * ff + ff) + (ff * d + d)
+  assert count("pfl_stackoverflow") == v * d + 20 * d + 3 * block + 2 * d + (d * v + v)
+  assert count("flute_resnet_fedcifar100") == 11_220_132  # ResNet-18 (CIFAR stem), 100 classes
+
+
+def test_capped_sizes_stay_under_the_cap():
+  a = load_benchmark("anchors")
+  rng = np.random.default_rng(0)
+  sizes = a.client_sizes(a.WORKLOADS["pfl_stackoverflow"], 4000, rng)
+  assert sizes.max() == 64 and sizes.min() >= 1 and np.median(sizes) == 64
+  sizes = a.client_sizes(a.WORKLOADS["fedjax_stackoverflow_word"], 4000, rng)
+  assert sizes.max() <= 8000 and abs(np.median(sizes) - 397 * math.exp(-(1.5**2) / 2)) < 20
+
+
+def test_token_federation_labels_are_the_next_tokens():
+  a = load_benchmark("anchors")
+  spec = dict(a.WORKLOADS["pfl_stackoverflow"], sizes={"kind": "fixed", "mean": 3.0})
+  for device_bytes in (0, 2**30):
+    train, eval_data, sizes, where = a.federation(spec, 5, (6,), device_bytes, tokens=11)
+    if where == "host":
+      x, y = train.store.x, train.store.y
+    else:
+      x, y = np.asarray(train.x), np.asarray(train.y)
+    assert x.shape == y.shape == (5, 3, 6) and x.dtype == np.int32 and y.dtype == np.int32
+    np.testing.assert_array_equal(x[:, :, 1:], y[:, :, :-1])
+    assert x.min() >= 1 and y.max() < 11  # no padding token (0)
+    assert eval_data.max_examples == 1 and np.asarray(eval_data.x).dtype == np.int32
+
+
 def test_client_sizes_femnist_like_heavy_tail_and_cifar_fixed():
   a = load_benchmark("anchors")
   rng = np.random.default_rng(0)
@@ -68,21 +144,33 @@ def test_local_work_epochs_or_ceil_mean_over_batch():
     a.local_work(spec, 226.0, "sometimes")
 
 
-def test_quick_run_through_fd_run_writes_both_workloads(tmp_path):
+def test_quick_run_through_fd_run_writes_every_workload(tmp_path):
+  """All eight anchors at their quick sizes through fd.run, the federations on the host."""
   a = load_benchmark("anchors")
   out = tmp_path / "anchors.json"
   result = a.main(["--quick", "--local-work", "steps", "--device-bytes", "0", "--out", str(out)])
   saved = json.loads(out.read_text())
-  assert [r["workload"] for r in saved["rows"]] == ["flute_femnist", "pfl_cifar10"]
+  assert [r["workload"] for r in saved["rows"]] == list(a.WORKLOADS)
+  assert len(a.WORKLOADS) == 8
   for r in result["rows"]:
+    spec = a.WORKLOADS[r["workload"]]
     assert r["quick"] and r["rounds_measured"] == 2 and r["data_on"] == "host"
     assert r["second_run_compile_s"] == 0.0  # the second run reuses the compiled programs
-    assert r["projected_run_s"] == pytest.approx(r["compile_s"] + 1500 * r["s_per_round"])
+    assert r["rounds_full"] == spec["rounds"]
+    assert r["projected_run_s"] == pytest.approx(r["compile_s"] + spec["rounds"] * r["s_per_round"])
     assert r["host_store_stats"]["rows_gathered"] > 0
-    assert "auto" in r["model"]
+    assert (r["vocab"] is not None) == ("vocab" in spec)
+  assert "auto" in result["rows"][0]["model"] and "auto" in result["rows"][1]["model"]
   md = (tmp_path / "anchors.md").read_text()
   assert "(projection)" in md and "8 min 22 s on 4 GPUs" in md and "5 h 50 min" in md
-  assert "one A100" in md
+  assert "one A100" in md and "roughly an hour" in md and "a few minutes" in md
+  for r in result["rows"]:
+    assert r["title"] in md
+  # every ratio line is a projection on the CPU: one per published time, none without one
+  ratios = [line for line in md.splitlines() if line.startswith("- ") and " = " in line]
+  timed = [p for r in result["rows"] for p in r["published"] if p["wall_s"]]
+  assert len(ratios) == len(timed) == 9 and all(": projection " in line for line in ratios)
+  assert "Flower 1.0 30 min 14 s on CPU" in md and "FedML 15 h 55 min" in md
 
 
 @pytest.mark.slow  # the GPU preset's tiny test runs the same functions
@@ -151,3 +239,42 @@ def test_quick_factored_dense_run(tmp_path):
   assert result["meta"]["factored_dense"] is True
   assert result["rows"][0]["rounds_measured"] == 2
   assert "wide dense layer factored" in (tmp_path / "anchors.md").read_text()
+
+
+def test_merge_keeps_the_earlier_rows_of_workloads_not_measured(tmp_path):
+  """--merge: the rows of the --out file whose workloads this call did not measure stay, in the
+  table's order, and the markdown says which run measured them."""
+  import pathlib
+
+  a = load_benchmark("anchors")
+  saved = pathlib.Path(a.HERE) / "results" / "anchors.json"
+  published = json.loads(saved.read_text())
+  rows = {r["workload"]: r for r in published["rows"]}
+  meta = {k: v for k, v in published["meta"].items() if k != "kept_from"}
+  earlier = {"meta": meta, "rows": [rows["flute_femnist"], rows["pfl_cifar10"]]}
+  path = tmp_path / "anchors.json"
+  path.write_text(json.dumps(earlier))
+  new_row = dict(earlier["rows"][1], workload="flute_lr_mnist", title="LR row", published=[])
+  redone = dict(earlier["rows"][1], s_per_round=9.0)  # pfl_cifar10 measured again
+  result = {"meta": dict(earlier["meta"], command="now"), "rows": [new_row, redone]}
+  merged = a.merge_earlier(result, str(path))
+  assert [r["workload"] for r in merged["rows"]] == [
+    "flute_femnist",
+    "pfl_cifar10",
+    "flute_lr_mnist",
+  ]
+  assert merged["rows"][1]["s_per_round"] == 9.0  # this call's row, not the earlier one
+  assert [k["workloads"] for k in merged["meta"]["kept_from"]] == [["flute_femnist"]]
+  md = a.markdown(merged)
+  assert "Rows kept from an earlier run (`--merge`): flute_femnist, measured by " in md
+  assert earlier["meta"]["command"] in md
+  # merged again after measuring pfl_cifar10 once more: flute_femnist stays under its own run,
+  # flute_lr_mnist under the run "now"
+  path.write_text(json.dumps(merged))
+  again = {"meta": dict(earlier["meta"], command="later"), "rows": [redone]}
+  kept = a.merge_earlier(again, str(path))["meta"]["kept_from"]
+  assert [(k["workloads"], k["command"]) for k in kept] == [
+    (["flute_femnist"], earlier["meta"]["command"]),
+    (["flute_lr_mnist"], "now"),
+  ]
+  assert a.merge_earlier({"meta": {}, "rows": []}, str(tmp_path / "none.json"))["rows"] == []
