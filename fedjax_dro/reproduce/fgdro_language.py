@@ -169,11 +169,9 @@ def fgdro_table2(
       from it, as in WILDS); ``None``: random initialisation.
     verbose: print progress and the tables.
   """
-  from fedjax_dro import compare as C
-  from fedjax_dro.compare.domains import split_metric
-  from fedjax_dro.data import FederatedDataset, load_prepared
+  from fedjax_dro.data import load_prepared
   from fedjax_dro.reproduce.common import run_tables
-  from fedjax_dro.reproduce.fgdro_wilds import stand_in_dirs, table_strategies
+  from fedjax_dro.reproduce.fgdro_wilds import fgdro_experiment, stand_in_dirs, table_strategies
 
   unknown = [d for d in datasets if d not in DATASETS]
   if unknown:
@@ -196,23 +194,19 @@ def fgdro_table2(
     splits = {s: load_prepared(dirs[name], s) for s in ("train", "val", "test")}
     train = splits["train"]
     wrap = fixed_weight_rows(phase) if phase is not None else None
-    experiments[name] = C.Experiment(
-      name=f"fgdro_table2_{name}" + ("_standin" if stand_in else ""),
-      data=lambda s, splits=splits, name=name: FederatedDataset(
-        train=splits["train"], validation=splits["val"], test=splits["test"], name=name
-      ),
-      model=language_model(name, train.store, quick, weights_dir),
-      strategies=table_strategies(quick, local_steps, batch, train.num_clients, algorithms, wrap),
-      extra_metrics=[split_metric(e) for e in EXTRA[name]],
-      protocol=C.Protocol(
-        seeds=seeds,
-        metric=C.Metric(METRICS[name], "split"),
-        budget=C.Budget("rounds", rounds=n_rounds),
-        selection="domains",
-        max_widenings=0 if quick else 2,
-        reference="FGDRO-KL",
-      ),
-      description=f"FGDRO Table 2, {name}" + (" (STAND-IN)" if stand_in else ""),
+    experiments[name] = fgdro_experiment(
+      f"fgdro_table2_{name}",
+      f"FGDRO Table 2, {name}",
+      splits,
+      language_model(name, train.store, quick, weights_dir),
+      table_strategies(quick, local_steps, batch, train.num_clients, algorithms, wrap),
+      METRICS[name],
+      EXTRA[name],
+      rounds=n_rounds,
+      seeds=seeds,
+      quick=quick,
+      stand_in=stand_in,
+      data_name=name,
     )
   return run_tables(
     "fgdro-table2",

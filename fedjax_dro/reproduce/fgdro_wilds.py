@@ -239,9 +239,7 @@ def fgdro_table3(
       (``None``: random initialisation, recorded as ``pretrained: false``).
     verbose: print progress and the tables.
   """
-  from fedjax_dro import compare as C
-  from fedjax_dro.compare.domains import split_metric
-  from fedjax_dro.data import FederatedDataset, load_prepared
+  from fedjax_dro.data import load_prepared
   from fedjax_dro.reproduce.common import run_tables
 
   unknown = [d for d in datasets if d not in DATASETS]
@@ -262,23 +260,19 @@ def fgdro_table3(
     splits = {s: load_prepared(path, s) for s in ("train", "val", "test")}
     train = splits["train"]
     model = wilds_model(name, train.store, quick, weights_dir)
-    experiments[name] = C.Experiment(
-      name=f"fgdro_table3_{name}" + ("_standin" if stand_in else ""),
-      data=lambda s, splits=splits: FederatedDataset(
-        train=splits["train"], validation=splits["val"], test=splits["test"], name="wilds"
-      ),
-      model=model,
-      strategies=table_strategies(quick, local_steps, batch, train.num_clients, algorithms),
-      extra_metrics=[split_metric(e) for e in EXTRA[name]],
-      protocol=C.Protocol(
-        seeds=seeds,
-        metric=C.Metric(METRICS[name], "split"),
-        budget=C.Budget("rounds", rounds=rounds),
-        selection="domains",
-        max_widenings=0 if quick else 2,
-        reference="FGDRO-KL",
-      ),
-      description=f"FGDRO Table 3, {name}" + (" (STAND-IN)" if stand_in else ""),
+    experiments[name] = fgdro_experiment(
+      f"fgdro_table3_{name}",
+      f"FGDRO Table 3, {name}",
+      splits,
+      model,
+      table_strategies(quick, local_steps, batch, train.num_clients, algorithms),
+      METRICS[name],
+      EXTRA[name],
+      rounds=rounds,
+      seeds=seeds,
+      quick=quick,
+      stand_in=stand_in,
+      data_name="wilds",
     )
   return run_tables(
     "fgdro-table3",
@@ -293,6 +287,50 @@ def fgdro_table3(
     local_steps=local_steps,
     batch_size=batch,
     pretrained=weights_dir is not None,
+  )
+
+
+def fgdro_experiment(
+  name,
+  description,
+  splits,
+  model,
+  strategies,
+  metric,
+  extras,
+  *,
+  rounds,
+  seeds,
+  quick,
+  stand_in,
+  data_name,
+):
+  """One dataset of FGDRO's Tables 2 and 3 on the harness: the prepared ``splits`` (train, val,
+  test), ``strategies`` selected per seed on the validation split by the split metric ``metric``
+  and reported on the test split with the ``extras`` beside it, ``rounds`` rounds each, FGDRO-KL
+  the reference (no widening with ``quick``)."""
+  from fedjax_dro import compare as C
+  from fedjax_dro.compare.domains import split_metric
+  from fedjax_dro.data import FederatedDataset
+
+  suffix = ("_standin", " (STAND-IN)") if stand_in else ("", "")
+  return C.Experiment(
+    name=name + suffix[0],
+    data=lambda s: FederatedDataset(
+      train=splits["train"], validation=splits["val"], test=splits["test"], name=data_name
+    ),
+    model=model,
+    strategies=strategies,
+    extra_metrics=[split_metric(e) for e in extras],
+    protocol=C.Protocol(
+      seeds=seeds,
+      metric=C.Metric(metric, "split"),
+      budget=C.Budget("rounds", rounds=rounds),
+      selection="domains",
+      max_widenings=0 if quick else 2,
+      reference="FGDRO-KL",
+    ),
+    description=description + suffix[1],
   )
 
 
