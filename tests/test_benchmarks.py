@@ -503,3 +503,31 @@ def test_fgdro_real_size_quick(tmp_path):
   saved = json.loads((tmp_path / "fgdro_real_size.json").read_text())
   assert saved["meta"]["device_kind"] and saved["rows"][0]["dataset"] == "camelyon17"
   assert "Smoke run" in (tmp_path / "fgdro_real_size.md").read_text()
+
+
+def test_fedjax_side_by_side_names_its_environment_without_fedjax(tmp_path, monkeypatch):
+  """Without FedJAX (the package never depends on it) the benchmark stops with the line that
+  installs it, before measuring anything."""
+  import sys
+
+  bench = load_benchmark("fedjax_side_by_side")
+  monkeypatch.setitem(sys.modules, "fedjax", None)  # import fedjax raises ImportError
+  with pytest.raises(SystemExit, match="pip install -e . fedjax"):
+    bench.main(["--quick", "--out", str(tmp_path)])
+  assert not list(tmp_path.iterdir())
+  with pytest.raises(SystemExit):
+    bench.main(["--workloads", "mnist", "--out", str(tmp_path)])
+
+
+@pytest.mark.slow
+def test_fedjax_side_by_side_quick(tmp_path):
+  """In the benchmark's own environment (FedJAX installed): both frameworks run, and one round
+  agrees with FedJAX's to the tolerance on both models."""
+  pytest.importorskip("fedjax")
+  bench = load_benchmark("fedjax_side_by_side")
+  result = bench.main(["--quick", "--out", str(tmp_path)])
+  assert [r["workload"] for r in result["speed"]] == ["emnist_conv", "shakespeare"]
+  for r in result["agreement"]:
+    assert r["agree"] and r["relative"] <= bench.AGREEMENT_TOL and r["max_update"] > 0
+    assert r["dtypes"] == ["float64"]
+  assert (tmp_path / "fedjax_side_by_side_quick.md").read_text().count("| yes |") == 2
