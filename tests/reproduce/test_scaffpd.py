@@ -144,3 +144,26 @@ def test_quick_results_are_labelled_quick(tmp_path):
       assert f.read().startswith(QUICK_BANNER) is quick
     with open(os.path.join(tmp_path, str(quick), "t.json")) as f:
       assert json.load(f).get("quick", False) is quick
+
+
+def test_a_distance_spanning_decades_is_plotted_on_a_log_axis(tmp_path, monkeypatch):
+  """The harness's figure of a Fig. 2 record draws its distances on a log axis; an accuracy
+  record keeps a linear one."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  from fedjax_dro.compare import plot_comparison
+
+  results = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+  for path, scale in (
+    ("scaffpd_synthetic/scaffpd_fig2_rho0p05.json", "log"),
+    ("scaffpd_table1/scaffpd_table1_alpha0p01.json", "linear"),
+  ):
+    kept = []
+    monkeypatch.setattr(plt, "close", lambda fig=None, kept=kept: kept.append(fig))
+    plot_comparison(json.loads((results / path).read_text()), str(tmp_path / "f.png"))
+    monkeypatch.undo()
+    assert [fig.axes[0].get_yscale() for fig in kept] == [scale]
+    plt.close(kept[0])
