@@ -16,6 +16,7 @@ from fedjax_dro.compare.stats import holm, mean_2se, paired_difference, verdict
 from fedjax_dro.core.costs import COST_FIELDS
 
 HOLM_ABOVE = 3  # a metric with more comparisons than this gets Holm-adjusted p-values
+LOG_AXIS_SPAN = 1e3  # a positive metric spanning more than this factor is plotted on a log axis
 
 COST_LABELS = {
   "uploading_clients": "uploads (messages)",
@@ -324,8 +325,9 @@ def plot_comparison(result: Dict[str, Any], path: str) -> str:
   """The reported metric against rounds and against uploaded floats: per strategy one line, the
   mean over the seeds' final runs, with a band from their minimum to their maximum (one colour,
   marker and line style per strategy, :func:`fedjax_dro.common.styles.row_styles`); a seed
-  without a curve contributes its final value at its final round. Titled with the record's
-  description, marked STAND-IN for a stand-in; returns ``path``.
+  without a curve contributes its final value at its final round. A positive metric whose values
+  span more than :data:`LOG_AXIS_SPAN` (a distance to an optimum) is drawn on a log axis. Titled
+  with the record's description, marked STAND-IN for a stand-in; returns ``path``.
 
   Args:
     result: ``ComparisonResult.to_json()``.
@@ -343,7 +345,7 @@ def plot_comparison(result: Dict[str, Any], path: str) -> str:
   labels = [s["label"] for s in result["strategies"]]
   row_style = styles.row_styles(labels)
   fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-  seeds = set()
+  seeds, drawn = set(), []
   for label in labels:
     curves: Dict[str, list] = {"round": [], "uploads": []}
     for r in result["per_seed"].get(label, []):
@@ -359,8 +361,12 @@ def plot_comparison(result: Dict[str, Any], path: str) -> str:
         kept = [p for p in points if p[key] > 0]  # a strategy that uploads nothing has no x here
         if kept:
           curves[key].append(([p[key] for p in kept], [p["value"] for p in kept]))
+          drawn += [p["value"] for p in kept]
     for ax, key in zip(axes, ("round", "uploads")):
       styles.draw_mean_band(ax, curves[key], label, row_style[label])
+  finite = [v for v in drawn if v is not None and math.isfinite(v)]
+  if finite and min(finite) > 0 and max(finite) > LOG_AXIS_SPAN * min(finite):
+    axes[0].set_yscale("log")  # shared by both panels
   axes[0].set_xlabel("communication rounds")
   axes[1].set_xlabel("uploaded floats (all clients)")
   axes[1].set_xscale("log")

@@ -22,6 +22,7 @@ def run_tables(
   selections: Optional[dict] = None,
   quick: bool = False,
   part=None,
+  plot: Optional[Callable[[Dict[str, Any], str], str]] = None,
   **meta,
 ) -> Optional[Dict[str, Any]]:
   """Runs every :class:`~fedjax_dro.compare.Experiment` of a paper's table on the harness (each
@@ -41,6 +42,7 @@ def run_tables(
     part: ``(i, N)``: only part ``i`` of ``N`` of every table's runs
       (:func:`fedjax_dro.compare.compare`); returns ``None`` (nothing combined) unless every
       run is recorded in ``out_dir``.
+    plot: ``plot(result, path)`` draws the combined figure ``<experiment>.png`` (None: none).
     meta: further entries of the result (the data's description, ...).
   """
   from fedjax_dro.compare import compare
@@ -58,7 +60,7 @@ def run_tables(
   md = (QUICK_BANNER if quick else "") + markdown(result)
   if verbose:
     print(md)
-  write_result(out_dir, experiment.replace("-", "_"), result, md, quick=quick)
+  write_result(out_dir, experiment.replace("-", "_"), result, md, plot, quick=quick)
   return result
 
 

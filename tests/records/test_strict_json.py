@@ -111,7 +111,9 @@ def test_json_text_converts_jax_arrays_as_numbers():
 def test_a_reproduction_writes_strict_json(tmp_path):
   from fedjax_dro import reproduce
 
-  reproduce.scaffpd_synthetic(str(tmp_path), quick=True, plot=False, verbose=False)
+  reproduce.scaffpd_synthetic(
+    str(tmp_path), rounds=3, quick=True, rhos=(0.05,), num_seeds=1, plot=False, verbose=False
+  )
   with open(tmp_path / "scaffpd_synthetic.json") as f:
     parsed = _strict(f.read())
   assert parsed["experiment"] == "scaffpd-synthetic"
