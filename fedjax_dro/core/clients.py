@@ -449,6 +449,8 @@ def map_clients_weighted_sum(
   s = weights.shape[0]
   size = min(size, s)
   full, rest = divmod(s, size)
+  if size == 1 and folded is None:
+    group = _one_weighted(fn)
   template, _ = jax.eval_shape(fn, *_one_client(args))
   zeros = jax.tree.map(lambda t: jnp.zeros(t.shape, t.dtype), template)
   if rest == 0 and full > 1:  # strided chunks: a sharded client axis stays sharded
@@ -473,7 +475,8 @@ def map_clients_weighted_sum(
   aux = jax.tree.map(lambda a: a.reshape((full * size,) + a.shape[2:]), aux)
   if rest:
     tail = jax.tree.map(lambda a: a[full * size :], args)
-    tree, tail_aux = group(weights[full * size :], *tail)
+    tail_group = _one_weighted(fn) if rest == 1 and folded is None else group
+    tree, tail_aux = tail_group(weights[full * size :], *tail)
     total = jax.tree.map(jnp.add, total, tree)
     aux = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), aux, tail_aux)
   return total, aux
@@ -497,6 +500,22 @@ def _unstrided(stacked):
   return jax.tree.map(
     lambda a: jnp.swapaxes(a, 0, 1).reshape((a.shape[0] * a.shape[1],) + a.shape[2:]), stacked
   )
+
+
+def _one_weighted(fn):
+  """The weighted sum of a chunk of one client with ``fn`` called on the client unbatched, as
+  :func:`map_clients`' ``map`` backend calls it: a ``vmap`` over one client keeps a batch axis of
+  size 1 that XLA:CPU lays out worse (the weight gradients of FedJAX's Shakespeare LSTM computed
+  transposed and copied: a local step 3.7x slower on 2 CPU cores)."""
+
+  def group(weights, *args):
+    tree, aux = fn(*jax.tree.map(lambda a: a[0], args))
+    return (
+      jax.tree.map(lambda t: weights[0].astype(t.dtype) * t, tree),
+      jax.tree.map(lambda a: a[None], aux),
+    )
+
+  return group
 
 
 def _vmapped_weighted(fn, weights, *args):
