@@ -9,9 +9,9 @@ table) to ``out_dir``. One module per paper:
 * ``karula-synthetic``, ``karula-heart`` (:mod:`fedjax_dro.reproduce.karula`): Karula, Table 1.
 * ``karula-femnist`` (:mod:`fedjax_dro.reproduce.karula_femnist`): Karula, Sec. 5.3 and
   Figure 1 (``--leaf-dir``: LEAF FEMNIST digits; without it, the by-writer digits stand-in).
-* ``fgdro-table7`` (:mod:`fedjax_dro.reproduce.fgdro`, settings and grids in
-  :mod:`fedjax_dro.reproduce.fgdro_protocol`): FGDRO, Appendix G, Table 7 (``--data-dir``: the
-  paper's CIFAR-10 protocol; without it, the digits stand-in).
+* ``fgdro-table7`` (:mod:`fedjax_dro.reproduce.fgdro`, data steps and held-out metrics in
+  :mod:`fedjax_dro.reproduce.fgdro_protocol`): FGDRO, Appendix G, Table 7 on the harness
+  (``--data-dir``: the paper's CIFAR-10 protocol; without it, the digits stand-in).
 * ``fgdro-table2`` (:mod:`fedjax_dro.reproduce.fgdro_language`): FGDRO, Table 2, the Pile (GPT-2)
   and CivilComments (DistilBERT) on the harness, the Pile's FGDRO rows with the paper's
   domain-weight phase (``--data-dir``: the prepared directories; ``--weights-dir``:
