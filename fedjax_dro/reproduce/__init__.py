@@ -61,7 +61,8 @@ EXPERIMENTS: Dict[str, Callable[..., Dict[str, Any]]] = {
 RUN_TIMES: Dict[str, str] = {
   "scaffpd-synthetic": "SCAFF-PD Fig. 2 (synthetic shift): a few minutes",
   "scaffpd-table1": "SCAFF-PD Table 1 and Fig. 3 (features file or stand-in): about 95 minutes",
-  "fgdro-table7": "FGDRO Table 7 (CIFAR-10 files or digits stand-in): about 17 minutes",
+  "fgdro-table7": "FGDRO Table 7 on the harness (CIFAR-10 files or digits stand-in): the stand-in "
+  "about 37 minutes",
   "fgdro-table2": "FGDRO Table 2 (prepared Pile and CivilComments, or their stand-ins): the "
   "stand-in about 7 minutes (--quick); the real table's runs are GPU jobs, not yet timed",
   "fgdro-table3": "FGDRO Table 3 (prepared WILDS Camelyon17, iWildCam, PovertyMap, or their "

@@ -378,13 +378,3 @@ def configurations(row) -> List[Dict[str, float]]:
       {**t, **{k: v for k, v in zip(group, [value] * len(group))}} for t in tied for value in values
     ]
   return [{**p, **t} for t in tied for p in product]
-
-
-def runtime_note(per_row_round: float, compile_s: float, rows: int, sweeps: int, rounds: int):
-  """The printed estimate: ``rows`` row-runs of ``rounds`` rounds and ``sweeps`` compilations."""
-  total = per_row_round * rows * rounds + compile_s * sweeps
-  return total, (
-    f"estimated run time {total / 60:.1f} min ({total / 3600:.2f} h): {rows} runs x {rounds} "
-    f"rounds x {per_row_round:.3g} s (a FedAvg round, measured) + {sweeps} compilations x "
-    f"{compile_s:.0f} s; a DRO or SCAFFOLD round costs up to ~1.5x a FedAvg round"
-  )
