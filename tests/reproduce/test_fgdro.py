@@ -85,7 +85,8 @@ def test_cli_runs_the_cifar10_protocol_on_the_harness(tmp_path):
     from fedjax_dro.reproduce import fgdro
 
     real = fgdro.table7_strategies
-    mp.setattr(fgdro, "table7_strategies", lambda *a, **k: real(*a, only=["FedAvg-M"]))
+    mp.setattr(fgdro, "table7_strategies", lambda small, steps, batch, only: real(
+      small, steps, batch, ["FedAvg-M"]))  # fmt: skip
     assert cli.main(argv) == 0
   saved = _check_cifar_comparisons(out, data_dir, ["FedAvg-M", "FGDRO-KL"])
   table = (out / "fgdro_table7.md").read_text()
