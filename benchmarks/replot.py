@@ -1,7 +1,7 @@
 """Draws the published figures of ``benchmarks/results/`` again from their JSON records, without
 running anything: a comparison record ``<dir>/<name>.json`` (one with ``per_seed`` and
 ``strategies``) through :func:`fedjax_dro.compare.plot_comparison`, and the reproductions' own
-figures (FGDRO Table 7 and Figure 1, SCAFF-PD Fig. 2 and Fig. 3, privacy and fairness) through
+figures (FGDRO Figure 1, SCAFF-PD Fig. 2 and Fig. 3, privacy and fairness) through
 their plot functions. Only PNG files that already exist are rewritten.
 
     python benchmarks/replot.py [--dry-run]
@@ -15,7 +15,6 @@ import pathlib
 from typing import Callable, List, Tuple
 
 from fedjax_dro.compare import plot_comparison
-from fedjax_dro.reproduce.fgdro import plot_fgdro_table7
 from fedjax_dro.reproduce.fgdro_figure1 import plot_fgdro_figure1
 from fedjax_dro.reproduce.privacy_fairness import plot_privacy_fairness
 from fedjax_dro.reproduce.scaffpd import plot_scaffpd_synthetic
@@ -25,7 +24,6 @@ RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 
 # Records whose figure is drawn by a reproduction's own function (path under results/).
 OWN_PLOTS = {
-  "fgdro_table7/fgdro_table7.json": plot_fgdro_table7,
   "fgdro_figure1/fgdro_figure1.json": plot_fgdro_figure1,
   "privacy_fairness/privacy_fairness.json": plot_privacy_fairness,
   "scaffpd_synthetic/scaffpd_synthetic.json": plot_scaffpd_synthetic,

@@ -13,6 +13,11 @@ dataset's own metric (:func:`fedjax_dro.core.split_eval.evaluate_split`: ``accur
 ``macro_f1``, ``worst_group_accuracy``, ``worst_group_pearson_r``, ``worst_log_perplexity``, ...,
 named by ``Metric(name, stat="split")``); the chosen configuration's final run is scored the same
 way on the test split, with every other metric of the split as extra columns.
+
+A held-out split may also score itself: an object (a pytree of arrays, for the run records'
+digest) with a method ``split_metrics(model, params) -> {name: value}`` is evaluated by it, not by
+:func:`~fedjax_dro.core.split_eval.evaluate_split` (FGDRO Table 7's balanced held-out set, whose
+worst-client accuracy weighs each class by every training client's label mix).
 """
 
 from __future__ import annotations
@@ -33,42 +38,77 @@ def _streamed(data):
   if not getattr(data, "streamed", False):
     raise TypeError(
       "selection='domains' evaluates prepared splits: data(seed).validation and .test must be "
-      f"load_prepared(...) splits, got {type(data).__name__}"
+      "load_prepared(...) splits or held-out sets with split_metrics(model, params), got "
+      f"{type(data).__name__}"
     )
   return data
 
 
 def split_summary(alg, state, data, *, batch_size: int = 256) -> Dict[str, float]:
   """The dataset metrics of ``state``'s global model on the split ``data`` (every row)."""
-  from fedjax_dro.core.split_eval import evaluate_split
+  return _global_summary(alg, _global_model(alg, state), data, batch_size)
 
-  params = alg.client_models(state)
+
+def _global_model(alg, state):
   if alg.personalized:
     raise ValueError(
       f"{alg.name} is personalized: its per-client models have no model for held-out domains "
       "(selection='domains' compares global models)"
     )
+  return alg.client_models(state)
+
+
+def _global_summary(alg, params, data, batch_size: int = 256) -> Dict[str, float]:
+  from fedjax_dro.core.split_eval import evaluate_split
+
+  if callable(getattr(data, "split_metrics", None)):  # a held-out set that scores itself
+    return {k: float(v) for k, v in data.split_metrics(alg.model, params).items()}
   out = evaluate_split(alg.model, params, _streamed(data), batch_size=batch_size)
   return {k: float(v) for k, v in out["summary"].items()}
 
 
+def _kept(trained, key, train_fn):
+  """``train_fn()``, or what it returned before for ``key`` in ``trained`` (``None``: no
+  keeping); the key holds the algorithm and the training data by identity, kept alive beside."""
+  if trained is None:
+    return train_fn()
+  if key not in trained:
+    trained[key] = train_fn()
+  return trained[key]
+
+
 def domain_points(
-  alg, train, validation, grid: Dict[str, List[float]], *, rounds, seed, metric, hparams
+  alg,
+  train,
+  validation,
+  grid: Dict[str, List[float]],
+  *,
+  rounds,
+  seed,
+  metric,
+  hparams,
+  trained=None,
 ) -> List[Dict[str, Any]]:
   """Every point of the product ``grid`` (hyper-parameters of ``alg``) trained on ``train`` in one
   vmapped sweep and scored on ``validation`` by ``metric.name``: ``[{"hparams", "score", "se"}]``
-  in grid order (a diverged configuration scores NaN)."""
+  in grid order (a diverged configuration scores NaN). ``trained``: a dict where the sweep is
+  kept for comparisons of other metrics on the same algorithm and data (``compare(trained=)``)."""
   from fedjax_dro.engine.sweeps import sweep
 
-  res = sweep(
-    alg, train, rounds=rounds, grid=grid, seeds=[seed], hparams=hparams, eval_every=rounds
-  )
+  def train_fn():  # each point's global model (None: diverged)
+    res = sweep(
+      alg, train, rounds=rounds, grid=grid, seeds=[seed], hparams=hparams, eval_every=rounds
+    )
+    states = [jax.tree.map(lambda a, r=r: a[r], res.final_state) for r in range(len(res.configs))]
+    models = [None if d else _global_model(alg, st) for st, d in zip(states, res.diverged)]
+    return alg, train, list(zip(res.configs, models))
+
+  key = ("grid", id(alg), id(train), rounds, seed, repr(sorted(grid.items())), repr(hparams))
   out = []
-  for r, (config, diverged) in enumerate(zip(res.configs, res.diverged)):
-    state = jax.tree.map(lambda a, r=r: a[r], res.final_state)
+  for config, params in _kept(trained, key, train_fn)[2]:
     score = math.nan
-    if not diverged:
-      summary = split_summary(alg, state, validation)
+    if params is not None:
+      summary = _global_summary(alg, params, validation)
       if metric.name not in summary:
         raise ValueError(
           f"metric {metric.name!r} is not a metric of this split; available: {sorted(summary)}"
@@ -78,7 +118,9 @@ def domain_points(
   return out
 
 
-def domain_evaluate(build, strategy, train, splits, subgrid, options, rounds, seed, metric):
+def domain_evaluate(
+  build, strategy, train, splits, subgrid, options, rounds, seed, metric, trained=None
+):
   """``select``'s scores of ``subgrid`` under ``selection="domains"``: each combination of the
   factory options, its hyper-parameter grid in one sweep on the training clients, scored on the
   held-out domains (:func:`fedjax_dro.compare.domains.domain_points`)."""
@@ -96,6 +138,7 @@ def domain_evaluate(build, strategy, train, splits, subgrid, options, rounds, se
       seed=seed,
       metric=metric,
       hparams=dict(strategy.fixed) or None,
+      trained=trained,
     )
     points += [{**p, "hparams": {**opts, **p["hparams"]}} for p in found]
   order = {tuple(p["hparams"][k] for k in names): p for p in points}
@@ -103,6 +146,20 @@ def domain_evaluate(build, strategy, train, splits, subgrid, options, rounds, se
     order[tuple(integral(v) if k in options else float(v) for k, v in zip(names, c))]
     for c in itertools.product(*subgrid.values())
   ]
+
+
+def domain_final(alg, train, test, rounds, seed, hparams, trained=None) -> Dict[str, float]:
+  """The final run: ``alg`` with ``hparams`` trained on ``train`` for ``rounds`` rounds with
+  ``seed``, its global model's metrics on the split ``test`` (``trained``: the run kept for, or
+  taken from, comparisons of other metrics, as in :func:`domain_points`)."""
+  from fedjax_dro.engine.runner import run
+
+  def train_fn():
+    hist = run(alg, train, rounds=rounds, seed=seed, hparams=hparams or None, eval_every=rounds)
+    return alg, train, _global_model(alg, hist.final_state)
+
+  key = ("final", id(alg), id(train), rounds, seed, repr(sorted((hparams or {}).items())))
+  return _global_summary(alg, _kept(trained, key, train_fn)[2], test)
 
 
 def domain_digest(ds) -> str:

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from fedjax_dro.algorithms.base import Algorithm, algorithm_cost
 from fedjax_dro.common.model import Model, model_identity
 from fedjax_dro.common.version import __version__
-from fedjax_dro.compare.domains import domain_digest, domain_evaluate, split_summary
+from fedjax_dro.compare.domains import domain_digest, domain_evaluate, domain_final
 from fedjax_dro.compare.protocol import Budget, Experiment, Strategy, integral as _integral
 from fedjax_dro.compare.report import ComparisonResult, summarize_rows
 from fedjax_dro.compare.resume import RunRecords, check_part, data_digest, round_trip, run_key
@@ -175,6 +175,7 @@ def select(
   protocol,
   rounds: int,
   seed: int,
+  trained: Optional[dict] = None,
 ) -> Dict[str, Any]:
   """Per-seed selection of ``strategy``'s configuration on ``splits`` of the seed's training
   rows (``train``; the test rows are never seen), widening geometric axes at edges.
@@ -221,7 +222,7 @@ def select(
       options = [k for k in subgrid if k not in hp_names]
       if protocol.selection == "domains":
         return domain_evaluate(
-          build, strategy, train, splits, subgrid, options, rounds, seed, metric
+          build, strategy, train, splits, subgrid, options, rounds, seed, metric, trained
         )
       try:
         cv = cross_validate(
@@ -296,15 +297,14 @@ def _stacked_models(alg: Algorithm, state, num_clients: int):
   return models
 
 
-def _train_and_score(experiment, alg, hparams, ds, *, rounds, seed, costs):
+def _train_and_score(experiment, alg, hparams, ds, *, rounds, seed, costs, trained=None):
   """The final run on all training rows: the test metric, extra metrics and curves."""
   from fedjax_dro.engine.runner import run
 
   metric = experiment.protocol.metric
   every = experiment.protocol.curve_every or max(1, rounds // 10)
   if experiment.protocol.selection == "domains":  # reported on the test split's domains
-    hist = run(alg, ds.train, rounds=rounds, seed=seed, hparams=hparams or None, eval_every=rounds)
-    summary = split_summary(alg, hist.final_state, ds.test)
+    summary = domain_final(alg, ds.train, ds.test, rounds, seed, hparams, trained)
     missing = [e.name for e in experiment.extra_metrics if e.name not in summary]
     if missing:
       raise ValueError(
@@ -356,6 +356,7 @@ def compare(
   selections: Optional[Dict[Any, Dict[str, Any]]] = None,
   progress: bool = True,
   part: Optional[Tuple[int, int]] = None,
+  trained: Optional[dict] = None,
 ) -> Optional[ComparisonResult]:
   """Runs ``experiment`` (see :mod:`fedjax_dro.compare`) and returns its
   :class:`ComparisonResult`; with ``out_dir``, writes ``NAME.json``, ``NAME.md`` and
@@ -382,6 +383,9 @@ def compare(
       its ``out_dir``. A part returns ``None`` unless every run of the table is recorded there;
       :func:`fedjax_dro.compare.resume.merge_runs` (``fedjax-dro merge``) joins the parts'
       records, and the table is then written from them, equal to one run of the whole.
+    trained: under ``selection="domains"``, a dict shared by ``compare`` calls that train the
+      same strategies on the same data objects and report different metrics: every trained
+      grid and final run is kept there and scored again, not trained again.
   """
   if not isinstance(experiment, Experiment):
     raise TypeError(f"experiment must be a compare.Experiment, got {type(experiment).__name__}")
@@ -438,7 +442,7 @@ def compare(
           selections.setdefault(tuple(found["selection_key"]), found["selection"])
       else:
         row, sel, sel_key = _run(
-          experiment, build, strategy, ds, splits, seed, amount, selections=selections
+          experiment, build, strategy, ds, splits, seed, amount, selections, trained
         )
         row = round_trip(row)
         records.put(digest, key, {"row": row, "selection": sel, "selection_key": sel_key})
@@ -493,7 +497,7 @@ def _strategy_identity(strategy: Strategy, build: _Builder) -> Dict[str, Any]:
   }
 
 
-def _run(experiment, build, strategy, ds, splits, seed, amount, *, selections):
+def _run(experiment, build, strategy, ds, splits, seed, amount, selections, trained=None):
   """One run of the table: ``strategy``'s selection on ``seed`` (or the shared one), its final
   run and its score. Returns ``(row, selection, selection key)``."""
   protocol, budget = experiment.protocol, experiment.protocol.budget
@@ -508,9 +512,8 @@ def _run(experiment, build, strategy, ds, splits, seed, amount, *, selections):
     if selections is not None and sel_key in selections:
       sel = selections[sel_key]
     else:
-      sel = round_trip(
-        select(strategy, build, ds.train, splits, protocol=protocol, rounds=sel_rounds, seed=seed)
-      )
+      pick = dict(protocol=protocol, rounds=sel_rounds, seed=seed, trained=trained)
+      sel = round_trip(select(strategy, build, ds.train, splits, **pick))
       if selections is not None:
         selections[sel_key] = sel
     options, hparams = build.split(sel["chosen"])
@@ -521,7 +524,7 @@ def _run(experiment, build, strategy, ds, splits, seed, amount, *, selections):
     if budget.kind == "plateau":
       rounds = _plateau(alg, hparams, splits[0], protocol, seed)
     value, extra, curve = _train_and_score(
-      experiment, alg, hparams, ds, rounds=rounds, seed=seed, costs=costs
+      experiment, alg, hparams, ds, rounds=rounds, seed=seed, costs=costs, trained=trained
     )
     if not math.isfinite(value):
       raise FloatingPointError(f"the test {protocol.metric.label} is {value}")

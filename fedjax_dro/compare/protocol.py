@@ -31,6 +31,8 @@ SPLIT_HIGHER_IS_BETTER = {
   "average_log_perplexity": False,
   "worst_client_accuracy": True,
   "mean_client_accuracy": True,
+  "worst_class_accuracy": True,
+  "class_average_accuracy": True,
   "worst_client_loss": False,
   "mean_client_loss": False,
 }

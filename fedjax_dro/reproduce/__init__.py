@@ -9,9 +9,9 @@ table) to ``out_dir``. One module per paper:
 * ``karula-synthetic``, ``karula-heart`` (:mod:`fedjax_dro.reproduce.karula`): Karula, Table 1.
 * ``karula-femnist`` (:mod:`fedjax_dro.reproduce.karula_femnist`): Karula, Sec. 5.3 and
   Figure 1 (``--leaf-dir``: LEAF FEMNIST digits; without it, the by-writer digits stand-in).
-* ``fgdro-table7`` (:mod:`fedjax_dro.reproduce.fgdro`, settings and grids in
-  :mod:`fedjax_dro.reproduce.fgdro_protocol`): FGDRO, Appendix G, Table 7 (``--data-dir``: the
-  paper's CIFAR-10 protocol; without it, the digits stand-in).
+* ``fgdro-table7`` (:mod:`fedjax_dro.reproduce.fgdro`, data steps and held-out metrics in
+  :mod:`fedjax_dro.reproduce.fgdro_protocol`): FGDRO, Appendix G, Table 7 on the harness
+  (``--data-dir``: the paper's CIFAR-10 protocol; without it, the digits stand-in).
 * ``fgdro-table2`` (:mod:`fedjax_dro.reproduce.fgdro_language`): FGDRO, Table 2, the Pile (GPT-2)
   and CivilComments (DistilBERT) on the harness, the Pile's FGDRO rows with the paper's
   domain-weight phase (``--data-dir``: the prepared directories; ``--weights-dir``:
@@ -62,7 +62,8 @@ RUN_TIMES: Dict[str, str] = {
   "scaffpd-synthetic": "SCAFF-PD Fig. 2 (synthetic shift) on the harness, 10 seeds x 3 rhos, 50 "
   "rounds: about 10 minutes",
   "scaffpd-table1": "SCAFF-PD Table 1 and Fig. 3 (features file or stand-in): about 95 minutes",
-  "fgdro-table7": "FGDRO Table 7 (CIFAR-10 files or digits stand-in): about 17 minutes",
+  "fgdro-table7": "FGDRO Table 7 on the harness (CIFAR-10 files or digits stand-in): the stand-in "
+  "about 37 minutes",
   "fgdro-table2": "FGDRO Table 2 (prepared Pile and CivilComments, or their stand-ins): the "
   "stand-in about 7 minutes (--quick); the real table's runs are GPU jobs, not yet timed",
   "fgdro-table3": "FGDRO Table 3 (prepared WILDS Camelyon17, iWildCam, PovertyMap, or their "

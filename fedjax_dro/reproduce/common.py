@@ -23,6 +23,7 @@ def run_tables(
   quick: bool = False,
   part=None,
   plot: Optional[Callable[[Dict[str, Any], str], str]] = None,
+  trained: Optional[dict] = None,
   **meta,
 ) -> Optional[Dict[str, Any]]:
   """Runs every :class:`~fedjax_dro.compare.Experiment` of a paper's table on the harness (each
@@ -39,6 +40,8 @@ def run_tables(
     selections: shared between the experiments (:func:`fedjax_dro.compare.compare`): the same
       strategies and data under several budgets rest on one selection per seed.
     quick: a ``--quick`` smoke run (its combined table says so).
+    trained: shared between the experiments (:func:`fedjax_dro.compare.compare`): the same
+      strategies trained on the same data objects, reported on different metrics, train once.
     part: ``(i, N)``: only part ``i`` of ``N`` of every table's runs
       (:func:`fedjax_dro.compare.compare`); returns ``None`` (nothing combined) unless every
       run is recorded in ``out_dir``.
@@ -49,7 +52,7 @@ def run_tables(
 
   t0 = time.perf_counter()
   found = {
-    key: compare(e, out_dir, verbose=verbose, selections=selections, part=part)
+    key: compare(e, out_dir, verbose=verbose, selections=selections, part=part, trained=trained)
     for key, e in experiments.items()
   }
   if any(r is None for r in found.values()):

@@ -1,104 +1,155 @@
-"""FGDRO (Guo and Yang 2024), Appendix G, Table 7: worst and average accuracy on imbalanced image
-data split over 100 clients by Dirichlet(0.3) and Dirichlet(10).
+"""``fedjax-dro reproduce fgdro-table7``: FGDRO's Appendix G Table 7 on the comparison harness.
 
 Guo and Yang, "Communication-Efficient Federated Group Distributionally Robust Optimization",
-NeurIPS 2024, arXiv:2410.06369. Two protocols (:func:`fedjax_dro.reproduce.fgdro_protocol.protocol`
-holds their settings and grids):
+NeurIPS 2024, arXiv:2410.06369, Appendix G, Table 7: worst and average accuracy on imbalanced
+CIFAR-10 (classes 0, 2, 4, 6, 8 cut to 20% of their training rows) split over 100 clients by
+Dirichlet(0.3) and Dirichlet(10), a two-layer CNN, 20K local iterations of ``I = 32`` local
+steps of batch 32 (625 rounds), step sizes tuned in ``{1e-4, 1e-3, 1e-2, 1e-1}``, the
+moving-average weights of FGDRO-KL and FGDRO-KL-Adam in ``{0.01, 0.1, 0.2, 0.5}``, 3 seeds.
+The data step is that of the code the paper cites for it (Shen et al., ICLR 2021;
+:func:`~fedjax_dro.reproduce.fgdro_protocol.image_partition`).
 
-* ``fgdro_table7(data_dir=DIR)``: the paper's, on the user's CIFAR-10 binary files
-  (:func:`fedjax_dro.data.load_cifar10`): the data step of the code the paper cites for it (Shen
-  et al., ICLR 2021; :func:`~fedjax_dro.reproduce.fgdro_protocol.image_partition`): classes 0, 2,
-  4, 6, 8 cut to 20% of their pooled training rows, a seeded per-client Dirichlet split over 100
-  clients of equal size, a two-layer CNN (two 3x3 conv + ReLU + max-pool
-  blocks of 32 and 64 channels, a linear head), 625 rounds of ``I = 32`` local steps of batch 32
-  (20K local iterations), step sizes tuned over ``{1e-4, 1e-3, 1e-2, 1e-1}``, the moving-average
-  weights over ``{0.01, 0.1, 0.2, 0.5}``, the DRO parameters on wide grids. The CIFAR-10 test
-  set is the held-out set. A runtime estimate (one measured round) is printed first.
+The protocol (:mod:`fedjax_dro.compare`), every row alike. Per seed ``s``: the imbalance, the
+Dirichlet partition and the split of the held-out set into validation and test halves are drawn
+from ``s`` (:func:`table7_data`); every configuration is trained on all 100 clients and its
+global model scored on the validation half; the chosen configuration is trained again with
+seed ``s`` and reported on the test half; mean +- 2 SE over the seeds (ddof 1), paired
+differences against FGDRO-KL. The held-out set is balanced (the CIFAR-10 test set; the digits'
+held-out rows) and scores itself
+(:class:`~fedjax_dro.reproduce.fgdro_protocol.ClassHeldOut`: ``Protocol(selection="domains")``
+with a split that computes its own metrics): the metrics are the global model's accuracies per
+class ``acc_c``, so selection on a validation half of the held-out set (never on the test half)
+is the one that can see them. Each of the three reported accuracies is its own comparison,
+selected on itself (:data:`METRICS`): worst class ``min_c acc_c``, worst client ``min_i sum_c
+p_ic acc_c`` (client ``i``'s expected accuracy under its own training label mix) and the
+clients' average ``mean_i sum_c p_ic acc_c``; the other two are recorded beside it from the
+same chosen runs. The paper never defines "Worst Acc"; docs/reproductions/fgdro.md argues that
+its numbers fit the worst class.
+
+Rows: the paper's nine (FedAvg, SCAFFOLD, FedProx, FedAdam, DRFA, DR-DSGD, FGDRO-CVaR,
+FGDRO-KL, FGDRO-KL-Adam) plus FedAvg-M (FGDRO-KL's momentum with uniform weights) and
+LocalAdam. Every row has the same number of configurations by construction
+(:func:`table7_strategies`): the paper's step sizes times four values of one second
+hyper-parameter (:data:`AXES`: Tables 2 and 3's, :data:`fedjax_dro.reproduce.fgdro_wilds.SECOND_AXES`,
+FedProx's ``mu`` and FedAdam's server step tuned beside the client step like every other row's;
+FedAvg-M's and LocalAdam's moving-average weight on the paper's beta grid), 16 a row, widened at
+edges by the harness' rule (up to 2 values an axis). FedAdam takes the paper's server update
+(Reddi et al., no bias correction).
+
+Two data paths:
+
+* ``fgdro_table7(data_dir=DIR)``: the user's CIFAR-10 binary files
+  (:func:`fedjax_dro.data.load_cifar10`), the paper's sizes and grids above.
 * ``fgdro_table7()``: a *stand-in* on the 8x8 handwritten digits that ship with the package
   (:func:`fedjax_dro.data.digits.digits_dirichlet_with_extras`, the same data steps), 40 rounds of
-  8 steps of batch 8 and smaller grids; its table is labelled as a stand-in and the paper's
-  CIFAR-10 numbers are printed in a separate table, never beside it.
-
-Each row is an algorithm of the paper's table plus FedAvg-M
-(:func:`fedjax_dro.algorithms.fedavg_momentum`, FGDRO-KL's momentum with uniform weights) and
-LocalAdam. Every configuration of a row's grid is trained once on a tuning seed (100 + data
-seed). Each reported accuracy is selected on its own validation value (:data:`SELECTION`): the
-configuration with the best final validation worst-class accuracy gives the worst-class and
-average columns, the one with the best validation worst-client accuracy the worst-client column;
-each is trained on the reporting seeds and reported on the test half of the held-out set (mean
-and std over seeds). One failure policy for every row: a non-finite run scores
-:data:`FAILURE_SCORE` (0) in tuning and reporting, and the failed reporting seeds are counted in
-the table. Every run is a one-row :func:`fedjax_dro.sweep`, so a row compiles once.
-
-Three accuracies (:func:`~fedjax_dro.algorithms.wrappers.with_class_weighted_accuracy`):
-worst class (``min_c acc_c`` on the balanced held-out set), worst client (``min_i sum_c p_ic
-acc_c``, client ``i``'s expected accuracy under its own training label mix) and the clients'
-average. The paper never defines "Worst Acc"; docs/reproductions/fgdro.md argues that its
-numbers fit the worst class.
+  8 local steps of batch 8, 4 configurations a row (the paper's upper two step sizes
+  ``{1e-2, 1e-1}`` times the middle two values of the row's second axis), not widened
+  (:data:`STANDIN_WIDENINGS`: every choice then sits on an edge of its grid, and the table counts
+  them). Its table is labelled
+  a stand-in and the paper's CIFAR-10 numbers are printed in a separate table, never beside it.
 """
 
 from __future__ import annotations
 
 import os
-import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence
 
-import jax
 import numpy as np
 
-from fedjax_dro.reproduce.common import write_result
 from fedjax_dro.reproduce.fgdro_protocol import (
   ALPHAS,
   FEDADAM_OPTIONS,
   KEPT_FRACTION,
   NUM_CLIENTS,
+  PAPER_BETAS,
   PAPER_TABLE7,
   REDUCED_CLASSES,
-  build_row_algorithm,
-  configurations,
-  edges,
+  ClassHeldOut,
   image_partition,
-  protocol,
-  runtime_note,
   split_holdout,
-  tuned_grid,
+)
+from fedjax_dro.reproduce.fgdro_wilds import (
+  ROWS,
+  SECOND_AXES,
+  cell,
+  fgdro_experiment,
+  table_strategies,
 )
 
-METRICS = ("worst_class_acc", "worst_acc", "avg_acc")
-METRIC_NAMES = {"worst_class_acc": "worst class", "worst_acc": "worst client", "avg_acc": "average"}
-TUNE_SEED_OFFSET = 100
+# The table's rows: the paper's nine (Tables 2 and 3's) with FedAvg-M after FedAdam and LocalAdam
+# last.
+TABLE7_ROWS = (
+  ROWS[:4] + (("FedAvg-M", "fedavg_momentum"),) + ROWS[4:] + (("LocalAdam", "local_adam"),)
+)
+# Each row's second hyper-parameter (four values; 16 configurations a row with the step sizes).
+AXES = {**SECOND_AXES, "FedAvg-M": ("beta3", PAPER_BETAS), "LocalAdam": ("beta3", PAPER_BETAS)}
+# The reported accuracies, each its own comparison selected on itself: column -> split metric.
+METRICS = {
+  "worst class": "worst_class_accuracy",
+  "worst client": "worst_client_accuracy",
+  "average": "mean_client_accuracy",
+}
+# The stand-in's widening at edges: none (the paper's protocol: up to 2 values an axis). Its 2 x 2
+# grids in about 20 minutes on 2 CPU cores; one widening would double that.
+STANDIN_WIDENINGS = 0
+# (rounds, local steps, batch, CNN widths) of the paper's protocol, the stand-in and --quick
+SIZES = {
+  "cifar10": (625, 32, 32, (32, 64)),
+  "digits": (40, 8, 8, (8, 16)),
+  "quick": (2, 2, 4, (8, 16)),
+}
 
 
-def _partitions(data_dir: Optional[str], seed: int, settings) -> List[Dict[str, Any]]:
-  """Per Dirichlet alpha: train data, proportions, validation and test halves, description."""
-  from fedjax_dro.data.digits import digits_dirichlet_with_extras
+def table7_strategies(small: bool, local_steps: int, batch: int, only=None):
+  """The eleven rows (:data:`TABLE7_ROWS`; ``only``: those labels and FGDRO-KL), each the
+  paper's step sizes times its :data:`AXES` values: 16 configurations a row, 4 with ``small``
+  (the upper two step sizes, the middle two values of the second axis)."""
+  return table_strategies(
+    small,
+    local_steps,
+    batch,
+    NUM_CLIENTS,
+    only,
+    rows=TABLE7_ROWS,
+    axes=AXES,
+    options={"FedAdam": FEDADAM_OPTIONS},
+  )
 
-  out = []
-  if data_dir is None:
-    for alpha in ALPHAS:
-      ds, extras = digits_dirichlet_with_extras(
-        seed,
-        num_clients=NUM_CLIENTS,
-        alpha=alpha,
-        reduced_classes=REDUCED_CLASSES,
-        fraction=KEPT_FRACTION,
-        split="climb",
-      )
-      val, test = split_holdout(extras.test_x, extras.test_y, seed)
-      out.append(dict(alpha=alpha, train=ds.train, proportions=extras.proportions, val=val))
-      out[-1].update(test=test, num_classes=ds.num_classes, input_shape=ds.train.x.shape[2:])
-    return out
-  from fedjax_dro.data import load_cifar10
 
-  images = load_cifar10(data_dir)
-  val, test = split_holdout(images.x_test, images.y_test, seed)
-  for alpha in ALPHAS:
-    train, proportions = image_partition(
-      images.x_train, images.y_train, images.num_classes, alpha, seed
+def table7_data(alpha: float, seed: int, images=None):
+  """Seed ``seed``'s data of one partition: the imbalance and Dirichlet(``alpha``) split over 100
+  clients, and the held-out set's stratified validation and test halves as
+  :class:`~fedjax_dro.reproduce.fgdro_protocol.ClassHeldOut` (with the clients' label mixes), all
+  drawn from ``seed``. ``images``: ``load_cifar10(DIR)``'s arrays; ``None``: the digits."""
+  from fedjax_dro.data import FederatedDataset
+
+  if images is None:
+    from fedjax_dro.data.digits import digits_dirichlet_with_extras
+
+    ds, extras = digits_dirichlet_with_extras(
+      seed,
+      num_clients=NUM_CLIENTS,
+      alpha=alpha,
+      reduced_classes=REDUCED_CLASSES,
+      fraction=KEPT_FRACTION,
+      split="climb",
     )
-    out.append(dict(alpha=alpha, train=train, proportions=proportions, val=val, test=test))
-    out[-1].update(num_classes=images.num_classes, input_shape=images.x_train.shape[1:])
-  return out
+    train, proportions, held, classes = ds.train, extras.proportions, extras, ds.num_classes
+    held_x, held_y = held.test_x, held.test_y
+  else:
+    classes = images.num_classes
+    train, proportions = image_partition(images.x_train, images.y_train, classes, alpha, seed)
+    held_x, held_y = images.x_test, images.y_test
+  (vx, vy), (tx, ty) = split_holdout(held_x, held_y, seed)
+  p = np.asarray(proportions, np.float32)
+  return FederatedDataset(
+    train=train,
+    validation=ClassHeldOut(vx, vy, p),
+    test=ClassHeldOut(tx, ty, p),
+    task="classification",
+    num_classes=classes,
+    name=f"fgdro-table7-dir{alpha:g}",
+  )
 
 
 def fgdro_table7(
@@ -107,337 +158,176 @@ def fgdro_table7(
   rounds: Optional[int] = None,
   quick: bool = False,
   seed: int = 0,
-  seeds: Sequence[int] = (0, 1, 2),
   data_dir: Optional[str] = None,
   algorithms: Optional[Sequence[str]] = None,
-  plot: bool = True,
+  part=None,
   verbose: bool = True,
-) -> Dict[str, Any]:
-  """Runs the Table 7 reproduction; writes ``fgdro_table7.{json,md,png}`` to ``out_dir``.
+) -> Optional[Dict[str, Any]]:
+  """Runs FGDRO's Table 7 on the harness (see the module docstring); writes
+  ``fgdro_table7.{json,md}`` and each comparison (per partition and reported accuracy) to
+  ``out_dir``.
 
   Args:
-    out_dir: folder of the outputs (``None``: nothing is written).
-    rounds: communication rounds (default: the protocol's, 625 on CIFAR-10 and 40 on the digits;
-      2 with ``quick``).
-    quick: the middle value of every grid, two seeds, 2 rounds of 2 local steps of batch 4 (a
-      smoke run of the same code path).
-    seed: data seed (imbalance, Dirichlet partition, held-out split); tuning runs use seed
-      ``100 + seed`` for training.
-    seeds: training seeds of the reported runs (model initialisation, minibatches).
+    out_dir: the output folder (``None``: nothing written).
+    rounds: communication rounds (default 625 on CIFAR-10, 40 on the digits; 2 with ``quick``).
+    quick: a smoke run: 2 rounds of 2 local steps of batch 4, two seeds, no widening.
+    seed: the first seed (the seeds are ``seed, seed + 1, seed + 2``).
     data_dir: the CIFAR-10 binary files (``cifar-10-batches-bin`` or its parent): the paper's
-      protocol. ``None`` (default): the digits stand-in.
-    algorithms: a subset of the table's rows by label (default: all eleven).
-    plot: write the PNG of the test worst-client accuracy per round.
-    verbose: print progress, the runtime estimate and the tables.
-
-  Returns:
-    The result dict (also the JSON): ``setting``, ``partitions`` (per alpha, per row the three
-    test accuracies with std, the chosen hyper-parameters, the grid edges they sit on and every
-    tuning run), ``stand_in``, ``runtime_estimate_s`` and the paper's numbers.
+      protocol. ``None``: the digits stand-in.
+    algorithms: a subset of the rows by label (default: all eleven; FGDRO-KL, the reference, is
+      always run).
+    part: ``(i, N)`` or ``"i/N"``: only every N-th run of each comparison, for N machines;
+      ``fedjax-dro merge`` joins the parts (returns ``None`` for a part).
+    verbose: print progress and the tables.
   """
   from fedjax_dro import models
-  from fedjax_dro.engine.sweeps import sweep
+  from fedjax_dro.reproduce.common import run_tables
 
   stand_in = data_dir is None
-  settings = protocol("digits" if stand_in else "cifar10", quick=quick)
-  if rounds is None:
-    rounds = settings["rounds"]
+  sizes = SIZES["quick" if quick else "digits" if stand_in else "cifar10"]
+  rounds = sizes[0] if rounds is None else rounds
   if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 1:
     raise ValueError(f"rounds must be a positive integer, got {rounds!r}")
-  seeds = [int(s) for s in (list(seeds)[:2] if quick else seeds)]
-  if not seeds or any(s < 0 for s in seeds):
-    raise ValueError(f"seeds must be a non-empty list of non-negative integers, got {seeds!r}")
-  specs = settings["rows"]
-  if algorithms is not None:
-    labels = [spec["label"] for spec in specs]
-    unknown = sorted(set(algorithms) - set(labels))
-    if unknown or not algorithms:
-      raise ValueError(f"algorithms must be a non-empty subset of {labels}, got {algorithms!r}")
-    specs = [spec for spec in specs if spec["label"] in algorithms]
-  log = print if verbose else (lambda *a, **k: None)
-  tag = "[fgdro-table7 stand-in]" if stand_in else "[fgdro-table7]"
-  t_start = time.perf_counter()
-  parts = _partitions(data_dir, seed, settings)
-  tune_seed = TUNE_SEED_OFFSET + seed
-  partitions, estimate = [], None
-  for part in parts:
-    model = models.cnn(
-      part["input_shape"],
-      part["num_classes"],
-      features=settings["features"],
-      dense=None,
-      conv="patches",
-    )
-    holdouts = {"val": part["val"], "test": part["test"]}
-    rows = {}
-    for spec in specs:
-      alg = build_row_algorithm(
-        spec, model, settings, holdouts, part["proportions"], part["num_classes"]
-      )
-      configs = configurations(spec)
+  if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+    raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+  labels = [label for label, _ in TABLE7_ROWS]
+  if algorithms is not None and (not algorithms or set(algorithms) - set(labels)):
+    raise ValueError(f"algorithms must be a non-empty subset of {labels}, got {algorithms!r}")
+  images = None
+  if not stand_in:
+    from fedjax_dro.data import load_cifar10
 
-      def train(hparams, s, n=rounds, alg=alg, spec=spec, data=part["train"]):
-        fixed = {**spec["fixed"], **hparams}
-        return sweep(alg, data, rounds=n, seeds=[s], hparams=fixed, eval_every=n)
+    images = load_cifar10(data_dir)
+  _, local_steps, batch, features = sizes
+  seeds = (seed, seed + 1) if quick else (seed, seed + 1, seed + 2)
+  strategies = table7_strategies(stand_in, local_steps, batch, algorithms)
+  first = table7_data(ALPHAS[0], seed, images)
+  shape = tuple(first.train.x.shape[2:])
+  model = models.cnn(shape, first.num_classes, features=features, dense=None, conv="patches")
+  drawn = {(ALPHAS[0], seed): first}  # one data object per partition and seed: trained once
 
-      t0 = time.perf_counter()
-      tuning = []
-      if estimate is None:  # measured before the long run: one round (a whole short run)
-        n = 1 if rounds > 50 else rounds
-        probe = train(configs[0], tune_seed, n=n)
-        setup = time.perf_counter() - t0 - probe.wall_time
-        runs = sum(len(configurations(r)) + len(seeds) for r in specs) * len(parts)
-        sweeps = len(specs) * len(parts)
-        estimate, note = runtime_note(probe.wall_time / n, setup, runs, sweeps, rounds)
-        log(f"{tag} {note}")
-        tuning = [(configs[0], probe)] if n == rounds else []
-      tuning += [(hp, train(hp, tune_seed)) for hp in configs[len(tuning) :]]
-      rows[spec["label"]] = _summarise(spec, tuning, seeds, lambda hp, s: train(hp, s))
-      rows[spec["label"]]["seconds"] = time.perf_counter() - t0
-      r = rows[spec["label"]]
-      log(
-        f"{tag} Dir({part['alpha']:g}) {spec['label']:<14} "
-        + "  ".join(f"{METRIC_NAMES[m]} {r[m]:.3f} +- {r[m + '_std']:.3f}" for m in METRICS)
-        + f"  {r['hparams']}"
-        + "".join(f"  EDGE ({sel}) {', '.join(e)}" for sel, e in r["edges"].items() if e)
-        + f"  ({len(configs)}+{len(seeds)} runs, {r['seconds']:.0f}s)"
+  def seed_data(alpha, s):
+    if (alpha, s) not in drawn:
+      drawn[alpha, s] = table7_data(alpha, s, images)
+    return drawn[alpha, s]
+
+  experiments = {}
+  for alpha in ALPHAS:
+    for column, metric in METRICS.items():
+      key = f"dir{alpha:g}_{metric}"
+      experiments[key] = fgdro_experiment(
+        f"fgdro_table7_{key}",
+        f"FGDRO Table 7, Dirichlet({alpha:g}), {column} accuracy",
+        lambda s, a=alpha: seed_data(a, s),
+        model,
+        strategies,
+        metric,
+        [m for m in METRICS.values() if m != metric],
+        rounds=rounds,
+        seeds=seeds,
+        quick=quick,
+        stand_in=stand_in,
+        data_name="fgdro-table7",
+        max_widenings=STANDIN_WIDENINGS if stand_in else None,
       )
-    sizes = np.asarray(part["train"].num_examples)
-    partitions.append(
-      {
-        "alpha": part["alpha"],
-        "train_rows": int(sizes.sum()),
-        "rows_per_client": [int(sizes.min()), float(sizes.mean()), int(sizes.max())],
-        "validation_rows": int(part["val"][1].size),
-        "test_rows": int(part["test"][1].size),
-        "algorithms": rows,
-      }
-    )
   data = (
     "STAND-IN: handwritten digits 8x8 (UCI, shipped), not CIFAR-10"
     if stand_in
     else f"CIFAR-10 (binary files in {os.path.abspath(data_dir)})"
   )
-  result = {
-    "experiment": "fgdro-table7",
-    "stand_in": stand_in,
-    "title": (
-      "FGDRO Table 7 protocol on the digits STAND-IN (not the paper's CIFAR-10 numbers)"
-      if stand_in
-      else "FGDRO Table 7 on CIFAR-10 (the paper's protocol)"
-    ),
-    "paper": "Guo and Yang, Communication-Efficient FGDRO (NeurIPS 2024), Appendix G, Table 7",
-    "setting": {
-      "data": data,
-      "imbalance": "classes 0, 2, 4, 6, 8: the first 20% of their pooled training rows kept",
-      "partition": "the released code of Shen et al. (ICLR 2021): per-client Dirichlet "
-      "proportions, clients filled in turn with N // 100 rows each",
-      "num_clients": NUM_CLIENTS,
-      "model": f"two-layer CNN: 3x3 conv {settings['features']}, ReLU, 2x2 max-pool, linear head",
-      "rounds": rounds,
-      "local_steps": settings["local_steps"],
-      "batch_size": settings["batch_size"],
-      "local_iterations": rounds * settings["local_steps"],
-      "seeds": seeds,
-      "tuning_seed": tune_seed,
-      "data_seed": seed,
-      "quick": quick,
-      "grids": {spec["label"]: {k: list(v) for k, v in tuned_grid(spec).items()} for spec in specs},
-      "fixed": {spec["label"]: spec["fixed"] for spec in specs},
-      "selection": (
-        "per reported accuracy, its own final-round validation value of one tuning run per "
-        "config: worst class (also reporting the average), worst client separately"
-      ),
-      "failure_policy": f"a non-finite run scores {FAILURE_SCORE:g}, in tuning and reporting, "
-      "every row; failures counted per row",
-      "accuracy": {
-        "worst_class_acc": "min over classes of the global model's test accuracy",
-        "worst_acc": "min over clients i of sum_c p_ic acc_c (p_i: client i's label mix)",
-        "avg_acc": "mean over clients of sum_c p_ic acc_c",
-      },
-      "fedadam": "Reddi et al. Algorithm 2, no bias correction"
-      if not FEDADAM_OPTIONS["bias_correction"]
-      else "bias-corrected",
-    },
-    "partitions": partitions,
-    "runtime_estimate_s": estimate,
-    "paper_table7_cifar10": {k: {str(a): v for a, v in d.items()} for k, d in PAPER_TABLE7.items()},
-    "device": str(jax.devices()[0].platform),
-    "wall_time_s": time.perf_counter() - t_start,
-  }
-  log(markdown_table(result))
-  log(f"{tag} total {result['wall_time_s']:.0f}s")
-  write_result(
+  return run_tables(
+    "fgdro-table7",
+    experiments,
+    markdown_table,
     out_dir,
-    "fgdro_table7",
-    result,
-    markdown_table(result),
-    plot_fgdro_table7 if plot else None,
-    log,
+    verbose,
     quick=quick,
+    part=part,
+    trained={},
+    stand_in=stand_in,
+    data=data,
+    alphas=list(ALPHAS),
+    metrics=METRICS,
+    rounds=rounds,
+    local_steps=local_steps,
+    batch_size=batch,
+    features=list(features),
+    paper_table7_cifar10={k: {f"{a:g}": v for a, v in d.items()} for k, d in PAPER_TABLE7.items()},
   )
-  return result
 
 
-# Each reported accuracy is selected on its own validation value: the worst class (the headline,
-# with the average and the balanced accuracy from the same runs) and, separately, the worst client.
-SELECTION = {
-  "worst_class_acc": "worst_class_acc",
-  "avg_acc": "worst_class_acc",
-  "class_avg_acc": "worst_class_acc",
-  "worst_acc": "worst_acc",
-}
-FAILURE_SCORE = 0.0  # a failed (non-finite) run's accuracies: every row, tuning and reporting
-
-
-def _final(res, metric: str) -> float:
-  """The run's final ``metric``, or :data:`FAILURE_SCORE` when the run failed."""
-  value = float(res.train_metrics[metric][0, -1])
-  return FAILURE_SCORE if bool(res.diverged[0]) or not np.isfinite(value) else value
-
-
-def _summarise(spec, tuning, seeds, train) -> Dict[str, Any]:
-  """For each selection metric of :data:`SELECTION`, the tuning run with the best final
-  validation value of that metric (a failed run scores :data:`FAILURE_SCORE`; ties go to the
-  first configuration), trained on ``seeds`` (runs shared between selections that chose the
-  same configuration); each reported test accuracy comes from the runs selected on it. A failed
-  reporting seed scores :data:`FAILURE_SCORE` and is counted in ``failures``, in every row."""
-  runs: Dict[tuple, list] = {}
-  out: Dict[str, Any] = {
-    "algorithm": spec["name"],
-    "options": dict(spec["options"]),
-    "selected": {},
-    "edges": {},
-    "failures": {},
-    "grid": [
-      {
-        "hparams": hp,
-        **{f"validation_{m}": _final(res, f"val_{m}") for m in set(SELECTION.values())},
-      }
-      for hp, res in tuning
-    ],
-  }
-  for selector in dict.fromkeys(SELECTION.values()):
-    scores = [_final(res, f"val_{selector}") for _, res in tuning]
-    best = tuning[int(np.argmax(scores))][0]
-    key = tuple(sorted(best.items()))
-    if key not in runs:
-      runs[key] = [train(best, s) for s in seeds]
-    chosen = dict(best)
-    for names in spec["tied"]:
-      chosen["=".join(names)] = best[names[0]]
-    out["selected"][selector] = {"hparams": best, "validation": float(np.max(scores))}
-    out["edges"][selector] = edges(tuned_grid(spec), chosen)
-    out["failures"][selector] = int(sum(bool(r.diverged[0]) for r in runs[key]))
-  for m, selector in SELECTION.items():
-    finals = runs[tuple(sorted(out["selected"][selector]["hparams"].items()))]
-    values = np.array([_final(r, f"test_{m}") for r in finals])
-    out[m], out[m + "_std"] = float(np.mean(values)), float(np.std(values))
-    out["per_seed_" + m] = values.tolist()
-  for key in ("worst_acc", "worst_class_acc"):
-    finals = runs[tuple(sorted(out["selected"][SELECTION[key]]["hparams"].items()))]
-    ok = [r for r in finals if not r.diverged[0]] or finals
-    curves = np.stack([r.train_metrics[f"test_{key}"][0] for r in ok])
-    out[f"curve_test_{key}"] = np.mean(curves, axis=0).tolist()  # over the seeds that ran
-  out["hparams"] = out["selected"]["worst_class_acc"]["hparams"]
-  return out
+def _paired(entry) -> str:
+  """A paired-difference cell: the mean difference, its 95% interval, the wins and Holm's p."""
+  if entry is None:
+    return "(reference)"
+  low, high = entry["ci95_low"], entry["ci95_high"]
+  p = entry.get("holm_p", entry["p_value"])
+  p = "-" if p is None or p != p else f"{p:.2g}"  # no spread (identical seeds): no test
+  return (
+    f"{entry['difference']:+.3f} [{low:+.3f}, {high:+.3f}] ({entry['wins']} of "
+    f"{entry['seeds']}, p = {p})"
+  )
 
 
 def markdown_table(result: Dict[str, Any]) -> str:
-  """Table 7's layout with three accuracies per Dirichlet alpha (std over seeds); on the stand-in
-  the paper's CIFAR-10 numbers follow in a separate table."""
-  parts = result["partitions"]
-  head = "| algorithm | " + " | ".join(
-    f"Dir({p['alpha']:g}) {name}"
-    for p in parts
-    for name in [METRIC_NAMES[m] for m in METRICS] + ["failed seeds"]
-  )
-  lines = [f"**{result['title']}**", "", head + " |", "|---" * (1 + 4 * len(parts)) + "|"]
-  for label in parts[0]["algorithms"]:
-    cells = []
-    for p in parts:
-      r = p["algorithms"][label]
-      cells += [f"{r[m]:.3f} (±{r[m + '_std']:.3f})" for m in METRICS]
-      count = len(r["per_seed_worst_acc"])
+  """Table 7's layout per Dirichlet alpha: each accuracy (mean +- 2 SE over seeds, from the
+  comparison selected on it) and its paired difference to FGDRO-KL, the configurations and edges
+  per row; then the chosen configuration per seed and accuracy; the paper's CIFAR-10 numbers in
+  their own table under a stand-in."""
+  stand_in = result["stand_in"]
+  title = "# FGDRO Table 7 on the comparison harness"
+  lines = [title + (" (STAND-IN: 8x8 digits, not CIFAR-10)" if stand_in else ""), ""]
+  results = result["results"]
+  columns = result["metrics"]
+  for alpha in result["alphas"]:
+    records = {c: results[f"dir{alpha:g}_{m}"] for c, m in columns.items()}
+    head = ["row"] + [f"{c}" for c in columns] + [f"{c} minus FGDRO-KL" for c in columns]
+    head += ["configs", "edges", "failures"]
+    lines += [f"## Dirichlet({alpha:g})", "", "| " + " | ".join(head) + " |"]
+    lines.append("|" + "---|" * len(head))
+    some = next(iter(records.values()))
+    for label in some["table"]:
+      cells = [label] + [cell(r["table"][label][columns[c]]) for c, r in records.items()]
+      cells += [_paired(r["paired"][columns[c]].get(label)) for c, r in records.items()]
+      cells.append(" / ".join(f"{r['table'][label]['configurations']:g}" for r in records.values()))
       cells.append(
-        ", ".join(f"{r['failures'][sel]}/{count}" for sel in ("worst_class_acc", "worst_acc"))
+        " / ".join(str(sum(e["strategy"] == label for e in r["edges"])) for r in records.values())
       )
-    lines.append(f"| {label} | " + " | ".join(cells) + " |")
-  lines += [
-    "",
-    "Each accuracy is selected on its own validation value (worst class, with the average from "
-    "the same runs; worst client separately). A failed (non-finite) run scores "
-    f"{FAILURE_SCORE:g} in every row; 'failed seeds': reporting seeds that failed under the "
-    "worst-class, then the worst-client selection.",
-  ]
-  lines.append("")
-  for p in parts:
-    for label, r in p["algorithms"].items():
-      for selector, edge in r["edges"].items():
-        if edge:
-          lines.append(
-            f"- Dir({p['alpha']:g}) {label} (selected on {METRIC_NAMES[selector]}): chosen at a "
-            f"grid edge: {', '.join(edge)}"
+      cells.append(" / ".join(str(r["table"][label]["failures"]) for r in records.values()))
+      lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "Chosen configuration per seed (selected on each accuracy):", ""]
+    for c, r in records.items():
+      for label, rows in r["per_seed"].items():
+        chosen = "; ".join(
+          f"seed {row['seed']}: "
+          + (
+            "failed"
+            if row["failed"]
+            else ", ".join(f"{k}={v:g}" for k, v in sorted(row["chosen"].items()))
           )
+          for row in rows
+        )
+        lines.append(f"- {c}, {label}: {chosen}")
+    lines.append("")
+  lines += [
+    "Each accuracy is its own comparison, selected per seed on that accuracy of the validation "
+    "half of the balanced held-out set and reported on the test half (mean +- 2 SE over "
+    "seeds, ddof 1); 'minus FGDRO-KL': the paired difference, its 95% t-interval, the seeds "
+    "where the row is ahead and the paired t-test p (Holm-adjusted when a table has more "
+    "than three comparisons); configs / edges / failures per accuracy (worst class / worst client / "
+    f"average). {result['rounds']} rounds of {result['local_steps']} local steps of "
+    f"{result['batch_size']} rows; seeds, budgets and every grid point in the comparisons' "
+    "records.",
+    "",
+  ]
+  lines.append("The paper's Table 7 (CIFAR-10, its 'Worst Acc' / 'Average Acc'), for reference:")
   lines.append("")
-  lines.append("The paper's Table 7 (CIFAR-10, its 'Worst Acc' / 'Average Acc'):")
-  lines.append("")
-  alphas = [p["alpha"] for p in parts]
+  alphas = result["alphas"]
   lines.append(
     "| algorithm | " + " | ".join(f"Dir({a:g}) worst | Dir({a:g}) average" for a in alphas) + " |"
   )
   lines.append("|---" * (1 + 2 * len(alphas)) + "|")
-  for label, by_alpha in PAPER_TABLE7.items():
-    cells = [f"{by_alpha[a][i]:.3f}" for a in alphas for i in (0, 2)]
+  for label, by_alpha in result["paper_table7_cifar10"].items():
+    cells = [f"{by_alpha[f'{a:g}'][i]:.3f}" for a in alphas for i in (0, 2)]
     lines.append(f"| {label} | " + " | ".join(cells) + " |")
   return "\n".join(lines) + "\n"
-
-
-def plot_fgdro_table7(result: Dict[str, Any], path: str) -> str:
-  """Test worst-client and worst-class accuracy per round (mean over seeds) of each row: one
-  colour, marker and line style per row (:func:`fedjax_dro.common.styles.row_styles`), the
-  legend beside the panels, marked STAND-IN for the digits stand-in."""
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  from fedjax_dro.common import styles
-
-  parts = result["partitions"]
-  labels = list(dict.fromkeys(label for p in parts for label in p["algorithms"]))
-  row_style = styles.row_styles(labels)
-  fig, axes = plt.subplots(2, len(parts), figsize=(6 * len(parts), 7), squeeze=False)
-  name = "digits STAND-IN" if result["stand_in"] else "CIFAR-10"
-  for col, p in enumerate(parts):
-    for row, (key, what) in enumerate(
-      (("curve_test_worst_acc", "worst-client"), ("curve_test_worst_class_acc", "worst-class"))
-    ):
-      ax = axes[row][col]
-      for label, r in p["algorithms"].items():
-        curve = r[key]
-        every = max(1, len(curve) // 8)
-        ax.plot(
-          np.arange(1, len(curve) + 1),
-          curve,
-          label=label,
-          ms=4,
-          markevery=every,
-          **row_style[label],
-        )
-      ax.set_title(f"Dirichlet({p['alpha']:g}), 100 clients", fontsize=10)
-      ax.set_xlabel("communication round")
-      ax.set_ylabel(f"test {what} accuracy")
-      ax.grid(alpha=0.3)
-  styles.legend_outside(fig, axes)
-  fig.suptitle(styles.title_of(result), fontsize=11)
-  fig.text(
-    0.5, 0.93, f"{name}, 5 classes cut to 20%; each line the mean over seeds (no per-seed curves "
-    "are recorded)", ha="center", fontsize=8, color="0.3",
-  )  # fmt: skip
-  if styles.is_stand_in(result):
-    styles.mark_stand_in(fig)
-  fig.tight_layout(rect=(0, 0.03, 1, 0.92))
-  fig.savefig(path, dpi=120, bbox_inches="tight")
-  plt.close(fig)
-  return path

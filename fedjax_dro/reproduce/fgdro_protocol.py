@@ -1,35 +1,35 @@
-"""The two protocols of ``fedjax-dro reproduce fgdro-table7`` and their data, metrics and timing.
+"""FGDRO Table 7's data steps, held-out metrics and CIFAR-10 timing protocol.
 
 Guo and Yang, "Communication-Efficient Federated Group Distributionally Robust Optimization",
-NeurIPS 2024, arXiv:2410.06369, Appendix G, Table 7. :func:`protocol` returns the settings and
-the tuned grids of either
+NeurIPS 2024, arXiv:2410.06369, Appendix G, Table 7 (``fedjax-dro reproduce fgdro-table7``,
+:mod:`fedjax_dro.reproduce.fgdro`, on the comparison harness). Here:
 
-* ``"cifar10"`` (``--data-dir DIR``): the paper's protocol on the user's CIFAR-10 binary files --
-  "reducing the data of 5 classes by 80%" and the Dirichlet(0.3) and Dirichlet(10) splits over
-  100 clients as the released code the paper cites makes them (:func:`image_partition`), a
-  two-layer CNN, 20K local iterations with
-  ``I = 32`` (625 rounds), minibatch 32, step sizes tuned over ``{1e-4, 1e-3, 1e-2, 1e-1}``, the
-  moving-average weights of FGDRO-KL, FGDRO-KL-Adam and FedAvg-M over ``{0.01, 0.1, 0.2, 0.5}``;
-  the paper gives no grid for the DRO parameters, ours span them widely; or
-* ``"digits"`` (no ``--data-dir``): the stand-in on the 8x8 handwritten digits that ship with the
-  package, 40 rounds of 8 local steps of batch 8, smaller grids.
+* the data step of the code the paper cites (:func:`image_partition`: "reducing the data of 5
+  classes by 80%" and the Dirichlet(0.3) and Dirichlet(10) splits over 100 clients as the
+  released code makes them) and the held-out set's stratified halves (:func:`split_holdout`);
+* :class:`ClassHeldOut`, the balanced held-out set that scores the table's accuracies (worst
+  class, worst client under each client's label mix, the clients' average);
+* :func:`protocol`, the CIFAR-10 settings per row (a two-layer CNN, ``I = 32`` local steps of
+  batch 32, 625 rounds, a grid per row) with which :func:`cifar_round_time` and
+  ``benchmarks/fgdro_cifar_rounds.py`` time rounds of the real size on generated data; the
+  table's own grids are :func:`fedjax_dro.reproduce.fgdro.table7_strategies`'.
 
-:func:`~fedjax_dro.algorithms.wrappers.with_class_weighted_accuracy` adds the three accuracies of the table to every round:
-worst class, worst client (each client's expected accuracy under its own label mix) and the
-clients' average. :func:`cifar_round_time` times one round of the full CIFAR-10 protocol on
-generated data of the real size.
+:func:`~fedjax_dro.algorithms.wrappers.with_class_weighted_accuracy` adds the same accuracies to
+every round of a run (the timings include them).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, NamedTuple, Optional
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
-from fedjax_dro.algorithms.wrappers import with_class_weighted_accuracy
+from fedjax_dro.algorithms.wrappers import per_class_accuracy, with_class_weighted_accuracy
 
 # The paper's Table 7 (imbalanced CIFAR-10): (worst, worst std, average, average std) per
 # Dirichlet alpha. Printed in their own table, never beside the digits stand-in's numbers.
@@ -114,10 +114,10 @@ def _rows(grids: Dict[str, tuple], betas: Optional[tuple], quick: bool) -> List[
 
 
 def protocol(kind: str, quick: bool = False) -> Dict[str, Any]:
-  """Settings and rows of the ``"cifar10"`` (the paper's) or ``"digits"`` (stand-in) protocol.
+  """Settings and rows of the ``"cifar10"`` timing protocol (the paper's sizes).
 
   Args:
-    kind: ``"cifar10"`` or ``"digits"``.
+    kind: ``"cifar10"``.
     quick: the middle value of every grid, no tied grid, 2 rounds of 2 local steps of batch 4
       (a smoke run of the same code path).
 
@@ -140,29 +140,8 @@ def protocol(kind: str, quick: bool = False) -> Dict[str, Any]:
     )
     rows = _rows(grids, PAPER_BETAS, quick)
     out = dict(rounds=625, local_steps=32, batch_size=32, features=(32, 64), backend="auto")
-  elif kind == "digits":
-    grids = dict(
-      lr=(0.1, 0.3, 1.0),
-      scaffold_lr=(0.03, 0.1, 0.3),
-      server_lr=(0.01, 0.03, 0.1, 0.3),
-      momentum_lr=(0.1, 0.3, 1.0, 3.0),
-      adam_lr=(0.003, 0.01, 0.03),
-      drfa_lr=(0.03, 0.1, 0.3, 1.0),
-      drfa_gamma=(1e-4, 1e-3, 1e-2),
-      drdsgd_lr=(1.0, 3.0, 10.0),
-      drdsgd_lam=(5.0, 10.0, 20.0, 40.0),
-      cvar_lr=(0.1, 0.3, 1.0),
-      cvar_alpha=(0.1, 0.2, 0.5, 1.0),
-      threshold_lr=(0.01,),
-      kl_lr=(0.3, 1.0, 3.0),
-      kl_lam=(0.3, 1.0, 5.0, 25.0),
-    )
-    rows = _rows(grids, None, quick)
-    if not quick:  # FGDRO-KL-Adam's lambda: the KL grid shifted up (its 25 was interior)
-      rows[-2]["grid"]["lam"] = (1.0, 5.0, 25.0, 125.0)
-    out = dict(rounds=40, local_steps=8, batch_size=8, features=(8, 16), backend="vmap")
   else:
-    raise ValueError(f"kind must be 'cifar10' or 'digits', got {kind!r}")
+    raise ValueError(f"kind must be 'cifar10', got {kind!r}")
   if quick:
     out.update(rounds=2, local_steps=2, batch_size=4)
   for row in rows:
@@ -183,6 +162,45 @@ def split_holdout(x, y, seed: int):
     test.extend(rows[rows.size // 2 :].tolist())
   val, test = np.sort(val), np.sort(test)
   return (x[val], y[val]), (x[test], y[test])
+
+
+@functools.partial(jax.jit, static_argnums=(0,))
+def _class_accuracies(model, params, x, y, proportions):
+  acc, present = per_class_accuracy(model, params, x, y, proportions.shape[1], proportions.dtype)
+  client = proportions @ acc
+  return {
+    "worst_class_accuracy": jnp.min(jnp.where(present, acc, jnp.inf)),
+    "worst_client_accuracy": jnp.min(client),
+    "mean_client_accuracy": jnp.mean(client),
+    "class_average_accuracy": jnp.sum(jnp.where(present, acc, 0.0)) / jnp.sum(present),
+  }
+
+
+class ClassHeldOut(NamedTuple):
+  """A balanced held-out set ``(x, y)`` and the training clients' label mixes ``proportions``
+  ``[clients, classes]``, scored by the global model's accuracy on each class ``acc_c``:
+
+  * ``worst_class_accuracy``: ``min_c acc_c`` (over the classes present);
+  * ``worst_client_accuracy``: ``min_i sum_c p_ic acc_c``, client ``i``'s expected accuracy under
+    its own label mix;
+  * ``mean_client_accuracy``: ``mean_i sum_c p_ic acc_c``;
+  * ``class_average_accuracy``: ``mean_c acc_c``.
+
+  The held-out split of ``Protocol(selection="domains")`` (:mod:`fedjax_dro.compare.domains`:
+  a split that scores itself), and the same numbers as
+  :func:`~fedjax_dro.algorithms.wrappers.with_class_weighted_accuracy`'s round metrics.
+  """
+
+  x: Any
+  y: Any
+  proportions: Any
+
+  def split_metrics(self, model, params) -> Dict[str, float]:
+    """The four accuracies above of ``model`` at ``params``."""
+    out = _class_accuracies(
+      model, params, jnp.asarray(self.x), jnp.asarray(self.y), jnp.asarray(self.proportions)
+    )
+    return {k: float(v) for k, v in out.items()}
 
 
 def image_partition(x_train, y_train, num_classes: int, alpha: float, seed: int):
@@ -360,13 +378,3 @@ def configurations(row) -> List[Dict[str, float]]:
       {**t, **{k: v for k, v in zip(group, [value] * len(group))}} for t in tied for value in values
     ]
   return [{**p, **t} for t in tied for p in product]
-
-
-def runtime_note(per_row_round: float, compile_s: float, rows: int, sweeps: int, rounds: int):
-  """The printed estimate: ``rows`` row-runs of ``rounds`` rounds and ``sweeps`` compilations."""
-  total = per_row_round * rows * rounds + compile_s * sweeps
-  return total, (
-    f"estimated run time {total / 60:.1f} min ({total / 3600:.2f} h): {rows} runs x {rounds} "
-    f"rounds x {per_row_round:.3g} s (a FedAvg round, measured) + {sweeps} compilations x "
-    f"{compile_s:.0f} s; a DRO or SCAFFOLD round costs up to ~1.5x a FedAvg round"
-  )

@@ -92,40 +92,68 @@ ROWS = (
 LOCAL_STEPS, BATCH, ROUNDS = 32, 32, 625  # I = 32, minibatch 32, 20K local iterations
 
 
-def table_strategies(quick: bool, local_steps: int, batch: int, clients: int, only=None, wrap=None):
-  """The nine rows of FGDRO's Tables 2 and 3 (:data:`ROWS`; ``only``: those labels and the
-  reference FGDRO-KL), each with the paper's step sizes times its :data:`SECOND_AXES` values
-  (two of each with ``quick``); ``wrap``: ``{label: alg -> alg}`` applied to a row's algorithm
-  before its ties (the Pile's fixed domain weights)."""
+def table_strategies(
+  quick: bool,
+  local_steps: int,
+  batch: int,
+  clients: int,
+  only=None,
+  wrap=None,
+  *,
+  rows=ROWS,
+  axes=None,
+  options=None,
+):
+  """The rows of FGDRO's Tables 2 and 3 (``rows``: ``(label, registry name)``, default
+  :data:`ROWS`; ``only``: those labels and the reference FGDRO-KL), each with the paper's step
+  sizes times its second axis (``axes``, default :data:`SECOND_AXES`; two of each with
+  ``quick``); ``wrap``: ``{label: alg -> alg}`` applied to a row's algorithm before its ties (the
+  Pile's fixed domain weights); ``options``: ``{label: factory options}``."""
   lrs = PAPER_LRS[2:] if quick else PAPER_LRS
+  axes = SECOND_AXES if axes is None else axes
   out = []
-  for label, name in ROWS:
+  for label, name in rows:
     if only is not None and label not in only and label != "FGDRO-KL":
       continue
-    axis, values = SECOND_AXES[label]
+    axis, values = axes[label]
     values = values[1:3] if quick else values
     # the KL variants' moving-average weights tuned as one (the paper's "beta"): beta2 and
     # beta3 tied to beta1
     ties = {b: (axis[0], 1.0, 1) for b in axis[1:]} if isinstance(axis, tuple) else {}
     grid = {"client_lr": list(lrs), (axis[0] if ties else axis): list(values)}
     row_wrap = (wrap or {}).get(label)
-    out.append(fgdro_strategy(label, name, local_steps, batch, clients, grid, ties, row_wrap))
+    row_options = (options or {}).get(label)
+    out.append(
+      fgdro_strategy(label, name, local_steps, batch, clients, grid, ties, row_wrap, row_options)
+    )
   return out
 
 
-def fgdro_strategy(label, name, local_steps, batch, clients, grid, ties=None, wrap=None):
+def fgdro_strategy(
+  label, name, local_steps, batch, clients, grid, ties=None, wrap=None, options=None
+):
   """A row: the registered algorithm ``name`` with ``local_steps`` of ``batch`` rows and every
-  client each round, ``wrap(alg)`` applied (``None``: nothing), hyper-parameters ``ties`` tied
-  (``with_tied_hparams``), ``grid`` searched."""
+  client each round (and the factory ``options``), ``wrap(alg)`` applied (``None``: nothing),
+  hyper-parameters ``ties`` tied (``with_tied_hparams``), ``grid`` searched. The row builds one
+  algorithm a model: the comparisons that share the row (several metrics or partitions of one
+  table) reuse its compiled programs."""
   from fedjax_dro import algorithms as A
   from fedjax_dro.compare import Strategy
 
   factory = A.get_algorithm(name).factory
+  built = []  # (model, algorithm): one Algorithm a model, so comparisons sharing a row compile once
 
   def make(model):
-    alg = factory(model, local_steps=local_steps, batch_size=batch, clients_per_round=clients)
+    for known, alg in built:
+      if known is model:
+        return alg
+    alg = factory(
+      model, local_steps=local_steps, batch_size=batch, clients_per_round=clients, **(options or {})
+    )
     alg = wrap(alg) if wrap is not None else alg
-    return A.with_tied_hparams(alg, **ties) if ties else alg
+    alg = A.with_tied_hparams(alg, **ties) if ties else alg
+    built.append((model, alg))
+    return alg
 
   return Strategy(label, make, grid=grid)
 
@@ -304,21 +332,32 @@ def fgdro_experiment(
   quick,
   stand_in,
   data_name,
+  max_widenings=None,
 ):
-  """One dataset of FGDRO's Tables 2 and 3 on the harness: the prepared ``splits`` (train, val,
-  test), ``strategies`` selected per seed on the validation split by the split metric ``metric``
-  and reported on the test split with the ``extras`` beside it, ``rounds`` rounds each, FGDRO-KL
-  the reference (no widening with ``quick``)."""
+  """One dataset of FGDRO's Tables 2, 3 and 7 on the harness: the prepared ``splits`` (train,
+  val, test; or a function ``seed -> FederatedDataset`` whose validation and test splits score
+  themselves, :mod:`fedjax_dro.compare.domains`), ``strategies`` selected per seed on the
+  validation split by the split metric ``metric`` and reported on the test split with the
+  ``extras`` beside it, ``rounds`` rounds each, FGDRO-KL the reference, widened at edges up to
+  ``max_widenings`` values an axis (default 2; none with ``quick``)."""
   from fedjax_dro import compare as C
   from fedjax_dro.compare.domains import split_metric
   from fedjax_dro.data import FederatedDataset
 
   suffix = ("_standin", " (STAND-IN)") if stand_in else ("", "")
+  if max_widenings is None:
+    max_widenings = 0 if quick else 2
+  data = splits
+  if not callable(splits):
+
+    def data(s):
+      return FederatedDataset(
+        train=splits["train"], validation=splits["val"], test=splits["test"], name=data_name
+      )
+
   return C.Experiment(
     name=name + suffix[0],
-    data=lambda s: FederatedDataset(
-      train=splits["train"], validation=splits["val"], test=splits["test"], name=data_name
-    ),
+    data=data,
     model=model,
     strategies=strategies,
     extra_metrics=[split_metric(e) for e in extras],
@@ -327,7 +366,7 @@ def fgdro_experiment(
       metric=C.Metric(metric, "split"),
       budget=C.Budget("rounds", rounds=rounds),
       selection="domains",
-      max_widenings=0 if quick else 2,
+      max_widenings=max_widenings,
       reference="FGDRO-KL",
     ),
     description=description + suffix[1],
