@@ -178,3 +178,28 @@ def test_state_update_equals_the_scatter_of_stacked_deltas(clients_per_round, ba
   chex.assert_trees_all_close(got.losses, ref.losses, rtol=1e-13, atol=0)
   with pytest.raises(ValueError, match="state_update needs the client_state"):
     local_round(model, settings, params, data, key, 0.2, state_update=update)
+
+
+@pytest.mark.parametrize("backend, chunk, n", [("map", None, 4), ("chunked", 3, 4)])
+def test_one_client_at_a_time_is_called_unbatched(backend, chunk, n):
+  """The map backend (and a chunked round's leftover single client) calls the client's function
+  on the client itself, as map_clients' map backend does, not a vmap over a chunk of one (whose
+  batch axis of size 1 XLA:CPU lays out worse); the sum and the stacked outputs are unchanged."""
+  from fedjax_dro.core.clients import client_axis_bound
+
+  bound = []
+
+  def fn(x):
+    bound.append(client_axis_bound())
+    return {"s": jnp.sin(x)}, jnp.sum(x)
+
+  xs = jnp.arange(n * 3, dtype=jnp.float64).reshape(n, 3) / 7
+  w = jnp.linspace(0.5, 2.0, n)
+  ref = map_clients_weighted_sum(fn, w, xs, backend="vmap")
+  bound.clear()
+  got = map_clients_weighted_sum(fn, w, xs, backend=backend, chunk_size=chunk)
+  chex.assert_trees_all_close(got, ref, rtol=1e-14)
+  if backend == "map":
+    assert not any(bound)
+  else:  # the shape template and the leftover client unbatched, the chunk of 3 vmapped
+    assert bound.count(False) == 2 and True in bound
