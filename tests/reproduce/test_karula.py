@@ -1,6 +1,6 @@
-"""``fedjax-dro reproduce karula-synthetic`` / ``karula-heart`` on the comparison harness: the
-rows and grids of Table 1, the scale argument of the paper's error column, quick runs' layout,
-and bad inputs."""
+"""``fedjax-dro reproduce karula-synthetic`` / ``karula-synthetic-gradients`` / ``karula-heart`` on
+the comparison harness: the rows and grids of Table 1, the equal-gradients budget, the scale
+argument of the paper's error column, quick runs' layout, and bad inputs."""
 
 import json
 import os
@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from fedjax_dro import models, reproduce
+from fedjax_dro import compare as C, models, reproduce
 from fedjax_dro.reproduce import karula as K
 
 LABELS = [
@@ -56,6 +56,47 @@ def test_every_step_is_tuned_and_t_is_relative_to_the_median_dissimilarity():
   assert ifca[0] == 1 and max(ifca) == 10
 
 
+def test_equal_gradients_budget_gives_every_row_fedavgs_spend():
+  """Under ``budget="gradients"`` every row gets the most rounds whose client gradient
+  evaluations (setup included) stay within FedAvg's at the table's rounds: within one of its
+  rounds of that spend, none stopped by the cap."""
+  from fedjax_dro.compare.harness import algorithm_cost, budget_rounds, reached_cap
+  from fedjax_dro.data import get_dataset
+
+  entry = get_dataset("synthetic-ridge")
+  ds = entry.load(0)
+  model = entry.default_model(ds)
+  budget = K.protocol(
+    seeds=[0],
+    rounds=600,
+    selection_rounds=100,
+    folds=3,
+    metric=C.Metric("r2", "mean"),
+    budget="gradients",
+  ).budget
+  assert (budget.kind, budget.match, budget.rounds, budget.cap) == (
+    "gradients",
+    "FedAvg",
+    600,
+    6000,
+  )
+  rows = _rows()
+  costs = {
+    k: algorithm_cost(s.make(model, **({"num_clusters": 2} if "IFCA" in k else {})), ds.train)
+    for k, s in rows.items()
+  }
+  amount = costs["FedAvg"].spent(600).gradient_evaluations
+  got = {}
+  for label, c in costs.items():
+    rounds = budget_rounds(budget, c, amount, label)
+    spent, per = c.spent(rounds).gradient_evaluations, c.round.gradient_evaluations
+    assert amount - per < spent <= amount, label
+    assert not reached_cap(budget, c, amount, rounds), label
+    got[label] = rounds
+  assert got["FedAvg"] == 600 and got["pFedMe"] == 40 and got["Karula"] == 5997, got
+  assert got["FedSGD"] == got["Local"] == 6000 and got["Ditto"] == 300, got
+
+
 def test_scale_argument_of_the_papers_error_column():
   """The floor of a single global model under the paper's generator, by Monte Carlo over true
   parameters drawn as the generator draws them: the best common model is the mean of the true
@@ -88,6 +129,23 @@ def test_quick_synthetic_reproduction(tmp_path):
 
 
 @pytest.mark.slow
+def test_quick_synthetic_reproduction_at_both_budgets_shares_the_selections(tmp_path):
+  res = reproduce.karula_synthetic(
+    str(tmp_path), quick=True, readings=("equal_means",), budgets=K.BUDGETS, verbose=False
+  )
+  assert set(res) == set(K.BUDGETS)
+  rounds, grads = (res[b]["results"]["equal_means"]["per_seed"] for b in K.BUDGETS)
+  for label in LABELS:
+    assert [r["chosen"] for r in rounds[label]] == [r["chosen"] for r in grads[label]], label
+  assert {r["rounds"] for r in grads["FedSGD"]} == {100} and grads["FedAvg"][0]["rounds"] == 10
+  for stem in ("karula_synthetic_gradients", "karula_synthetic_gradients_equal_means"):
+    assert os.path.isfile(os.path.join(tmp_path, f"{stem}.md"))
+  table = open(os.path.join(tmp_path, "karula_synthetic_gradients.md")).read()
+  assert "Budget: equal client gradient evaluations" in table
+  assert "2 seeds, 2-fold selection (the paper's: 10 seeds" in table
+
+
+@pytest.mark.slow
 def test_quick_heart_reproduction(tmp_path):
   reproduce.karula_heart(str(tmp_path), quick=True, verbose=False)
   saved = json.load(open(os.path.join(tmp_path, "karula_heart.json")))
@@ -111,4 +169,19 @@ def test_bad_inputs():
     reproduce.karula_heart(None, num_seeds=0)
   with pytest.raises(ValueError, match="readings"):
     reproduce.karula_synthetic(None, readings=("uniform",))
-  assert {"karula-synthetic", "karula-heart"} <= set(reproduce.EXPERIMENTS)
+  with pytest.raises(ValueError, match="budgets"):
+    reproduce.karula_synthetic(None, budgets=("uploads",))
+  with pytest.raises(ValueError, match="budgets"):
+    reproduce.karula_synthetic(None, budgets="gradients")
+  with pytest.raises(ValueError, match="budget"):
+    K.protocol(
+      seeds=[0],
+      rounds=5,
+      selection_rounds=5,
+      folds=2,
+      metric=C.Metric("r2", "mean"),
+      budget="plateau",
+    )
+  assert {"karula-synthetic", "karula-synthetic-gradients", "karula-heart"} <= set(
+    reproduce.EXPERIMENTS
+  )
