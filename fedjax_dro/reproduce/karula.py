@@ -93,7 +93,8 @@ LAMS = (0.01, 1.0, 100.0)
 BUDGETS = ("rounds", "gradients")
 GRADIENTS_CAP = 10
 DEFAULTS = dict(rounds=600, selection_rounds=100, folds=3, num_seeds=5)
-QUICK = dict(rounds=10, selection_rounds=5, folds=2, num_seeds=2)
+# quick: 20 rounds, so that FedAvg's gradients at equal gradients pay for a round of pFedMe
+QUICK = dict(rounds=20, selection_rounds=5, folds=2, num_seeds=2)
 
 
 def _one_step_unit(data, loss_scale: float, l2: float) -> float:
@@ -338,7 +339,7 @@ def karula_synthetic(
 
   Args:
     out_dir: output folder (``None``: nothing written).
-    rounds: rounds of every final run (default 600; quick: 10); at equal gradients, FedAvg's
+    rounds: rounds of every final run (default 600; quick: 20); at equal gradients, FedAvg's
       rounds, whose client gradient evaluations every strategy gets.
     quick: a smoke run (2 seeds, 2 folds, one value per grid axis).
     seed: the first data set's seed; the seeds are ``seed, ..., seed + num_seeds - 1``.

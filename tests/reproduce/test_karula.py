@@ -137,7 +137,7 @@ def test_quick_synthetic_reproduction_at_both_budgets_shares_the_selections(tmp_
   rounds, grads = (res[b]["results"]["equal_means"]["per_seed"] for b in K.BUDGETS)
   for label in LABELS:
     assert [r["chosen"] for r in rounds[label]] == [r["chosen"] for r in grads[label]], label
-  assert {r["rounds"] for r in grads["FedSGD"]} == {100} and grads["FedAvg"][0]["rounds"] == 10
+  assert {r["rounds"] for r in grads["FedSGD"]} == {200} and grads["FedAvg"][0]["rounds"] == 20
   for stem in ("karula_synthetic_gradients", "karula_synthetic_gradients_equal_means"):
     assert os.path.isfile(os.path.join(tmp_path, f"{stem}.md"))
   table = open(os.path.join(tmp_path, "karula_synthetic_gradients.md")).read()
