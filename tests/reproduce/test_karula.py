@@ -4,6 +4,7 @@ argument of the paper's error column, quick runs' layout, and bad inputs."""
 
 import json
 import os
+import pathlib
 
 import numpy as np
 import pytest
@@ -95,6 +96,55 @@ def test_equal_gradients_budget_gives_every_row_fedavgs_spend():
     got[label] = rounds
   assert got["FedAvg"] == 600 and got["pFedMe"] == 40 and got["Karula"] == 5997, got
   assert got["FedSGD"] == got["Local"] == 6000 and got["Ditto"] == 300, got
+
+
+RECORDS = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "karula_table1"
+
+
+def test_published_equal_gradients_table_spends_fedavgs_gradients():
+  """The published equal-gradients records (the readings of its combined table): on every seed
+  every row spent FedAvg's client gradient evaluations at 600 rounds to within one of its rounds,
+  none stopped by the cap, and the combined table states that budget, its seeds and folds."""
+  combined = json.loads((RECORDS / "karula_synthetic_gradients.json").read_text())
+  assert list(combined["results"]) and set(combined["results"]) <= set(K.READINGS)
+  for reading in combined["results"]:
+    _spends_fedavgs_gradients(reading)
+
+
+def _spends_fedavgs_gradients(reading):
+  record = json.loads((RECORDS / f"karula_synthetic_gradients_{reading}.json").read_text())
+  assert record["protocol"]["budget"].startswith("equal client gradient evaluations")
+  fedavg = {row["seed"]: row for row in record["per_seed"]["FedAvg"]}
+  for label, rows in record["per_seed"].items():
+    assert [row["seed"] for row in rows] == record["protocol"]["seeds"], label
+    for row in rows:
+      amount = fedavg[row["seed"]]["spent"]["gradient_evaluations"]
+      assert row["budget_amount"] == amount and fedavg[row["seed"]]["rounds"] == 600
+      per = row["per_round"]["gradient_evaluations"]
+      assert amount - per < row["spent"]["gradient_evaluations"] <= amount, (label, row["seed"])
+      assert not row["at_cap"], (label, row["seed"])
+  table = (RECORDS / "karula_synthetic_gradients.md").read_text()
+  assert table.startswith("Budget: equal client gradient evaluations (what FedAvg spends in 600")
+  assert f"{len(record['protocol']['seeds'])} seeds, 3-fold selection" in table
+
+
+def test_published_tables_at_both_budgets_rest_on_the_same_choices():
+  """The equal-gradients table's choices are the equal-rounds table's on every seed (steps to
+  1e-9), but for IFCA (identical start) on seed 0 (the page says so)."""
+  for reading in json.loads((RECORDS / "karula_synthetic_gradients.json").read_text())["results"]:
+    grads, rounds = (
+      json.loads((RECORDS / f"{stem}_{reading}.json").read_text())["per_seed"]
+      for stem in ("karula_synthetic_gradients", "karula_synthetic")
+    )
+    differ = [
+      (label, a["seed"], a["chosen"], b["chosen"])
+      for label in grads
+      for a, b in zip(grads[label], rounds[label])
+      if a["chosen"].keys() != b["chosen"].keys()
+      or not all(np.isclose(a["chosen"][k], b["chosen"][k], rtol=1e-9) for k in a["chosen"])
+    ]
+    assert [(label, seed) for label, seed, _, _ in differ] == [("IFCA (identical start)", 0)]
+    assert (differ[0][2]["num_clusters"], differ[0][3]["num_clusters"]) == (2, 4)
 
 
 def test_scale_argument_of_the_papers_error_column():
