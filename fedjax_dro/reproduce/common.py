@@ -20,6 +20,7 @@ def run_tables(
   verbose: bool,
   *,
   selections: Optional[dict] = None,
+  selections_by_key: Optional[Dict[str, dict]] = None,
   quick: bool = False,
   part=None,
   plot: Optional[Callable[[Dict[str, Any], str], str]] = None,
@@ -38,6 +39,8 @@ def run_tables(
     verbose: print progress and tables.
     selections: shared between the experiments (:func:`fedjax_dro.compare.compare`): the same
       strategies and data under several budgets rest on one selection per seed.
+    selections_by_key: instead, one such dict per key of ``experiments`` (experiments on
+      different data, each shared with the same key's experiment of another table).
     quick: a ``--quick`` smoke run (its combined table says so).
     part: ``(i, N)``: only part ``i`` of ``N`` of every table's runs
       (:func:`fedjax_dro.compare.compare`); returns ``None`` (nothing combined) unless every
@@ -48,8 +51,16 @@ def run_tables(
   from fedjax_dro.compare import compare
 
   t0 = time.perf_counter()
+  if selections is not None and selections_by_key is not None:
+    raise ValueError("give selections or selections_by_key, not both")
   found = {
-    key: compare(e, out_dir, verbose=verbose, selections=selections, part=part)
+    key: compare(
+      e,
+      out_dir,
+      verbose=verbose,
+      selections=selections if selections_by_key is None else selections_by_key[key],
+      part=part,
+    )
     for key, e in experiments.items()
   }
   if any(r is None for r in found.values()):

@@ -355,7 +355,8 @@ def karula_synthetic(
   for name, values, allowed in (("readings", readings, READINGS), ("budgets", budgets, BUDGETS)):
     if isinstance(values, str) or not values or any(v not in allowed for v in values):
       raise ValueError(f"{name} must be a non-empty list out of {list(allowed)}, got {values!r}")
-  selections: Dict[Any, Any] = {}  # one selection per strategy and seed, shared by the budgets
+  # one selection per reading, strategy and seed, shared by the budgets (never by the readings)
+  selections: Dict[str, Dict[Any, Any]] = {r: {} for r in readings}
   results = {}
   with float64():  # the projection and the ridge closed forms are compared in float64
     for b in budgets:
@@ -366,7 +367,7 @@ def karula_synthetic(
         synthetic_markdown,
         out_dir,
         verbose,
-        selections=selections,
+        selections_by_key=selections,
         quick=quick,
       )
   return results[budgets[0]] if len(budgets) == 1 else results

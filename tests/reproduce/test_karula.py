@@ -210,6 +210,20 @@ def test_quick_heart_reproduction(tmp_path):
   assert "| Karula |" in table and "0.705" in table  # the paper's Karula accuracy beside ours
 
 
+def test_readings_never_share_selections_and_budgets_do(monkeypatch):
+  """Each reading's selections are its own (a selection is keyed by strategy and seed, not by
+  the data), and the same reading's tables at several budgets share them."""
+  calls = []
+  monkeypatch.setattr(K, "run_tables", lambda *a, **kw: calls.append(kw) or {})
+  monkeypatch.setattr(K, "ridge_experiment", lambda r, **kw: (r, kw["budget"]))
+  K.karula_synthetic(None, budgets=K.BUDGETS, verbose=False)
+  by_budget = [c["selections_by_key"] for c in calls]
+  assert len(by_budget) == 2 and list(by_budget[0]) == list(K.READINGS)
+  assert by_budget[0]["feature_means"] is not by_budget[0]["equal_means"]
+  assert all(by_budget[0][r] is by_budget[1][r] for r in K.READINGS)
+  assert all(c.get("selections") is None for c in calls)
+
+
 def test_bad_inputs():
   with pytest.raises(ValueError, match="rounds"):
     reproduce.karula_heart(None, rounds=0)
