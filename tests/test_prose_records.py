@@ -117,6 +117,30 @@ def test_the_equal_gradients_table_as_the_prose_says():
   assert edges == [(0, "high")] and "on one seed of five here" in page
 
 
+def test_the_equal_gradients_equal_means_bullet_as_the_prose_says():
+  """The equal-means reading's Karula - FedAvg sentence at equal client gradients, recomputed."""
+  g, r = "karula_synthetic_gradients", "equal_means"
+  parts = []
+  for key in ("estimation_error", "r2"):
+    mine, fedavg = _per_seed(r, "Karula", key, g), _per_seed(r, "FedAvg", key, g)
+    d = mine - fedavg
+    wins = int((mine > fedavg).sum() if key == "r2" else (mine < fedavg).sum())
+    p = stats.ttest_rel(fedavg, mine).pvalue
+    parts.append((d.mean(), 2 * d.std(ddof=1) / np.sqrt(len(d)), wins, p))
+  (e, es, ew, ep), (q, qs, qw, qp) = parts
+
+  def verdict(p):
+    return (
+      "p < 0.001" if p < 0.001 else (f"p = {p:.3f}" if p < 0.05 else f"within noise, p = {p:.2f}")
+    )
+
+  text = (
+    f"Karula's error is {-e:.2f} +- {es:.2f} below FedAvg's, lower on {ew} of 5 seeds "
+    f"({verdict(ep)}), and its R^2 {q:+.3f} +- {qs:.3f}, ahead on {qw} of 5 seeds ({verdict(qp)})."
+  )
+  assert text in _flat(KARULA_PAGE), text
+
+
 def test_ifca_cluster_counts_on_the_writers_stand_in_as_the_prose_says():
   counts = []
   for budget in ("plateau", "uploads", "gradients"):
