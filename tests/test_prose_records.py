@@ -1,4 +1,5 @@
-"""The README's and the reproduction pages' claims about the Karula Table 1a records are computed
+"""The README's and the reproduction pages' claims about the Karula Table 1a records (equal rounds
+and equal client gradients) are computed
 here from the JSON records they come from (per-seed values, paired t-tests with
 ``scipy.stats.ttest_rel``, win counts) and must appear in the prose as written: a rerun that
 changes a record, or an edit that strengthens a sentence, fails this test."""
@@ -21,15 +22,16 @@ def _flat(text):
   return " ".join(text.split())
 
 
-def _per_seed(reading, label, key):
-  record = json.loads((RECORDS / f"karula_synthetic_{reading}.json").read_text())
+def _per_seed(reading, label, key, table="karula_synthetic"):
+  record = json.loads((RECORDS / f"{table}_{reading}.json").read_text())
   rows = record["per_seed"][label]
   return np.array([row["value"] if key == "r2" else row["extra"][key] for row in rows])
 
 
-def _compare(reading, other, key):
-  """(seeds where ``other`` is better than Karula, paired two-sided p)."""
-  mine, theirs = _per_seed(reading, "Karula", key), _per_seed(reading, other, key)
+def _compare(reading, other, key, table="karula_synthetic"):
+  """(seeds where ``other`` is better than Karula, paired two-sided p) in ``table``."""
+  mine = _per_seed(reading, "Karula", key, table)
+  theirs = _per_seed(reading, other, key, table)
   better = theirs > mine if key == "r2" else theirs < mine
   return int(better.sum()), float(stats.ttest_rel(theirs, mine).pvalue)
 
@@ -60,6 +62,83 @@ def test_the_personalized_baselines_against_karula_as_the_prose_says():
   assert (wins, f"{p:.2f}") == (2, "0.44")
   assert "2 of 5 seeds, p = 0.44" in readme and "IFCA lower on 2 of 5 seeds, p = 0.44" in page
   assert "(p < 0.01)" in readme and "(p < 0.01)" in page
+
+
+def test_the_equal_gradients_table_as_the_prose_says():
+  """Table 1a at equal client gradients (feature-means reading): the rounds each row got, Karula
+  against FedAvg, Karula's own equal-rounds row, and the personalized baselines."""
+  readme, page = _flat(README), _flat(KARULA_PAGE)
+  g, r = "karula_synthetic_gradients", "feature_means"
+  record = json.loads((RECORDS / f"{g}_{r}.json").read_text())
+  rounds = {k: {row["rounds"] for row in rows} for k, rows in record["per_seed"].items()}
+  assert rounds == {
+    "Local": {6000},
+    "FedSGD": {6000},
+    "FedAvg": {600},
+    "pFedMe": {40},
+    "IFCA": {600},
+    "IFCA (identical start)": {600},
+    "Ditto": {300},
+    "Karula": {5997},
+  }
+  assert "FedSGD and Local get 6,000 rounds, Karula 5,997" in page
+  assert "IFCA 600, Ditto 300 and pFedMe 40" in page and "Karula 5,997 rounds, pFedMe 40" in readme
+  fedavg_ahead, p = _compare(r, "FedAvg", "r2", g)
+  assert (5 - fedavg_ahead, f"{p:.3f}") == (5, "0.001")
+  assert "ahead on 5 of 5 seeds (p = 0.001)" in page and "(5 of 5 seeds, p = 0.001)" in readme
+  fedavg_lower, p = _compare(r, "FedAvg", "estimation_error", g)
+  assert (5 - fedavg_lower, f"{p:.2f}") == (3, "0.24")
+  assert "lower on 3 of 5 seeds: within noise (p = 0.24)" in page
+  assert "within noise (3 of 5, p = 0.24)" in readme
+  at_gradients, at_rounds = (
+    _per_seed(r, "Karula", "estimation_error", g),
+    _per_seed(r, "Karula", "estimation_error"),
+  )
+  p = stats.ttest_rel(at_gradients, at_rounds).pvalue
+  assert (at_gradients > at_rounds).sum() == 5 and f"{p:.3f}" == "0.052"
+  assert f"{at_gradients.mean():.2f} against {at_rounds.mean():.2f}" == "10.38 against 8.96"
+  assert "10.38 against 8.96, higher on 5 of 5 seeds (p = 0.052, within noise" in page
+  local = _per_seed(r, "Local", "estimation_error", g), _per_seed(r, "Local", "estimation_error")
+  assert f"{local[0].mean():.2f} against {local[1].mean():.2f}" == "33.47 against 21.38"
+  assert "33.47 against 21.38 at 600 rounds" in page
+  wins, p = _compare(r, "pFedMe", "estimation_error", g)
+  assert (wins, f"{p:.3f}") == (5, "0.082")
+  pfedme = _per_seed(r, "pFedMe", "estimation_error", g).mean()
+  assert (
+    f"{pfedme:.2f}" == "7.37"
+    and f"{_per_seed(r, 'pFedMe', 'estimation_error').mean():.2f}" == "5.54"
+  )
+  assert "lower on 5 of 5 seeds but within noise (p = 0.082; its error 7.37, 5.54" in page
+  for other in ("IFCA", "Ditto"):
+    wins, p = _compare(r, other, "estimation_error", g)
+    assert wins == 5 and p < 0.001, (other, wins, p)
+  assert "have a lower error than Karula on every seed (p < 0.001)" in page
+  edges = [(e["seed"], e["edge"]) for e in record["edges"] if e["strategy"] == "Karula"]
+  assert edges == [(0, "high")] and "on one seed of five here" in page
+
+
+def test_the_equal_gradients_equal_means_bullet_as_the_prose_says():
+  """The equal-means reading's Karula - FedAvg sentence at equal client gradients, recomputed."""
+  g, r = "karula_synthetic_gradients", "equal_means"
+  parts = []
+  for key in ("estimation_error", "r2"):
+    mine, fedavg = _per_seed(r, "Karula", key, g), _per_seed(r, "FedAvg", key, g)
+    d = mine - fedavg
+    wins = int((mine > fedavg).sum() if key == "r2" else (mine < fedavg).sum())
+    p = stats.ttest_rel(fedavg, mine).pvalue
+    parts.append((d.mean(), 2 * d.std(ddof=1) / np.sqrt(len(d)), wins, p))
+  (e, es, ew, ep), (q, qs, qw, qp) = parts
+
+  def verdict(p):
+    return (
+      "p < 0.001" if p < 0.001 else (f"p = {p:.3f}" if p < 0.05 else f"within noise, p = {p:.2f}")
+    )
+
+  text = (
+    f"Karula's error is {-e:.2f} +- {es:.2f} below FedAvg's, lower on {ew} of 5 seeds "
+    f"({verdict(ep)}), and its R^2 {q:+.3f} +- {qs:.3f}, ahead on {qw} of 5 seeds ({verdict(qp)})."
+  )
+  assert text in _flat(KARULA_PAGE), text
 
 
 def test_ifca_cluster_counts_on_the_writers_stand_in_as_the_prose_says():

@@ -20,6 +20,7 @@ def run_tables(
   verbose: bool,
   *,
   selections: Optional[dict] = None,
+  selections_by_key: Optional[Dict[str, dict]] = None,
   quick: bool = False,
   part=None,
   plot: Optional[Callable[[Dict[str, Any], str], str]] = None,
@@ -39,6 +40,8 @@ def run_tables(
     verbose: print progress and tables.
     selections: shared between the experiments (:func:`fedjax_dro.compare.compare`): the same
       strategies and data under several budgets rest on one selection per seed.
+    selections_by_key: instead, one such dict per key of ``experiments`` (experiments on
+      different data, each shared with the same key's experiment of another table).
     quick: a ``--quick`` smoke run (its combined table says so).
     trained: shared between the experiments (:func:`fedjax_dro.compare.compare`): the same
       strategies trained on the same data objects, reported on different metrics, train once.
@@ -51,8 +54,17 @@ def run_tables(
   from fedjax_dro.compare import compare
 
   t0 = time.perf_counter()
+  if selections is not None and selections_by_key is not None:
+    raise ValueError("give selections or selections_by_key, not both")
   found = {
-    key: compare(e, out_dir, verbose=verbose, selections=selections, part=part, trained=trained)
+    key: compare(
+      e,
+      out_dir,
+      verbose=verbose,
+      selections=selections if selections_by_key is None else selections_by_key[key],
+      part=part,
+      trained=trained,
+    )
     for key, e in experiments.items()
   }
   if any(r is None for r in found.values()):

@@ -8,10 +8,11 @@ scored by K-fold cross-validation (3 folds; the paper's CV has 5, fewer here for
 budget) over each client's *training* rows, on
 the metric the table reports (the mean over clients of the test R^2 for 1a, of the test accuracy
 for 1b), with geometric axes widened while a choice sits on an edge; the chosen configuration is
-trained on all training rows for the same number of rounds as every other strategy (the table
-also lists what each one spent: rounds, uploaded floats, client gradient evaluations, sequential
-local steps); a failed run is dropped with its seed from every row; paired differences are taken
-against FedAvg. Every strategy weights its clients' losses by their sample counts, as the paper
+trained on all training rows under the table's budget (:data:`BUDGETS`): the same number of
+rounds as every other strategy, or, for Table 1a's second table, the same client gradient
+evaluations as FedAvg spends in those rounds (the table also lists what each one spent: rounds,
+uploaded floats, client gradient evaluations, sequential local steps); a failed run is dropped
+with its seed from every row; paired differences are taken against FedAvg. Every strategy weights its clients' losses by their sample counts, as the paper
 states for all methods; pFedMe is its paper's Algorithm 1 (every client updates its personalized
 model every round); Karula's dissimilarities are the paper's (exact OT, Euclidean cost on
 features and response, raw data, entrywise l1; :data:`KARULA_OT_OPTIONS`).
@@ -42,6 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from typing import Any, Dict, List, Optional, Sequence
 
 import jax
@@ -84,8 +86,15 @@ T_MULTIPLES_HEART = (0.01, 0.1, 1.0)
 STEP_MULTIPLES = (0.3, 1.0)  # every step grid, in units of the strategy's step unit
 IFCA_CLUSTERS = (1, 2, 3, 4, 6, 8, 10)
 LAMS = (0.01, 1.0, 100.0)
+# the budgets of Table 1a's tables: equal rounds, and equal client gradient evaluations: what FedAvg
+# (10 local steps) spends in the table's rounds, capped at GRADIENTS_CAP times those rounds (FedAvg's
+# spend pays for 10 x its rounds of one gradient per participant: FedSGD, Local, Karula; none is
+# stopped by the cap)
+BUDGETS = ("rounds", "gradients")
+GRADIENTS_CAP = 10
 DEFAULTS = dict(rounds=600, selection_rounds=100, folds=3, num_seeds=5)
-QUICK = dict(rounds=10, selection_rounds=5, folds=2, num_seeds=2)
+# quick: 20 rounds, so that FedAvg's gradients at equal gradients pay for a round of pFedMe
+QUICK = dict(rounds=20, selection_rounds=5, folds=2, num_seeds=2)
 
 
 def _one_step_unit(data, loss_scale: float, l2: float) -> float:
@@ -192,13 +201,19 @@ def strategies(
   ]
 
 
-def protocol(*, seeds, rounds, selection_rounds, folds, metric) -> C.Protocol:
-  """Table 1's protocol: per-seed K-fold selection on ``metric``, equal rounds, FedAvg the
-  reference, a failed run dropped with its seed from every row."""
+def protocol(*, seeds, rounds, selection_rounds, folds, metric, budget="rounds") -> C.Protocol:
+  """Table 1's protocol: per-seed K-fold selection on ``metric``, FedAvg the reference, a failed
+  run dropped with its seed from every row; ``budget`` (:data:`BUDGETS`): ``rounds`` each, or
+  the client gradient evaluations FedAvg spends in ``rounds`` rounds (at most
+  :data:`GRADIENTS_CAP` ``* rounds`` rounds)."""
+  if budget not in BUDGETS:
+    raise ValueError(f"budget must be one of {BUDGETS}, got {budget!r}")
   return C.Protocol(
     seeds=tuple(seeds),
     metric=metric,
-    budget=C.Budget("rounds", rounds=rounds),
+    budget=C.Budget("rounds", rounds=rounds)
+    if budget == "rounds"
+    else C.Budget("gradients", match="FedAvg", rounds=rounds, cap=GRADIENTS_CAP * rounds),
     selection="kfold",
     folds=folds,
     selection_rounds=selection_rounds,
@@ -225,8 +240,9 @@ def _settings(quick, rounds, selection_rounds, folds, num_seeds, seed):
 
 def ridge_experiment(reading: str, **settings) -> C.Experiment:
   """Table 1a under one reading of the generator (:data:`READINGS`) as an
-  :class:`~fedjax_dro.compare.Experiment`. ``settings``: ``seeds``, ``rounds``,
-  ``selection_rounds``, ``folds``, ``quick``."""
+  :class:`~fedjax_dro.compare.Experiment` named ``karula_synthetic_<reading>`` (equal rounds) or
+  ``karula_synthetic_gradients_<reading>``. ``settings``: ``seeds``, ``rounds``,
+  ``selection_rounds``, ``folds``, ``quick``, ``budget`` (:func:`protocol`)."""
   from fedjax_dro.core.metrics import estimation_error
   from fedjax_dro.data import get_dataset
 
@@ -241,8 +257,9 @@ def ridge_experiment(reading: str, **settings) -> C.Experiment:
   def error(models, ds):
     return float(np.mean(np.asarray(estimation_error(models, ds.true_params, personalized=True))))
 
+  gradients = "gradients_" if settings.get("budget", "rounds") == "gradients" else ""
   return _table1(
-    f"karula_synthetic_{reading}",
+    f"karula_synthetic_{gradients}{reading}",
     data,
     entry.default_model(first),
     first.train,
@@ -275,7 +292,7 @@ def _table1(
   step units of the task's first training rows ``train`` (``lr``: :func:`_one_step_unit` at
   ``loss_scale``; ``eta``: Karula's ``s / (2L)``, ``s`` all clients when ``None``) and
   :func:`protocol` with its metric and ``settings`` (``seeds``, ``rounds``,
-  ``selection_rounds``, ``folds``)."""
+  ``selection_rounds``, ``folds``, ``budget``)."""
   from fedjax_dro.algorithms.karula import smoothness_constant
 
   n = train.num_clients
@@ -310,31 +327,50 @@ def karula_synthetic(
   selection_rounds: Optional[int] = None,
   folds: Optional[int] = None,
   readings: Sequence[str] = tuple(READINGS),
+  budgets: Sequence[str] = ("rounds",),
   verbose: bool = True,
 ) -> Dict[str, Any]:
-  """Table 1a under both readings; writes ``karula_synthetic.{json,md}`` and each reading's
-  harness record ``karula_synthetic_<reading>.{json,md,png}`` to ``out_dir``.
+  """Table 1a under both readings, one table per budget: at equal rounds
+  ``karula_synthetic.{json,md}`` and each reading's harness record
+  ``karula_synthetic_<reading>.{json,md,png}``; at equal client gradients the same files named
+  ``karula_synthetic_gradients...``; written to ``out_dir``. The tables of several budgets rest
+  on one selection per strategy and seed. Returns the table's result (several budgets:
+  ``{budget: result}``).
 
   Args:
     out_dir: output folder (``None``: nothing written).
-    rounds: rounds of every final run (default 600; quick: 10).
+    rounds: rounds of every final run (default 600; quick: 20); at equal gradients, FedAvg's
+      rounds, whose client gradient evaluations every strategy gets.
     quick: a smoke run (2 seeds, 2 folds, one value per grid axis).
     seed: the first data set's seed; the seeds are ``seed, ..., seed + num_seeds - 1``.
     num_seeds: data sets (default 5; quick: 2).
     selection_rounds: rounds of every selection run (default 100; quick: 5).
     folds: selection folds (default 3; the paper's CV has 5; quick: 2).
     readings: which readings of :data:`READINGS` to run.
+    budgets: which tables, out of :data:`BUDGETS` (``reproduce karula-synthetic-gradients``:
+      ``("gradients",)``).
     verbose: print progress and tables.
   """
   settings = _settings(quick, rounds, selection_rounds, folds, num_seeds, seed)
-  bad = [r for r in readings if r not in READINGS] if not isinstance(readings, str) else [readings]
-  if bad or not readings:
-    raise ValueError(f"readings must be a non-empty list out of {list(READINGS)}, got {readings!r}")
+  for name, values, allowed in (("readings", readings, READINGS), ("budgets", budgets, BUDGETS)):
+    if isinstance(values, str) or not values or any(v not in allowed for v in values):
+      raise ValueError(f"{name} must be a non-empty list out of {list(allowed)}, got {values!r}")
+  # one selection per reading, strategy and seed, shared by the budgets (never by the readings)
+  selections: Dict[str, Dict[Any, Any]] = {r: {} for r in readings}
+  results = {}
   with float64():  # the projection and the ridge closed forms are compared in float64
-    experiments = {r: ridge_experiment(r, quick=quick, **settings) for r in readings}
-    return run_tables(
-      "karula-synthetic", experiments, synthetic_markdown, out_dir, verbose, quick=quick
-    )
+    for b in budgets:
+      experiments = {r: ridge_experiment(r, quick=quick, budget=b, **settings) for r in readings}
+      results[b] = run_tables(
+        "karula-synthetic" + ("-gradients" if b == "gradients" else ""),
+        experiments,
+        synthetic_markdown,
+        out_dir,
+        verbose,
+        selections_by_key=selections,
+        quick=quick,
+      )
+  return results[budgets[0]] if len(budgets) == 1 else results
 
 
 def heart_experiment(**settings) -> C.Experiment:
@@ -413,19 +449,25 @@ def _order(values: Dict[str, float], higher: bool) -> Dict[str, int]:
 
 def synthetic_markdown(result: Dict[str, Any]) -> str:
   """Table 1a: both readings side by side with the paper's columns, ranks within each column,
-  and the Karula - FedAvg gap (paired over seeds; the paper's: the difference of its means).
+  and the Karula - FedAvg gap (paired over seeds; the paper's: the difference of its means); a
+  table whose budget is not equal rounds adds each reading's rounds and client gradient
+  evaluations per strategy under a caption naming its budget, seeds and folds.
 
   Args:
-    result: what :func:`karula_synthetic` returns.
+    result: what :func:`karula_synthetic` returns (one budget).
   """
   readings = list(result["results"])
-  labels = [s["label"] for s in result["results"][readings[0]]["strategies"]]
+  first = result["results"][readings[0]]
+  labels = [s["label"] for s in first["strategies"]]
   paper_err = {k: v[0] for k, v in PAPER_SYNTHETIC.items()}
+  spend = not first["protocol"]["budget"].endswith("rounds each")  # equal gradients: spend cols
   head = ["strategy"]
   for r in readings:
-    head += [f"{r}: error (rank)", f"{r}: R^2 (rank)"]
+    head += [f"{r}: error (rank)", f"{r}: R^2 (rank)"] + [f"{r}: rounds, gradients"] * spend
   head += ["paper error (rank)", "paper R^2 (rank)"]
   lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+  if spend:
+    lines = _caption(first["protocol"]) + lines
   ranks = {}
   for r in readings:
     t = result["results"][r]["table"]
@@ -444,7 +486,7 @@ def synthetic_markdown(result: Dict[str, Any]) -> str:
       cells += [
         f"{_cell(t['estimation_error'], 2)} ({ranks[r][0][label]})",
         f"{_cell(t['r2'])} ({ranks[r][1][label]})",
-      ]
+      ] + [f"{t['rounds']:.0f}, {t['spent']['gradient_evaluations']:,.0f}"] * spend
     p = PAPER_SYNTHETIC.get(label)
     cells += (
       [
@@ -475,6 +517,23 @@ def synthetic_markdown(result: Dict[str, Any]) -> str:
     "errors. IFCA (identical start) and Ditto are not rows of the paper.",
   ]
   return "\n".join(lines + gap + note) + "\n"
+
+
+def _caption(protocol: Dict[str, Any]) -> List[str]:
+  """The lines above an equal-cost table: its budget, seeds and selection folds."""
+  seeds = len(protocol["seeds"])
+  folds = int(re.search(r"(\d+)-fold", protocol["selection"]).group(1))
+  fewer = (
+    " (the paper's: 10 seeds, 5-fold CV; fewer here for a shared 2-core CPU's budget, as in the "
+    "equal-rounds table)"
+    if seeds < 10 or folds < 5
+    else ""
+  )
+  return [
+    f"Budget: {protocol['budget']}; {seeds} seeds, {folds}-fold selection{fewer}. Each cell under "
+    "rounds, gradients: the mean rounds and client gradient evaluations over seeds.",
+    "",
+  ]
 
 
 def heart_markdown(result: Dict[str, Any]) -> str:
