@@ -26,12 +26,17 @@ sequences), every client in every round (so both frameworks train the same clien
 epoch of SGD (client rate 0.1, dropout on), the server step plain averaging weighted by examples.
 FedJAX runs ``fedjax.algorithms.fed_avg.federated_averaging`` (its ``for_each_client``: a jitted
 step per batch in a Python loop); the simulator runs ``fedavg(local_epochs=1)`` through
-``fd.compile_rounds`` (backend ``auto``). Each side gets a warm-up (compilation, every batch
-shape), then ``--repeats`` timed calls of ``--rounds`` rounds, the best kept.
+``fd.compile_rounds`` (backend ``auto``). A third column runs the simulator on the package's own
+model of the same architecture (``benchmarks/anchor_workloads.py``'s FedJAX EMNIST CNN in Flax;
+``models.lstm_language_model("shakespeare")``, a ``lax.scan`` over positions where FedJAX's
+model unrolls them), with the same parameter count (recorded). Each side gets a warm-up
+(compilation, every batch shape), then ``--repeats`` timed calls of ``--rounds`` rounds, the best
+kept.
 
 **Agreement.** Clients of ``n`` equal rows, two local epochs of one full batch each (every
 batch holds a client's whole data, so the batches are the same sets of rows in both frameworks
-whatever either shuffles), dropout off in both (the FedJAX model's train mode replaced by its
+whatever either shuffles; Shakespeare's sequences cut to 20 positions, to keep the float64
+compilation of the unrolled LSTM short), dropout off in both (the FedJAX model's train mode replaced by its
 eval mode: the two frameworks draw dropout masks from different streams), in float64 under
 ``jax.enable_x64``: the max absolute difference of the parameters after one round, relative to the
 round's largest update, must be at most ``AGREEMENT_TOL``.
@@ -53,6 +58,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from anchor_workloads import WORKLOADS as ANCHORS, build_model  # noqa: E402
+
 AGREEMENT_TOL = 1e-10
 """Max |ours - FedJAX's| over the parameters after one round in float64, relative to the round's
 largest parameter change."""
@@ -66,6 +74,7 @@ WORKLOADS = {
     "sizes_mean": 197.5,
     "sizes_sigma": 0.5,
     "agree_rows": 6,
+    "anchor": "fedjax_emnist_conv",
   },
   "shakespeare": {
     "title": "Shakespeare (FedJAX's character LSTM)",
@@ -75,7 +84,9 @@ WORKLOADS = {
     "sizes_mean": 22.5,
     "sizes_sigma": 1.0,
     "agree_rows": 3,
+    "agree_example": (20,),
     "quick_example": (8,),
+    "anchor": "flute_rnn_fedshakespeare",
   },
 }
 
@@ -144,14 +155,14 @@ def as_simulator_model(fj_model, name, dtype=None):
   )
 
 
-def client_data(spec, sizes, rng, quick=False):
+def client_data(spec, sizes, rng, quick=False, example="example"):
   """Per-client ``(x, y)``: standard-normal images with random labels, or token sequences in
-  ``[1, vocab]`` whose labels are the next tokens (``quick``: the spec's ``quick_example``
-  length)."""
+  ``[1, vocab]`` whose labels are the next tokens, of the spec's ``example`` length
+  (``quick``: its ``quick_example``)."""
   xs, ys = [], []
   for n in sizes:
     if "vocab" in spec:
-      t = spec["quick_example" if quick else "example"][0]
+      t = spec["quick_example" if quick else example][0]
       seq = rng.integers(1, spec["vocab"] + 1, (int(n), t + 1)).astype(np.int32)
       xs.append(seq[:, :-1])
       ys.append(seq[:, 1:])
@@ -193,6 +204,10 @@ def simulator_round(model, xs, ys, batch, epochs, lr, rounds, params):
   ds = data.FederatedDataset(train=train, test=train, name="fedjax-side-by-side")
   alg = A.fedavg(model, clients_per_round=len(xs), local_epochs=epochs, batch_size=batch)
   return fd.compile_rounds(alg, ds, rounds=rounds, hparams={"client_lr": lr}, init_params=params)
+
+
+def num_parameters(params) -> int:
+  return int(sum(np.size(a) for a in jax.tree.leaves(params)))
 
 
 def _best(fn, repeats):
@@ -237,6 +252,12 @@ def speed(name, spec, clients, rounds, repeats, quick, lr=0.1):
   ours, ours_first = _best(lambda: prog()[0], repeats)
   theirs, theirs_first = _best(fedjax_rounds, repeats)
   ours, theirs = ours / rounds, theirs / rounds
+  anchor = ANCHORS[spec["anchor"]]
+  example = spec["quick_example" if quick and "quick_example" in spec else "example"]
+  zoo_model = build_model(anchor, example, quick and "vocab" in spec)
+  zoo_params = zoo_model.init(jax.random.PRNGKey(0))
+  zoo = simulator_round(zoo_model, xs, ys, spec["batch"], 1, lr, rounds, zoo_params)
+  zoo_s = _best(lambda: zoo()[0], repeats)[0] / rounds
   row = {
     "workload": name,
     "title": spec["title"],
@@ -249,6 +270,12 @@ def speed(name, spec, clients, rounds, repeats, quick, lr=0.1):
     "simulator_rounds_per_s": 1.0 / ours,
     "fedjax_rounds_per_s": 1.0 / theirs,
     "speedup": theirs / ours,
+    "zoo_model": zoo_model.name,
+    "zoo_s_per_round": zoo_s,
+    "zoo_rounds_per_s": 1.0 / zoo_s,
+    "zoo_speedup": theirs / zoo_s,
+    "fedjax_parameters": num_parameters(params),
+    "zoo_parameters": num_parameters(zoo_params),
     "simulator_first_call_s": built + ours_first,
     "fedjax_first_call_s": theirs_first,
     "rounds_per_call": rounds,
@@ -261,7 +288,9 @@ def agreement(name, spec, clients, quick, lr=0.1, epochs=2):
   """One round of both from the same weights and batches in float64 (dropout off)."""
   rng = np.random.default_rng(1)
   n = spec["agree_rows"]
-  xs, ys = client_data(spec, [n] * clients, rng, quick)
+  xs, ys = client_data(
+    spec, [n] * clients, rng, quick, "agree_example" if "agree_example" in spec else "example"
+  )
   xs = [x.astype(np.float64) if x.dtype == np.float32 else x for x in xs]
   with jax.enable_x64(True):
     fj = without_dropout(fedjax_model(name, quick))
@@ -302,24 +331,34 @@ def markdown(result):
     "",
     f"Device: {meta['device']}; FedJAX {meta['fedjax_version']}, JAX {meta['jax']}. FedAvg on "
     f"FedJAX's own models, {meta['clients']} clients all in every round, one local epoch of SGD "
-    f"(dropout on), best of {meta['repeats']} calls of {meta['rounds']} rounds after a warm-up, "
-    "in one process (`python benchmarks/fedjax_side_by_side.py"
+    f"(dropout on), best of {meta['repeats']} calls of {meta['rounds']} rounds after a warm-up "
+    + (f"(load average {meta['load_before']:.1f} before the run), " if meta["load_before"] else "")
+    + "in one process (`python benchmarks/fedjax_side_by_side.py"
     + (" --quick`: a smoke run, not a measurement)." if meta["quick"] else "`)."),
     "",
-    "| workload | steps a round (batch) | FedJAX rounds/s | simulator rounds/s | simulator / "
-    "FedJAX speed | first call, FedJAX / simulator (s) |",
+    "| workload | steps a round (batch) | FedJAX rounds/s | simulator, FedJAX's model: "
+    "rounds/s (x FedJAX) | simulator, the zoo's model: rounds/s (x FedJAX) | first call, FedJAX "
+    "/ simulator (s) |",
     "|---|---|---|---|---|---|",
   ]
   for r in result["speed"]:
     lines.append(
       f"| {r['title']} | {r['steps_per_round']} ({r['batch']}) | {r['fedjax_rounds_per_s']:.3g} | "
-      f"{r['simulator_rounds_per_s']:.3g} | {r['speedup']:.2f} | "
+      f"{r['simulator_rounds_per_s']:.3g} ({r['speedup']:.2f}) | "
+      f"{r['zoo_rounds_per_s']:.3g} ({r['zoo_speedup']:.2f}) | "
       f"{r['fedjax_first_call_s']:.1f} / {r['simulator_first_call_s']:.1f} |"
     )
   lines += [
     "",
     "The first call holds compilation (FedJAX compiles its step once per batch shape, the "
-    "simulator its whole round).",
+    "simulator its whole round). The zoo's models are the same architectures written in Flax "
+    "(parameters: "
+    + "; ".join(
+      f"{r['workload']} FedJAX {r['fedjax_parameters']:,}, zoo {r['zoo_parameters']:,} "
+      f"({r['zoo_model']})"
+      for r in result["speed"]
+    )
+    + ").",
     "",
     "One round from the same initial weights and batches (float64, dropout off in both, every "
     "batch a client's whole data, two local epochs): the largest parameter difference relative "
