@@ -132,3 +132,13 @@ def write_result(
   if plot is not None:
     result["png_path"] = plot(result, path + ".png")
   log(f"[{stem}] wrote {path}.json, .md" + (", .png" if plot is not None else ""))
+
+
+def edges_line(record: Dict[str, Any]) -> str:
+  """The sentence under a comparison's table listing the choices left on a grid edge after
+  widening (``record["edges"]``), or saying there are none."""
+  edges = [
+    f"{e['strategy']} seed {e['seed']} {e['axis']}={e['value']:.3g} ({e['edge']})"
+    for e in record["edges"]
+  ]
+  return "Choices on a grid edge after widening: " + ("; ".join(edges) or "none") + "."

@@ -61,7 +61,7 @@ import numpy as np
 
 from fedjax_dro import compare as C
 from fedjax_dro.core.precision import float64
-from fedjax_dro.reproduce.common import run_tables
+from fedjax_dro.reproduce.common import edges_line, run_tables
 
 PAPER_RHOS = (0.01, 0.05, 0.1)
 L2 = 0.01
@@ -391,15 +391,7 @@ def scaffpd_markdown(result: Dict[str, Any]) -> str:
       configs = f"{t['configurations']:.3g}" if math.isfinite(t["configurations"]) else "-"
       cells = [label, _cell(t[LOG10]), diff, p, said, wins, configs]
       lines.append("| " + " | ".join(cells + [_chosen(rec["per_seed"][label])]) + " |")
-    edges = [
-      f"{e['strategy']} seed {e['seed']} {e['axis']}={e['value']:.3g} ({e['edge']})"
-      for e in rec["edges"]
-    ]
-    lines += [
-      "",
-      "Choices on a grid edge after widening: " + ("; ".join(edges) or "none") + ".",
-      "",
-    ]
+    lines += ["", edges_line(rec), ""]
   return "\n".join(lines)
 
 

@@ -83,7 +83,7 @@ import jax
 import numpy as np
 
 from fedjax_dro import compare as C
-from fedjax_dro.reproduce.common import write_result
+from fedjax_dro.reproduce.common import edges_line, write_result
 from fedjax_dro.reproduce.scaffpd_table1_data import (  # noqa: F401  (re-exported)
   EVAL_ROWS,
   HOLDOUT_FRACTION,
@@ -495,15 +495,7 @@ def markdown_table(result: Dict[str, Any]) -> str:
         "-" if p is None else f"{p[1]:.2f} / {p[0]:.2f}",
       ]
       lines.append("| " + " | ".join(cells) + " |")
-    edges = [
-      f"{e['strategy']} seed {e['seed']} {e['axis']}={e['value']:.3g} ({e['edge']})"
-      for e in rec["edges"]
-    ]
-    lines += [
-      "",
-      "Choices on a grid edge after widening: " + ("; ".join(edges) or "none") + ".",
-      "",
-    ]
+    lines += ["", edges_line(rec), ""]
   fig3 = result.get("fig3")
   if fig3:
     lines += [
