@@ -152,3 +152,53 @@ def test_ifca_cluster_counts_on_the_writers_stand_in_as_the_prose_says():
     counts.append([row["chosen"]["num_clusters"] for row in record["per_seed"]["IFCA"]])
   assert counts[0] == counts[1] == counts[2] == [5, 2, 6]
   assert "cluster counts 5, 2 and 6 chosen on the three seeds" in _flat(KARULA_PAGE)
+
+
+HEART = ROOT / "benchmarks" / "results" / "karula_heart"
+
+
+def test_the_heart_disease_paragraph_as_the_records_say():
+  """Karula Table 1b: the means, the paired comparison against FedAvg (t-test, Holm, sign
+  test), the order of the others and the edge counts of the paragraph under the table."""
+  page = _flat(KARULA_PAGE)
+  rec = json.loads((HEART / "karula_heart_hospitals.json").read_text())
+  value = {k: np.array([r["value"] for r in rows]) for k, rows in rec["per_seed"].items()}
+  means = {k: float(v.mean()) for k, v in value.items()}
+  best = max(means, key=means.get)
+  assert best == "Karula" and f"{means[best]:.3f}" == "0.830"
+  diff = value["Karula"] - value["FedAvg"]
+  p = float(stats.ttest_rel(value["Karula"], value["FedAvg"]).pvalue)
+  wins = int((diff > 0).sum())
+  sign = float(stats.binomtest(wins, int((diff != 0).sum()), alternative="greater").pvalue)
+  others = [k for k in value if k not in ("Karula", "FedAvg")]
+  pvals = [float(stats.ttest_rel(value[k], value["FedAvg"]).pvalue) for k in others]
+  pvals = [v for v in pvals if np.isfinite(v)] + [p]
+  holm = max(min(1.0, (len(pvals) - j) * q) for j, q in enumerate(sorted(pvals)) if q <= p)
+  assert (wins, len(diff)) == (4, 5)
+  assert f"{p:.2g}" == "0.096" and f"{holm:.2g}" == "0.49" and f"{sign:.2g}" == "0.19"
+  assert "above FedAvg on 4 of 5 splits (+0.023 +- 0.021 paired)" in page
+  assert (
+    "within noise (p = 0.096; Holm-adjusted over the table's comparisons 0.49; sign-test p = 0.19)"
+    in page
+  )
+  assert all(q >= 0.05 for q in pvals)  # "every paired difference to FedAvg is within noise"
+  low, high = min(means.values()), max(means.values())
+  assert f"{low:.3f} to {high:.3f}" == "0.806 to 0.830" and high - low <= 0.025
+  order = sorted(
+    (k for k in ("IFCA", "pFedMe", "Local", "FedSGD", "Ditto")), key=means.get, reverse=True
+  )
+  assert order == ["IFCA", "pFedMe", "Local", "FedSGD", "Ditto"]
+  assert min(means[k] for k in order) > means["FedAvg"]
+  assert "IFCA, pFedMe, Local, FedSGD and Ditto are next, FedAvg last" in page
+  ones = [r["chosen"]["num_clusters"] for r in rec["per_seed"]["IFCA (identical start)"]]
+  assert ones == [1] * 5
+
+  def edge_seeds(label, axes):
+    return len({e["seed"] for e in rec["edges"] if e["strategy"] == label and e["axis"] in axes})
+
+  assert edge_seeds("Ditto", {"lam"}) == 5 and edge_seeds("pFedMe", {"lam"}) == 4
+  assert edge_seeds("Karula", {"t", "eta"}) == 4 and edge_seeds("FedAvg", {"client_lr"}) == 3
+  assert "on 5 of 5 splits, pFedMe's on 4 of 5, Karula's `t` or `eta` on 4 of 5" in page
+  assert "FedAvg's step at its low edge on 3 of 5" in page
+  wall = json.loads((HEART / "karula_heart.json").read_text())["wall_time_s"]
+  assert f"Wall time {wall / 60:.1f} minutes" in page
