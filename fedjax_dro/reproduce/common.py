@@ -142,3 +142,17 @@ def edges_line(record: Dict[str, Any]) -> str:
     for e in record["edges"]
   ]
   return "Choices on a grid edge after widening: " + ("; ".join(edges) or "none") + "."
+
+
+def run_seconds(*records) -> float:
+  """The seconds every run of the comparison records ``records`` took (each one's recorded
+  ``seconds``, summed; a dict of records, a record or ``None`` each): a table merged from parts
+  or resumed from its records cost this, whatever the final call's wall time."""
+  total = 0.0
+  for rec in records:
+    if rec is None:
+      continue
+    many = rec.values() if "per_seed" not in rec else [rec]
+    for r in many:
+      total += sum(float(row["seconds"]) for rows in r["per_seed"].values() for row in rows)
+  return total

@@ -64,8 +64,13 @@ one step of batch 160, the same examples), full participation. The paper's round
 appendix, which the text we follow does not have: every chosen configuration trains to a
 validation plateau (worst-20% validation accuracy every :data:`EVERY` rounds, stopped after
 :data:`PATIENCE` evaluations without a relative gain of 1e-3, at most :data:`CAP` rounds; the
-rounds are in the table). Paired differences against SCAFF-PD (+- 2 SE over seeds) and win counts
-are reported; a failed (diverged) run scores accuracy 0 in every row and is counted.
+rounds are in the table). The paper's title claim is about equal communication, so every alpha
+has a second table at **equal uploads**: each row trained, on the same selection, for the most
+rounds whose uploaded floats (:mod:`fedjax_dro.core.costs`) stay within FedAvg's in :data:`CAP`
+rounds (SCAFFOLD and SCAFF-PD, which upload a control variate beside the model, get half of
+them). Paired differences against SCAFF-PD (+- 2 SE over seeds, paired t-test p, Holm-adjusted
+over a block) and win counts are reported; a failed (diverged) run scores accuracy 0 in every
+row and is counted.
 
 Fig. 3 is drawn at alpha = 0.01 (the paper does not say which alpha): SCAFFOLD and SCAFF-PD at
 rho in {0.1, 0.2, 0.5}, each selected as above (the rho = 0.1 and SCAFFOLD selections are the
@@ -83,7 +88,7 @@ import jax
 import numpy as np
 
 from fedjax_dro import compare as C
-from fedjax_dro.reproduce.common import edges_line, write_result
+from fedjax_dro.reproduce.common import run_seconds, write_result
 from fedjax_dro.reproduce.scaffpd_table1_data import (  # noqa: F401  (re-exported)
   EVAL_ROWS,
   HOLDOUT_FRACTION,
@@ -98,6 +103,7 @@ from fedjax_dro.reproduce.scaffpd_table1_data import (  # noqa: F401  (re-export
   centralized_class_accuracy,
   table1_partition,
 )
+from fedjax_dro.reproduce.scaffpd_table1_report import markdown_table, plot_scaffpd_fig3
 
 # The paper's Table 1 (average, worst-20%) in percent per alpha. The CIFAR-100 block of the text
 # we follow has no FedAvg row.
@@ -138,8 +144,9 @@ KNOBS = {
   "q-FFL": ("q", (0.2, 1.0, 5.0)),
   "SCAFF-PD": ("sigma", (0.001, 0.01, 0.1)),
 }
-MAX_WIDENINGS = 2  # values added beyond a grid's edges per algorithm and seed
+MAX_WIDENINGS = 2  # values added beyond a grid's edges per axis, algorithm and seed
 CAP, EVERY, PATIENCE, MIN_DELTA = 100, 10, 3, 1e-3  # the validation-plateau budget
+UPLOADS_CAP_FACTOR = 2  # the equal-upload table's most rounds: 2 CAP
 QUICK = {"num_seeds": 2, "cap": 6, "every": 2, "patience": 1}
 WEIGHTING = {
   "FedAvg": "uniform (ERM of eq. (1.1)'s centre)",
@@ -252,13 +259,23 @@ def strategies(units: Dict[str, float], *, quick: bool = False, rhos=(RHO,)) -> 
   return rows
 
 
-def protocol(*, seeds, cap: int, every: int, patience: int) -> C.Protocol:
+def protocol(*, seeds, cap: int, every: int, patience: int, uploads: bool = False) -> C.Protocol:
   """Table 1's protocol: per seed, selection on the clients' validation sets by worst-20%
-  accuracy, training to a validation plateau, SCAFF-PD the reference, a failed run scored 0."""
+  accuracy, training to a validation plateau, SCAFF-PD the reference, a failed run scored 0.
+
+  ``uploads``: the equal-upload table instead: every row trained for the most rounds whose
+  uploaded floats stay within what FedAvg uploads in ``cap`` rounds (at most ``UPLOADS_CAP_FACTOR
+  * cap`` rounds), on the plateau table's selection (made at ``cap`` rounds, shared)."""
+  budget = (
+    C.Budget("uploads", match="FedAvg", rounds=cap, cap=UPLOADS_CAP_FACTOR * cap)
+    if uploads
+    else C.Budget("plateau", cap=cap, every=every, patience=patience, min_delta=MIN_DELTA)
+  )
   return C.Protocol(
     seeds=tuple(seeds),
     metric=C.Metric("accuracy", "worst20"),
-    budget=C.Budget("plateau", cap=cap, every=every, patience=patience, min_delta=MIN_DELTA),
+    budget=budget,
+    selection_rounds=cap if uploads else None,
     selection="validation",
     max_widenings=MAX_WIDENINGS,
     on_failure="score",
@@ -269,10 +286,18 @@ def protocol(*, seeds, cap: int, every: int, patience: int) -> C.Protocol:
 
 
 def table1_experiment(
-  data: TableData, alpha: float, units, *, seeds, quick: bool, budget: Dict[str, int], fig3=False
+  data: TableData,
+  alpha: float,
+  units,
+  *,
+  seeds,
+  quick: bool,
+  budget: Dict[str, int],
+  fig3=False,
+  uploads: bool = False,
 ) -> C.Experiment:
-  """Table 1's column ``alpha`` (``fig3``: Fig. 3's rows, SCAFFOLD and SCAFF-PD per rho) as an
-  :class:`~fedjax_dro.compare.Experiment`."""
+  """Table 1's column ``alpha`` (``fig3``: Fig. 3's rows, SCAFFOLD and SCAFF-PD per rho;
+  ``uploads``: at equal uploads, :func:`protocol`) as an :class:`~fedjax_dro.compare.Experiment`."""
   from fedjax_dro import models
 
   rows = strategies(units, quick=quick, rhos=tuple(fig3) if fig3 else (RHO,))
@@ -287,16 +312,16 @@ def table1_experiment(
 
   model = models.softmax_regression(data.dim, data.num_classes, l2=L2)
   stem = f"alpha{alpha:g}".replace(".", "p")
+  name = f"scaffpd_fig3_{stem}" if fig3 else f"scaffpd_table1_{stem}"
+  what = "Fig. 3" if fig3 else "Table 1" + (" at equal uploads" if uploads else "")
   return C.Experiment(
-    name=f"scaffpd_fig3_{stem}" if fig3 else f"scaffpd_table1_{stem}",
+    name=name + ("_uploads" if uploads else ""),
     data=lambda seed: data(alpha, seed),
     model=model,
     strategies=rows,
-    protocol=protocol(seeds=seeds, **budget),
+    protocol=protocol(seeds=seeds, uploads=uploads, **budget),
     extra_metrics=[] if fig3 else [C.ExtraMetric("average accuracy", average, True)],
-    description=(
-      f"SCAFF-PD {'Fig. 3' if fig3 else 'Table 1'} at Dir({alpha:g}), {data.description['name']}"
-    ),
+    description=f"SCAFF-PD {what} at Dir({alpha:g}), {data.description['name']}",
   )
 
 
@@ -312,10 +337,12 @@ def scaffpd_table1(
   fig3_rhos: Sequence[float] = FIG3_RHOS,
   plot: bool = True,
   verbose: bool = True,
-) -> Dict[str, Any]:
+  part=None,
+) -> Optional[Dict[str, Any]]:
   """Runs the Table 1 / Fig. 3 comparisons; writes ``scaffpd_table1.{json,md}``, the Fig. 3
   figure ``scaffpd_table1.png`` and every comparison's own record
-  (``scaffpd_table1_alpha0p01.{json,md,png}``, ..., ``scaffpd_fig3_alpha0p01.*``).
+  (``scaffpd_table1_alpha0p01.{json,md,png}``, ..., ``scaffpd_table1_alpha0p01_uploads.*``,
+  ``scaffpd_fig3_alpha0p01.*``).
 
   Args:
     out_dir: output directory (None: nothing written).
@@ -330,9 +357,12 @@ def scaffpd_table1(
       no Fig. 3).
     plot: write the Fig. 3 PNG.
     verbose: print progress and tables.
+    part: ``(i, N)`` or ``"i/N"``: only part ``i`` of ``N`` of every comparison's runs
+      (:func:`fedjax_dro.compare.compare`; needs ``out_dir``); ``fedjax-dro merge`` joins the
+      parts and writes the tables.
 
   Returns:
-    the JSON-able result dict.
+    the JSON-able result dict (``None`` for a part: the tables wait for the merge).
   """
   from fedjax_dro.common.checks import integer
   from fedjax_dro.compare import compare
@@ -361,16 +391,27 @@ def scaffpd_table1(
     f"L_minibatch({BATCH_SIZE}) = {units['L_minibatch']:.4g}; steps from "
     f"{units['inverse_minibatch']:.3g} to {units['inverse_full_batch']:.3g}"
   )
-  results, fig3 = {}, None
+  results, uploads, fig3, complete = {}, {}, None, True
+  run = dict(verbose=verbose, part=part)
   for alpha in alphas:
-    selections: Dict[Any, Dict[str, Any]] = {}  # shared by the alpha's table and Fig. 3
-    exp = table1_experiment(data, alpha, units, seeds=seeds, quick=quick, budget=budget)
-    results[f"{alpha:g}"] = compare(exp, out_dir, verbose=verbose, selections=selections).to_json()
+    selections: Dict[Any, Dict[str, Any]] = {}  # shared by the alpha's tables and Fig. 3
+    kw = dict(seeds=seeds, quick=quick, budget=budget)
+    found = [
+      compare(table1_experiment(data, alpha, units, **kw), out_dir, **run, selections=selections)
+    ]
     if alpha == FIG3_ALPHA and fig3_rhos:
-      exp3 = table1_experiment(
-        data, alpha, units, seeds=seeds, quick=quick, budget=budget, fig3=fig3_rhos
-      )
-      fig3 = compare(exp3, out_dir, verbose=verbose, selections=selections).to_json()
+      exp3 = table1_experiment(data, alpha, units, fig3=fig3_rhos, **kw)
+      found.append(compare(exp3, out_dir, **run, selections=selections))
+    exp_up = table1_experiment(data, alpha, units, uploads=True, **kw)
+    found.append(compare(exp_up, out_dir, **run, selections=selections))
+    if any(r is None for r in found):
+      complete = False  # a part: its runs are recorded, the tables wait for the merge
+      continue
+    results[f"{alpha:g}"], uploads[f"{alpha:g}"] = found[0].to_json(), found[-1].to_json()
+    if len(found) == 3:
+      fig3 = found[1].to_json()
+  if not complete:
+    return None
   result = {
     "experiment": "scaffpd-table1",
     "paper": "SCAFF-PD (Yu, Karimireddy, Ma, Jordan, arXiv:2307.13381), Table 1 and Fig. 3",
@@ -410,6 +451,7 @@ def scaffpd_table1(
     "smoothness": units,
     "partitions": {f"{a:g}": [data.partition_summary(a, s) for s in seeds] for a in alphas},
     "results": results,
+    "results_uploads": uploads,
     "fig3": fig3,
     "paper_table1": {
       d: {k: {f"{a:g}": v for a, v in per.items()} for k, per in t.items()}
@@ -418,6 +460,7 @@ def scaffpd_table1(
     "device": f"{jax.devices()[0].platform}, {os.cpu_count()} CPU cores visible",
     "wall_time_s": time.perf_counter() - t_start,
     "cpu_time_s": time.process_time() - cpu_start,
+    "run_seconds": run_seconds(results, uploads, fig3),
   }
   md = markdown_table(result)
   log(md)
@@ -430,97 +473,3 @@ def scaffpd_table1(
     log,
   )
   return result
-
-
-def _pct(entry, two_se=True) -> str:
-  m, s = entry["mean"], entry["two_se"]
-  if not math.isfinite(m):
-    return "-"
-  return f"{100 * m:.2f}" + (f" +- {100 * s:.2f}" if two_se and math.isfinite(s) else "")
-
-
-def markdown_table(result: Dict[str, Any]) -> str:
-  """Table 1's layout, one block per alpha: worst-20% and average test accuracy (%, mean +- 2 SE
-  over seeds), the paired worst-20% difference against SCAFF-PD with its win count, the rounds
-  and configurations each row spent, failures, and the paper's CIFAR-100 numbers beside."""
-  ds, st = result["dataset"], result["setting"]
-  units = result["smoothness"]
-  title = (
-    f"**STAND-IN data** ({ds['note']})" if ds["stand_in"] else f"features file `{ds['source']}`"
-  )
-  lines = [
-    f"SCAFF-PD Table 1 reproduction on {title}: {ds['num_classes']} classes, d = {ds['dim']}, "
-    f"N = {st['num_clients']}, seeds {st['seeds']}"
-    + (" (**quick smoke run**)" if st["quick"] else "")
-    + f"; wall time {result['wall_time_s']:.0f} s ({result['cpu_time_s']:.0f} CPU s). Accuracy "
-    "in %, mean +- 2 SE over seeds; every row selected per seed on validation worst-20% "
-    f"accuracy among 9 configurations (+ widenings); trained to a validation plateau (at most "
-    f"{st['budget']['cap']} rounds). Step sizes from 1 / L_minibatch = "
-    f"{units['inverse_minibatch']:.3g} to 1 / L_full = {units['inverse_full_batch']:.3g} "
-    f"(L_full = {units['L_full_batch']:.4g}, L_minibatch({units['minibatch_size']}) = "
-    f"{units['L_minibatch']:.4g}).",
-    "",
-  ]
-  paper = result["paper_table1"]["CIFAR-100"]
-  for alpha, rec in result["results"].items():
-    ref = rec["reference"]
-    lines += [
-      f"Dir({alpha}):",
-      "",
-      "| algorithm | weighting | worst-20% | average | worst-20% minus "
-      f"{ref} (paired) | better in | rounds | configs | failures | paper CIFAR-100 worst-20% / "
-      "avg |",
-      "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for s in rec["strategies"]:
-      label, t = s["label"], rec["table"][s["label"]]
-      d = rec["paired"]["accuracy"].get(label)
-      diff = (
-        "(reference)"
-        if d is None
-        else _pct({"mean": d["difference"], "two_se": d["difference_2se"]})
-      )
-      wins = "-" if d is None else f"{d['wins']} of {d['seeds']}"
-      p = paper.get(label, {}).get(alpha)
-      cells = [
-        label,
-        WEIGHTING.get(label, "-"),
-        _pct(t["accuracy"]),
-        _pct(t["average accuracy"]),
-        diff,
-        wins,
-        f"{t['rounds']:.0f}" if math.isfinite(t["rounds"]) else "-",
-        f"{t['configurations']:.3g}" if math.isfinite(t["configurations"]) else "-",
-        str(t["failures"]),
-        "-" if p is None else f"{p[1]:.2f} / {p[0]:.2f}",
-      ]
-      lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", edges_line(rec), ""]
-  fig3 = result.get("fig3")
-  if fig3:
-    lines += [
-      f"Fig. 3 (Dir({result['setting']['fig3_alpha']:g})): test worst-20% accuracy (%) by rho, "
-      "mean +- 2 SE over seeds:",
-      "",
-      "| row | worst-20% | minus SCAFF-PD (rho = 0.1, paired) | rounds |",
-      "|---|---|---|---|",
-    ]
-    for s in fig3["strategies"]:
-      t = fig3["table"][s["label"]]
-      d = fig3["paired"]["accuracy"].get(s["label"])
-      diff = (
-        "(reference)"
-        if d is None
-        else _pct({"mean": d["difference"], "two_se": d["difference_2se"]})
-      )
-      lines.append(f"| {s['label']} | {_pct(t['accuracy'])} | {diff} | {t['rounds']:.0f} |")
-  return "\n".join(lines) + "\n"
-
-
-def plot_scaffpd_fig3(result: Dict[str, Any], path: str) -> str:
-  """Fig. 3 (b): SCAFF-PD's test worst-20% accuracy during the final runs for each rho, with
-  SCAFFOLD, the mean over seeds with their range (:func:`fedjax_dro.compare.plot_comparison`
-  of the Fig. 3 comparison)."""
-  from fedjax_dro.compare import plot_comparison
-
-  return plot_comparison(result["fig3"], path)

@@ -133,6 +133,46 @@ def test_equal_grids_in_smoothness_units_and_uniform_erm_weighting():
   assert all(s.num_configurations == 1 for s in T.strategies(UNITS, quick=True))
 
 
+def test_equal_upload_protocol_shares_the_plateau_selection_and_matches_fedavg_uploads():
+  """The equal-upload table: FedAvg's uploads in CAP rounds for every row (at most
+  UPLOADS_CAP_FACTOR CAP rounds), selected at CAP rounds as the plateau table is (so the harness
+  keys both tables' selections alike); a row that uploads twice FedAvg's floats a round gets
+  half its rounds (the harness's budget_rounds on the rows' real costs)."""
+  from fedjax_dro import models
+  from fedjax_dro.algorithms.base import algorithm_cost
+  from fedjax_dro.compare.harness import budget_rounds
+  from fedjax_dro.data import from_client_arrays
+
+  plateau = T.protocol(seeds=[0], cap=T.CAP, every=T.EVERY, patience=T.PATIENCE)
+  uploads = T.protocol(seeds=[0], cap=T.CAP, every=T.EVERY, patience=T.PATIENCE, uploads=True)
+  assert plateau.budget.kind == "plateau" and plateau.selection_rounds is None
+  b = uploads.budget
+  assert (b.kind, b.match, b.rounds, b.cap) == ("uploads", "FedAvg", T.CAP, 2 * T.CAP)
+  assert uploads.selection_rounds == T.CAP  # = the plateau table's selection rounds (its cap)
+  same = ("seeds", "metric", "selection", "max_widenings", "on_failure", "reference")
+  assert all(getattr(uploads, k) == getattr(plateau, k) for k in same)
+  n, d, k = 20, 4, 3
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(n, 8, d)).astype(np.float32)
+  y = rng.integers(0, k, size=(n, 8)).astype(np.int32)
+  train = from_client_arrays(list(x), list(y))
+  model = models.softmax_regression(d, k, l2=T.L2)
+  rows = {s.label: s for s in T.strategies(UNITS)}
+  costs = {label: algorithm_cost(s.make(model), train) for label, s in rows.items()}
+  amount = costs["FedAvg"].spent(T.CAP).upload_floats
+  rounds = {label: budget_rounds(b, c, amount, label) for label, c in costs.items()}
+  assert rounds["FedAvg"] == T.CAP
+  for label, c in costs.items():
+    spend = c.spent(rounds[label]).upload_floats
+    assert spend <= amount * (1 + 1e-12), label
+    assert rounds[label] == b.cap or c.spent(rounds[label] + 1).upload_floats > amount, label
+  per = {
+    label: c.round.upload_floats / costs["FedAvg"].round.upload_floats for label, c in costs.items()
+  }
+  assert per["SCAFFOLD"] == pytest.approx(2.0) and per["SCAFF-PD"] >= 2.0
+  assert rounds["SCAFFOLD"] == T.CAP // 2 and rounds["SCAFF-PD"] <= T.CAP // 2
+
+
 def _check_result(saved, stand_in: bool, alphas, seeds):
   assert saved["experiment"] == "scaffpd-table1"
   assert saved["dataset"]["stand_in"] is stand_in
@@ -166,6 +206,24 @@ def _check_result(saved, stand_in: bool, alphas, seeds):
         assert n == (n0 - math.floor(0.7 * n0) if i in part["reduced_clients"] else n0)
 
 
+def _check_uploads(saved):
+  """The equal-upload blocks: every row on its plateau selection, spending FedAvg's uploads to
+  within one of its rounds (or stopped by the cap, flagged)."""
+  for alpha, rec in saved["results_uploads"].items():
+    plateau = saved["results"][alpha]["per_seed"]
+    assert rec["protocol"]["budget"]["kind"] == "uploads"
+    fedavg = [r["budget_amount"] for r in rec["per_seed"]["FedAvg"]]
+    for label, rows in rec["per_seed"].items():
+      for r, p, amount in zip(rows, plateau[label], fedavg):
+        if r["failed"] or p["failed"]:
+          continue
+        assert r["chosen"] == p["chosen"] and r["selection_rounds"] == p["selection_rounds"]
+        per, setup = r["per_round"]["upload_floats"], r["setup"]["upload_floats"]
+        assert r["spent"]["upload_floats"] <= amount * (1 + 1e-12)
+        assert r["at_cap"] or r["spent"]["upload_floats"] + per > amount, label
+        assert r["spent"]["upload_floats"] == pytest.approx(setup + r["rounds"] * per)
+
+
 def test_quick_stand_in_run(tmp_path):
   out = str(tmp_path / "standin")
   res = reproduce.scaffpd_table1(out, quick=True, alphas=(0.1,), fig3_rhos=(), verbose=False)
@@ -174,7 +232,28 @@ def test_quick_stand_in_run(tmp_path):
   with open(os.path.join(out, "scaffpd_table1.md")) as f:
     table = f.read()
   _check_result(saved, True, [0.1], [0, 1])
+  _check_uploads(saved)
   assert res["fig3"] is None and not os.path.exists(os.path.join(out, "scaffpd_table1.png"))
+  assert "Dir(0.1), to a validation plateau:" in table and "Dir(0.1), at equal uploads:" in table
+  runs = [x for rec in (saved["results"], saved["results_uploads"]) for x in rec.values()]
+  spent = sum(row["seconds"] for x in runs for rows in x["per_seed"].values() for row in rows)
+  assert saved["run_seconds"] == pytest.approx(spent)
+  # the same run in two parts (as on two machines), merged: the same tables
+  parts = [str(tmp_path / f"part{i}") for i in (1, 2)]
+  for i, d in enumerate(parts, 1):
+    quick = dict(quick=True, alphas=(0.1,), fig3_rhos=(), verbose=False)
+    assert reproduce.scaffpd_table1(d, part=f"{i}/2", **quick) is None
+  from fedjax_dro.compare.resume import merge_runs
+
+  merged = str(tmp_path / "merged")
+  merge_runs(merged, parts)
+  again = reproduce.scaffpd_table1(merged, **quick)
+  for key in ("results", "results_uploads"):
+    for alpha, rec in saved[key].items():
+      for label, rows in rec["per_seed"].items():
+        other = again[key][alpha]["per_seed"][label]
+        assert [r["value"] for r in rows] == [r["value"] for r in other], (key, label)
+        assert [r["chosen"] for r in rows] == [r["chosen"] for r in other], (key, label)
   assert "STAND-IN" in table.splitlines()[0] and "quick smoke run" in table.splitlines()[0]
   for label, weighting in T.WEIGHTING.items():
     assert f"| {label} | {weighting} |" in table
