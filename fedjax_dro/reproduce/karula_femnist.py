@@ -30,7 +30,8 @@ multiples of ``1 / median D``). Ditto is off by default (``strategies=``).
 
 Protocol: per seed, every strategy's configuration is selected on a hold-out of a fifth of each
 writer's *training* rows, by the held-out accuracy (the table's metric), after
-``SELECTION_ROUNDS`` rounds, with grids widened at edges. The chosen configuration is then
+``SELECTION_ROUNDS`` rounds, every geometric axis widened while its choice sits on an edge (up to
+``MAX_WIDENINGS`` values per axis; the choices still on an edge are listed). The chosen configuration is then
 trained on all training rows under three budgets, one table each (the selection is shared):
 
 1. to a validation plateau (held-out accuracy every 5 rounds, stopped after 3 evaluations
@@ -56,7 +57,7 @@ import numpy as np
 
 from fedjax_dro import compare as C
 from fedjax_dro.common.checks import integer
-from fedjax_dro.reproduce.common import paired_difference, run_tables
+from fedjax_dro.reproduce.common import edges_line, paired_difference, run_tables
 
 STRATEGIES = ("Local", "FedSGD", "FedAvg", "pFedMe", "IFCA", "Karula")
 ALL_STRATEGIES = ("Local", "FedSGD", "FedAvg", "pFedMe", "IFCA", "Ditto", "Karula")
@@ -68,6 +69,7 @@ T_MULTIPLES = (0.1, 1.0, 10.0)
 LAMS = (0.3, 3.0)
 IFCA_CLUSTERS = tuple(range(1, 11))
 SELECTION_ROUNDS = 15
+MAX_WIDENINGS = 3  # values added beyond an axis's edge, per axis, strategy and seed
 PLATEAU_CAP = 60
 MATCH_ROUNDS = 30
 STYLE_MIXING = 0.5
@@ -304,7 +306,7 @@ def karula_femnist(
         selection="holdout",
         holdout=0.2,
         selection_rounds=2 if quick else SELECTION_ROUNDS,
-        max_widenings=0 if quick else 1,
+        max_widenings=0 if quick else MAX_WIDENINGS,
         reference="FedAvg",
       ),
       extra_metrics=[
@@ -345,7 +347,9 @@ def _worst_writers(model):
 
 def femnist_markdown(result: Dict[str, Any]) -> str:
   """The three tables side by side: mean writer test accuracy (+-2SE) per budget, the rounds
-  each strategy got, and the difference to FedAvg paired over seeds.
+  each strategy got (with the seeds whose run the budget's cap stopped), and the difference to
+  FedAvg paired over seeds; under it the choices left on a grid edge (one selection for the
+  three budgets) and the capped runs per budget.
 
   Args:
     result: what :func:`karula_femnist` returns.
@@ -367,12 +371,27 @@ def femnist_markdown(result: Dict[str, Any]) -> str:
       r = result["results"][k]
       t = r["table"][s["label"]]
       d = r["paired"]["accuracy"].get(s["label"])
+      capped = sum(bool(row.get("at_cap")) for row in r["per_seed"][s["label"]])
       cells += [
         f"{t['accuracy']['mean']:.3f} +- {t['accuracy']['two_se']:.3f}",
-        f"{t['rounds']:.0f}",
+        f"{t['rounds']:.0f}" + (f" ({capped} of {t['seeds']} at the cap)" if capped else ""),
         paired_difference(d),
       ]
     lines.append("| " + " | ".join(cells) + " |")
+  lines += ["", edges_line(first)[:-1] + " (one selection for the three budgets)."]
+  for k in keys:
+    r = result["results"][k]
+    capped = [
+      f"{s['label']} seed {row['seed']} ({row['rounds']} rounds)"
+      for s in r["strategies"]
+      for row in r["per_seed"][s["label"]]
+      if row.get("at_cap")
+    ]
+    lines.append(
+      f"{k} ({r['protocol']['budget']}): runs stopped by the cap: "
+      + ("; ".join(capped) or "none")
+      + "."
+    )
   return "\n".join(lines) + "\n"
 
 

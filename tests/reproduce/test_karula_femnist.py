@@ -44,6 +44,17 @@ def _check_layout(res, out, strategies, writers):
   assert chosen["plateau"] == chosen["uploads"] == chosen["gradients"]
   table = open(os.path.join(out, "karula_femnist.md")).read()
   assert all(f"| {label} " in table for label in strategies)
+  assert "(one selection for the three budgets)." in table
+  for k, r in saved["results"].items():  # the runs a budget's cap stopped, named per budget
+    capped = [
+      f"{label} seed {row['seed']} ({row['rounds']} rounds)"
+      for label, rows in r["per_seed"].items()
+      for row in rows
+      if row["at_cap"]
+    ]
+    line = next(x for x in table.splitlines() if x.startswith(f"{k} ("))
+    assert line.endswith("runs stopped by the cap: none.") == (not capped), line
+    assert all(c in line for c in capped), (capped, line)
   return saved
 
 
