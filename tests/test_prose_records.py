@@ -202,3 +202,42 @@ def test_the_heart_disease_paragraph_as_the_records_say():
   assert "FedAvg's step at its low edge on 3 of 5" in page
   wall = json.loads((HEART / "karula_heart.json").read_text())["wall_time_s"]
   assert f"Wall time {wall / 60:.1f} minutes" in page
+
+
+def test_the_writers_paragraph_as_the_records_say():
+  """karula-femnist: Karula against FedAvg under each budget (paired difference, Holm p from the
+  record checked against scipy's t-test), its choices after widening and the capped run."""
+  page = _flat(KARULA_PAGE)
+  folder = ROOT / "benchmarks" / "results" / "karula_femnist"
+  recs = {b: json.loads((folder / f"karula_femnist_{b}.json").read_text()) for b in BUDGETS}
+  said = {
+    "plateau": ("0.162 +- 0.079 below FedAvg's (below on every seed, but within noise: p = 0.17)"),
+    "uploads": "0.296 +- 0.024 below (behind, p = 0.0084;",
+    "gradients": "0.040 +- 0.028 (below on every seed, within noise: p = 0.30)",
+  }
+  for budget, rec in recs.items():
+    mine = np.array([r["value"] for r in rec["per_seed"]["Karula"]])
+    ref = np.array([r["value"] for r in rec["per_seed"]["FedAvg"]])
+    d = rec["paired"]["accuracy"]["Karula"]
+    assert d["p_value"] == pytest.approx(float(stats.ttest_rel(mine, ref).pvalue), rel=1e-6)
+    assert f"{-d['difference']:.3f} +- {d['difference_2se']:.3f}" in said[budget]
+    assert (mine < ref).all() and f"p = {d['holm_p']:.2g}" in said[budget]
+    assert (d["holm_p"] < 0.05) == ("behind" in said[budget])
+    assert said[budget] in page
+  plateau = recs["plateau"]
+  chosen = [r["chosen"] for r in plateau["per_seed"]["Karula"]]
+  assert [c["eta"] for c in chosen] == [4.0] * 3
+  edges = [(e["seed"], e["axis"]) for e in plateau["edges"] if e["strategy"] == "Karula"]
+  assert edges == [(1, "t")]
+  assert f"{min(c['t'] for c in chosen):.1e}" == "6.7e-08"
+  assert f"{max(c['t'] for c in chosen):.1e}" == "6.7e-06"
+  assert "`t` from `6.7e-8` to `6.7e-6`" in page and "(seed 1: the limit reached)" in page
+  capped = [r["seed"] for r in plateau["per_seed"]["Karula"] if r["at_cap"]]
+  assert capped == [2] and "its plateau run on seed 2 stopped at the 60-round cap" in page
+  rounds = {b: rec["table"]["Karula"]["rounds"] for b, rec in recs.items()}
+  assert (rounds["uploads"], rounds["gradients"]) == (26, 146)
+  wall = json.loads((folder / "karula_femnist.json").read_text())["wall_time_s"]
+  assert f"Wall time {wall / 60:.0f} minutes" in page
+
+
+BUDGETS = ("plateau", "uploads", "gradients")

@@ -79,7 +79,7 @@ RUN_TIMES: Dict[str, str] = {
   "karula-synthetic-gradients": "Karula Table 1a at equal client gradients (FedAvg's at 600 "
   "rounds), both readings: about 90 minutes (the feature-means reading took 44)",
   "karula-heart": "Karula Table 1b (UCI heart disease, shipped): about 8 minutes",
-  "karula-femnist": "Karula by-writer digits / LEAF FEMNIST, three budgets: about 45 minutes",
+  "karula-femnist": "Karula by-writer digits / LEAF FEMNIST, three budgets: about 55 minutes",
   "privacy-fairness": "FedAvg and eight DRO algorithms under DP, four levels: about 17 minutes",
 }
 
