@@ -65,7 +65,8 @@ EXPERIMENTS: Dict[str, Callable[..., Dict[str, Any]]] = {
 RUN_TIMES: Dict[str, str] = {
   "scaffpd-synthetic": "SCAFF-PD Fig. 2 (synthetic shift) on the harness, 10 seeds x 3 rhos, 50 "
   "rounds: about 10 minutes",
-  "scaffpd-table1": "SCAFF-PD Table 1 and Fig. 3 (features file or stand-in): about 95 minutes",
+  "scaffpd-table1": "SCAFF-PD Table 1 (plateau and equal uploads) and Fig. 3 (features file or "
+  "stand-in): about 130 minutes of runs, 66 in two parts side by side (--part)",
   "fgdro-table7": "FGDRO Table 7 on the harness (CIFAR-10 files or digits stand-in): the stand-in "
   "about 37 minutes",
   "fgdro-table2": "FGDRO Table 2 (prepared Pile and CivilComments, or their stand-ins): the "

@@ -329,7 +329,8 @@ def karula_synthetic(
   readings: Sequence[str] = tuple(READINGS),
   budgets: Sequence[str] = ("rounds",),
   verbose: bool = True,
-) -> Dict[str, Any]:
+  part=None,
+) -> Optional[Dict[str, Any]]:
   """Table 1a under both readings, one table per budget: at equal rounds
   ``karula_synthetic.{json,md}`` and each reading's harness record
   ``karula_synthetic_<reading>.{json,md,png}``; at equal client gradients the same files named
@@ -350,6 +351,8 @@ def karula_synthetic(
     budgets: which tables, out of :data:`BUDGETS` (``reproduce karula-synthetic-gradients``:
       ``("gradients",)``).
     verbose: print progress and tables.
+    part: ``(i, N)`` or ``"i/N"``: only part ``i`` of ``N`` of every table's runs (needs
+      ``out_dir``; returns ``None``); ``fedjax-dro merge`` joins the parts and writes the tables.
   """
   settings = _settings(quick, rounds, selection_rounds, folds, num_seeds, seed)
   for name, values, allowed in (("readings", readings, READINGS), ("budgets", budgets, BUDGETS)):
@@ -369,7 +372,10 @@ def karula_synthetic(
         verbose,
         selections_by_key=selections,
         quick=quick,
+        part=part,
       )
+  if any(r is None for r in results.values()):
+    return None  # a part: the tables wait for the merge
   return results[budgets[0]] if len(budgets) == 1 else results
 
 
