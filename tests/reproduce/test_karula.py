@@ -230,6 +230,11 @@ def test_readings_never_share_selections_and_budgets_do(monkeypatch):
   assert by_budget[0]["feature_means"] is not by_budget[0]["equal_means"]
   assert all(by_budget[0][r] is by_budget[1][r] for r in K.READINGS)
   assert all(c.get("selections") is None for c in calls)
+  # a part: every table's runs split the same way; nothing combined until the merge
+  calls.clear()
+  monkeypatch.setattr(K, "run_tables", lambda *a, **kw: calls.append(kw))
+  assert K.karula_synthetic("out", budgets=K.BUDGETS, verbose=False, part="1/2") is None
+  assert [c["part"] for c in calls] == ["1/2", "1/2"]
 
 
 def test_bad_inputs():
