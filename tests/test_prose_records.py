@@ -38,16 +38,37 @@ def _compare(reading, other, key, table="karula_synthetic"):
 
 def test_karula_against_fedavg_as_the_prose_says():
   readme, page = _flat(README), _flat(KARULA_PAGE)
-  for reading, p_text in (("feature_means", "0.039"), ("equal_means", "0.013")):
-    wins, p = _compare(reading, "FedAvg", "estimation_error")
-    assert wins == 0  # Karula's error below FedAvg's on every seed
-    assert f"{p:.3f}" == p_text
-  assert "paired p = 0.039" in readme and "p = 0.039 and 0.013" in page
-  fedavg_ahead, p = _compare("equal_means", "FedAvg", "r2")
-  assert 5 - fedavg_ahead == 4 and f"{p:.2f}" == "0.13"
-  assert "(4 of 5, p = 0.13)" in readme and "ahead on 4 of 5 seeds, p = 0.13" in page
-  fedavg_ahead, _ = _compare("feature_means", "FedAvg", "r2")
-  assert fedavg_ahead == 0 and "ahead on 5 of 5 seeds under that reading" in readme
+  wins, p = _compare("feature_means", "FedAvg", "estimation_error")
+  assert wins == 0 and f"{p:.3f}" == "0.039"  # Karula's error below FedAvg's on every seed
+  wins, p = _compare("equal_means", "FedAvg", "estimation_error")
+  assert wins == 0 and p < 0.001
+  assert "paired p = 0.039" in readme and "p = 0.039 and p < 0.001" in page
+  for reading, p_text in (("feature_means", "p = 0.002"), ("equal_means", "p < 0.001")):
+    fedavg_ahead, p = _compare(reading, "FedAvg", "r2")
+    assert fedavg_ahead == 0 and (f"p = {p:.3f}" == p_text or (p < 0.001 and "<" in p_text))
+  assert "ahead on 5 of 5 seeds under both readings (p = 0.002 and p < 0.001)" in readme
+  cells = []
+  for key, digits in (("estimation_error", 2), ("r2", 3)):
+    d = _per_seed("equal_means", "Karula", key) - _per_seed("equal_means", "FedAvg", key)
+    two_se = 2 * d.std(ddof=1) / np.sqrt(d.size)
+    cells.append(f"{d.mean():+.{digits}f} +- {two_se:.{digits}f}")
+  error = cells[0].lstrip("+")
+  assert f"({error}, and on R^2, the selection metric, {cells[1]}, ahead on 5 of 5" in page
+  record = json.loads((RECORDS / "karula_synthetic_equal_means.json").read_text())
+  chosen = [row["chosen"] for row in record["per_seed"]["Karula"]]
+  assert {f"{c['t']:.2g}" for c in chosen} == {"0.0041"}
+  assert {f"{c['eta']:.3g}" for c in chosen} == {"1.37"}
+  assert "`t = 0.0041` and the widened step `eta = 1.37` on every seed" in page
+  edges = {
+    r: sorted(
+      e["seed"]
+      for e in json.loads((RECORDS / f"karula_synthetic_{r}.json").read_text())["edges"]
+      if e["strategy"] == "Karula" and e["axis"] == "eta" and e["edge"] == "high"
+    )
+    for r in ("feature_means", "equal_means")
+  }
+  assert edges == {"feature_means": [0], "equal_means": [0, 1, 2, 3, 4]}
+  assert "on 1 of 5 seeds (feature means) and 5 of 5 (equal means, 1.37" in page
 
 
 def test_the_personalized_baselines_against_karula_as_the_prose_says():
@@ -59,9 +80,19 @@ def test_the_personalized_baselines_against_karula_as_the_prose_says():
   wins, p = _compare("feature_means", "IFCA", "estimation_error")
   assert wins == 5 and f"{p:.3f}" == "0.001"
   wins, p = _compare("equal_means", "IFCA", "estimation_error")
-  assert (wins, f"{p:.2f}") == (2, "0.44")
-  assert "2 of 5 seeds, p = 0.44" in readme and "IFCA lower on 2 of 5 seeds, p = 0.44" in page
+  assert (wins, f"{p:.2f}") == (2, "0.93")
+  assert "2 of 5 seeds, p = 0.93" in readme and "IFCA lower on 2 of 5 seeds, p = 0.93" in page
   assert "(p < 0.01)" in readme and "(p < 0.01)" in page
+
+
+def test_both_tables_rest_on_the_same_selections():
+  page = _flat(KARULA_PAGE)
+  for reading in ("feature_means", "equal_means"):
+    rounds = json.loads((RECORDS / f"karula_synthetic_{reading}.json").read_text())
+    grads = json.loads((RECORDS / f"karula_synthetic_gradients_{reading}.json").read_text())
+    for label, rows in rounds["per_seed"].items():
+      assert [r["chosen"] for r in rows] == [r["chosen"] for r in grads["per_seed"][label]]
+  assert "Every seed's choices are the same in both tables' records, under both readings" in page
 
 
 def test_the_equal_gradients_table_as_the_prose_says():
