@@ -211,7 +211,7 @@ def _check_uploads(saved):
   within one of its rounds (or stopped by the cap, flagged)."""
   for alpha, rec in saved["results_uploads"].items():
     plateau = saved["results"][alpha]["per_seed"]
-    assert rec["protocol"]["budget"]["kind"] == "uploads"
+    assert rec["protocol"]["budget"].startswith("equal uploaded floats (what FedAvg spends in")
     fedavg = [r["budget_amount"] for r in rec["per_seed"]["FedAvg"]]
     for label, rows in rec["per_seed"].items():
       for r, p, amount in zip(rows, plateau[label], fedavg):
