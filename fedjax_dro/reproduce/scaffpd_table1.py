@@ -99,6 +99,7 @@ from fedjax_dro.reproduce.scaffpd_table1_data import (  # noqa: F401  (re-export
   REMOVED_FRACTION,
   STAND_IN,
   STAND_IN_SEED,
+  WEIGHTING,
   TableData,
   centralized_class_accuracy,
   table1_partition,
@@ -148,15 +149,6 @@ MAX_WIDENINGS = 2  # values added beyond a grid's edges per axis, algorithm and 
 CAP, EVERY, PATIENCE, MIN_DELTA = 100, 10, 3, 1e-3  # the validation-plateau budget
 UPLOADS_CAP_FACTOR = 2  # the equal-upload table's most rounds: 2 CAP
 QUICK = {"num_seeds": 2, "cap": 6, "every": 2, "patience": 1}
-WEIGHTING = {
-  "FedAvg": "uniform (ERM of eq. (1.1)'s centre)",
-  "SCAFFOLD": "uniform (ERM of eq. (1.1)'s centre)",
-  "q-FFL": "F_i^q / sum_j F_j^q (q-FFL objective)",
-  "AFL": "minimax over the simplex (rho = 0)",
-  "DRFA": "chi^2 DRO, rho = 0.1, centre uniform",
-  "AgnosticFedAvg": "exponentiated-gradient weights",
-  "SCAFF-PD": "chi^2 DRO, rho = 0.1, centre uniform",
-}
 
 
 def worst_fraction_accuracy(client_accuracy, fraction: float = WORST_FRACTION) -> float:

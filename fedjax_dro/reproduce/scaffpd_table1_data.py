@@ -28,6 +28,17 @@ STAND_IN = {
 QUICK_STAND_IN = dict(STAND_IN, dim=16, train_per_class=12, test_per_class=4)
 STAND_IN_SEED = 0  # the stand-in is one fixed data set, as a features file is
 
+# every Table 1 row's client weighting, as the table names it
+WEIGHTING = {
+  "FedAvg": "uniform (ERM of eq. (1.1)'s centre)",
+  "SCAFFOLD": "uniform (ERM of eq. (1.1)'s centre)",
+  "q-FFL": "F_i^q / sum_j F_j^q (q-FFL objective)",
+  "AFL": "minimax over the simplex (rho = 0)",
+  "DRFA": "chi^2 DRO, rho = 0.1, centre uniform",
+  "AgnosticFedAvg": "exponentiated-gradient weights",
+  "SCAFF-PD": "chi^2 DRO, rho = 0.1, centre uniform",
+}
+
 
 def table1_partition(
   labels,

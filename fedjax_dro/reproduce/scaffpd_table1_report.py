@@ -7,6 +7,7 @@ import math
 from typing import Any, Dict, List
 
 from fedjax_dro.reproduce.common import edges_line
+from fedjax_dro.reproduce.scaffpd_table1_data import WEIGHTING
 
 
 def _pct(entry, two_se=True) -> str:
@@ -38,8 +39,6 @@ def markdown_table(result: Dict[str, Any]) -> str:
   worst-20% difference against SCAFF-PD with its p-value (paired t-test, Holm-adjusted over
   the block), verdict and win count, the rounds, uploads and configurations each row spent,
   failures, and the paper's CIFAR-100 numbers beside; the Fig. 3 rows."""
-  from fedjax_dro.reproduce.scaffpd_table1 import WEIGHTING
-
   ds, st = result["dataset"], result["setting"]
   units = result["smoothness"]
   title = (
