@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 
@@ -296,13 +296,8 @@ def comparison_markdown(result: Dict[str, Any]) -> str:
       + "."
     ),
   ]
-  capped = [
-    f"{s['label']} seed {r['seed']} ({r['rounds']} rounds)"
-    for s in result["strategies"]
-    for r in result["per_seed"][s["label"]]
-    if r.get("at_cap")
-  ]
-  if any("at_cap" in r for rows in result["per_seed"].values() for r in rows):
+  capped = capped_runs(result)
+  if capped is not None:
     lines.append(
       "Runs stopped by the budget's cap (no plateau within it, or an equal spend that would pay "
       "for more rounds): " + ("none." if not capped else "; ".join(capped) + ".")
@@ -386,3 +381,17 @@ def plot_comparison(result: Dict[str, Any], path: str) -> str:
   fig.savefig(path, dpi=110, bbox_inches="tight")
   plt.close(fig)
   return path
+
+
+def capped_runs(record: Dict[str, Any]) -> Optional[List[str]]:
+  """The runs of a comparison record that its budget's cap stopped, ``"LABEL seed S (R
+  rounds)"`` each, in the table's order; ``None`` for a record whose rows do not say (older
+  records)."""
+  if not any("at_cap" in r for rows in record["per_seed"].values() for r in rows):
+    return None
+  return [
+    f"{s['label']} seed {r['seed']} ({r['rounds']} rounds)"
+    for s in record["strategies"]
+    for r in record["per_seed"][s["label"]]
+    if r.get("at_cap")
+  ]

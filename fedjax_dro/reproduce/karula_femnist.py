@@ -57,6 +57,7 @@ import numpy as np
 
 from fedjax_dro import compare as C
 from fedjax_dro.common.checks import integer
+from fedjax_dro.compare.report import capped_runs
 from fedjax_dro.reproduce.common import edges_line, paired_difference, run_tables
 
 STRATEGIES = ("Local", "FedSGD", "FedAvg", "pFedMe", "IFCA", "Karula")
@@ -381,12 +382,7 @@ def femnist_markdown(result: Dict[str, Any]) -> str:
   lines += ["", edges_line(first)[:-1] + " (one selection for the three budgets)."]
   for k in keys:
     r = result["results"][k]
-    capped = [
-      f"{s['label']} seed {row['seed']} ({row['rounds']} rounds)"
-      for s in r["strategies"]
-      for row in r["per_seed"][s["label"]]
-      if row.get("at_cap")
-    ]
+    capped = capped_runs(r) or []
     lines.append(
       f"{k} ({r['protocol']['budget']}): runs stopped by the cap: "
       + ("; ".join(capped) or "none")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, List
 
+from fedjax_dro.compare.report import capped_runs
 from fedjax_dro.reproduce.common import edges_line
 from fedjax_dro.reproduce.scaffpd_table1_data import WEIGHTING
 
@@ -95,14 +96,9 @@ def markdown_table(result: Dict[str, Any]) -> str:
         "-" if p is None else f"{p[1]:.2f} / {p[0]:.2f}",
       ]
       lines.append("| " + " | ".join(cells) + " |")
-    capped = [
-      f"{s['label']} seed {r['seed']}"
-      for s in rec["strategies"]
-      for r in rec["per_seed"][s["label"]]
-      if r.get("at_cap")
-    ]
+    capped = capped_runs(rec)
     lines += ["", edges_line(rec)]
-    if any("at_cap" in r for rows in rec["per_seed"].values() for r in rows):
+    if capped is not None:
       lines.append(
         "Runs stopped by the cap (no plateau within it, or uploads that would pay for more "
         f"rounds): {len(capped)} of {sum(map(len, rec['per_seed'].values()))}"
